@@ -1,0 +1,35 @@
+# Slotkeeper: `make run` launches the app, `make test` runs every test.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Lean llama.cpp build for the `server` extra (pip caches the built wheel, so this runs once).
+export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TOOLS=ON
+
+.PHONY: run test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -e '.[server]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -e '.[server,test,dev]'
+	touch $@ $(VENV)/.installed-run
+
+run: $(VENV)/.installed-run
+	$(BIN)/slotkeeper serve --demo
+
+lint: $(VENV)/.installed-test
+	$(BIN)/lint-imports
+	$(BIN)/ruff check app tests bench
+
+test: export SLOTKEEPER_REQUIRE_SERVER = 1
+test: $(VENV)/.installed-test
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache

@@ -1,0 +1,3 @@
+from slotkeeper.cli import main
+
+raise SystemExit(main())

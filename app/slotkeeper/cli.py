@@ -1,0 +1,230 @@
+"""Command line: `slotkeeper [serve|model-info|sessions] ...`. Qt is imported only for the GUI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from slotkeeper import __version__
+
+log = logging.getLogger("slotkeeper")
+
+
+def _on_off(value: str) -> bool:
+    v = value.lower()
+    if v in ("on", "1", "true", "yes"):
+        return True
+    if v in ("off", "0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError("expected on or off")
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def _port(value: str) -> int:
+    n = _positive_int(value)
+    if n > 65535:
+        raise argparse.ArgumentTypeError("a port is at most 65535")
+    return n
+
+
+def add_server_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `serve` and the desktop app; they override saved settings for one run."""
+    g = p.add_argument_group("server")
+    m = g.add_mutually_exclusive_group()
+    m.add_argument("--model", metavar="PATH", help="GGUF model to serve")
+    m.add_argument("--demo", action="store_true", help="serve the embedded demo model (random weights: it answers with gibberish)")
+    g.add_argument("--server-bin", metavar="PATH", help="llama-server binary to run (default: found automatically)")
+    g.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    g.add_argument("--port", type=_port, help="port to listen on")
+    g.add_argument("--ctx", type=_positive_int, metavar="N", help="total context size (split between slots)")
+    g.add_argument("--parallel", type=_positive_int, metavar="N", help="number of slots (-np)")
+    g.add_argument("--flash-attn", type=_on_off, metavar="on|off", help="flash attention")
+    g.add_argument("--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
+    g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
+    g.add_argument("--swa-full", action="store_true", default=None, help="full-size cache for sliding-window layers (needed to restore sessions of SWA models)")
+    g.add_argument("--data-dir", metavar="DIR", help="keep every file Slotkeeper writes under DIR (also $SLOTKEEPER_HOME)")
+
+
+def _split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slotkeeper",
+        description="Keeps a local LLM's memory warm: runs llama-server, saves each slot's KV cache "
+        "and restores it after a restart. With no command, opens the desktop app.",
+    )
+    parser.add_argument("--version", action="version", version=f"slotkeeper {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="more logging on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run llama-server headless (no Qt) until SIGINT/SIGTERM",
+        description="Run and supervise llama-server without the desktop app. Prints "
+        "`ready http://HOST:PORT` once the server answers. Arguments after `--` go to llama-server.",
+    )
+    add_server_options(serve)
+
+    info = sub.add_parser(
+        "model-info",
+        help="describe a GGUF model and the KV cache memory llama-server will allocate",
+        description="Reads GGUF metadata only (never the weights).",
+    )
+    info.add_argument("path", metavar="PATH")
+    info.add_argument("--ctx", type=_positive_int, default=4096, metavar="N", help="total context (default 4096)")
+    info.add_argument("--parallel", type=_positive_int, default=1, metavar="N", help="slots (default 1)")
+    info.add_argument("--ubatch", type=_positive_int, default=512, metavar="N", help="micro-batch (default 512)")
+    info.add_argument("--cache-type-k", default="f16", metavar="T")
+    info.add_argument("--cache-type-v", default="f16", metavar="T")
+    info.add_argument("--unified", action="store_true", help="unified KV cache (-kvu)")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _profile_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    from slotkeeper.core.engine import DEMO_MODEL
+
+    changes: dict[str, Any] = {}
+    if args.demo:
+        changes["model_path"] = DEMO_MODEL
+    elif args.model:
+        changes["model_path"] = args.model
+    simple = {
+        "server_bin": args.server_bin,
+        "host": args.host,
+        "port": args.port,
+        "ctx": args.ctx,
+        "parallel": args.parallel,
+        "flash_attn": args.flash_attn,
+        "cache_type_k": args.cache_type_k,
+        "cache_type_v": args.cache_type_v,
+        "swa_full": args.swa_full,
+    }
+    changes.update({k: v for k, v in simple.items() if v is not None})
+    if extra:
+        changes["extra_args"] = tuple(extra)
+    return changes
+
+
+def load_run_settings(args: argparse.Namespace, extra: list[str]):
+    """Saved settings with this run's command-line overrides applied (not written back)."""
+    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.settings import load_settings
+
+    paths = app_paths(args.data_dir).ensure()
+    settings = load_settings(paths.settings_file)
+    settings = replace(settings, profile=replace(settings.profile, **_profile_overrides(args, extra)))
+    settings.profile.validate()
+    return paths, settings
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    from slotkeeper.core.engine import DEMO_MODEL, Engine
+    from slotkeeper.core.modelgen import DEMO_NOTICE
+    from slotkeeper.core.server.supervisor import ServerState
+
+    paths, settings = load_run_settings(args, extra)
+    engine = Engine(paths, settings)
+    if settings.profile.model_path == DEMO_MODEL:
+        log.warning(DEMO_NOTICE)
+
+    done = threading.Event()
+    exit_code = [0]
+
+    def on_state(event) -> None:
+        state = event.data["state"]
+        if state is ServerState.FAILED:
+            print(f"slotkeeper: llama-server failed: {event.data['message']}", file=sys.stderr, flush=True)
+            exit_code[0] = 1
+            done.set()
+        elif state in (ServerState.CRASHED, ServerState.RESTARTING):
+            log.warning("llama-server %s: %s", state.value, event.data["message"])
+
+    def on_ready(event) -> None:
+        print(f"ready {event.data['url']}", flush=True)
+
+    engine.events.subscribe(on_state, "server.state")
+    engine.events.subscribe(on_ready, "engine.ready")
+
+    def on_signal(signum, frame) -> None:
+        log.info("received %s; stopping", signal.Signals(signum).name)
+        done.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    engine.start()
+    while not done.wait(0.2):
+        pass
+    engine.stop()
+    return exit_code[0]
+
+
+def cmd_model_info(args: argparse.Namespace) -> int:
+    from slotkeeper.core import gguf_info
+
+    try:
+        info = gguf_info.read_model_info(args.path)
+        est = gguf_info.kv_estimate(
+            info,
+            n_ctx=args.ctx,
+            n_parallel=args.parallel,
+            ubatch=args.ubatch,
+            type_k=args.cache_type_k,
+            type_v=args.cache_type_v,
+            unified=args.unified,
+        )
+    except (gguf_info.ModelFileError, ValueError) as exc:
+        print(f"slotkeeper: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(gguf_info.model_info_json(info, est), indent=2))
+    else:
+        print(gguf_info.format_model_info(info, est))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, extra = _split_extra(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from slotkeeper.core.settings import SettingsError
+
+    try:
+        if args.command == "serve":
+            return cmd_serve(args, extra)
+        if args.command == "model-info":
+            return cmd_model_info(args)
+        if extra:
+            parser.error("arguments after -- are only accepted by `serve` and the desktop app")
+        parser.print_help()
+        return 0
+    except SettingsError as exc:
+        print(f"slotkeeper: {exc}", file=sys.stderr)
+        return 2

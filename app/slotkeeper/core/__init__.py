@@ -1,0 +1,1 @@
+"""Everything that runs without Qt (enforced by an import-linter contract)."""

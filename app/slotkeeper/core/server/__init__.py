@@ -1,0 +1,1 @@
+"""llama-server: locating, command line, supervision, restart policy."""

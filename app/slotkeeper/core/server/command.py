@@ -1,0 +1,60 @@
+"""Server profile -> llama-server argv. A pure function: no I/O, easy to test."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from slotkeeper.core.settings import ServerProfile
+
+# Flags we always pass, and why:
+# - an explicit -np N keeps the KV cache per slot (not unified). With unified KV the server may
+#   move an idle slot to its RAM cache (--cache-idle-slots) and clear it when another task
+#   arrives, so an idle slot's contents would vanish before Slotkeeper saves them.
+# - an explicit -fa on|off: flash attention is baked into a save file, so "auto" must never
+#   decide it behind our back.
+# - --metrics for the /metrics counters; --slot-save-path enables the save/restore actions.
+# - --no-cache-idle-slots, when the build knows it, is belt and braces for the same reason.
+OWNED_FLAGS = frozenset(
+    {
+        "-m", "--model", "--host", "--port", "-c", "--ctx-size", "-np", "--parallel",
+        "-fa", "--flash-attn", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
+        "--swa-full", "--slot-save-path", "-kvu", "--kv-unified",
+    }
+)
+
+
+class CommandError(ValueError):
+    pass
+
+
+def build_argv(
+    binary: Sequence[str],
+    profile: ServerProfile,
+    model_path: str | Path,
+    slot_save_path: str | Path,
+) -> list[str]:
+    profile.validate()
+    clash = [a for a in profile.extra_args if a.split("=", 1)[0] in OWNED_FLAGS]
+    if clash:
+        raise CommandError(
+            f"extra arguments {' '.join(clash)} would override what Slotkeeper manages; "
+            "use the matching setting instead"
+        )
+    argv = [
+        *binary,
+        "--model", str(model_path),
+        "--host", profile.host,
+        "--port", str(profile.port),
+        "--ctx-size", str(profile.ctx),
+        "--parallel", str(profile.parallel),
+        "--flash-attn", "on" if profile.flash_attn else "off",
+        "--cache-type-k", profile.cache_type_k,
+        "--cache-type-v", profile.cache_type_v,
+        "--metrics",
+        "--slot-save-path", str(slot_save_path),
+    ]
+    if profile.swa_full:
+        argv.append("--swa-full")
+    argv.extend(profile.extra_args)
+    return argv

@@ -1,0 +1,113 @@
+"""The server's output: a log file the child writes to directly, rotated, and tailed by a thread.
+
+The child appends to the file itself (never to a pipe), so a server that outlives a crashed app
+keeps running instead of dying on a broken pipe, and the log survives either way. Rotation is
+copy-then-truncate, which is safe because the child's file is opened with O_APPEND.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+LOG_MAX_BYTES = 5 * 1024 * 1024
+LOG_BACKUPS = 3
+TAIL_LINES = 400
+POLL_SECONDS = 0.05
+
+log = logging.getLogger(__name__)
+
+
+def rotate(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS, force: bool = False) -> None:
+    """llama-server.log -> .1 -> .2 ...; the live file is truncated, not replaced."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if not force and size < max_bytes:
+        return
+    for i in range(backups - 1, 0, -1):
+        src = path.with_name(f"{path.name}.{i}")
+        if src.exists():
+            os.replace(src, path.with_name(f"{path.name}.{i + 1}"))
+    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    with open(path, "r+b") as fh:
+        fh.truncate(0)
+
+
+def open_for_child(path: Path):
+    """A binary append-mode handle to pass as the child's stdout/stderr."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "ab", buffering=0)
+
+
+class LogTailer:
+    """Follows the log file from a position and hands each complete line to the listeners."""
+
+    def __init__(self, path: Path, start_at_end: bool = True) -> None:
+        self.path = path
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._listeners: list[Callable[[str], None]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pos = path.stat().st_size if (start_at_end and path.exists()) else 0
+        self._thread: threading.Thread | None = None
+        self._partial = b""
+
+    def add_listener(self, fn: Callable[[str], None]) -> None:
+        with self._lock:
+            self._listeners.append(fn)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="llama-log-tail", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        self.poll()  # pick up whatever the process wrote last
+
+    def lines(self, n: int = 30) -> list[str]:
+        with self._lock:
+            return list(self.tail)[-n:]
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            self.poll()
+            try:
+                if self.path.stat().st_size > LOG_MAX_BYTES:
+                    rotate(self.path)
+            except OSError:
+                pass
+
+    def poll(self) -> None:
+        with self._lock:
+            try:
+                size = self.path.stat().st_size
+            except FileNotFoundError:
+                return
+            if size < self._pos:  # truncated by rotation
+                self._pos = 0
+            if size == self._pos:
+                return
+            with open(self.path, "rb") as fh:
+                fh.seek(self._pos)
+                chunk = fh.read(size - self._pos)
+            self._pos += len(chunk)
+            data = self._partial + chunk
+            *complete, self._partial = data.split(b"\n")
+            lines = [c.decode("utf-8", "replace").rstrip("\r") for c in complete]
+            self.tail.extend(lines)
+            listeners = list(self._listeners)
+        for line in lines:
+            for fn in listeners:
+                try:
+                    fn(line)
+                except Exception:  # a broken listener must not stop the tail
+                    log.exception("log listener failed")

@@ -1,0 +1,516 @@
+"""Runs llama-server as a supervised child: visible states, health wait, graceful stop, restarts.
+
+States: STOPPED -> STARTING -> READY; a crash goes CRASHED -> RESTARTING -> STARTING (under the
+restart policy) or FAILED (limit reached, or the server could not start). Only processes this
+app started are ever signalled: a pid is trusted only when its start time matches the one we
+recorded in the state file.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from slotkeeper.core.client import LlamaClient, ServerUnavailable
+from slotkeeper.core.events import EventBus
+from slotkeeper.core.server import logfile
+from slotkeeper.core.server.restart import RestartPolicy
+from slotkeeper.core.settings import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_SECONDS = 300.0  # a multi-GB model on a slow disk takes a while to load
+HEALTH_POLL_SECONDS = 0.1
+STOP_GRACE_SECONDS = 10.0
+LOG_TAIL_ON_FAILURE = 20
+
+
+class ServerState(str, enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    CRASHED = "crashed"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+
+
+class SupervisorError(Exception):
+    """Why the server could not be started; safe to show a person."""
+
+
+class PortInUse(SupervisorError):
+    pass
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    argv: tuple[str, ...]
+    host: str
+    port: int
+    env: dict[str, str] | None = None
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+
+def child_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for llama-server (and the browser), free of a frozen app's library paths."""
+    env = dict(os.environ if base is None else base)
+    if getattr(sys, "frozen", False):
+        for var in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "DYLD_FRAMEWORK_PATH"):
+            orig = env.pop(f"{var}_ORIG", None)  # PyInstaller keeps the user's value here
+            if orig is not None:
+                env[var] = orig
+            else:
+                env.pop(var, None)
+        for var in ("QT_PLUGIN_PATH", "QML2_IMPORT_PATH", "PYTHONHOME", "PYTHONPATH"):
+            env.pop(var, None)
+    return env
+
+
+def port_user(host: str, port: int) -> str | None:
+    """None when ``host:port`` is free; else a description of who holds it (best effort)."""
+    bind_host = "127.0.0.1" if host in ("", "localhost") else host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        if os.name != "nt":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind_host, port))
+        except OSError as exc:
+            if exc.errno not in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1), errno.EACCES):
+                return f"cannot use {bind_host}:{port}: {exc.strerror}"
+        else:
+            return None
+    who = "another program"
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                try:
+                    who = f"{psutil.Process(conn.pid).name()} (pid {conn.pid})"
+                except psutil.Error:
+                    who = f"pid {conn.pid}"
+                break
+    except (psutil.Error, OSError):
+        pass
+    return who
+
+
+class _Child:
+    """A process we started (Popen) or adopted (psutil); same small interface for both."""
+
+    def __init__(self, popen: subprocess.Popen | None, proc: psutil.Process) -> None:
+        self.popen = popen
+        self.proc = proc
+        self.pid = proc.pid
+        self.create_time = proc.create_time()
+
+    def poll(self) -> int | None:
+        if self.popen is not None:
+            return self.popen.poll()
+        try:
+            if self.proc.status() == psutil.STATUS_ZOMBIE:
+                return -1
+            return None if self.proc.is_running() else -1
+        except psutil.NoSuchProcess:
+            return -1
+
+    def wait(self, timeout: float | None) -> int | None:
+        try:
+            if self.popen is not None:
+                return self.popen.wait(timeout)
+            return self.proc.wait(timeout)
+        except (subprocess.TimeoutExpired, psutil.TimeoutExpired):
+            return None
+        except psutil.NoSuchProcess:
+            return -1
+
+    def signal_group(self, sig: int) -> None:
+        if os.name == "nt":
+            procs = [self.proc, *self._children()]
+            for p in procs:
+                try:
+                    p.kill() if sig == getattr(signal, "SIGKILL", 9) else p.terminate()
+                except psutil.Error:
+                    pass
+            return
+        try:
+            os.killpg(self.pid, sig)  # started with start_new_session: pgid == pid
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            os.kill(self.pid, sig)
+
+    def _children(self) -> list[psutil.Process]:
+        try:
+            return self.proc.children(recursive=True)
+        except psutil.Error:
+            return []
+
+
+class Supervisor:
+    def __init__(
+        self,
+        spec_factory: Callable[[], LaunchSpec],
+        log_path: Path,
+        state_file: Path,
+        events: EventBus | None = None,
+        policy: RestartPolicy | None = None,
+        health_timeout: float = HEALTH_TIMEOUT_SECONDS,
+        stop_grace: float = STOP_GRACE_SECONDS,
+    ) -> None:
+        self._spec_factory = spec_factory
+        self.log_path = log_path
+        self.state_file = state_file
+        self.events = events or EventBus()
+        self.policy = policy or RestartPolicy()
+        self.health_timeout = health_timeout
+        self.stop_grace = stop_grace
+        self._lock = threading.RLock()
+        self._state = ServerState.STOPPED
+        self._message = ""
+        self._child: _Child | None = None
+        self._spec: LaunchSpec | None = None
+        self._stop_requested = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._state_changed = threading.Condition(self._lock)
+        self.tailer: logfile.LogTailer | None = None
+        self._log_listeners: list[Callable[[str], None]] = []
+        self.started_at: float | None = None
+        self.adopted = False
+        self.last_exit_code: int | None = None
+
+    # -- observable state -----------------------------------------------------------------
+    @property
+    def state(self) -> ServerState:
+        return self._state
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @property
+    def spec(self) -> LaunchSpec | None:
+        return self._spec
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child else None
+
+    def add_log_listener(self, fn: Callable[[str], None]) -> None:
+        self._log_listeners.append(fn)
+        if self.tailer:
+            self.tailer.add_listener(fn)
+
+    def log_tail(self, n: int = LOG_TAIL_ON_FAILURE) -> list[str]:
+        if self.tailer:
+            return self.tailer.lines(n)
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
+        except OSError:
+            return []
+
+    def _set_state(self, state: ServerState, message: str = "", **extra: object) -> None:
+        with self._lock:
+            self._state = state
+            self._message = message
+            self._state_changed.notify_all()
+        log.info("server %s%s", state.value, f": {message}" if message else "")
+        self.events.emit("server.state", state=state, message=message, **extra)
+
+    def wait_for(self, states: Sequence[ServerState], timeout: float | None = None) -> ServerState:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._state not in states:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._state_changed.wait(remaining)
+            return self._state
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Begin starting the server in the background; watch ``state`` / events for progress."""
+        with self._lock:
+            if self._state in (ServerState.STARTING, ServerState.READY, ServerState.RESTARTING):
+                return
+            if self._thread and self._thread.is_alive():
+                return
+            self._stop_requested.clear()
+            self.policy.reset()
+            self._set_state(ServerState.STARTING, "preparing")
+            self._thread = threading.Thread(target=self._run, name="llama-supervisor", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the server we started (terminate, then kill after the grace period)."""
+        self._stop_requested.set()
+        with self._lock:
+            child = self._child
+            if self._state in (ServerState.STOPPED, ServerState.FAILED) and child is None:
+                return
+            self._set_state(ServerState.STOPPING, "stopping")
+        if child is not None:
+            self._terminate(child, self.stop_grace if timeout is None else timeout)
+        if self._thread and self._thread is not threading.current_thread():
+            self._thread.join(timeout=(self.stop_grace if timeout is None else timeout) + 5)
+        with self._lock:
+            self._child = None
+            if self._state != ServerState.FAILED:
+                self._set_state(ServerState.STOPPED, "stopped")
+        self._clear_state_file()
+        if self.tailer:
+            self.tailer.stop()
+
+    def _terminate(self, child: _Child, grace: float) -> None:
+        if child.poll() is not None:
+            return
+        child.signal_group(signal.SIGTERM)
+        if child.wait(grace) is None:
+            log.warning("llama-server did not stop within %.0f s; killing it", grace)
+            child.signal_group(getattr(signal, "SIGKILL", signal.SIGTERM))
+            child.wait(5)
+
+    # -- the supervising thread -----------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._run_inner()
+        except Exception as exc:  # never die silently: the state says what happened
+            log.exception("supervisor failed")
+            self._set_state(ServerState.FAILED, f"unexpected error: {exc}")
+
+    def _run_inner(self) -> None:
+        while not self._stop_requested.is_set():
+            try:
+                self._launch_or_adopt()
+                self._wait_healthy()
+            except SupervisorError as exc:
+                self._kill_quietly()
+                self._set_state(ServerState.FAILED, str(exc), log_tail=self.log_tail())
+                return
+            if self._stop_requested.is_set():
+                return
+            self.started_at = time.time()
+            self._set_state(ServerState.READY, self._spec.base_url if self._spec else "")
+            code = self._watch()
+            if self._stop_requested.is_set():
+                return
+            self.last_exit_code = code
+            tail = self.log_tail()
+            self._set_state(ServerState.CRASHED, f"llama-server exited (code {code})", log_tail=tail)
+            self._clear_state_file()
+            decision = self.policy.on_crash()
+            if not decision.restart:
+                self._set_state(ServerState.FAILED, decision.reason, log_tail=tail)
+                return
+            self._set_state(
+                ServerState.RESTARTING,
+                f"{decision.reason}, in {decision.delay_seconds:g} s",
+                delay=decision.delay_seconds,
+            )
+            if self._stop_requested.wait(decision.delay_seconds):
+                return
+            self._set_state(ServerState.STARTING, "restarting after a crash")
+
+    def _watch(self) -> int:
+        child = self._child
+        assert child is not None
+        while True:
+            code = child.wait(0.25)
+            if code is not None:
+                return code
+            if self._stop_requested.is_set():
+                return 0
+
+    def _kill_quietly(self) -> None:
+        child, self._child = self._child, None
+        if child is not None:
+            self._terminate(child, 3)
+        self._clear_state_file()
+
+    def _launch_or_adopt(self) -> None:
+        spec = self._spec_factory()  # may raise SupervisorError (missing binary, bad model ...)
+        self._spec = spec
+        if self._try_adopt(spec):
+            return
+        who = port_user(spec.host, spec.port)
+        if who is not None:
+            raise PortInUse(
+                f"Port {spec.port} on {spec.host} is already in use by {who}. "
+                "Choose another port in Settings (or --port); Slotkeeper does not stop programs it did not start."
+            )
+        logfile.rotate(self.log_path, force=True)
+        self._start_tailer(from_end=False)
+        out = logfile.open_for_child(self.log_path)
+        kwargs: dict[str, object] = {}
+        if os.name == "nt":
+            kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP | getattr(subprocess, "CREATE_NO_WINDOW", 0)
+        else:
+            kwargs["start_new_session"] = True
+        try:
+            popen = subprocess.Popen(
+                list(spec.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_environment(spec.env),
+                **kwargs,
+            )
+        except OSError as exc:
+            raise SupervisorError(f"could not run {spec.argv[0]}: {exc.strerror or exc}") from exc
+        finally:
+            out.close()
+        self._child = _Child(popen, psutil.Process(popen.pid))
+        self.adopted = False
+        self._write_state_file(spec)
+        self._set_state(ServerState.STARTING, "loading the model", pid=popen.pid)
+
+    def _start_tailer(self, from_end: bool) -> None:
+        if self.tailer:
+            self.tailer.stop()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.touch(exist_ok=True)
+        self.tailer = logfile.LogTailer(self.log_path, start_at_end=from_end)
+        for fn in self._log_listeners:
+            self.tailer.add_listener(fn)
+        self.tailer.start()
+
+    def _wait_healthy(self) -> None:
+        spec = self._spec
+        child = self._child
+        assert spec is not None and child is not None
+        deadline = time.monotonic() + self.health_timeout
+        started = time.monotonic()
+        last_report = 0.0
+        with LlamaClient(spec.base_url, timeout=2.0) as client:
+            while True:
+                if self._stop_requested.is_set():
+                    return
+                code = child.poll()
+                if code is not None:
+                    tail = self.log_tail(LOG_TAIL_ON_FAILURE)
+                    raise SupervisorError(
+                        f"llama-server exited during start-up (code {code}). "
+                        + _explain_startup_failure(tail)
+                    )
+                try:
+                    health = client.health()
+                except ServerUnavailable:
+                    health = None
+                if health is not None and health.ok:
+                    return
+                now = time.monotonic()
+                if now > deadline:
+                    raise SupervisorError(
+                        f"llama-server did not become ready within {self.health_timeout:.0f} s"
+                    )
+                if now - last_report >= 0.5:
+                    last_report = now
+                    lines = self.log_tail(1)
+                    self.events.emit(
+                        "server.loading",
+                        elapsed=now - started,
+                        detail=lines[-1] if lines else "",
+                    )
+                time.sleep(HEALTH_POLL_SECONDS)
+
+    # -- the state file: recognising a server we left running -----------------------------
+    def _write_state_file(self, spec: LaunchSpec) -> None:
+        child = self._child
+        assert child is not None
+        data = {
+            "pid": child.pid,
+            "create_time": child.create_time,
+            "argv": list(spec.argv),
+            "host": spec.host,
+            "port": spec.port,
+            "started_at": time.time(),
+        }
+        atomic_write_text(self.state_file, json.dumps(data, indent=2))
+
+    def _clear_state_file(self) -> None:
+        try:
+            self.state_file.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _our_leftover(self) -> tuple[psutil.Process, dict] | None:
+        try:
+            data = json.loads(self.state_file.read_text(encoding="utf-8"))
+            pid, ctime = int(data["pid"]), float(data["create_time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            self._clear_state_file()
+            return None
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - ctime) > 0.01 or not proc.is_running():
+                raise psutil.NoSuchProcess(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                raise psutil.NoSuchProcess(pid)
+        except psutil.Error:
+            self._clear_state_file()  # gone, or the pid now belongs to someone else
+            return None
+        return proc, data
+
+    def _try_adopt(self, spec: LaunchSpec) -> bool:
+        found = self._our_leftover()
+        if found is None:
+            return False
+        proc, data = found
+        child = _Child(None, proc)
+        same = list(data.get("argv", [])) == list(spec.argv)
+        if same:
+            try:
+                with LlamaClient(spec.base_url, timeout=2.0) as client:
+                    healthy = client.health().ok
+            except ServerUnavailable:
+                healthy = False
+            if healthy:
+                self._child = child
+                self.adopted = True
+                self._start_tailer(from_end=True)
+                log.info("adopted llama-server pid %s left running by an earlier session", proc.pid)
+                self.events.emit("server.adopted", pid=proc.pid)
+                return True
+        log.info("stopping llama-server pid %s left by an earlier session (settings changed)", proc.pid)
+        self._set_state(ServerState.STARTING, "stopping a server left by an earlier session")
+        self._terminate(child, self.stop_grace)
+        self._clear_state_file()
+        return False
+
+
+def _explain_startup_failure(tail: list[str]) -> str:
+    text = "\n".join(tail)
+    low = text.lower()
+    hints = [
+        ("failed to load model", "The model file could not be loaded (is it a valid GGUF?)."),
+        ("invalid magic", "The model file is not a GGUF file."),
+        ("couldn't bind", "The port could not be bound."),
+        ("address already in use", "The port is already in use."),
+        ("error while loading shared libraries", "The llama-server binary is missing libraries."),
+        ("out of memory", "Not enough memory for this model and context size."),
+        ("failed to allocate", "Not enough memory for this model and context size."),
+    ]
+    for needle, hint in hints:
+        if needle in low:
+            return f"{hint}\nLast log lines:\n{text}"
+    return f"Last log lines:\n{text}" if text else "It printed nothing."

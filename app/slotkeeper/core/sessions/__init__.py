@@ -1,0 +1,1 @@
+"""Saved sessions: sidecars, the store, lineage and the disk budget."""

@@ -1,0 +1,165 @@
+"""Keep saved sessions within a disk budget: plan deletions, then apply them.
+
+Planning is pure so the GUI can show exactly what a prune would delete (a dry run)
+before anything is touched, and ``apply`` deletes exactly that plan.
+
+Rules: least recently used first; never a pinned session; never a protected one (the
+caller passes the sessions currently loaded in a slot, whose files may be rewritten at
+any moment). Bytes that are not ours to delete (``unmanaged_bytes``, e.g. stray files
+in the save directory) count toward usage but are never deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Set
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .sidecar import Sidecar, parse_utc
+
+__all__ = ["PruneCandidate", "PrunePlan", "PruneResult", "PruneError", "plan", "apply"]
+
+
+class PruneError(RuntimeError):
+    """One or more planned deletions failed (see ``PruneResult.failed``)."""
+
+
+@dataclass(frozen=True)
+class PruneCandidate:
+    """A saved session as the pruner sees it. Timestamps are sidecar UTC strings."""
+
+    id: str
+    title: str
+    size_bytes: int
+    last_used_at: str
+    pinned: bool
+    created_at: str = ""  # tie-break between equal last_used_at; "" sorts first
+
+    @classmethod
+    def from_sidecar(cls, sidecar: Sidecar) -> PruneCandidate:
+        return cls(
+            id=sidecar.id,
+            title=sidecar.title,
+            size_bytes=sidecar.size_bytes,
+            last_used_at=sidecar.last_used_at,
+            pinned=sidecar.pinned,
+            created_at=sidecar.created_at,
+        )
+
+
+@dataclass
+class PrunePlan:
+    """What a prune would delete, and the usage before and after.
+
+    ``over_budget_after`` is True when deleting everything allowed still leaves usage
+    above the budget (pinned, protected and unmanaged bytes alone exceed it).
+    """
+
+    delete: list[PruneCandidate]
+    bytes_freed: int
+    bytes_before: int
+    bytes_after: int
+    budget: int
+    over_budget_after: bool
+
+
+@dataclass
+class PruneResult:
+    """What ``apply`` did: ids deleted in order, and (id, error) for those that failed."""
+
+    deleted: list[str] = field(default_factory=list)
+    failed: list[tuple[str, Exception]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def raise_for_failures(self) -> None:
+        """Raise ``PruneError`` if any deletion failed, chained to the first error."""
+        if not self.failed:
+            return
+        summary = "; ".join(f"{session_id}: {error}" for session_id, error in self.failed)
+        raise PruneError(
+            f"{len(self.failed)} session(s) could not be deleted: {summary}"
+        ) from self.failed[0][1]
+
+
+def plan(
+    sessions: Iterable[PruneCandidate],
+    budget_bytes: int,
+    protected_ids: Set[str] = frozenset(),
+    unmanaged_bytes: int = 0,
+) -> PrunePlan:
+    """Choose the least recently used deletable sessions until usage fits the budget."""
+    sessions = list(sessions)
+    _check_inputs(sessions, budget_bytes, unmanaged_bytes)
+    bytes_before = sum(s.size_bytes for s in sessions) + unmanaged_bytes
+    deletable = sorted(
+        (s for s in sessions if not s.pinned and s.id not in protected_ids),
+        key=_least_recently_used_first,
+    )
+    usage = bytes_before
+    chosen: list[PruneCandidate] = []
+    for session in deletable:
+        if usage <= budget_bytes:
+            break
+        chosen.append(session)
+        usage -= session.size_bytes
+    return PrunePlan(
+        delete=chosen,
+        bytes_freed=bytes_before - usage,
+        bytes_before=bytes_before,
+        bytes_after=usage,
+        budget=budget_bytes,
+        over_budget_after=usage > budget_bytes,
+    )
+
+
+def apply(prune_plan: PrunePlan, delete_fn: Callable[[str], None]) -> PruneResult:
+    """Delete the planned sessions in order; a failure does not stop the rest.
+
+    Failures are collected, not swallowed: check ``result.ok`` or call
+    ``result.raise_for_failures()``.
+    """
+    result = PruneResult()
+    for candidate in prune_plan.delete:
+        try:
+            delete_fn(candidate.id)
+        except Exception as error:  # noqa: BLE001 - reported in the result
+            result.failed.append((candidate.id, error))
+        else:
+            result.deleted.append(candidate.id)
+    return result
+
+
+def _least_recently_used_first(session: PruneCandidate) -> tuple[datetime, datetime, str]:
+    # Parsed, not compared as strings: "…:00Z" sorts after "…:00.5Z" as text.
+    return (
+        _moment(session, session.last_used_at),
+        _moment(session, session.created_at) if session.created_at else datetime.min,
+        session.id,
+    )
+
+
+def _moment(session: PruneCandidate, timestamp: str) -> datetime:
+    try:
+        # Naive UTC so it compares with datetime.min (the "no created_at" stand-in).
+        return parse_utc(timestamp).replace(tzinfo=None)
+    except ValueError as exc:
+        raise ValueError(f"session {session.id}: {exc}") from None
+
+
+def _check_inputs(
+    sessions: list[PruneCandidate], budget_bytes: int, unmanaged_bytes: int
+) -> None:
+    if budget_bytes < 0:
+        raise ValueError(f"budget_bytes must not be negative, got {budget_bytes}")
+    if unmanaged_bytes < 0:
+        raise ValueError(f"unmanaged_bytes must not be negative, got {unmanaged_bytes}")
+    seen: set[str] = set()
+    for session in sessions:
+        if session.size_bytes < 0:
+            raise ValueError(f"session {session.id}: negative size {session.size_bytes}")
+        if session.id in seen:
+            raise ValueError(f"session {session.id} is listed twice")
+        seen.add(session.id)

@@ -1,0 +1,574 @@
+"""The JSON sidecar written beside each saved KV file, and its compatibility rules.
+
+A slot save file carries no model identity, no settings and no checksum (see
+``kvfile``), and llama-server restores a mismatched file either with an opaque 400 or,
+worse, "successfully" with garbage. So everything needed to decide whether a file can
+be restored into the running server lives here, next to it.
+
+Schema evolution:
+- Adding an optional key does not bump ``SCHEMA_VERSION``: older Slotkeepers keep the
+  key they do not know in ``Sidecar.extra`` and write it back unchanged.
+- Any other change bumps ``SCHEMA_VERSION`` and adds ``MIGRATIONS[old] = fn`` that turns
+  a schema-``old`` dict into a schema-``old + 1`` dict. ``from_json`` runs the chain.
+- ``tests/data/sidecar_v<N>.json`` keeps one file per released schema; the tests load
+  each of them forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MIGRATIONS",
+    "SidecarError",
+    "RestoreRecord",
+    "Sidecar",
+    "ServerFacts",
+    "check_compatible",
+    "migrate",
+    "load_sidecar",
+    "write_sidecar_atomic",
+    "new_session_id",
+    "tokens_digest",
+    "content_hash_file",
+    "format_utc",
+    "parse_utc",
+    "utc_now",
+]
+
+SCHEMA_VERSION = 1
+
+# MIGRATIONS[n] takes a schema-n dict and returns a schema-(n + 1) dict. Empty until
+# schema 2 exists; the pattern will be:
+#
+#     def _v1_to_v2(d: dict) -> dict:
+#         d = dict(d)
+#         d["new_field"] = default_for_old_files
+#         d["schema_version"] = 2
+#         return d
+#
+#     MIGRATIONS[1] = _v1_to_v2
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+SESSION_ID_BYTES = 6  # 12 hex characters: plenty for one user's sessions
+_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A bare file name that llama-server also accepts: no separators, no leading dot or
+# space, no trailing dot (it refuses those with "Invalid filename").
+_KV_FILE_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,254}")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_TOKENS_DIGEST_RE = re.compile(r"[0-9a-f]{16}")
+CONTENT_HASH_PREFIX = "xxh3_128:"
+_CONTENT_HASH_RE = re.compile(re.escape(CONTENT_HASH_PREFIX) + r"[0-9a-f]{32}")
+_UTC_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z")
+_UTC_FORMAT = "%Y-%m-%dT%H:%M:%S"
+_HASH_CHUNK_BYTES = 4 << 20
+SIDECAR_FILE_MODE = 0o600
+
+
+class SidecarError(ValueError):
+    """A sidecar is malformed, from a newer Slotkeeper, or cannot be migrated."""
+
+
+# ---------------------------------------------------------------------------
+# Small helpers that define the formats of individual fields
+
+
+def new_session_id() -> str:
+    """A fresh URL-safe session id (12 lowercase hex characters)."""
+    return secrets.token_hex(SESSION_ID_BYTES)
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def format_utc(moment: datetime) -> str:
+    """ISO-8601 in UTC with a "Z" suffix, e.g. "2026-11-03T14:05:09.123456Z"."""
+    if moment.tzinfo is None:
+        raise ValueError("format_utc needs an aware datetime")
+    return moment.astimezone(timezone.utc).replace(tzinfo=None).isoformat() + "Z"
+
+
+def parse_utc(text: str) -> datetime:
+    """Parse a timestamp written by ``format_utc``; raises ``ValueError`` otherwise."""
+    if not isinstance(text, str) or not _UTC_RE.fullmatch(text):
+        raise ValueError(f"not an ISO-8601 UTC timestamp ending in 'Z': {text!r}")
+    # strptime rather than fromisoformat: Python 3.10's accepts only 3 or 6 digit fractions.
+    body = text[:-1]
+    layout = _UTC_FORMAT + ".%f" if "." in body else _UTC_FORMAT
+    return datetime.strptime(body, layout).replace(tzinfo=timezone.utc)
+
+
+def tokens_digest(tokens: Sequence[int]) -> str:
+    """xxh3_64 hex of the token ids as little-endian i32: a cheap identity for lineage."""
+    return xxhash.xxh3_64_hexdigest(np.asarray(tokens, dtype="<i4").tobytes())
+
+
+def content_hash_file(path: str | os.PathLike[str]) -> str:
+    """"xxh3_128:<hex>" of a whole file, read in chunks (KV files reach gigabytes)."""
+    hasher = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            hasher.update(chunk)
+    return CONTENT_HASH_PREFIX + hasher.hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# Field validation: each returns the value or raises SidecarError naming the field
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise SidecarError(f"{where}{key}: missing")
+    return d[key]
+
+
+def _str(d: Mapping[str, Any], key: str, where: str = "") -> str:
+    value = _require(d, key, where)
+    if not isinstance(value, str):
+        raise SidecarError(f"{where}{key}: expected a string, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _matching(d: Mapping[str, Any], key: str, pattern: re.Pattern[str], what: str) -> str:
+    value = _str(d, key)
+    if not pattern.fullmatch(value):
+        raise SidecarError(f"{key}: {value!r} is not {what}")
+    return value
+
+
+def _bool(d: Mapping[str, Any], key: str, where: str = "") -> bool:
+    value = _require(d, key, where)
+    if not isinstance(value, bool):
+        raise SidecarError(f"{where}{key}: expected true/false, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _int(d: Mapping[str, Any], key: str, minimum: int, where: str = "") -> int:
+    value = _require(d, key, where)
+    # bool is an int subclass in Python; JSON true is not a count.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SidecarError(
+            f"{where}{key}: expected an integer, got {_type_name(value)} {value!r}"
+        )
+    if value < minimum:
+        raise SidecarError(f"{where}{key}: must be at least {minimum}, got {value}")
+    return value
+
+
+def _optional_int(d: Mapping[str, Any], key: str, where: str = "") -> int | None:
+    if _require(d, key, where) is None:
+        return None
+    return _int(d, key, 0, where)
+
+
+def _optional_bool(d: Mapping[str, Any], key: str, where: str = "") -> bool | None:
+    return None if _require(d, key, where) is None else _bool(d, key, where)
+
+
+def _optional_str(d: Mapping[str, Any], key: str, where: str = "") -> str | None:
+    return None if _require(d, key, where) is None else _str(d, key, where)
+
+
+def _timestamp(d: Mapping[str, Any], key: str, where: str = "") -> str:
+    value = _str(d, key, where)
+    try:
+        parse_utc(value)
+    except ValueError as exc:
+        raise SidecarError(f"{where}{key}: {exc}") from None
+    return value
+
+
+def _mapping(value: object, key: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SidecarError(f"{key}: expected an object, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _unknown_keys(d: Mapping[str, Any], known: Sequence[str]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in known}
+
+
+# ---------------------------------------------------------------------------
+# The schema
+
+
+@dataclass
+class RestoreRecord:
+    """The last restore of this session into a slot, and whether it paid off.
+
+    ``effective`` stays None until the next request on that slot has been seen; then it
+    says whether the server reused the restored cache (``cache_n`` > 0).
+    """
+
+    at: str
+    slot: int
+    n_restored: int
+    cache_n: int | None = None
+    prompt_n: int | None = None
+    effective: bool | None = None
+    reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _KEYS = ("at", "slot", "n_restored", "cache_n", "prompt_n", "effective", "reason")
+
+    def to_json(self) -> dict[str, Any]:
+        known = {key: getattr(self, key) for key in self._KEYS}
+        return {**self.extra, **known}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RestoreRecord:
+        where = "last_restore."
+        d = _mapping(d, "last_restore")
+        return cls(
+            at=_timestamp(d, "at", where),
+            slot=_int(d, "slot", 0, where),
+            n_restored=_int(d, "n_restored", 0, where),
+            cache_n=_optional_int(d, "cache_n", where),
+            prompt_n=_optional_int(d, "prompt_n", where),
+            effective=_optional_bool(d, "effective", where),
+            reason=_optional_str(d, "reason", where),
+            extra=_unknown_keys(d, cls._KEYS),
+        )
+
+
+@dataclass
+class Sidecar:
+    """Everything Slotkeeper knows about one saved KV file (``<id>.json`` beside it)."""
+
+    id: str
+    kv_file: str
+    title: str
+    preview: str
+    model_path: str
+    model_sha256: str
+    arch: str
+    swa: bool  # the model has sliding-window attention layers
+    swa_full: bool
+    flash_attn: bool  # resolved on/off, never "auto"
+    cache_type_k: str
+    cache_type_v: str
+    n_parallel: int
+    kv_unified: bool
+    n_ctx_slot: int
+    n_tokens: int
+    tokens_digest: str
+    size_bytes: int
+    content_hash: str
+    llama_build: str
+    created_at: str
+    last_used_at: str
+    pinned: bool = False
+    parent: str | None = None
+    last_restore: RestoreRecord | None = None
+    corrupt: dict[str, str] | None = None
+    schema_version: int = SCHEMA_VERSION
+    # Keys written by a newer Slotkeeper of the same schema; written back untouched.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        known: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "id": self.id,
+            "kv_file": self.kv_file,
+            "title": self.title,
+            "preview": self.preview,
+            "model_path": self.model_path,
+            "model_sha256": self.model_sha256,
+            "arch": self.arch,
+            "swa": self.swa,
+            "swa_full": self.swa_full,
+            "flash_attn": self.flash_attn,
+            "cache_type_k": self.cache_type_k,
+            "cache_type_v": self.cache_type_v,
+            "n_parallel": self.n_parallel,
+            "kv_unified": self.kv_unified,
+            "n_ctx_slot": self.n_ctx_slot,
+            "n_tokens": self.n_tokens,
+            "tokens_digest": self.tokens_digest,
+            "size_bytes": self.size_bytes,
+            "content_hash": self.content_hash,
+            "llama_build": self.llama_build,
+            "created_at": self.created_at,
+            "last_used_at": self.last_used_at,
+            "pinned": self.pinned,
+            "parent": self.parent,
+            "last_restore": self.last_restore.to_json() if self.last_restore else None,
+            "corrupt": dict(self.corrupt) if self.corrupt is not None else None,
+        }
+        # Known keys win: a stale copy of a known key in extra must never override it.
+        return {**known, **{k: v for k, v in self.extra.items() if k not in known}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Sidecar:
+        d = migrate(_mapping(d, "sidecar"))
+        parent = _require(d, "parent", "")
+        last_restore = _require(d, "last_restore", "")
+        return cls(
+            schema_version=d["schema_version"],
+            id=_matching(d, "id", _ID_RE, "a URL-safe id ([A-Za-z0-9_-], 1-64 characters)"),
+            kv_file=_kv_file_name(d),
+            title=_str(d, "title"),
+            preview=_str(d, "preview"),
+            model_path=_str(d, "model_path"),
+            model_sha256=_matching(d, "model_sha256", _SHA256_RE, "64 lowercase hex digits"),
+            arch=_str(d, "arch"),
+            swa=_bool(d, "swa"),
+            swa_full=_bool(d, "swa_full"),
+            flash_attn=_bool(d, "flash_attn"),
+            cache_type_k=_non_empty(d, "cache_type_k"),
+            cache_type_v=_non_empty(d, "cache_type_v"),
+            n_parallel=_int(d, "n_parallel", 1),
+            kv_unified=_bool(d, "kv_unified"),
+            n_ctx_slot=_int(d, "n_ctx_slot", 1),
+            n_tokens=_int(d, "n_tokens", 0),
+            tokens_digest=_matching(d, "tokens_digest", _TOKENS_DIGEST_RE, "16 hex digits"),
+            size_bytes=_int(d, "size_bytes", 0),
+            content_hash=_matching(
+                d, "content_hash", _CONTENT_HASH_RE, f"'{CONTENT_HASH_PREFIX}' + 32 hex digits"
+            ),
+            llama_build=_str(d, "llama_build"),
+            created_at=_timestamp(d, "created_at"),
+            last_used_at=_timestamp(d, "last_used_at"),
+            pinned=_bool(d, "pinned"),
+            parent=None if parent is None else _matching(d, "parent", _ID_RE, "a session id"),
+            last_restore=None if last_restore is None else RestoreRecord.from_json(last_restore),
+            corrupt=_corrupt_mark(d),
+            extra=_unknown_keys(d, _SIDECAR_KEYS),
+        )
+
+
+_SIDECAR_KEYS = (
+    "schema_version", "id", "kv_file", "title", "preview", "model_path", "model_sha256",
+    "arch", "swa", "swa_full", "flash_attn", "cache_type_k", "cache_type_v", "n_parallel",
+    "kv_unified", "n_ctx_slot", "n_tokens", "tokens_digest", "size_bytes", "content_hash",
+    "llama_build", "created_at", "last_used_at", "pinned", "parent", "last_restore", "corrupt",
+)  # fmt: skip
+
+
+def _non_empty(d: Mapping[str, Any], key: str) -> str:
+    value = _str(d, key)
+    if not value:
+        raise SidecarError(f"{key}: must not be empty")
+    return value
+
+
+def _kv_file_name(d: Mapping[str, Any]) -> str:
+    name = _str(d, "kv_file")
+    # The store joins this onto its directory, so anything path-like is refused.
+    if not _KV_FILE_RE.fullmatch(name) or ".." in name or name.endswith("."):
+        raise SidecarError(f"kv_file: {name!r} is not a bare file name")
+    return name
+
+
+def _corrupt_mark(d: Mapping[str, Any]) -> dict[str, str] | None:
+    value = _require(d, "corrupt", "")
+    if value is None:
+        return None
+    mark = _mapping(value, "corrupt")
+    return {"at": _timestamp(mark, "at", "corrupt."), "reason": _str(mark, "reason", "corrupt.")}
+
+
+def migrate(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Bring a sidecar dict of any readable schema up to ``SCHEMA_VERSION``."""
+    version = d.get("schema_version")
+    if version is None:
+        raise SidecarError("schema_version: missing")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise SidecarError(f"schema_version: expected a non-negative integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise SidecarError(
+            f"saved by a newer Slotkeeper (schema {version}); "
+            f"this version reads up to {SCHEMA_VERSION}"
+        )
+    migrated = dict(d)
+    while version < SCHEMA_VERSION:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise SidecarError(f"schema {version} is too old: no migration to {version + 1}")
+        migrated = step(dict(migrated))
+        if migrated.get("schema_version") != version + 1:
+            # A migration that forgets to bump the version would loop forever.
+            raise SidecarError(f"migration from schema {version} did not produce {version + 1}")
+        version += 1
+    return migrated
+
+
+# ---------------------------------------------------------------------------
+# Files
+
+
+def load_sidecar(path: str | os.PathLike[str]) -> Sidecar:
+    """Read and validate a sidecar; ``SidecarError`` names the file and the problem."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SidecarError(f"{path.name}: not valid JSON: {exc}") from None
+    try:
+        return Sidecar.from_json(data)
+    except SidecarError as exc:
+        raise SidecarError(f"{path.name}: {exc}") from None
+
+
+def write_sidecar_atomic(path: str | os.PathLike[str], sidecar: Sidecar) -> None:
+    """Write the sidecar so that readers see the old file or the new one, never a mix.
+
+    Temp file in the same directory -> fsync -> os.replace -> fsync the directory, so
+    the rename itself survives a power cut (POSIX; Windows has no directory fsync).
+    """
+    path = Path(path)
+    data = sidecar.to_json()
+    Sidecar.from_json(data)  # never write a file we could not read back
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            if hasattr(os, "fchmod"):  # mkstemp already uses 0600; make it explicit
+                os.fchmod(f.fileno(), SIDECAR_FILE_MODE)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    if os.name == "nt":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------
+# Compatibility with the running server
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the running llama-server was started with, as far as a KV file cares."""
+
+    model_sha256: str
+    model_path: str
+    flash_attn: bool
+    cache_type_k: str
+    cache_type_v: str
+    swa_full: bool
+    n_parallel: int
+    kv_unified: bool
+    n_ctx_slot: int
+    swa: bool
+
+
+def check_compatible(sidecar: Sidecar, facts: ServerFacts) -> list[str]:
+    """Why this saved session cannot be restored into that server; empty = it can.
+
+    Each rule mirrors a measured llama-server behaviour: a mismatched file either fails
+    with an opaque 400 or, worse, restores "fine" and is then used with wrong results.
+    """
+    reasons: list[str] = []
+    model = _model_mismatch(sidecar, facts)
+    if model:
+        reasons.append(model)
+    if sidecar.flash_attn != facts.flash_attn:
+        # Flash attention changes the V layout in the file ("incompatible V transposition").
+        reasons.append(
+            f"saved with flash attention {_on_off(sidecar.flash_attn)}; "
+            f"the server runs with it {_on_off(facts.flash_attn)}"
+        )
+    for which, saved, running in (
+        ("K", sidecar.cache_type_k, facts.cache_type_k),
+        ("V", sidecar.cache_type_v, facts.cache_type_v),
+    ):
+        if saved != running:
+            reasons.append(f"saved with {which} cache type {saved}; the server uses {running}")
+    if sidecar.kv_unified != facts.kv_unified:
+        reasons.append(
+            f"saved with {_kv_layout(sidecar.kv_unified)} KV cache; "
+            f"the server's is {_kv_layout_short(facts.kv_unified)}"
+        )
+    if sidecar.n_parallel != facts.n_parallel:
+        # The KV stream count is baked in ("n_stream mismatch" in the server log).
+        reasons.append(
+            f"saved with {sidecar.n_parallel} slots (-np {sidecar.n_parallel}); "
+            f"the server runs {facts.n_parallel}"
+        )
+    if sidecar.n_tokens > facts.n_ctx_slot:
+        # Restore needs one cell per saved token in the slot's cache; a larger cache than
+        # the one saved from is fine, so the bound is the token count, not n_ctx_slot.
+        reasons.append(
+            f"needs {sidecar.n_tokens} tokens of context per slot; "
+            f"the server's slots have {facts.n_ctx_slot}"
+        )
+    # Only sliding-window layers are stored differently with --swa-full.
+    if sidecar.swa and sidecar.swa_full != facts.swa_full:
+        reasons.append(
+            f"saved {_with_without(sidecar.swa_full)} --swa-full; "
+            f"the server runs {_with_without(facts.swa_full)} it"
+        )
+    return reasons
+
+
+def _model_mismatch(sidecar: Sidecar, facts: ServerFacts) -> str | None:
+    if sidecar.model_sha256 == facts.model_sha256:
+        return None
+    saved_name = _file_name(sidecar.model_path)
+    running_name = _file_name(facts.model_path)
+    running = running_name
+    if running_name == saved_name:  # same name, different bytes: show both hashes
+        running = f"{running_name} (sha256 {_short_hash(facts.model_sha256)})"
+    return (
+        f"saved for a different model ({saved_name}, sha256 "
+        f"{_short_hash(sidecar.model_sha256)}); the server runs {running}"
+    )
+
+
+def _file_name(model_path: str) -> str:
+    # Sidecars may come from another OS; treat both separators as separators.
+    return model_path.replace("\\", "/").rsplit("/", 1)[-1] or model_path
+
+
+def _short_hash(sha256: str) -> str:
+    return f"{sha256[:8]}…"
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _with_without(flag: bool) -> str:
+    return "with" if flag else "without"
+
+
+def _kv_layout(unified: bool) -> str:
+    return "a unified" if unified else "a per-slot"
+
+
+def _kv_layout_short(unified: bool) -> str:
+    return "unified" if unified else "per slot"

@@ -1,0 +1,195 @@
+"""Typed settings and the server profile, persisted as versioned JSON with atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+DEFAULT_PORT = 8789
+DEFAULT_BUDGET_BYTES = 20 * 1024**3
+DEFAULT_IDLE_SAVE_SECONDS = 10.0
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+class SettingsError(Exception):
+    """Settings file that cannot be read; the message says why and what was kept."""
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """What llama-server is launched with. ``ctx`` is the total context; each slot gets ctx/parallel."""
+
+    model_path: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    ctx: int = 8192
+    parallel: int = 1
+    flash_attn: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    swa_full: bool = False
+    extra_args: tuple[str, ...] = ()
+    server_bin: str | None = None
+
+    def validate(self) -> None:
+        if not (1 <= self.port <= 65535):
+            raise SettingsError(f"port {self.port} is outside 1-65535")
+        if self.parallel < 1:
+            raise SettingsError("slots (-np) must be at least 1")
+        if self.ctx < 256 * self.parallel:
+            raise SettingsError(
+                f"context {self.ctx} is too small for {self.parallel} slot(s): "
+                f"each slot needs at least 256 tokens"
+            )
+        for name in ("cache_type_k", "cache_type_v"):
+            value = getattr(self, name)
+            if value not in CACHE_TYPES:
+                raise SettingsError(
+                    f"unknown cache type {value!r}; choose one of {', '.join(CACHE_TYPES)}"
+                )
+
+    @property
+    def ctx_per_slot(self) -> int:
+        return self.ctx // self.parallel
+
+    @property
+    def base_url(self) -> str:
+        host = self.host
+        if host in ("0.0.0.0", "", "::"):
+            host = "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    profile: ServerProfile = field(default_factory=ServerProfile)
+    idle_save_seconds: float = DEFAULT_IDLE_SAVE_SECONDS
+    restore_on_start: int | None = None  # None = one per slot
+    budget_bytes: int = DEFAULT_BUDGET_BYTES
+    start_server_on_launch: bool = False
+    start_at_login: bool = False
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["profile"]["extra_args"] = list(self.profile.extra_args)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Settings:
+        data = migrate(dict(data))
+        prof_raw = dict(data.get("profile") or {})
+        known = {f.name for f in fields(ServerProfile)}
+        prof_kwargs = {k: v for k, v in prof_raw.items() if k in known}
+        if "extra_args" in prof_kwargs:
+            prof_kwargs["extra_args"] = tuple(str(a) for a in prof_kwargs["extra_args"])
+        profile = ServerProfile(**prof_kwargs)
+        known_top = {f.name for f in fields(cls)} - {"profile"}
+        top = {k: v for k, v in data.items() if k in known_top}
+        top["schema_version"] = SCHEMA_VERSION
+        settings = cls(profile=profile, **top)
+        settings.check_types()
+        return settings
+
+    def check_types(self) -> None:
+        p = self.profile
+        expect: list[tuple[str, Any, tuple[type, ...]]] = [
+            ("port", p.port, (int,)),
+            ("ctx", p.ctx, (int,)),
+            ("parallel", p.parallel, (int,)),
+            ("flash_attn", p.flash_attn, (bool,)),
+            ("swa_full", p.swa_full, (bool,)),
+            ("host", p.host, (str,)),
+            ("idle_save_seconds", self.idle_save_seconds, (int, float)),
+            ("budget_bytes", self.budget_bytes, (int,)),
+        ]
+        for name, value, types in expect:
+            if isinstance(value, bool) and bool not in types:
+                raise SettingsError(f"setting {name!r} should be a number, not {value!r}")
+            if not isinstance(value, types):
+                raise SettingsError(f"setting {name!r} has the wrong type: {value!r}")
+
+    def with_profile(self, **changes: Any) -> Settings:
+        return replace(self, profile=replace(self.profile, **changes))
+
+
+# Migrations from older schema versions: MIGRATIONS[n] turns a version-n dict into version n+1.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise SettingsError("settings file has no schema_version")
+    if version > SCHEMA_VERSION:
+        raise SettingsError(
+            f"settings were written by a newer Slotkeeper (schema {version}); "
+            f"this version reads up to {SCHEMA_VERSION}"
+        )
+    while version < SCHEMA_VERSION:
+        data = MIGRATIONS[version](data)
+        version += 1
+        data["schema_version"] = version
+    return data
+
+
+def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``text`` so that ``path`` is either the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_settings(path: Path) -> Settings:
+    """Defaults when the file is missing; SettingsError (file left untouched) when it is bad."""
+    if not path.exists():
+        return Settings()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"cannot read settings file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"settings file {path} does not hold a JSON object")
+    try:
+        return Settings.from_json(data)
+    except TypeError as exc:
+        raise SettingsError(f"settings file {path} is malformed: {exc}") from exc
+
+
+def save_settings(path: Path, settings: Settings) -> None:
+    atomic_write_text(path, json.dumps(settings.to_json(), indent=2, sort_keys=True) + "\n")

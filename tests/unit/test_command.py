@@ -1,0 +1,53 @@
+import pytest
+
+from slotkeeper.core.server.command import CommandError, build_argv
+from slotkeeper.core.settings import ServerProfile, SettingsError
+
+
+def test_defaults_are_explicit_and_loopback():
+    argv = build_argv(("/bin/llama-server",), ServerProfile(), "/m/model.gguf", "/data/sessions")
+    assert argv[0] == "/bin/llama-server"
+    pairs = {a: b for a, b in zip(argv, argv[1:]) if a.startswith("--") and not b.startswith("--")}
+    assert pairs["--host"] == "127.0.0.1"
+    assert pairs["--parallel"] == "1"  # explicit -np: KV stays per slot (not unified)
+    assert pairs["--flash-attn"] == "off"  # explicit, never "auto"
+    assert pairs["--slot-save-path"] == "/data/sessions"
+    assert pairs["--model"] == "/m/model.gguf"
+    assert "--metrics" in argv
+    assert "--swa-full" not in argv
+
+
+def test_profile_fields_map_to_flags():
+    prof = ServerProfile(
+        host="0.0.0.0", port=9000, ctx=16384, parallel=4, flash_attn=True,
+        cache_type_k="q8_0", cache_type_v="q4_0", swa_full=True, extra_args=("--threads", "2"),
+    )
+    argv = build_argv(("llama", "serve"), prof, "m.gguf", "s")
+    assert argv[:2] == ["llama", "serve"]
+    joined = " ".join(argv)
+    for part in ("--port 9000", "--ctx-size 16384", "--parallel 4", "--flash-attn on",
+                 "--cache-type-k q8_0", "--cache-type-v q4_0", "--swa-full"):
+        assert part in joined
+    assert argv[-2:] == ["--threads", "2"]
+
+
+def test_extra_args_cannot_override_managed_flags():
+    prof = ServerProfile(extra_args=("-np", "3"))
+    with pytest.raises(CommandError, match="-np"):
+        build_argv(("x",), prof, "m", "s")
+    with pytest.raises(CommandError, match="--slot-save-path"):
+        build_argv(("x",), ServerProfile(extra_args=("--slot-save-path=/tmp",)), "m", "s")
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(port=0), "port"),
+        (dict(parallel=0), "slots"),
+        (dict(ctx=300, parallel=2), "too small"),
+        (dict(cache_type_k="q3_x"), "unknown cache type"),
+    ],
+)
+def test_invalid_profiles_are_refused(bad, match):
+    with pytest.raises(SettingsError, match=match):
+        build_argv(("x",), ServerProfile(**bad), "m", "s")

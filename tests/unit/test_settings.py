@@ -1,0 +1,45 @@
+import json
+
+import pytest
+
+from slotkeeper.core import settings as st
+
+
+def test_roundtrip_and_defaults(tmp_path):
+    path = tmp_path / "settings.json"
+    assert st.load_settings(path) == st.Settings()
+    s = st.Settings(idle_save_seconds=3, budget_bytes=1024).with_profile(
+        port=9100, extra_args=("--threads", "2")
+    )
+    st.save_settings(path, s)
+    assert st.load_settings(path) == s
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_newer_schema_and_bad_types_are_refused_and_file_kept(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(st.SettingsError, match="newer Slotkeeper"):
+        st.load_settings(path)
+    assert json.loads(path.read_text()) == {"schema_version": 99}
+    path.write_text(json.dumps({"schema_version": 1, "profile": {"port": "80"}}))
+    with pytest.raises(st.SettingsError, match="port"):
+        st.load_settings(path)
+    path.write_text("{not json")
+    with pytest.raises(st.SettingsError, match="cannot read"):
+        st.load_settings(path)
+
+
+def test_migrations_chain(monkeypatch):
+    monkeypatch.setattr(st, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(st.MIGRATIONS, 1, lambda d: {**d, "renamed": True})
+    out = st.migrate({"schema_version": 1})
+    assert out == {"schema_version": 2, "renamed": True}
+
+
+def test_stored_v1_file_still_loads():
+    from pathlib import Path
+
+    data = Path(__file__).parent.parent / "data" / "settings_v1.json"
+    s = st.load_settings(data)
+    assert s.profile.port == 8789 and s.budget_bytes == 20 * 1024**3
