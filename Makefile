@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Lean llama.cpp build for the `server` extra (pip caches the built wheel, so this runs once).
+# cmake --build -j with no number is unbounded with make: cap it at the core count.
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TOOLS=ON
 
 .PHONY: run test lint clean

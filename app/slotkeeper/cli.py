@@ -59,6 +59,40 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
     g.add_argument("--swa-full", action="store_true", default=None, help="full-size cache for sliding-window layers (needed to restore sessions of SWA models)")
     g.add_argument("--data-dir", metavar="DIR", help="keep every file Slotkeeper writes under DIR (also $SLOTKEEPER_HOME)")
+    s = p.add_argument_group("sessions")
+    s.add_argument("--idle-save", type=_seconds, metavar="S", help="save a slot S seconds after its reply ends (default 10; 0 = at once)")
+    s.add_argument("--restore", type=_count, metavar="N", help="restore the N most recent compatible sessions at launch (default: one per slot)")
+    s.add_argument("--resume", metavar="ID", help="restore this saved session into slot 0 first")
+    s.add_argument("--budget", type=_size, metavar="SIZE", help="disk budget for saved sessions, e.g. 20G (default 20 GiB)")
+
+
+def _seconds(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return n
+
+
+def _count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return n
+
+
+def _size(value: str) -> int:
+    from slotkeeper.core.units import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -99,6 +133,28 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--cache-type-v", default="f16", metavar="T")
     info.add_argument("--unified", action="store_true", help="unified KV cache (-kvu)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sess = sub.add_parser(
+        "sessions",
+        help="list, inspect, verify, pin, delete and prune saved sessions",
+        description="Works on the same folder as the app, with or without a running server.",
+    )
+    sess.add_argument("--data-dir", metavar="DIR", help="Slotkeeper's data folder (also $SLOTKEEPER_HOME)")
+    ssub = sess.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = ssub.add_parser("list", help="saved sessions, most recently used first")
+    p.add_argument("--json", action="store_true")
+    p = ssub.add_parser("show", help="one session in full")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+    for name, text in (("delete", "delete a session (its KV file and sidecar)"),
+                       ("pin", "keep a session whatever the budget"),
+                       ("unpin", "let the budget prune a session again")):
+        ssub.add_parser(name, help=text).add_argument("id")
+    p = ssub.add_parser("verify", help="check size and content hash (all sessions, or one)")
+    p.add_argument("id", nargs="?")
+    p = ssub.add_parser("prune", help="delete least-recently-used sessions until under the budget")
+    p.add_argument("--budget", type=_size, metavar="SIZE", help="budget to prune to (default: the setting)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
     return parser
 
 
@@ -127,6 +183,17 @@ def _profile_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, 
     return changes
 
 
+def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if getattr(args, "idle_save", None) is not None:
+        out["idle_save_seconds"] = args.idle_save
+    if getattr(args, "restore", None) is not None:
+        out["restore_on_start"] = args.restore
+    if getattr(args, "budget", None) is not None:
+        out["budget_bytes"] = args.budget
+    return out
+
+
 def load_run_settings(args: argparse.Namespace, extra: list[str]):
     """Saved settings with this run's command-line overrides applied (not written back)."""
     from slotkeeper.core.paths import app_paths
@@ -134,7 +201,8 @@ def load_run_settings(args: argparse.Namespace, extra: list[str]):
 
     paths = app_paths(args.data_dir).ensure()
     settings = load_settings(paths.settings_file)
-    settings = replace(settings, profile=replace(settings.profile, **_profile_overrides(args, extra)))
+    settings = replace(settings, profile=replace(settings.profile, **_profile_overrides(args, extra)),
+                       **_settings_overrides(args))
     settings.profile.validate()
     return paths, settings
 
@@ -162,10 +230,37 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             log.warning("llama-server %s: %s", state.value, event.data["message"])
 
     def on_ready(event) -> None:
+        restored = event.data.get("restored") or []
+        if restored:
+            tokens = sum(r["n_restored"] for r in restored)
+            log.info("restored %d conversation(s), %d tokens", len(restored), tokens)
         print(f"ready {event.data['url']}", flush=True)
+
+    def on_event(event) -> None:
+        d = event.data
+        if event.kind == "engine.warning":
+            log.warning("%s", d["message"])
+        elif event.kind == "engine.notice":
+            log.warning("%s", d["message"])
+        elif event.kind == "session.saved":
+            log.info("saved slot %s (%s, %s): %s tokens, %s", d["slot"], d["reason"], d["kind"], d["n_tokens"], d["id"])
+        elif event.kind == "save.failed":
+            log.error("saving slot %s failed: %s", d["slot"], d["message"])
+        elif event.kind == "session.restored":
+            log.info("restored session %s into slot %s: %s tokens in %.0f ms", d["id"], d["slot"], d["n_restored"], d["ms"])
+        elif event.kind == "session.refused":
+            log.warning("session %s not restored: %s", d["id"], "; ".join(d["reasons"]))
+        elif event.kind == "restore.reuse":
+            if d["effective"]:
+                log.info("slot %s reused %s cached tokens after the restore", d["slot"], d["cache_n"])
+            else:
+                log.warning("restore of %s was ineffective: %s", d["id"], d["reason"])
+        elif event.kind == "sessions.pruned":
+            log.info("pruned %d session(s) to stay under the disk budget", len(d["ids"]))
 
     engine.events.subscribe(on_state, "server.state")
     engine.events.subscribe(on_ready, "engine.ready")
+    engine.events.subscribe(on_event)
 
     def on_signal(signum, frame) -> None:
         log.info("received %s; stopping", signal.Signals(signum).name)
@@ -173,7 +268,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    engine.start()
+    engine.start(resume_id=args.resume)
     while not done.wait(0.2):
         pass
     engine.stop()
@@ -221,6 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_serve(args, extra)
         if args.command == "model-info":
             return cmd_model_info(args)
+        if args.command == "sessions":
+            from slotkeeper.sessions_cli import run_sessions_command
+
+            return run_sessions_command(args)
         if extra:
             parser.error("arguments after -- are only accepted by `serve` and the desktop app")
         parser.print_help()

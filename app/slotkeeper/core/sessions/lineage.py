@@ -79,9 +79,11 @@ def classify(
     ``candidates`` are (session_id, tokens), most recently used first; that order breaks
     ties. Token lists may be lists or numpy int64 arrays; arrays skip a conversion that
     costs ~5 ms per 130k-token list, so a caller holding many sessions should cache
-    them as arrays. An update beats a fork even when the fork candidate shares more tokens: the
-    updated session already holds everything the new tokens repeat, so no data is lost
-    and no near-duplicate file is created.
+    them as arrays.
+
+    An update beats a fork even when the fork candidate shares more tokens: the updated
+    session already holds everything the new tokens repeat, so no data is lost and no
+    near-duplicate file is created.
     """
     if tail_slack < 0 or min_fork_prefix < 0:
         raise ValueError("tail_slack and min_fork_prefix must not be negative")
@@ -97,9 +99,8 @@ def classify(
         if _is_update(shared, len(new), len(saved), tail_slack, min_fork_prefix):
             if best_update is None or shared > best_update.common_prefix:
                 best_update = Match("update", session_id, shared)
-        elif shared >= min_fork_prefix:
-            if best_fork is None or shared > best_fork.common_prefix:
-                best_fork = Match("fork", session_id, shared)
+        elif shared >= min_fork_prefix and (best_fork is None or shared > best_fork.common_prefix):
+            best_fork = Match("fork", session_id, shared)
     return best_update or best_fork or Match("new", None, longest_shared)
 
 

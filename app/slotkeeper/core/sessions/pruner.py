@@ -11,13 +11,14 @@ in the save directory) count toward usage but are never deleted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from .sidecar import Sidecar, parse_utc
 
-__all__ = ["PruneCandidate", "PrunePlan", "PruneResult", "PruneError", "plan", "apply"]
+__all__ = ["PruneCandidate", "PruneError", "PrunePlan", "PruneResult", "apply", "plan"]
 
 
 class PruneError(RuntimeError):
@@ -87,7 +88,7 @@ class PruneResult:
 def plan(
     sessions: Iterable[PruneCandidate],
     budget_bytes: int,
-    protected_ids: Set[str] = frozenset(),
+    protected_ids: AbstractSet[str] = frozenset(),
     unmanaged_bytes: int = 0,
 ) -> PrunePlan:
     """Choose the least recently used deletable sessions until usage fits the budget."""
@@ -149,9 +150,7 @@ def _moment(session: PruneCandidate, timestamp: str) -> datetime:
         raise ValueError(f"session {session.id}: {exc}") from None
 
 
-def _check_inputs(
-    sessions: list[PruneCandidate], budget_bytes: int, unmanaged_bytes: int
-) -> None:
+def _check_inputs(sessions: list[PruneCandidate], budget_bytes: int, unmanaged_bytes: int) -> None:
     if budget_bytes < 0:
         raise ValueError(f"budget_bytes must not be negative, got {budget_bytes}")
     if unmanaged_bytes < 0:

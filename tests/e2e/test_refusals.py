@@ -1,0 +1,127 @@
+"""Nothing unsafe reaches llama-server: incompatible or damaged sessions are refused, kept, explained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from e2e_helpers import USER_TURNS, EventLog, converse, make_engine, wait_until
+
+from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.server.supervisor import ServerState
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def saved_session(llama_model, server_bin, port):
+    """One conversation saved from: llama, -fa off, f16/f16, -np 1, ctx 2048."""
+    engine = make_engine(llama_model, server_bin, port)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        converse(engine.base_url, USER_TURNS[:3], max_tokens=24)
+        [entry] = wait_until(lambda: engine.store.sessions(), what="save")
+    finally:
+        engine.stop()
+    entry = engine.store.get(entry.id)
+    assert entry.sidecar.n_tokens > 200
+    return entry
+
+
+def _launch_and_try(model, server_bin, port, session_id, **profile):
+    engine = make_engine(model, server_bin, port, **profile)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert not events.of("session.restored"), "an incompatible session was restored at launch"
+        assert engine.restore(session_id, 0) is None
+        [refusal] = events.of("session.refused")
+        with engine.client() as c:
+            assert c.health().ok  # the server is fine
+            assert all(s.id_task is None for s in c.slots())  # nothing was loaded into a slot
+    finally:
+        engine.stop()
+    return refusal["reasons"], engine
+
+
+@pytest.mark.parametrize(
+    "profile, reason",
+    [
+        (dict(flash_attn=True), "saved with flash attention off; the server runs with it on"),
+        (dict(cache_type_k="q8_0"), "saved with K cache type f16; the server uses q8_0"),
+        (dict(parallel=2, ctx=4096), "saved with 1 slots (-np 1); the server runs 2"),
+        (dict(ctx=256), "tokens of context per slot; the server's slots have 256"),
+    ],
+)
+def test_incompatible_settings_are_refused(saved_session, llama_model, server_bin, port, profile, reason):
+    reasons, engine = _launch_and_try(llama_model, server_bin, port, saved_session.id, **profile)
+    assert any(reason in r for r in reasons), reasons
+    entry = engine.store.get(saved_session.id)
+    assert entry.kv_path.exists() and entry.status == "ok"
+
+
+def test_other_model_of_the_same_shape_is_refused(saved_session, server_bin, port, models_dir):
+    other = write_model(models_dir / "tiny-llama-alt.gguf", "llama-alt")
+    reasons, engine = _launch_and_try(other, server_bin, port, saved_session.id)
+    assert any("different model" in r for r in reasons), reasons
+    assert engine.store.get(saved_session.id).kv_path.exists()
+
+
+def _damage_truncate(p):
+    p.write_bytes(p.read_bytes()[:-1])
+
+
+def _damage_flip(p):
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+def _damage_append(p):
+    with open(p, "ab") as fh:
+        fh.write(b"\0garbage")
+
+
+@pytest.mark.parametrize("damage", [_damage_truncate, _damage_flip, _damage_append], ids=["truncated-1-byte", "flipped-byte", "trailing-garbage"])
+def test_damaged_files_are_refused_marked_and_the_server_survives(saved_session, llama_model, server_bin, port, damage):
+    damage(saved_session.kv_path)
+    engine = make_engine(llama_model, server_bin, port)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert not events.of("session.restored")
+        assert engine.restore(saved_session.id, 0) is None
+        with engine.client() as c:
+            assert c.health().ok
+        assert engine.supervisor.state is ServerState.READY and engine.supervisor.last_exit_code is None
+    finally:
+        engine.stop()
+    entry = engine.store.get(saved_session.id)
+    assert entry.status == "corrupt" and entry.sidecar.corrupt
+    assert entry.kv_path.exists()
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d.update(n_tokens="many"),
+    lambda d: d.update(schema_version=42),
+], ids=["wrong-type", "unknown-schema"])
+def test_bad_sidecars_list_as_corrupt_and_are_never_restored(saved_session, llama_model, server_bin, port, mutate):
+    path = saved_session.kv_path.parent / f"{saved_session.id}.json"
+    data = json.loads(path.read_text())
+    mutate(data)
+    path.write_text(json.dumps(data))
+    engine = make_engine(llama_model, server_bin, port)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert not events.of("session.restored")
+        assert engine.restore(saved_session.id, 0) is None
+    finally:
+        engine.stop()
+    entry = engine.store.get(saved_session.id)
+    assert entry.status == "corrupt" and entry.problems
+    assert saved_session.kv_path.exists() and path.exists()

@@ -1,0 +1,189 @@
+"""The supervisor and `slotkeeper serve` against the real llama-server on generated models."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from slotkeeper.core.engine import Engine
+from slotkeeper.core.paths import app_paths
+from slotkeeper.core.server.restart import RestartPolicy
+from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.settings import ServerProfile, Settings
+
+pytestmark = pytest.mark.e2e
+
+
+def make_engine(model, server_bin, port, **profile) -> Engine:
+    settings = Settings(
+        profile=ServerProfile(model_path=str(model), server_bin=server_bin, port=port, ctx=2048, **profile)
+    )
+    return Engine(app_paths(), settings)
+
+
+def test_start_ready_props_and_stop(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port)
+    states = []
+    engine.events.subscribe(lambda e: states.append(e.data["state"]), "server.state")
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert engine.ready.wait(10)
+        with engine.client() as c:
+            props = c.props()
+            assert os.path.samefile(props.model_path, llama_model)
+            assert props.total_slots == 1 and props.n_ctx_slot == 2048
+            assert c.metrics()["prompt_tokens_total"] == 0
+        pid = engine.supervisor.pid
+        assert engine.paths.server_state_file.exists()
+    finally:
+        engine.stop()
+    assert states[0] is ServerState.STARTING and ServerState.READY in states
+    assert states[-1] is ServerState.STOPPED
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not engine.paths.server_state_file.exists()
+    log_text = engine.paths.server_log.read_text()
+    assert "server is listening" in log_text or "HTTP server" in log_text
+
+
+def test_kill9_is_restarted_then_repeated_crashes_fail_with_log_tail(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port)
+    engine.supervisor.policy = RestartPolicy(max_restarts=2, window_seconds=600, backoff_base=0.1)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        for round_ in range(2):
+            old = engine.supervisor.pid
+            os.kill(old, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if engine.supervisor.state is ServerState.READY and engine.supervisor.pid != old:
+                    break
+                time.sleep(0.05)
+            assert engine.supervisor.state is ServerState.READY, f"round {round_}"
+            with engine.client() as c:
+                assert c.health().ok
+        os.kill(engine.supervisor.pid, signal.SIGKILL)
+        assert engine.supervisor.wait_for([ServerState.FAILED], 30) is ServerState.FAILED
+        assert "crashed 3 times" in engine.supervisor.message
+        assert engine.supervisor.log_tail(), "the failure shows the last log lines"
+    finally:
+        engine.stop()
+
+
+def test_port_in_use_is_reported_and_nothing_is_killed(llama_model, server_bin, port):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        engine = make_engine(llama_model, server_bin, port)
+        engine.start()
+        assert engine.wait_ready(30) is ServerState.FAILED
+        assert f"Port {port}" in engine.supervisor.message and "already in use" in engine.supervisor.message
+        assert other.poll() is None
+        holder.getsockname()  # still ours
+    finally:
+        holder.close()
+        other.kill()
+
+
+def test_missing_binary_and_non_gguf_model_are_clear_errors(llama_model, tmp_path, port, server_bin):
+    engine = make_engine(llama_model, str(tmp_path / "no-such-server"), port)
+    engine.start()
+    assert engine.wait_ready(10) is ServerState.FAILED
+    assert "does not exist" in engine.supervisor.message and "pip install" in engine.supervisor.message
+
+    bogus = tmp_path / "notes.gguf"
+    bogus.write_text("these are my notes, not a model\n")
+    engine = make_engine(bogus, server_bin, port)
+    engine.start()
+    assert engine.wait_ready(10) is ServerState.FAILED
+    assert "GGUF" in engine.supervisor.message
+    assert "Traceback" not in engine.supervisor.message
+
+
+def test_leftover_server_from_a_dead_app_is_adopted(llama_model, server_bin, port):
+    first = make_engine(llama_model, server_bin, port)
+    first.start()
+    assert first.wait_ready(60) is ServerState.READY
+    pid = first.supervisor.pid
+    # The app "dies": its supervisor thread is gone but the child keeps running.
+    first.supervisor._stop_requested.set()
+    first.supervisor._thread.join(5)
+    second = make_engine(llama_model, server_bin, port)
+    second.start()
+    try:
+        assert second.wait_ready(30) is ServerState.READY
+        assert second.supervisor.adopted and second.supervisor.pid == pid
+    finally:
+        second.stop()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_leftover_with_other_settings_is_stopped_cleanly(llama_model, server_bin, port):
+    first = make_engine(llama_model, server_bin, port)
+    first.start()
+    assert first.wait_ready(60) is ServerState.READY
+    pid = first.supervisor.pid
+    first.supervisor._stop_requested.set()
+    first.supervisor._thread.join(5)
+    second = make_engine(llama_model, server_bin, port, parallel=2)
+    second.start()
+    try:
+        assert second.wait_ready(60) is ServerState.READY
+        assert not second.supervisor.adopted and second.supervisor.pid != pid
+        proc_gone = not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert proc_gone
+    finally:
+        second.stop()
+
+
+def test_serve_prints_ready_and_exits_0_on_sigterm(llama_model, server_bin, port, isolated_home):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model),
+         "--server-bin", server_bin, "--port", str(port), "--ctx", "1024", "--data-dir", str(isolated_home)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()
+        assert line == f"ready http://127.0.0.1:{port}"
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        state = (isolated_home / "state" / "server.json").read_text()
+        server_pid = int(__import__("json").loads(state)["pid"])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+
+
+def test_serve_demo_says_it_is_gibberish(server_bin, port, isolated_home):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slotkeeper", "serve", "--demo", "--server-bin", server_bin,
+         "--port", str(port), "--data-dir", str(isolated_home)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("ready ")
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}, timeout=30)
+        assert r.status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        err = proc.stderr.read()
+        assert "gibberish" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()

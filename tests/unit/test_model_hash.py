@@ -1,0 +1,191 @@
+"""Model SHA-256 cache: hashed once, reused while unchanged, invalidated by size/mtime."""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from slotkeeper.core import model_hash
+from slotkeeper.core.model_hash import ModelChangedError, ModelHashCache
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "model.gguf"
+    # Just over two chunks, so the chunked loop and progress are exercised.
+    path.write_bytes(os.urandom(2 * model_hash.CHUNK_SIZE + 123))
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> ModelHashCache:
+    return ModelHashCache(tmp_path / "state" / "model-hashes.json")
+
+
+def expected(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class OpenCounter:
+    """Counts binary opens of one file through Path.open (how the hasher reads)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, target: Path) -> None:
+        self.count = 0
+        real_open = Path.open
+        target = target.resolve()
+
+        def counting_open(path: Path, mode: str = "r", *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+            if Path(path).resolve() == target and "b" in mode:
+                self.count += 1
+            return real_open(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "open", counting_open)
+        real_builtin_open = builtins.open
+
+        def counting_builtin_open(file, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+            if (
+                isinstance(file, (str, os.PathLike))
+                and Path(file).resolve() == target
+                and "b" in mode
+            ):
+                self.count += 1
+            return real_builtin_open(file, mode, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", counting_builtin_open)
+
+
+def test_compute_hashes_and_reports_progress(cache: ModelHashCache, model: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    sha = cache.compute(model, progress=lambda done, total: seen.append((done, total)))
+    assert sha == expected(model)
+    size = model.stat().st_size
+    assert seen[0] == (0, size) and seen[-1] == (size, size)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert len(seen) == 4  # start + 3 chunks
+
+
+def test_cached_is_none_before_hashing(cache: ModelHashCache, model: Path) -> None:
+    assert cache.cached(model) is None
+    assert cache.cached(model.parent / "missing.gguf") is None
+
+
+def test_second_call_does_not_read_the_model(
+    cache: ModelHashCache, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = cache.compute(model)
+    counter = OpenCounter(monkeypatch, model)
+    assert cache.cached(model) == first
+    assert cache.compute(model) == first
+    assert counter.count == 0
+    # The counter does see reads: after a change, the next compute reads the file once.
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert cache.compute(model) == first
+    assert counter.count == 1
+
+
+def test_cache_survives_a_new_instance(tmp_path: Path, cache: ModelHashCache, model: Path) -> None:
+    sha = cache.compute(model)
+    again = ModelHashCache(cache.cache_file)
+    assert again.cached(model) == sha
+    data = json.loads(cache.cache_file.read_text())
+    assert data["schema_version"] == 1
+    (entry,) = data["entries"].values()
+    assert entry["sha256"] == sha and entry["size"] == model.stat().st_size
+
+
+def test_other_spelling_of_the_path_hits(cache: ModelHashCache, model: Path) -> None:
+    sha = cache.compute(model)
+    assert cache.cached(model.parent / "." / model.name) == sha
+
+
+def test_changed_mtime_invalidates(cache: ModelHashCache, model: Path) -> None:
+    cache.compute(model)
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert cache.cached(model) is None
+
+
+def test_changed_content_is_rehashed(cache: ModelHashCache, model: Path) -> None:
+    old = cache.compute(model)
+    with model.open("ab") as fh:
+        fh.write(b"more")
+    assert cache.cached(model) is None
+    new = cache.compute(model)
+    assert new != old and new == expected(model)
+
+
+def test_change_during_hashing_is_an_error(cache: ModelHashCache, model: Path) -> None:
+    def touch_midway(done: int, total: int) -> None:
+        if 0 < done < total:
+            st = model.stat()
+            os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+
+    with pytest.raises(ModelChangedError):
+        cache.compute(model, progress=touch_midway)
+    assert cache.cached(model) is None
+
+
+def test_corrupt_cache_file_is_ignored(cache: ModelHashCache, model: Path) -> None:
+    cache.cache_file.parent.mkdir(parents=True)
+    cache.cache_file.write_text("{not json")
+    assert cache.cached(model) is None
+    assert cache.compute(model) == expected(model)
+    assert json.loads(cache.cache_file.read_text())["entries"]
+
+
+def test_no_temp_files_left(cache: ModelHashCache, model: Path) -> None:
+    cache.compute(model)
+    assert [p.name for p in cache.cache_file.parent.iterdir()] == [cache.cache_file.name]
+
+
+def test_compute_async_calls_on_done(cache: ModelHashCache, model: Path) -> None:
+    results: list[str] = []
+    thread = cache.compute_async(model, on_done=results.append)
+    assert thread.daemon
+    thread.join(timeout=30)
+    assert results == [expected(model)]
+
+
+def test_compute_async_reports_errors(cache: ModelHashCache, tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+    done: list[str] = []
+    thread = cache.compute_async(
+        tmp_path / "gone.gguf", on_done=done.append, on_error=errors.append
+    )
+    thread.join(timeout=30)
+    assert done == []
+    assert len(errors) == 1 and isinstance(errors[0], FileNotFoundError)
+
+
+def test_concurrent_hashes_of_different_files_all_stored(
+    cache: ModelHashCache, tmp_path: Path
+) -> None:
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"m{i}.gguf"
+        p.write_bytes(os.urandom(1000 + i))
+        paths.append(p)
+    results: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def record(p: Path):  # type: ignore[no-untyped-def]
+        def cb(sha: str) -> None:
+            with lock:
+                results[p.name] = sha
+
+        return cb
+
+    threads = [cache.compute_async(p, on_done=record(p)) for p in paths]
+    for t in threads:
+        t.join(timeout=30)
+    assert len(results) == 6
+    fresh = ModelHashCache(cache.cache_file)
+    for p in paths:
+        assert fresh.cached(p) == expected(p)

@@ -1,0 +1,167 @@
+"""The random-weight GGUF generator: deterministic bytes, sensible facts, atomic writes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import gguf
+import pytest
+
+from slotkeeper.core import modelgen
+from slotkeeper.core.gguf_info import kv_estimate, read_model_info
+from slotkeeper.core.modelgen import DEMO_FILENAME, DEMO_NOTICE, ensure_demo_model, write_model
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_same_kind_and_seed_give_identical_bytes(tmp_path: Path) -> None:
+    a = write_model(tmp_path / "a.gguf", "llama", seed=7)
+    b = write_model(tmp_path / "b.gguf", "llama", seed=7)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_seed_and_kind_change_the_weights(tmp_path: Path) -> None:
+    hashes = {
+        sha(write_model(tmp_path / "l0.gguf", "llama", seed=0)),
+        sha(write_model(tmp_path / "l1.gguf", "llama", seed=1)),
+        sha(write_model(tmp_path / "alt.gguf", "llama-alt", seed=0)),
+        sha(write_model(tmp_path / "g2.gguf", "gemma2", seed=0)),
+    }
+    assert len(hashes) == 4
+
+
+def test_demo_is_the_llama_kind(tmp_path: Path) -> None:
+    demo = write_model(tmp_path / "demo.gguf", "demo")
+    llama = write_model(tmp_path / "llama.gguf", "llama")
+    assert demo.read_bytes() == llama.read_bytes()
+
+
+def test_llama_alt_has_the_same_shape(tmp_path: Path) -> None:
+    a = read_model_info(write_model(tmp_path / "a.gguf", "llama"))
+    b = read_model_info(write_model(tmp_path / "b.gguf", "llama-alt"))
+    shape = lambda i: (i.arch, i.n_layers, i.n_embd, i.n_head, i.n_head_kv, i.context_length)  # noqa: E731
+    assert shape(a) == shape(b)
+    assert kv_estimate(a, 4096).bytes_full == kv_estimate(b, 4096).bytes_full
+
+
+def test_llama_facts(tmp_path: Path) -> None:
+    info = read_model_info(write_model(tmp_path / "llama.gguf", "llama"))
+    assert info.arch == "llama"
+    assert info.name == "Slotkeeper demo (random weights)"
+    assert (info.n_layers, info.n_embd, info.n_head, info.n_head_kv) == (4, 128, 4, 2)
+    assert (info.head_dim_k, info.head_dim_v) == (32, 32)
+    assert info.context_length == 8192
+    assert not info.has_swa
+    assert 1_000_000 < info.file_size < 3_000_000
+
+
+def test_gemma2_facts(tmp_path: Path) -> None:
+    info = read_model_info(write_model(tmp_path / "gemma2.gguf", "gemma2"))
+    assert info.arch == "gemma2"
+    assert info.has_swa
+    assert info.sliding_window == 128
+    assert info.swa_layers == (True, False, True, False)
+    assert info.context_length == 8192
+    est = kv_estimate(info, 4096)
+    assert est.bytes_swa < est.bytes_full
+
+
+def test_gemma2_tensors_and_keys(tmp_path: Path) -> None:
+    reader = gguf.GGUFReader(write_model(tmp_path / "gemma2.gguf", "gemma2"))
+    names = {t.name for t in reader.tensors}
+    assert "output.weight" not in names  # llama.cpp's gemma2 loader refuses it
+    for il in range(4):
+        assert f"blk.{il}.post_attention_norm.weight" in names
+        assert f"blk.{il}.post_ffw_norm.weight" in names
+    assert reader.fields["gemma2.attn_logit_softcapping"].contents() == 50.0
+    assert reader.fields["gemma2.final_logit_softcapping"].contents() == 30.0
+
+
+def test_tokenizer(tmp_path: Path) -> None:
+    reader = gguf.GGUFReader(write_model(tmp_path / "llama.gguf", "llama"))
+    field = lambda key: reader.fields[key].contents()  # noqa: E731
+    tokens = field("tokenizer.ggml.tokens")
+    types = field("tokenizer.ggml.token_type")
+    assert field("tokenizer.ggml.model") == "llama"
+    assert len(tokens) == len(types) == len(field("tokenizer.ggml.scores"))
+    assert len(tokens) == len(set(tokens))
+    assert tokens[:5] == ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    assert types[:5] == [2, 3, 3, 3, 3]
+    assert all(f"<0x{b:02X}>" in tokens for b in range(256))
+    assert types[tokens.index("<0x0A>")] == 6
+    # SPM reaches a whole word only through its prefixes.
+    for word in ("\u2581hello", "\u2581restore", "\u2581the"):
+        assert all(word[:n] in tokens for n in range(1, len(word) + 1)), word
+    assert tokens[field("tokenizer.ggml.eos_token_id")] == "<|im_end|>"
+    assert tokens[field("tokenizer.ggml.bos_token_id")] == "<s>"
+    template = field("tokenizer.chat_template")
+    assert "<|im_start|>" in template and "add_generation_prompt" in template
+
+
+def test_bench_shape_without_writing_it() -> None:
+    # The bench model is ~190 MB; its shape is checked here and the file in e2e/bench runs.
+    bench = modelgen._KINDS["bench"]
+    assert (bench.n_layers, bench.n_embd, bench.n_head, bench.n_head_kv, bench.n_ff) == (
+        8,
+        1024,
+        16,
+        8,
+        2816,
+    )
+    assert bench.context_length == 16384
+
+
+def test_unknown_kind(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="gemma2"):
+        write_model(tmp_path / "x.gguf", "mystery")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_is_atomic_and_leaves_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "m.gguf"
+    target.write_bytes(b"previous model")
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_model(target, "llama")
+    assert target.read_bytes() == b"previous model"  # the old file is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]  # no partial file left
+
+
+def test_written_file_has_normal_permissions(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "m.gguf", "llama")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_ensure_demo_model_writes_once(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    path = ensure_demo_model(models)
+    assert path == models / DEMO_FILENAME
+    assert read_model_info(path).name == "Slotkeeper demo (random weights)"
+    first = path.stat().st_mtime_ns
+    os.utime(path, ns=(first - 10_000_000_000, first - 10_000_000_000))
+    stamped = path.stat().st_mtime_ns
+    assert ensure_demo_model(models) == path
+    assert path.stat().st_mtime_ns == stamped  # reused, not rewritten
+
+
+def test_ensure_demo_model_replaces_a_damaged_file(tmp_path: Path) -> None:
+    path = tmp_path / DEMO_FILENAME
+    path.write_bytes(b"GGUF half a model")
+    ensure_demo_model(tmp_path)
+    assert read_model_info(path).arch == "llama"
+
+
+def test_demo_notice() -> None:
+    assert "random weights" in DEMO_NOTICE and "gibberish" in DEMO_NOTICE
