@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from slotkeeper.core.fsutil import atomic_write_text
 
 SCHEMA_VERSION = 1
 DEFAULT_PORT = 8789
@@ -139,40 +139,6 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
         version += 1
         data["schema_version"] = version
     return data
-
-
-def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write ``text`` so that ``path`` is either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_settings(path: Path) -> Settings:

@@ -27,9 +27,9 @@ import psutil
 
 from slotkeeper.core.client import LlamaClient, ServerUnavailable
 from slotkeeper.core.events import EventBus
+from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.server import logfile
 from slotkeeper.core.server.restart import RestartPolicy
-from slotkeeper.core.settings import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import secrets
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import xxhash
+
+from slotkeeper.core.fsutil import atomic_write_text
 
 __all__ = [
     "MIGRATIONS",
@@ -431,41 +432,11 @@ def load_sidecar(path: str | os.PathLike[str]) -> Sidecar:
 
 
 def write_sidecar_atomic(path: str | os.PathLike[str], sidecar: Sidecar) -> None:
-    """Write the sidecar so that readers see the old file or the new one, never a mix.
-
-    Temp file in the same directory -> fsync -> os.replace -> fsync the directory, so
-    the rename itself survives a power cut (POSIX; Windows has no directory fsync).
-    """
-    path = Path(path)
+    """Write the sidecar so that readers see the old file or the new one, never a mix."""
     data = sidecar.to_json()
     Sidecar.from_json(data)  # never write a file we could not read back
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            if hasattr(os, "fchmod"):  # mkstemp already uses 0600; make it explicit
-                os.fchmod(f.fileno(), SIDECAR_FILE_MODE)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    if os.name == "nt":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write_text(Path(path), text, SIDECAR_FILE_MODE)
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from slotkeeper.core.client import LlamaClient, RestoreResult, ServerError
+from slotkeeper.core.fsutil import fsync_dir, fsync_file
 from slotkeeper.core.sessions import kvfile, lineage
 from slotkeeper.core.sessions.sidecar import (
     RestoreRecord,
@@ -173,21 +174,6 @@ class SaveOutcome:
     removed: str | None = None
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as fh:
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name == "nt":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
@@ -317,7 +303,7 @@ class SessionStore:
             kv_names = {entry.sidecar.kv_file} if entry.sidecar else set()
             kv_names |= {n for n in os.listdir(self.dir) if (m := _OWN_KV_RE.match(n)) and m.group(1) == session_id}
             _unlink(self.sidecar_path(session_id))  # sidecar first: a half-deleted session is a leftover, not a session
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
             for name in kv_names:
                 _unlink(self.dir / name)
 
@@ -376,7 +362,7 @@ class SessionStore:
             if header.n_tokens == 0:
                 return SaveOutcome("empty", None)
             content_hash = content_hash_file(path)
-            _fsync_file(path)
+            fsync_file(path)
             _fault_point("after_hash")
             with self._lock:
                 return self._commit(client, path, header.tokens, size, content_hash, result.save_ms, ctx, current_id)
@@ -430,7 +416,7 @@ class SessionStore:
             parent = previous.id if (kind == "fork" and previous) else None
         final_name = f"{sid}.{secrets.token_hex(4)}{KV_SUFFIX}"
         os.replace(incoming, self.dir / final_name)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         _fault_point("after_rename")
         sidecar = Sidecar(
             id=sid, kv_file=final_name, title=title, preview=preview,
