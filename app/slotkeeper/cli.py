@@ -309,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     from slotkeeper.core.settings import SettingsError
 
     try:

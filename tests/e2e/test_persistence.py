@@ -123,8 +123,12 @@ def test_gemma2_swa_warning_and_effectiveness(gemma2_model, server_bin, port, sw
             assert not warned
         else:
             assert any("--swa-full" in w and "more KV memory" in w for w in warned), warned
-        history, _ = converse(engine.base_url, USER_TURNS[:2])
-        wait_until(lambda: engine.store.sessions(), what="save")
+        # Longer than the sliding layers' cache (window 128 + ubatch 512, rounded to 768 cells),
+        # so the saved file lacks the early cells of those layers.
+        long_turn = " ".join(USER_TURNS * 12)
+        history, _ = converse(engine.base_url, [long_turn, USER_TURNS[1]])
+        [saved] = wait_until(lambda: engine.store.sessions(), what="save")
+        assert saved.sidecar.n_tokens > 900 and saved.sidecar.swa and saved.sidecar.swa_full is swa_full
     finally:
         engine.stop()
     engine = make_engine(gemma2_model, server_bin, port, swa_full=swa_full)

@@ -51,3 +51,19 @@ def test_extra_args_cannot_override_managed_flags():
 def test_invalid_profiles_are_refused(bad, match):
     with pytest.raises(SettingsError, match=match):
         build_argv(("x",), ServerProfile(**bad), "m", "s")
+
+
+def test_optional_flags_only_when_the_build_knows_them():
+    old = build_argv(("x",), ServerProfile(), "m", "s", supported_flags=frozenset())
+    assert "--no-cache-idle-slots" not in old and "--log-verbosity" not in old
+    new = build_argv(("x",), ServerProfile(), "m", "s",
+                     supported_flags=frozenset({"--no-cache-idle-slots", "--log-verbosity", "--no-kv-unified"}))
+    assert "--no-cache-idle-slots" in new and "--no-kv-unified" in new
+    assert new[new.index("--log-verbosity") + 1] == "4"
+
+
+def test_probe_flags_reads_the_real_help(server_bin):
+    from slotkeeper.core.server.locate import ServerBinary, probe_flags
+
+    flags = probe_flags(ServerBinary((server_bin,), "test"))
+    assert {"--slot-save-path", "--swa-full", "--metrics", "--no-cache-idle-slots"} <= flags

@@ -21,7 +21,7 @@ from slotkeeper.core.events import EventBus
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.server.command import CommandError, build_argv
-from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server
+from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server, probe_flags
 from slotkeeper.core.server.logparse import RequestFigures, SlotLogParser
 from slotkeeper.core.server.supervisor import LaunchSpec, ServerState, Supervisor, SupervisorError
 from slotkeeper.core.sessions import pruner
@@ -176,7 +176,8 @@ class Engine:
         try:
             model = self.resolve_model()
             binary = locate_server(self.profile.server_bin)
-            argv = build_argv(binary.argv_prefix, self.profile, model.path, self.paths.sessions_dir)
+            argv = build_argv(binary.argv_prefix, self.profile, model.path, self.paths.sessions_dir,
+                              supported_flags=probe_flags(binary))
         except (EngineError, ServerBinaryNotFound, CommandError, SettingsError) as exc:
             raise SupervisorError(str(exc)) from exc
         if model.is_demo:

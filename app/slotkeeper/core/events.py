@@ -42,7 +42,7 @@ class EventBus:
 
         return unsubscribe
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def emit(self, kind: str, /, **data: Any) -> None:
         event = Event(kind, data)
         with self._lock:
             handlers = [h for k, h in self._handlers if k is None or k == kind]

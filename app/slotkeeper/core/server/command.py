@@ -14,7 +14,15 @@ from slotkeeper.core.settings import ServerProfile
 # - an explicit -fa on|off: flash attention is baked into a save file, so "auto" must never
 #   decide it behind our back.
 # - --metrics for the /metrics counters; --slot-save-path enables the save/restore actions.
-# - --no-cache-idle-slots, when the build knows it, is belt and braces for the same reason.
+# - --no-cache-idle-slots and --no-kv-unified, when the build knows them, are belt and braces
+#   for the same reason.
+# - --log-verbosity 4 makes the server log each request's prompt size and cached tokens per
+#   slot, the one per-slot, per-request source of cache reuse (see logparse.py).
+OPTIONAL_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--no-kv-unified",),
+    ("--no-cache-idle-slots",),
+    ("--log-verbosity", "4"),
+)
 OWNED_FLAGS = frozenset(
     {
         "-m", "--model", "--host", "--port", "-c", "--ctx-size", "-np", "--parallel",
@@ -33,6 +41,7 @@ def build_argv(
     profile: ServerProfile,
     model_path: str | Path,
     slot_save_path: str | Path,
+    supported_flags: frozenset[str] = frozenset(),
 ) -> list[str]:
     profile.validate()
     clash = [a for a in profile.extra_args if a.split("=", 1)[0] in OWNED_FLAGS]
@@ -56,5 +65,8 @@ def build_argv(
     ]
     if profile.swa_full:
         argv.append("--swa-full")
+    for flag in OPTIONAL_FLAGS:
+        if flag[0] in supported_flags:
+            argv.extend(flag)
     argv.extend(profile.extra_args)
     return argv

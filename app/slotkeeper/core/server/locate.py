@@ -99,3 +99,33 @@ def locate_server(
         if bundled:
             return ServerBinary((bundled,), "bundled")
     raise ServerBinaryNotFound(f"No llama-server found (tried {', '.join(tried)}). {INSTALL_HINT}")
+
+_flag_cache: dict[tuple[str, float], frozenset[str]] = {}
+
+
+def probe_flags(binary: ServerBinary, timeout: float = 15.0) -> frozenset[str]:
+    """The long options this llama-server build knows (from --help), cached per binary file.
+
+    Servers on PATH may be older or newer than the one we test against; optional flags are
+    passed only when the binary lists them.
+    """
+    import re
+    import subprocess
+
+    try:
+        key = (binary.path, Path(binary.path).stat().st_mtime)
+    except OSError:
+        return frozenset()
+    if key in _flag_cache:
+        return _flag_cache[key]
+    try:
+        out = subprocess.run(
+            [*binary.argv_prefix, "--help"], capture_output=True, text=True, timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        text = ""
+    flags = frozenset(re.findall(r"(--[a-z0-9][a-z0-9-]*)", text))
+    _flag_cache[key] = flags
+    return flags

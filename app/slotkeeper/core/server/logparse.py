@@ -22,9 +22,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-_SLOT = re.compile(r"slot\s+(\w+):\s+id\s+(\d+)\s+\|\s+task\s+(-?\d+)\s+\|\s*(.*)$")
+_SLOT = re.compile(r"slot\s+(\S+?):\s+id\s+(\d+)\s+\|\s+task\s+(-?\d+)\s+\|\s*(.*)$")
 _NEW_PROMPT = re.compile(r"new prompt.*task\.n_tokens\s*=\s*(\d+)")
 _KEPT = re.compile(r"n_tokens\s*=\s*(\d+), memory_seq_rm \[(\d+), end\)")
+_EVAL = re.compile(r"^\s*eval time\s*=\s*([\d.]+)\s*ms\s*/\s*(\d+)\s*tokens")
 _PROGRESS = re.compile(r"prompt processing progress, n_tokens\s*=\s*(\d+).*?progress\s*=\s*([\d.]+)")
 _PROMPT_EVAL = re.compile(r"prompt eval time\s*=\s*([\d.]+)\s*ms\s*/\s*(\d+)\s*tokens")
 _RELEASE = re.compile(r"stop processing: n_tokens\s*=\s*(\d+)")
@@ -38,8 +39,10 @@ class RequestFigures:
     cache_n: int = 0  # served from the slot's cache
     prompt_n: int = 0  # processed now
     prompt_ms: float = 0.0
+    n_generated: int = 0
     n_tokens_after: int = 0  # tokens the slot holds once released
     done: bool = False
+    seen_prompt_line: bool = False
 
     @property
     def cache_share(self) -> float:
@@ -49,7 +52,7 @@ class RequestFigures:
 @dataclass
 class _Pending:
     fig: RequestFigures
-    timing_next: bool = False
+    kept_seen: bool = False
 
 
 @dataclass
@@ -82,8 +85,13 @@ class SlotLogParser:
         fig = p.fig
         if (n := _NEW_PROMPT.search(rest)) is not None:
             fig.n_prompt = int(n.group(1))
+            fig.seen_prompt_line = True
         elif (k := _KEPT.search(rest)) is not None:
-            fig.cache_n = int(k.group(2))
+            # Long prompts (and context checkpoints) log one such line per chunk; only the
+            # first says what the cache held when the request arrived.
+            if not p.kept_seen:
+                fig.cache_n = int(k.group(2))
+                p.kept_seen = True
         elif (g := _PROGRESS.search(rest)) is not None:
             fig.prompt_n = max(0, int(g.group(1)) - fig.cache_n)
             if self.on_progress:
@@ -94,10 +102,15 @@ class SlotLogParser:
             if t:
                 fig.prompt_ms, fig.prompt_n = float(t.group(1)), int(t.group(2))
                 self._timing_slot = None
+            elif (e := _EVAL.search(rest)) is not None:
+                fig.n_generated = int(e.group(2))
         elif (r := _RELEASE.search(rest)) is not None:
             fig.n_tokens_after = int(r.group(1))
             fig.done = True
             del self._pending[slot]
-            if fig.n_prompt and not fig.cache_n and not fig.prompt_n:
-                fig.prompt_n = fig.n_prompt
+            if not fig.seen_prompt_line:
+                # Info-level logs only: the slot ends with prompt + generated - 1 tokens
+                # (the last sampled token is never evaluated).
+                fig.n_prompt = max(fig.prompt_n, fig.n_tokens_after - max(fig.n_generated - 1, 0))
+                fig.cache_n = fig.n_prompt - fig.prompt_n
             self.on_done(fig)

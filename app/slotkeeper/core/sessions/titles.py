@@ -14,9 +14,10 @@ PREVIEW_CHARS = 200
 
 # (role, text) turns for the templates we know.
 _TURN_PATTERNS = [
-    re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|$)", re.S),  # ChatML
-    re.compile(r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n*(.*?)(?:<\|eot_id\|>|$)", re.S),
-    re.compile(r"<start_of_turn>(\w+)\n(.*?)(?:<end_of_turn>|$)", re.S),  # Gemma
+    # SentencePiece tokenizers put a space after special tokens: "<|im_start|> user\n".
+    re.compile(r"<\|im_start\|>\s*(\w+)[ \t]*\n(.*?)(?:<\|im_end\|>|$)", re.S),  # ChatML
+    re.compile(r"<\|start_header_id\|>\s*(\w+)\s*<\|end_header_id\|>\n*(.*?)(?:<\|eot_id\|>|$)", re.S),
+    re.compile(r"<start_of_turn>\s*(\w+)[ \t]*\n(.*?)(?:<end_of_turn>|$)", re.S),  # Gemma
     re.compile(r"<\|(user|assistant|system)\|>\n?(.*?)(?=<\|(?:user|assistant|system|end)\|>|$)", re.S),
 ]
 _MISTRAL = re.compile(r"\[INST\](.*?)\[/INST\]([^\[]*)", re.S)

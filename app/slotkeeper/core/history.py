@@ -1,0 +1,175 @@
+"""Per-request history (how much of each prompt came from the cache), kept across restarts.
+
+Stored as JSON Lines, one request per line, so recording a request is one small append
+rather than a rewrite. The file is compacted (rewritten atomically with the newest
+``max_records``) once it holds twice that many lines, which keeps appends cheap and the
+file bounded. A damaged line (a crash mid-append, a disk filling up) costs that one
+record, never the whole history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from slotkeeper.core.fsutil import atomic_write_text
+
+__all__ = ["HISTORY_VERSION", "RequestHistory", "RequestRecord"]
+
+HISTORY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One completed request, as llama-server reported its prompt processing.
+
+    at: unix time the request finished.
+    n_prompt: tokens in the prompt.
+    cache_n: prompt tokens taken from the KV cache (llama-server's timings.cache_n).
+    prompt_n: prompt tokens evaluated anew (timings.prompt_n).
+    prompt_ms: time spent evaluating them (timings.prompt_ms).
+    """
+
+    at: float
+    slot: int
+    n_prompt: int
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+
+    @property
+    def cache_share(self) -> float:
+        """Fraction of the prompt served from the cache, 0.0-1.0 (0.0 for an empty prompt)."""
+        total = self.n_prompt or (self.cache_n + self.prompt_n)
+        if total <= 0:
+            return 0.0
+        return min(1.0, max(0.0, self.cache_n / total))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": HISTORY_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> RequestRecord:
+        """Parse one line's object; ValueError when it is not a record this version knows."""
+        if not isinstance(data, dict) or data.get("v") != HISTORY_VERSION:
+            raise ValueError("not a version-1 history record")
+        return cls(
+            at=_number(data, "at"),
+            slot=_int(data, "slot"),
+            n_prompt=_int(data, "n_prompt"),
+            cache_n=_int(data, "cache_n"),
+            prompt_n=_int(data, "prompt_n"),
+            prompt_ms=_number(data, "prompt_ms"),
+        )
+
+
+def _number(data: dict[str, Any], key: str) -> float:
+    value = data.get(key)
+    # bool is an int subclass; a true/false here means the line is not ours.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"bad {key}: {value!r}")
+    return float(value)
+
+
+def _int(data: dict[str, Any], key: str) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"bad {key}: {value!r}")
+    return value
+
+
+def _encode(record: RequestRecord) -> str:
+    return json.dumps(record.to_json(), separators=(",", ":")) + "\n"
+
+
+def _separator(fh: BinaryIO) -> str:
+    """A newline when the file ends mid-line (a crash during an append), else nothing.
+
+    Without it the next record would be glued to the damaged tail and lost with it.
+    """
+    end = fh.seek(0, os.SEEK_END)
+    if end == 0:
+        return ""
+    fh.seek(end - 1)
+    return "" if fh.read(1) == b"\n" else "\n"
+
+
+def _decode(line: str) -> RequestRecord | None:
+    try:
+        return RequestRecord.from_json(json.loads(line))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class RequestHistory:
+    """The history file; one instance per file, shared by every thread that records."""
+
+    def __init__(self, path: Path, max_records: int = 5000) -> None:
+        if max_records < 1:
+            raise ValueError(f"max_records must be at least 1, not {max_records}")
+        self.path = Path(path)
+        self.max_records = max_records
+        self._lock = threading.Lock()
+        self._line_count: int | None = None  # counted lazily, on the first append
+
+    def append(self, record: RequestRecord) -> None:
+        """Record one request; compacts the file when it has grown past 2x max_records."""
+        line = _encode(record)
+        with self._lock:
+            if self._line_count is None:
+                self._line_count = self._count_lines()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "ab+") as fh:
+                fh.write((_separator(fh) + line).encode("utf-8"))
+            self._line_count += 1
+            if self._line_count > 2 * self.max_records:
+                self._compact()
+
+    def load(self) -> list[RequestRecord]:
+        """The newest ``max_records`` readable records, oldest first.
+
+        Malformed lines are skipped and a missing or unreadable file reads as empty: a damaged
+        history must never stop the app. Lines beyond ``max_records`` that compaction has not
+        yet dropped are left out, so the answer does not depend on when it last ran.
+        """
+        with self._lock:
+            return list(self._read(self.max_records))
+
+    def recent(self, n: int) -> list[RequestRecord]:
+        """The newest ``n`` records (at most ``max_records``), oldest first."""
+        if n <= 0:
+            return []
+        with self._lock:
+            return list(self._read(min(n, self.max_records)))
+
+    # -- internals (called with the lock held) -------------------------------------------
+
+    def _read(self, keep: int) -> deque[RequestRecord]:
+        newest: deque[RequestRecord] = deque(maxlen=keep)
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    record = _decode(line)
+                    if record is not None:
+                        newest.append(record)
+        except OSError:
+            pass  # no history yet, or unreadable: the plot simply starts empty
+        return newest
+
+    def _count_lines(self) -> int:
+        try:
+            with open(self.path, "rb") as fh:
+                return sum(1 for _ in fh)
+        except OSError:
+            return 0
+
+    def _compact(self) -> None:
+        records = self._read(self.max_records)
+        atomic_write_text(self.path, "".join(_encode(r) for r in records), mode=0o644)
+        self._line_count = len(records)
