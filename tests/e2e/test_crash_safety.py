@@ -140,7 +140,7 @@ def test_full_disk_gives_a_clear_error_and_keeps_the_previous_version(llama_mode
             converse(engine.base_url, USER_TURNS[:3], max_tokens=24)
             assert engine.save_slot(0) is None
             [failure] = events.of("save.failed")
-            assert "disk full" in failure["message"] or "No space" in failure["message"]
+            assert "The disk is full" in failure["message"]
             assert "Traceback" not in failure["message"]
             [entry] = engine.store.sessions()
             assert entry.id == first["id"] and engine.store.verify(entry.id).status == "ok"

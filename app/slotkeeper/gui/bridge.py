@@ -92,6 +92,8 @@ class EngineBridge(QObject):
         self.listing: Listing | None = None
         self.history: list = []
         self.quitting = False
+        # The profile the running server was launched with (settings may have changed since).
+        self.launched_profile = engine.settings.profile if self.state in RUNNING_STATES else None
 
         self._closed = False
         self._emit_lock = threading.Lock()
@@ -180,6 +182,10 @@ class EngineBridge(QObject):
                 state = ServerState(state)
             self.state = state
             self.state_message = data.get("message", "")
+            if state is ServerState.STARTING:
+                self.launched_profile = self.engine.settings.profile
+            elif state in (ServerState.STOPPED, ServerState.FAILED):
+                self.launched_profile = None
             if state is not ServerState.READY:
                 self.slots = [] if state in (ServerState.STOPPED, ServerState.FAILED) else self.slots
             self.serverStateChanged.emit(state, data)
@@ -303,6 +309,10 @@ class EngineBridge(QObject):
                           description="Recording the request in the history")
 
     # -- server actions -------------------------------------------------------------------
+    def needs_restart(self, settings: Settings) -> bool:
+        """Whether ``settings`` change how the running server was launched."""
+        return self.launched_profile is not None and settings.profile != self.launched_profile
+
     def start_server(self, resume_id: str | None = None) -> None:
         if not self.engine.settings.profile.model_path:
             self.errorOccurred.emit("Starting llama-server",

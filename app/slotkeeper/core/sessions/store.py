@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,6 +46,7 @@ from slotkeeper.core.sessions.sidecar import (
     write_sidecar_atomic,
 )
 from slotkeeper.core.sessions.titles import title_and_preview
+from slotkeeper.core.units import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ _SIDECAR_NAME_RE = re.compile(r"^([A-Za-z0-9_-]{1,64})\.json$")
 # Test-only fault injection: SLOTKEEPER_FAULT=<step> ends the process at that step of a save,
 # as a power cut or kill -9 would, so the crash-safety tests exercise the real code path.
 FAULT_ENV = "SLOTKEEPER_FAULT"
+LOW_DISK_BYTES = 256 * 1024 * 1024  # below this, a failed save is explained as a full disk
 
 
 def _fault_point(step: str) -> None:
@@ -347,7 +350,7 @@ class SessionStore:
             try:
                 result = client.save_slot(slot, incoming)
             except ServerError as exc:
-                raise SaveError(f"llama-server could not save slot {slot}: {exc.message}") from exc
+                raise SaveError(f"llama-server could not save slot {slot}: {exc.message}{self._space_hint()}") from exc
             _fault_point("after_server_write")
             try:
                 size = path.stat().st_size
@@ -356,7 +359,7 @@ class SessionStore:
             if result.n_written <= 0 or size != result.n_written:
                 raise SaveError(
                     f"llama-server wrote {max(result.n_written, 0)} bytes for slot {slot} but the file "
-                    f"has {max(size, 0)} (disk full or not writable?); the previous save is kept"
+                    f"has {max(size, 0)}; the previous save is kept{self._space_hint()}"
                 )
             header = kvfile.read_tokens(path)
             if header.n_tokens == 0:
@@ -370,6 +373,15 @@ class SessionStore:
             raise SaveError(f"saving slot {slot} failed: {exc}") from exc
         finally:
             _unlink(path)
+
+    def _space_hint(self) -> str:
+        try:
+            free = shutil.disk_usage(self.dir).free
+        except OSError:
+            return ""
+        if free < LOW_DISK_BYTES:
+            return f". The disk is full: only {human_bytes(free)} free in {self.dir}"
+        return ". The server log may say more"
 
     def _candidates(self, model_sha256: str, prefer: str | None) -> list[tuple[SessionEntry, list[int]]]:
         out = []

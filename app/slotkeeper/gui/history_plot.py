@@ -1,0 +1,221 @@
+"""Prompt tokens per request and the share served from cache, painted with QPainter.
+
+One bar per request, oldest on the left, newest on the right (spaced evenly: a night without
+requests would otherwise squash the day into a line); its green part is what came from the
+slot's cache, its blue part what the server had to process. The orange line is the cached
+share (right axis, 0-100%). Time labels under the bars say when. QtCharts is not in
+PySide6-Essentials, hence the hand-drawn plot.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPainterPath, QPalette, QPen
+from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+
+from slotkeeper.gui.gauges import CACHE_COLOUR, PROCESSED_COLOUR
+
+SHARE_COLOUR = QColor("#ea580c")
+MIN_BAR_PX = 3.0
+MAX_BAR_PX = 28.0
+
+
+@dataclass(frozen=True)
+class PlotPoint:
+    at: float
+    slot: int
+    n_prompt: int
+    cache_n: int
+    prompt_ms: float
+
+    @property
+    def share(self) -> float:
+        return min(1.0, self.cache_n / self.n_prompt) if self.n_prompt else 0.0
+
+    @classmethod
+    def from_record(cls, r) -> PlotPoint:
+        n_prompt = int(getattr(r, "n_prompt", 0) or 0)
+        cache_n = int(getattr(r, "cache_n", 0) or 0)
+        if n_prompt == 0:
+            n_prompt = cache_n + int(getattr(r, "prompt_n", 0) or 0)
+        return cls(float(getattr(r, "at", 0.0) or 0.0), int(getattr(r, "slot", 0) or 0),
+                   n_prompt, cache_n, float(getattr(r, "prompt_ms", 0.0) or 0.0))
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 x 10^n at or above ``value`` (an axis maximum)."""
+    if value <= 0:
+        return 1.0
+    exp = math.floor(math.log10(value))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if m * 10**exp >= value:
+            return m * 10**exp
+    return 10.0 ** (exp + 1)  # pragma: no cover
+
+
+def short_count(n: float) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1_000_000:g}M"
+    if n >= 1000:
+        return f"{n / 1000:g}k"
+    return f"{n:g}"
+
+
+class HistoryPlot(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.points: list[PlotPoint] = []
+        self._bars: list[tuple[QRectF, PlotPoint]] = []
+        self.setMouseTracking(True)
+        self.setMinimumSize(420, 220)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+
+    def set_records(self, records) -> None:
+        self.points = [PlotPoint.from_record(r) for r in records]
+        self.points.sort(key=lambda p: p.at)
+        self.update()
+
+    def sizeHint(self) -> QSize:
+        return QSize(640, 300)
+
+    # -- summary for a label beside the plot ----------------------------------------------
+    def summary(self) -> str:
+        if not self.points:
+            return "No requests recorded yet."
+        total = sum(p.n_prompt for p in self.points)
+        cached = sum(p.cache_n for p in self.points)
+        share = cached / total if total else 0.0
+        return (f"{len(self.points)} requests, {total:,} prompt tokens, "
+                f"{round(100 * share)}% served from cache")
+
+    # -- painting -------------------------------------------------------------------------
+    def _visible(self, plot_w: float) -> list[PlotPoint]:
+        fits = max(1, int(plot_w // MIN_BAR_PX))
+        return self.points[-fits:]
+
+    def paintEvent(self, event) -> None:  # noqa: ARG002
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        pal = self.palette()
+        text = pal.color(QPalette.ColorRole.WindowText)
+        muted = pal.color(QPalette.ColorGroup.Disabled, QPalette.ColorRole.WindowText)
+        grid = pal.color(QPalette.ColorRole.Mid)
+        grid.setAlpha(80)
+        p.fillRect(self.rect(), pal.color(QPalette.ColorRole.Base))
+        fm = QFontMetrics(self.font())
+        lh = fm.height()
+        self._bars = []
+
+        if not self.points:
+            p.setPen(muted)
+            p.drawText(QRectF(self.rect()), Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap,
+                       "No requests yet.\nEach request's prompt tokens, and how many came from "
+                       "the cache, will show here.")
+            p.end()
+            return
+
+        left = fm.horizontalAdvance("000.0k") + 14
+        right = fm.horizontalAdvance("100%") + 14
+        top = lh + 14  # legend row
+        bottom = lh * 2 + 10  # time labels + axis title
+        plot = QRectF(left, top, max(10.0, self.width() - left - right), max(10.0, self.height() - top - bottom))
+        points = self._visible(plot.width())
+        y_max = nice_ceiling(max(pt.n_prompt for pt in points) or 1)
+
+        # legend
+        x = plot.left()
+        for label, colour in (("from cache", CACHE_COLOUR), ("processed", PROCESSED_COLOUR),
+                              ("share from cache", SHARE_COLOUR)):
+            p.fillRect(QRectF(x, 6 + (lh - 10) / 2, 10, 10), colour)
+            p.setPen(text)
+            p.drawText(QPointF(x + 14, 6 + fm.ascent()), label)
+            x += 14 + fm.horizontalAdvance(label) + 18
+
+        # grid and axes labels
+        p.setPen(QPen(grid, 1))
+        for i in range(5):
+            y = plot.bottom() - plot.height() * i / 4
+            p.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
+        p.setPen(muted)
+        for i in range(5):
+            y = plot.bottom() - plot.height() * i / 4
+            p.drawText(QRectF(0, y - lh / 2, left - 6, lh), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+                       short_count(y_max * i / 4))
+            p.drawText(QRectF(plot.right() + 6, y - lh / 2, right - 6, lh),
+                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, f"{25 * i}%")
+
+        # bars
+        slot_w = plot.width() / len(points)
+        bar_w = max(1.0, min(MAX_BAR_PX, slot_w * 0.75))
+        share_path = QPainterPath()
+        for i, pt in enumerate(points):
+            cx = plot.left() + slot_w * (i + 0.5)
+            h_total = plot.height() * pt.n_prompt / y_max
+            h_cache = plot.height() * pt.cache_n / y_max
+            bar = QRectF(cx - bar_w / 2, plot.bottom() - h_total, bar_w, h_total)
+            p.fillRect(QRectF(bar.left(), plot.bottom() - h_cache, bar_w, h_cache), CACHE_COLOUR)
+            p.fillRect(QRectF(bar.left(), bar.top(), bar_w, h_total - h_cache), PROCESSED_COLOUR)
+            self._bars.append((QRectF(cx - slot_w / 2, plot.top(), slot_w, plot.height()), pt))
+            sy = plot.bottom() - plot.height() * pt.share
+            if i == 0:
+                share_path.moveTo(cx, sy)
+            else:
+                share_path.lineTo(cx, sy)
+        p.setPen(QPen(SHARE_COLOUR, 2))
+        p.setBrush(Qt.BrushStyle.NoBrush)
+        p.drawPath(share_path)
+        if len(points) <= 60:
+            p.setBrush(SHARE_COLOUR)
+            for i, pt in enumerate(points):
+                cx = plot.left() + slot_w * (i + 0.5)
+                p.drawEllipse(QPointF(cx, plot.bottom() - plot.height() * pt.share), 2.5, 2.5)
+
+        # time labels: as many as fit without overlapping
+        p.setPen(muted)
+        span_days = (points[-1].at - points[0].at) > 20 * 3600
+        fmt = "%d %b %H:%M" if span_days else "%H:%M"
+        label_w = fm.horizontalAdvance(time.strftime(fmt, time.localtime(points[-1].at))) + 16
+        n_labels = max(1, min(len(points), int(plot.width() // label_w)))
+        step = max(1, math.ceil(len(points) / n_labels))
+        last_right = -1e9
+        for i in range(0, len(points), step):
+            cx = plot.left() + slot_w * (i + 0.5)
+            label = time.strftime(fmt, time.localtime(points[i].at))
+            w = fm.horizontalAdvance(label)
+            x0 = max(0.0, min(cx - w / 2, self.width() - w))
+            if x0 < last_right + 8:
+                continue
+            p.drawText(QPointF(x0, plot.bottom() + 4 + fm.ascent()), label)
+            last_right = x0 + w
+        p.drawText(QRectF(plot.left(), plot.bottom() + 4 + lh, plot.width(), lh),
+                   Qt.AlignmentFlag.AlignHCenter, "requests, oldest to newest")
+        p.setPen(QPen(grid, 1))
+        p.drawRect(plot)
+        p.end()
+
+    # -- hover ----------------------------------------------------------------------------
+    def point_at(self, pos: QPointF) -> PlotPoint | None:
+        for rect, pt in self._bars:
+            if rect.contains(pos):
+                return pt
+        return None
+
+    def event(self, e: QEvent) -> bool:
+        if e.type() == QEvent.Type.ToolTip:
+            pt = self.point_at(QPointF(e.pos()))
+            if pt is None:
+                QToolTip.hideText()
+            else:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(pt.at))
+                QToolTip.showText(
+                    e.globalPos(),
+                    f"{when}, slot {pt.slot}\n{pt.n_prompt:,} prompt tokens, {pt.cache_n:,} from cache "
+                    f"({round(100 * pt.share)}%)\nprompt processed in {pt.prompt_ms:,.0f} ms",
+                    self,
+                )
+            return True
+        return super().event(e)

@@ -1,0 +1,218 @@
+"""The tray icon: state at a glance, a tooltip with the essentials, and the everyday menu.
+
+Everything but ``show()`` works without a system tray (the menu is a plain QMenu), so the menu
+and tooltip logic are tested offscreen where no tray exists.
+"""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QObject, QUrl, Signal
+from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication
+from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+
+from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.sessions.sidecar import parse_utc
+from slotkeeper.core.units import human_bytes
+from slotkeeper.gui import icons
+from slotkeeper.gui.bridge import EngineBridge
+from slotkeeper.gui.notifications import ERROR, WARNING
+from slotkeeper.gui.sessions_model import compat_reasons, relative_time
+
+RESUME_ITEMS = 10
+TITLE_CHARS = 48
+MESSAGE_MS = 8000
+
+
+def api_address(base_url: str) -> str:
+    """What OpenAI-compatible clients want as their base URL."""
+    return f"{base_url.rstrip('/')}/v1"
+
+
+def _elide(text: str, n: int = TITLE_CHARS) -> str:
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
+class TrayController(QObject):
+    showWindowRequested = Signal(str)  # tab: "server", "slots", "history", "sessions"
+    settingsRequested = Signal()
+    quitRequested = Signal()
+
+    def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.bridge = bridge
+        self.tray = QSystemTrayIcon(self)
+        self.menu = QMenu()
+        self.menu.setToolTipsVisible(True)
+        self.icon_state = ""
+
+        self.status_action = self.menu.addAction("")
+        self.status_action.setEnabled(False)
+        self.menu.addSeparator()
+        self.start_stop_action = self.menu.addAction("Start server")
+        self.start_stop_action.triggered.connect(self._start_stop)
+        self.resume_menu = self.menu.addMenu("Resume")
+        self.resume_menu.setToolTipsVisible(True)
+        self.open_chat_action = self.menu.addAction("Open chat in browser")
+        self.open_chat_action.triggered.connect(self.open_chat)
+        self.copy_action = self.menu.addAction("Copy API address")
+        self.copy_action.triggered.connect(self.copy_address)
+        self.menu.addSeparator()
+        self.sessions_action = self.menu.addAction("Sessions…")
+        self.sessions_action.triggered.connect(lambda: self.showWindowRequested.emit("sessions"))
+        self.window_action = self.menu.addAction("Show window…")
+        self.window_action.triggered.connect(lambda: self.showWindowRequested.emit("server"))
+        self.settings_action = self.menu.addAction("Settings…")
+        self.settings_action.triggered.connect(self.settingsRequested)
+        self.menu.addSeparator()
+        self.quit_action = self.menu.addAction("Quit Slotkeeper")
+        self.quit_action.triggered.connect(self.quitRequested)
+
+        self.tray.setContextMenu(self.menu)
+        self.tray.activated.connect(self._activated)
+        self.tray.messageClicked.connect(lambda: self.showWindowRequested.emit("server"))
+
+        bridge.serverStateChanged.connect(lambda *_: self.refresh())
+        bridge.engineReady.connect(lambda *_: self.refresh())
+        bridge.activityChanged.connect(lambda *_: self.refresh())
+        bridge.slotsChanged.connect(lambda *_: self._refresh_icon_and_tip())
+        bridge.sessionsListed.connect(lambda *_: self.refresh())
+        bridge.settingsChanged.connect(lambda *_: self.refresh())
+        self.resume_menu.aboutToShow.connect(self.rebuild_resume_menu)
+        self.refresh()
+
+    # -- showing --------------------------------------------------------------------------
+    def show(self) -> bool:
+        if not QSystemTrayIcon.isSystemTrayAvailable():
+            return False
+        self.tray.show()
+        return True
+
+    def hide(self) -> None:
+        self.tray.hide()
+
+    def show_message(self, title: str, message: str, level: str = "info") -> None:
+        if not self.tray.isVisible():
+            return
+        icon = {
+            ERROR: QSystemTrayIcon.MessageIcon.Critical,
+            WARNING: QSystemTrayIcon.MessageIcon.Warning,
+        }.get(level, QSystemTrayIcon.MessageIcon.Information)
+        self.tray.showMessage(title, message, icon, MESSAGE_MS)
+
+    def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        if reason in (QSystemTrayIcon.ActivationReason.Trigger, QSystemTrayIcon.ActivationReason.DoubleClick):
+            self.showWindowRequested.emit("")
+
+    # -- state ----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        b = self.bridge
+        state = b.state
+        ready = b.facts is not None
+        if state in (ServerState.STOPPED, ServerState.FAILED):
+            self.start_stop_action.setText("Start server")
+            self.start_stop_action.setEnabled(bool(b.settings.profile.model_path))
+            self.start_stop_action.setToolTip("" if b.settings.profile.model_path else "Choose a model in Settings first")
+        elif state is ServerState.STOPPING:
+            self.start_stop_action.setText("Stopping…")
+            self.start_stop_action.setEnabled(False)
+        else:
+            self.start_stop_action.setText("Stop server (saves conversations)")
+            self.start_stop_action.setEnabled(True)
+        self.open_chat_action.setEnabled(ready)
+        self.copy_action.setText(f"Copy API address ({api_address(b.base_url)})")
+        self.status_action.setText(self._status_line())
+        self._refresh_icon_and_tip()
+
+    def _status_line(self) -> str:
+        b = self.bridge
+        state = b.state.value
+        if b.state is ServerState.READY and b.facts is None:
+            state = "preparing (restoring conversations)"
+        return f"{b.model_name()}: {state}"
+
+    def _refresh_icon_and_tip(self) -> None:
+        b = self.bridge
+        slot_states = [v.state for v in b.slots]
+        name = icons.icon_state_for(b.state.value, b.facts is not None, b.activity.get("activity"), slot_states)
+        if name != self.icon_state:
+            self.icon_state = name
+            self.tray.setIcon(icons.state_icon(name))
+        self.tray.setToolTip(self.tooltip())
+
+    def tooltip(self) -> str:
+        b = self.bridge
+        lines = [f"Slotkeeper: {b.state.value}", f"Model: {b.model_name()}"]
+        if b.running:
+            lines.append(f"Address: {b.base_url}")
+        if b.slots:
+            busy = sum(1 for v in b.slots if v.running or v.state != "idle")
+            lines.append(f"Slots busy: {busy} of {len(b.slots)}")
+        if b.listing is not None:
+            n = len(b.listing.sessions)
+            lines.append(f"Saved: {n} conversation{'s' if n != 1 else ''}, {human_bytes(b.listing.total_bytes)}")
+        return "\n".join(lines)
+
+    # -- resume ---------------------------------------------------------------------------
+    def rebuild_resume_menu(self) -> None:
+        b = self.bridge
+        menu = self.resume_menu
+        menu.clear()
+        listing = b.listing
+        entries = [e for e in (listing.sessions if listing else []) if e.sidecar is not None]
+        entries.sort(key=lambda e: parse_utc(e.sidecar.last_used_at), reverse=True)
+        entries = entries[:RESUME_ITEMS]
+        if not entries:
+            a = menu.addAction("No saved conversations yet")
+            a.setEnabled(False)
+            return
+        facts = b.facts
+        stopped = b.state in (ServerState.STOPPED, ServerState.FAILED)
+        now = time.time()
+        for e in entries:
+            sc = e.sidecar
+            label = f"{_elide(sc.title)}  ({relative_time(parse_utc(sc.last_used_at), now)})"
+            action = QAction(label, menu)
+            action.setData(e.id)
+            reasons = compat_reasons(e, facts)
+            if e.problems:
+                action.setEnabled(False)
+                action.setToolTip("; ".join(e.problems))
+            elif reasons:
+                action.setEnabled(False)
+                action.setToolTip("Cannot be resumed: " + "; ".join(reasons))
+            elif reasons is None and stopped:
+                action.setToolTip("Starts the server and resumes this conversation")
+            elif reasons is None:
+                action.setEnabled(False)
+                action.setToolTip("Wait until the server is ready")
+            else:
+                action.setToolTip(f"{sc.n_tokens:,} tokens; restores into a free slot")
+            action.triggered.connect(lambda _=False, sid=e.id: self.resume(sid))
+            menu.addAction(action)
+
+    def resume(self, session_id: str) -> None:
+        b = self.bridge
+        if b.state in (ServerState.STOPPED, ServerState.FAILED):
+            b.start_server(resume_id=session_id)
+        else:
+            b.resume_session(session_id)
+
+    # -- actions --------------------------------------------------------------------------
+    def _start_stop(self) -> None:
+        b = self.bridge
+        if b.state in (ServerState.STOPPED, ServerState.FAILED):
+            b.start_server()
+        else:
+            b.stop_server(save=True)
+
+    def open_chat(self) -> None:
+        QDesktopServices.openUrl(QUrl(self.bridge.base_url))
+
+    def copy_address(self) -> None:
+        QGuiApplication.clipboard().setText(api_address(self.bridge.base_url))
+
+    def dispose(self) -> None:
+        self.tray.hide()
+        self.menu.deleteLater()
