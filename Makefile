@@ -30,7 +30,9 @@ lint: $(VENV)/.installed-test
 
 test: export SLOTKEEPER_REQUIRE_SERVER = 1
 test: $(VENV)/.installed-test
+	bash tests/system-deps.sh
 	$(BIN)/lint-imports
+	$(BIN)/ruff check app tests bench
 	$(BIN)/python -m pytest
 
 clean:

@@ -238,9 +238,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 
     def on_event(event) -> None:
         d = event.data
-        if event.kind == "engine.warning":
-            log.warning("%s", d["message"])
-        elif event.kind == "engine.notice":
+        if event.kind == "engine.warning" or event.kind == "engine.notice":
             log.warning("%s", d["message"])
         elif event.kind == "session.saved":
             log.info("saved slot %s (%s, %s): %s tokens, %s", d["slot"], d["reason"], d["kind"], d["n_tokens"], d["id"])

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from e2e_helpers import EventLog, converse, make_engine, wait_until
+from e2e_helpers import EventLog, converse, make_engine
 
 from slotkeeper.core.server.supervisor import ServerState
 

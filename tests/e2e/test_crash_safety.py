@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import httpx
 import pytest
 from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
 

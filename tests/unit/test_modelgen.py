@@ -43,7 +43,7 @@ def test_demo_is_the_llama_kind(tmp_path: Path) -> None:
 def test_llama_alt_has_the_same_shape(tmp_path: Path) -> None:
     a = read_model_info(write_model(tmp_path / "a.gguf", "llama"))
     b = read_model_info(write_model(tmp_path / "b.gguf", "llama-alt"))
-    shape = lambda i: (i.arch, i.n_layers, i.n_embd, i.n_head, i.n_head_kv, i.context_length)  # noqa: E731
+    shape = lambda i: (i.arch, i.n_layers, i.n_embd, i.n_head, i.n_head_kv, i.context_length)
     assert shape(a) == shape(b)
     assert kv_estimate(a, 4096).bytes_full == kv_estimate(b, 4096).bytes_full
 
@@ -83,7 +83,7 @@ def test_gemma2_tensors_and_keys(tmp_path: Path) -> None:
 
 def test_tokenizer(tmp_path: Path) -> None:
     reader = gguf.GGUFReader(write_model(tmp_path / "llama.gguf", "llama"))
-    field = lambda key: reader.fields[key].contents()  # noqa: E731
+    field = lambda key: reader.fields[key].contents()
     tokens = field("tokenizer.ggml.tokens")
     types = field("tokenizer.ggml.token_type")
     assert field("tokenizer.ggml.model") == "llama"

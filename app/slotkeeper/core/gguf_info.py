@@ -318,7 +318,7 @@ def _open_reader(path: Path) -> gguf.GGUFReader:
         ) from exc
     except OSError as exc:
         raise ModelFileError(f"Cannot read {path}: {exc.strerror or exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - any parse failure means a damaged header
+    except Exception as exc:
         raise ModelFileError(
             f"{path.name} is corrupt: its GGUF header could not be parsed. "
             "Download the model again."
@@ -338,7 +338,7 @@ class _Fields:
             return None
         try:
             return fld.contents()
-        except Exception as exc:  # noqa: BLE001 - a value that does not decode is corruption
+        except Exception as exc:
             raise ModelFileError(
                 f"{self._path.name} is corrupt: metadata key {key} is unreadable."
             ) from exc

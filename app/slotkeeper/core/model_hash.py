@@ -109,7 +109,7 @@ class ModelHashCache:
         def run() -> None:
             try:
                 sha = self.compute(path, progress)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller, never swallowed
+            except BaseException as exc:
                 if on_error is not None:
                     on_error(exc)
                 else:

@@ -52,7 +52,7 @@ class AppPaths:
     def history_file(self) -> Path:
         return self.data_dir / "history.jsonl"
 
-    def ensure(self) -> "AppPaths":
+    def ensure(self) -> AppPaths:
         for d in (self.data_dir, self.config_dir, self.log_dir, self.cache_dir, self.state_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.sessions_dir.mkdir(mode=0o700, exist_ok=True)

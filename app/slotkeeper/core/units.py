@@ -14,7 +14,7 @@ _SUFFIX_POWER = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
 
-def human_bytes(n: int | float) -> str:
+def human_bytes(n: float) -> str:
     """``n`` bytes as a short binary-unit string: "512 B", "114.0 MiB", "6.0 GiB"."""
     if n < 0:
         return "-" + human_bytes(-n)

@@ -130,7 +130,7 @@ class SlotGauge(QWidget):
         return QSize(360, self.sizeHint().height())
 
     # -- painting -------------------------------------------------------------------------
-    def paintEvent(self, event) -> None:  # noqa: ARG002
+    def paintEvent(self, event) -> None:
         f = self.figures
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)

@@ -97,7 +97,7 @@ class HistoryPlot(QWidget):
         fits = max(1, int(plot_w // MIN_BAR_PX))
         return self.points[-fits:]
 
-    def paintEvent(self, event) -> None:  # noqa: ARG002
+    def paintEvent(self, event) -> None:
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         pal = self.palette()

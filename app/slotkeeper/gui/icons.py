@@ -11,7 +11,7 @@ holding three "slot" bars. Starting fills the bars partly; error replaces them w
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from PySide6.QtCore import QByteArray, QRectF, Qt
 from PySide6.QtGui import QIcon, QImage, QPainter, QPixmap
@@ -119,7 +119,7 @@ def _icon(svg: str, sizes: tuple[int, ...]) -> QIcon:
     return icon
 
 
-@lru_cache(maxsize=None)
+@cache
 def state_icon(state: str) -> QIcon:
     """The tray icon for a state name in ``STATES`` (needs a QGuiApplication)."""
     return _icon(state_svg(state), TRAY_SIZES)

@@ -51,7 +51,7 @@ class _Runnable(QRunnable):
     def run(self) -> None:  # on a pool thread
         try:
             result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the failure callback
+        except BaseException as exc:
             log.debug("job %r failed", self._job.description, exc_info=True)
             self._runner._post(self._job.id, False, exc)
         else:

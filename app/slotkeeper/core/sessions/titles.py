@@ -15,12 +15,12 @@ PREVIEW_CHARS = 200
 # (role, text) turns for the templates we know.
 _TURN_PATTERNS = [
     # SentencePiece tokenizers put a space after special tokens: "<|im_start|> user\n".
-    re.compile(r"<\|im_start\|>\s*(\w+)[ \t]*\n(.*?)(?:<\|im_end\|>|$)", re.S),  # ChatML
-    re.compile(r"<\|start_header_id\|>\s*(\w+)\s*<\|end_header_id\|>\n*(.*?)(?:<\|eot_id\|>|$)", re.S),
-    re.compile(r"<start_of_turn>\s*(\w+)[ \t]*\n(.*?)(?:<end_of_turn>|$)", re.S),  # Gemma
-    re.compile(r"<\|(user|assistant|system)\|>\n?(.*?)(?=<\|(?:user|assistant|system|end)\|>|$)", re.S),
+    re.compile(r"<\|im_start\|>\s*(\w+)[ \t]*\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL),  # ChatML
+    re.compile(r"<\|start_header_id\|>\s*(\w+)\s*<\|end_header_id\|>\n*(.*?)(?:<\|eot_id\|>|$)", re.DOTALL),
+    re.compile(r"<start_of_turn>\s*(\w+)[ \t]*\n(.*?)(?:<end_of_turn>|$)", re.DOTALL),  # Gemma
+    re.compile(r"<\|(user|assistant|system)\|>\n?(.*?)(?=<\|(?:user|assistant|system|end)\|>|$)", re.DOTALL),
 ]
-_MISTRAL = re.compile(r"\[INST\](.*?)\[/INST\]([^\[]*)", re.S)
+_MISTRAL = re.compile(r"\[INST\](.*?)\[/INST\]([^\[]*)", re.DOTALL)
 _SPECIAL = re.compile(r"<\|[^|>]{1,40}\|>|<(?:s|/s|bos|eos|unk|pad)>|<(?:start|end)_of_turn>")
 
 
