@@ -57,7 +57,7 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flash-attn", type=_on_off, metavar="on|off", help="flash attention")
     g.add_argument("--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
     g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
-    g.add_argument("--swa-full", action="store_true", default=None, help="full-size cache for sliding-window layers (needed to restore sessions of SWA models)")
+    g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None, help="full-size cache for sliding-window layers (needed to restore sessions of SWA models)")
     g.add_argument("--data-dir", metavar="DIR", help="keep every file Slotkeeper writes under DIR (also $SLOTKEEPER_HOME)")
     s = p.add_argument_group("sessions")
     s.add_argument("--idle-save", type=_seconds, metavar="S", help="save a slot S seconds after its reply ends (default 10; 0 = at once)")
@@ -267,9 +267,16 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     engine.start(resume_id=args.resume)
-    while not done.wait(0.2):
-        pass
-    engine.stop()
+    try:
+        while not done.wait(0.2):
+            pass
+    finally:
+        try:
+            engine.stop()
+        except Exception:  # the server must not outlive us, whatever went wrong while saving
+            log.exception("saving before shutdown failed")
+            engine.supervisor.stop()
+            exit_code[0] = 1
     return exit_code[0]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
+from slotkeeper.core import history as core_history
 from slotkeeper.core.engine import Engine, EngineError
 from slotkeeper.core.events import Event
 from slotkeeper.core.server.supervisor import ServerState
@@ -27,10 +28,6 @@ from slotkeeper.core.sessions.store import INCOMING_PREFIX, Listing
 from slotkeeper.core.settings import Settings, save_settings
 from slotkeeper.gui.jobs import JobRunner, describe_error
 
-try:  # TODO(core): slotkeeper.core.history is being written alongside the GUI
-    from slotkeeper.core import history as core_history
-except ImportError:  # pragma: no cover - only while the module does not exist yet
-    core_history = None
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +110,9 @@ class EngineBridge(QObject):
         self._unsubscribe = engine.events.subscribe(self._on_core_event)
         # The supervisor has no way to remove a listener; _on_log_line ignores lines after close.
         engine.supervisor.add_log_listener(self._on_log_line)
-        self._record_history = core_history is not None and not hasattr(engine, "history")
+        # The engine does not record requests itself (yet); if it ever does, it owns the file.
+        self._record_history = not hasattr(engine, "history")
+        self._history_file = core_history.RequestHistory(engine.paths.history_file)
 
         self._observer = None
         if watch_sessions:
@@ -276,26 +275,20 @@ class EngineBridge(QObject):
             self.sessionsListed.emit(self.listing, self.facts)
 
     # -- history --------------------------------------------------------------------------
-    def history_available(self) -> bool:
-        return core_history is not None
-
     def load_history(self) -> None:
-        if core_history is None:
-            return
-        path = self.engine.paths.history_file
-
         def load() -> list:
-            return list(core_history.RequestHistory(path).recent(HISTORY_SHOWN))
+            return list(self._history_file.recent(HISTORY_SHOWN))
 
         def done(records: list) -> None:
-            self.history = records
-            self.historyLoaded.emit(records)
+            # Requests recorded while the file was being read are kept, not lost.
+            last = records[-1].at if records else float("-inf")
+            newer = [r for r in self.history if r.at > last]
+            self.history = [*records, *newer][-HISTORY_SHOWN:]
+            self.historyLoaded.emit(self.history)
 
         self.jobs.run(load, on_success=done, description="Reading the request history")
 
     def _append_history(self, data: dict[str, Any]) -> None:
-        if core_history is None:
-            return
         record = core_history.RequestRecord(
             at=float(data.get("at") or time.time()), slot=int(data.get("slot", 0)),
             n_prompt=int(data.get("n_prompt", 0)), cache_n=int(data.get("cache_n", 0)),
@@ -304,8 +297,7 @@ class EngineBridge(QObject):
         self.history = [*self.history, record][-HISTORY_SHOWN:]
         self.historyLoaded.emit(self.history)
         if self._record_history:
-            path = self.engine.paths.history_file
-            self.jobs.run(lambda: core_history.RequestHistory(path).append(record),
+            self.jobs.run(self._history_file.append, record,
                           description="Recording the request in the history")
 
     # -- server actions -------------------------------------------------------------------
