@@ -36,9 +36,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def request(url: str, text: str) -> tuple[float, dict]:
+def request(url: str, prompt: list[int]) -> tuple[float, dict]:
     t0 = time.perf_counter()
-    r = httpx.post(f"{url}/completion", json={"prompt": text, "n_predict": 1, "cache_prompt": True}, timeout=600)
+    r = httpx.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 1, "cache_prompt": True}, timeout=600)
     r.raise_for_status()
     return time.perf_counter() - t0, r.json()["timings"]
 
@@ -54,7 +54,6 @@ def main() -> int:
     model = Path(args.model) if args.model else write_model(work / "bench.gguf", "bench")
     ctx = max(8192, args.tokens * 2)
     words = "the walkers went up the hill and came down again before the rain "
-    prompt = words * (args.tokens // 14)
     cold, restored, cache_ns = [], [], []
     for rnd in range(args.rounds):
         settings = Settings(profile=ServerProfile(model_path=str(model), port=free_port(), ctx=ctx),
@@ -64,14 +63,17 @@ def main() -> int:
         assert engine.wait_ready(300) is ServerState.READY, engine.supervisor.message
         with engine.client() as c:
             c.erase_slot(0)
-        t_cold, timings = request(engine.base_url, prompt + f" round {rnd}")
+            # Token ids, so the conversation is exactly --tokens long; each round differs.
+            prompt = c.tokenize(f"round {rnd} " + words * (args.tokens // 4))[: args.tokens]
+            more = c.tokenize(" and one more thing")
+        t_cold, timings = request(engine.base_url, prompt)
         engine.stop()  # saves the slot, then stops the server
         engine = Engine(app_paths(), settings)
         t0 = time.perf_counter()
         engine.start()
         assert engine.wait_ready(300) is ServerState.READY
         t_launch = time.perf_counter() - t0
-        t_next, timings2 = request(engine.base_url, prompt + f" round {rnd} and one more thing")
+        t_next, timings2 = request(engine.base_url, prompt + more)
         engine.stop(save=False)
         for entry in engine.store.sessions():
             engine.store.delete(entry.id)

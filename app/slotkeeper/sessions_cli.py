@@ -96,7 +96,10 @@ def _prune(args: argparse.Namespace, paths, store: SessionStore) -> int:
     budget = args.budget if args.budget is not None else load_settings(paths.settings_file).budget_bytes
     listing = store.listing()
     cands = [pruner.PruneCandidate.from_sidecar(e.sidecar) for e in listing.sessions if e.sidecar]
-    plan = pruner.plan(cands, budget, unmanaged_bytes=listing.unmanaged_bytes)
+    from slotkeeper.core.engine import sessions_in_running_slots
+
+    in_slots = sessions_in_running_slots(paths)
+    plan = pruner.plan(cands, budget, protected_ids=in_slots, unmanaged_bytes=listing.unmanaged_bytes)
     verb = "would delete" if args.dry_run else "deleting"
     for c in plan.delete:
         print(f"{verb} {c.id}  {human_bytes(c.size_bytes):>10}  {c.title}")

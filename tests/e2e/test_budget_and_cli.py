@@ -109,3 +109,16 @@ def test_delete_and_unmanaged_files(four_sessions):
     assert "1 unmanaged file" in out
     cli(four_sessions, "prune", "--budget", "0")
     assert stray.exists()  # never deleted automatically
+
+
+def test_cli_prune_keeps_what_a_running_engine_holds_in_a_slot(four_sessions, llama_model, server_bin, port):
+    rows = json.loads(cli(four_sessions, "list", "--json").stdout)
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start(resume_id=rows[-1]["id"])  # the oldest, which a prune would take first
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert cli(four_sessions, "prune", "--budget", "0").returncode == 0
+        left = [r["id"] for r in json.loads(cli(four_sessions, "list", "--json").stdout)]
+        assert left == [rows[-1]["id"]]
+    finally:
+        engine.stop(save=False)

@@ -147,3 +147,50 @@ def test_gemma2_swa_warning_and_effectiveness(gemma2_model, server_bin, port, sw
     else:
         assert not reuse["effective"] and rec.effective is False
         assert "--swa-full" in rec.reason
+
+
+def test_resume_restores_the_chosen_session_into_slot_0(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        converse(engine.base_url, ["First chat: about apples and pears in the orchard."], max_tokens=8)
+        older = engine.save_slot(0)["id"]
+        converse(engine.base_url, ["Second chat: about trains and stations."], max_tokens=8)
+        newer = engine.save_slot(0)["id"]
+    finally:
+        engine.stop(save=False)
+    assert older != newer
+    engine = make_engine(llama_model, server_bin, port)
+    events = EventLog(engine)
+    engine.start(resume_id=older)
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        [restored] = events.of("session.restored")
+        assert restored["id"] == older and restored["slot"] == 0
+    finally:
+        engine.stop(save=False)
+
+
+def test_swa_full_rollback_inside_restored_tokens_is_warned(gemma2_model, server_bin, port):
+    engine = make_engine(gemma2_model, server_bin, port, swa_full=True, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history, _ = converse(engine.base_url, [" ".join(USER_TURNS * 12), USER_TURNS[1]], max_tokens=24)
+        assert engine.save_slot(0)["kind"] == "new"  # saved after generating the reply
+    finally:
+        engine.stop(save=False)
+    engine = make_engine(gemma2_model, server_bin, port, swa_full=True)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        # An edited last message: the prompt diverges inside the restored tokens.
+        edited = history[:-2] + [{"role": "user", "content": "Something else entirely, please."}]
+        chat(engine.base_url, edited)
+        [reuse] = wait_until(lambda: events.of("restore.reuse"), what="reuse judgement")
+        assert reuse["effective"] and reuse["cache_n"] < reuse["n_restored"]
+        assert any("rolled back" in w["message"] for w in events.of("engine.warning"))
+    finally:
+        engine.stop(save=False)

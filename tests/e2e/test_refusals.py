@@ -125,3 +125,23 @@ def test_bad_sidecars_list_as_corrupt_and_are_never_restored(saved_session, llam
     entry = engine.store.get(saved_session.id)
     assert entry.status == "corrupt" and entry.problems
     assert saved_session.kv_path.exists() and path.exists()
+
+
+def test_a_good_save_of_the_same_conversation_replaces_a_corrupt_one(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history, _ = converse(engine.base_url, USER_TURNS[:2], max_tokens=16)
+        first = engine.save_slot(0)
+        entry = engine.store.get(first["id"])
+        _damage_flip(entry.kv_path)
+        assert engine.store.verify(first["id"]).status == "corrupt"
+        converse(engine.base_url, USER_TURNS[:3], max_tokens=16)
+        again = engine.save_slot(0)
+    finally:
+        engine.stop(save=False)
+    assert again["id"] == first["id"] and again["kind"] == "update"
+    entry = engine.store.get(first["id"])
+    assert entry.status == "ok" and entry.sidecar.corrupt is None
+    assert engine.store.verify(first["id"]).status == "ok"

@@ -7,7 +7,9 @@ workers for launch restores. Slot actions (save/restore/erase) are serialised by
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -18,6 +20,7 @@ from slotkeeper.core import gguf_info, modelgen
 from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable, SlotInfo
 from slotkeeper.core.events import EventBus
+from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.server.command import CommandError, build_argv
@@ -82,6 +85,23 @@ class SlotView:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def sessions_in_running_slots(paths: AppPaths) -> set[str]:
+    """What a running engine (this process or another) holds in its slots, for pruning."""
+    try:
+        data = json.loads(paths.in_slots_file.read_text(encoding="utf-8"))
+        pid = int(data["engine_pid"])
+        sessions = {str(s) for s in data["sessions"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    try:
+        import psutil
+
+        alive = psutil.pid_exists(pid)
+    except Exception:
+        alive = True
+    return sessions if alive else set()
+
+
 def _llama_build_tag(build_info: str) -> str:
     if build_info and build_info not in ("b0-unknown", "unknown"):
         return build_info
@@ -121,6 +141,7 @@ class Engine:
         self._poller: threading.Thread | None = None
         self._poller_stop = threading.Event()
         self._crashed = False
+        self._published_in_slots: list[str] | None = None
         self._parser = SlotLogParser(on_done=self._on_request_done, on_progress=self._on_request_progress)
         self.supervisor.add_log_listener(self._parser.feed)
 
@@ -504,6 +525,18 @@ class Engine:
     def _emit_slots(self) -> None:
         views = [replace(v) for _, v in sorted(self.slot_views.items())]
         self.events.emit("slots", slots=views)
+        self._publish_in_slots()
+
+    def _publish_in_slots(self) -> None:
+        in_slots = sorted(self.policy.in_slots())
+        if in_slots == self._published_in_slots:
+            return
+        self._published_in_slots = in_slots
+        data = {"engine_pid": os.getpid(), "sessions": in_slots}
+        try:
+            atomic_write_text(self.paths.in_slots_file, json.dumps(data))
+        except OSError as exc:
+            log.warning("could not record the sessions in slots: %s", exc)
 
     # -- per-request figures from the server log ------------------------------------------
     def _on_request_progress(self, fig: RequestFigures) -> None:

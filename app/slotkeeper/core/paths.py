@@ -45,6 +45,11 @@ class AppPaths:
         return self.state_dir / "server.json"
 
     @property
+    def in_slots_file(self) -> Path:
+        """Sessions the running engine holds in its slots (pruning from the CLI keeps them)."""
+        return self.state_dir / "in-slots.json"
+
+    @property
     def hash_cache_file(self) -> Path:
         return self.cache_dir / "model-hashes.json"
 

@@ -387,7 +387,9 @@ class SessionStore:
         out = []
         for entry in self.sessions():  # most recently used first
             sc = entry.sidecar
-            if sc is None or entry.problems or sc.model_sha256 != model_sha256:
+            # A session marked corrupt is still a candidate when its token list reads: a good
+            # save of the same conversation then replaces it (and clears the mark).
+            if sc is None or sc.model_sha256 != model_sha256:
                 continue
             try:
                 out.append((entry, self.tokens(entry)))
@@ -414,15 +416,16 @@ class SessionStore:
         by_id = {e.id: e for e, _ in candidates}
         previous = by_id.get(match.session_id) if match.session_id else None
         now = format_utc(utc_now())
-        if match.kind == "update" and previous and previous.sidecar.tokens_digest == digest:
+        if match.kind == "update" and previous and not previous.problems and previous.sidecar.tokens_digest == digest:
             self.update(previous.id, lambda s: replace(s, last_used_at=now))
             return SaveOutcome("unchanged", previous.sidecar, len(tokens), save_ms)
         kind = match.kind
-        if kind == "update" and previous and previous.sidecar.pinned:
+        if kind == "update" and previous and previous.sidecar.pinned and not previous.problems:
             kind = "fork"  # a pinned session is a snapshot: its continuation becomes a child
         title, preview = self._describe(client, tokens)
         if kind == "update" and previous:
-            sid, created, pinned, parent = previous.id, previous.sidecar.created_at, False, previous.sidecar.parent
+            sc0 = previous.sidecar
+            sid, created, pinned, parent = previous.id, sc0.created_at, sc0.pinned, sc0.parent
         else:
             sid, created, pinned = new_session_id(), now, False
             parent = previous.id if (kind == "fork" and previous) else None

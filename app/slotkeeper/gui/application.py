@@ -1,0 +1,353 @@
+"""The desktop app: QApplication, one instance per data folder, tray or window, clean quit.
+
+``run_gui(args, paths, settings, start_now)`` is what the CLI calls when no subcommand is given.
+Quit (tray, File menu, SIGTERM, SIGINT) saves every changed slot and stops the server in a
+background job while a progress dialog shows what is being saved, then leaves the event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import hashlib
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtNetwork import QLocalServer, QLocalSocket
+from PySide6.QtWidgets import QApplication, QProgressDialog, QSystemTrayIcon
+
+from slotkeeper.core.engine import Engine
+from slotkeeper.core.paths import AppPaths
+from slotkeeper.core.settings import Settings, SettingsError, load_settings, save_settings
+from slotkeeper.gui import icons
+from slotkeeper.gui.bridge import EngineBridge
+from slotkeeper.gui.first_run import FirstRunDialog
+from slotkeeper.gui.main_window import MainWindow
+from slotkeeper.gui.notifications import Notifier
+from slotkeeper.gui.settings_dialog import SettingsDialog
+from slotkeeper.gui.tray import TrayController
+
+log = logging.getLogger(__name__)
+
+APP_DISPLAY_NAME = "Slotkeeper"
+SHOW_MESSAGE = b"show\n"
+CONNECT_TIMEOUT_MS = 1000
+SIGNAL_TICK_MS = 200  # lets Python run its signal handlers while Qt's loop is in C++
+
+
+# -- one instance per data folder -----------------------------------------------------------
+def instance_key(paths: AppPaths) -> str:
+    """A local-socket name unique to this user and data folder (a test's temp home is its own)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name in some containers
+        user = "user"
+    digest = hashlib.sha256(f"{user}\0{paths.data_dir}".encode()).hexdigest()[:16]
+    return f"slotkeeper-{digest}"
+
+
+class SingleInstance(QObject):
+    """The first launch listens on a local socket; later launches tell it to show itself."""
+
+    showRequested = Signal()
+
+    def __init__(self, key: str, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.key = key
+        self.server: QLocalServer | None = None
+
+    def notify_running(self, timeout_ms: int = CONNECT_TIMEOUT_MS) -> bool:
+        """True when another instance answered (and was asked to show its window)."""
+        socket = QLocalSocket()
+        socket.connectToServer(self.key)
+        if not socket.waitForConnected(timeout_ms):
+            return False
+        socket.write(SHOW_MESSAGE)
+        socket.flush()
+        socket.waitForBytesWritten(timeout_ms)
+        socket.disconnectFromServer()
+        if socket.state() != QLocalSocket.LocalSocketState.UnconnectedState:
+            socket.waitForDisconnected(timeout_ms)
+        return True
+
+    def listen(self) -> bool:
+        # Nobody answered, so a socket file left by a crashed instance is stale.
+        QLocalServer.removeServer(self.key)
+        server = QLocalServer(self)
+        server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)
+        if not server.listen(self.key):
+            log.warning("single-instance socket %s: %s", self.key, server.errorString())
+            return False
+        server.newConnection.connect(self._on_connection)
+        self.server = server
+        return True
+
+    def _on_connection(self) -> None:
+        assert self.server is not None
+        while (conn := self.server.nextPendingConnection()) is not None:
+            conn.readyRead.connect(lambda c=conn: self._read(c))
+            conn.disconnected.connect(conn.deleteLater)
+            if conn.bytesAvailable():
+                self._read(conn)
+
+    def _read(self, conn: QLocalSocket) -> None:
+        data = bytes(conn.readAll().data())
+        if b"show" in data:
+            self.showRequested.emit()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def hide_dock_icon() -> None:
+    """macOS: a menu-bar-only app. The packaged app says so in Info.plist (LSUIElement);
+    this covers running from a Python install, when PyObjC is there."""
+    if sys.platform != "darwin":
+        return
+    try:
+        import AppKit  # type: ignore[import-not-found]
+
+        AppKit.NSApplication.sharedApplication().setActivationPolicy_(
+            AppKit.NSApplicationActivationPolicyAccessory
+        )
+    except Exception:
+        log.debug("could not hide the Dock icon", exc_info=True)
+
+
+# -- the app ---------------------------------------------------------------------------------
+class SlotkeeperApp(QObject):
+    """Everything the desktop app is made of, without the event loop (so tests can build it)."""
+
+    finished = Signal()  # after Quit has saved and stopped everything
+
+    def __init__(
+        self,
+        paths: AppPaths,
+        settings: Settings,
+        resume_id: str | None = None,
+        start_now: bool = False,
+        tray_available: bool | None = None,
+        engine: Engine | None = None,
+        first_run: bool = True,
+    ) -> None:
+        super().__init__()
+        self.paths = paths
+        self.engine = engine or Engine(paths, settings)
+        self.bridge = EngineBridge(self.engine, self)
+        self.notifier = Notifier(self.bridge, self)
+        self.window = MainWindow(self.bridge)
+        self.tray: TrayController | None = None
+        self.settings_dialog: SettingsDialog | None = None
+        self.progress: QProgressDialog | None = None
+        self.quitting = False
+        self.done = False
+        if tray_available is None:
+            tray_available = QSystemTrayIcon.isSystemTrayAvailable()
+        if tray_available:
+            self.tray = TrayController(self.bridge, self)
+            self.tray.showWindowRequested.connect(self.show_window)
+            self.tray.settingsRequested.connect(self.open_settings)
+            self.tray.quitRequested.connect(self.request_quit)
+            self.window.hide_on_close = self.tray.show()
+        self.window.settingsRequested.connect(self.open_settings)
+        self.window.quitRequested.connect(self.request_quit)
+        self.notifier.notify.connect(self._notify)
+
+        chose_now = False
+        if first_run and not self.engine.settings.profile.model_path:
+            chose_now = self.run_first_run()
+        if not self.window.hide_on_close or chose_now or not self.engine.settings.profile.model_path:
+            self.window.show()
+        if (start_now or self.engine.settings.start_server_on_launch) and self.engine.settings.profile.model_path:
+            self.bridge.start_server(resume_id=resume_id)
+
+    # -- windows --------------------------------------------------------------------------
+    def show_window(self, tab: str = "") -> None:
+        self.window.bring_forward(tab)
+
+    def open_settings(self) -> None:
+        if self.settings_dialog is not None:
+            self.settings_dialog.show()
+            self.settings_dialog.raise_()
+            self.settings_dialog.activateWindow()
+            return
+        dialog = SettingsDialog(self.bridge, self.window)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.finished.connect(self._settings_closed)
+        self.settings_dialog = dialog
+        dialog.show()
+        dialog.raise_()
+        dialog.activateWindow()
+
+    def _settings_closed(self, _result: int) -> None:
+        self.settings_dialog = None
+
+    def run_first_run(self) -> bool:
+        dialog = FirstRunDialog(self.bridge.jobs, self.window)
+        accepted = dialog.exec() == FirstRunDialog.DialogCode.Accepted and dialog.chosen
+        chosen = dialog.chosen
+        dialog.deleteLater()
+        if not accepted or not chosen:
+            return False
+        self.choose_model(chosen)
+        return True
+
+    def choose_model(self, model_path: str) -> None:
+        """Use ``model_path`` from now on: this run's settings, and the saved ones."""
+        engine = self.engine
+        engine.update_settings(engine.settings.with_profile(model_path=model_path))
+        path = self.paths.settings_file
+
+        def persist() -> None:
+            # Saved settings, not this run's command-line overrides, get the new model.
+            try:
+                on_disk = load_settings(path)
+            except SettingsError:
+                on_disk = Settings()
+            save_settings(path, replace(on_disk, profile=replace(on_disk.profile, model_path=model_path)))
+
+        self.bridge.jobs.run(persist, on_success=lambda _: self.bridge.settingsChanged.emit(engine.settings),
+                             description="Saving the chosen model")
+
+    def _notify(self, title: str, message: str, level: str) -> None:
+        if self.tray is not None and self.tray.tray.isVisible():
+            self.tray.show_message(title, message, level)
+        else:
+            self.window.show_notification(title, message, level)
+
+    # -- quitting -------------------------------------------------------------------------
+    def request_quit(self) -> None:
+        """Save changed slots and stop the server (showing progress), then finish."""
+        if self.quitting:
+            return
+        self.quitting = True
+        self.bridge.quitting = True
+        if self.settings_dialog is not None:
+            self.settings_dialog.reject()
+        if self.bridge.running:
+            progress = QProgressDialog("Saving conversations and stopping llama-server…", "", 0, 0)
+            progress.setWindowTitle(APP_DISPLAY_NAME)
+            progress.setWindowIcon(icons.app_icon())
+            progress.setCancelButton(None)
+            progress.setMinimumDuration(0)
+            progress.setAutoClose(False)
+            progress.setAutoReset(False)
+            progress.setWindowModality(Qt.WindowModality.ApplicationModal)
+            self.progress = progress
+            self.bridge.activityChanged.connect(self._quit_progress)
+            progress.show()
+        self.bridge.shutdown(self._finish)
+
+    def _quit_progress(self, activity: dict) -> None:
+        if self.progress is None:
+            return
+        total, done = int(activity.get("total") or 0), int(activity.get("done") or 0)
+        if activity.get("activity") == "saving" and total:
+            self.progress.setRange(0, total)
+            self.progress.setValue(done)
+            self.progress.setLabelText(f"Saving conversation {done + 1} of {total} ({activity.get('detail', '')})…")
+        elif activity.get("activity") is None and total:
+            self.progress.setValue(total)
+            self.progress.setLabelText("Stopping llama-server…")
+
+    def _finish(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress.deleteLater()
+            self.progress = None
+        self.done = True
+        self.dispose()
+        self.finished.emit()
+
+    def dispose(self) -> None:
+        """Release everything that holds a thread, a timer or a socket."""
+        if self.tray is not None:
+            self.tray.dispose()
+        if self.settings_dialog is not None:
+            self.settings_dialog.reject()
+        self.bridge.quitting = True
+        self.window.hide_on_close = False
+        self.window.close()
+        self.bridge.close()
+
+
+def _install_signal_handlers(on_signal: Callable[[], None]) -> Callable[[], None]:
+    """SIGINT/SIGTERM call ``on_signal`` on the GUI thread; returns a function that undoes it."""
+    previous: dict[int, Any] = {}
+    sigs = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
+
+    def handler(signum, _frame) -> None:
+        log.info("received %s: quitting", signal.Signals(signum).name)
+        QTimer.singleShot(0, on_signal)
+
+    for sig in sigs:
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: nothing to install
+            pass
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def run_gui(args: argparse.Namespace | None, paths: AppPaths, settings: Settings, start_now: bool = False) -> int:
+    """Run the desktop app until Quit. ``settings`` are this run's (saved + command line);
+    ``start_now`` starts the server at once (a model was given on the command line).
+    Returns the process exit code: 0, also when another instance was asked to show itself."""
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("slotkeeper")
+    app.setApplicationDisplayName(APP_DISPLAY_NAME)
+    app.setOrganizationName("slotkeeper")
+    app.setDesktopFileName("slotkeeper")
+    app.setWindowIcon(icons.app_icon())
+    app.setQuitOnLastWindowClosed(False)
+
+    instance = SingleInstance(instance_key(paths))
+    if instance.notify_running():
+        log.info("Slotkeeper is already running for %s; asked it to show its window", paths.data_dir)
+        return 0
+    instance.listen()
+    hide_dock_icon()
+
+    sk = SlotkeeperApp(paths, settings, resume_id=getattr(args, "resume", None), start_now=start_now)
+    instance.showRequested.connect(lambda: sk.show_window())
+    sk.finished.connect(app.quit)
+
+    def on_about_to_quit() -> None:
+        # Quit from outside our menu (the desktop session ending): still save before leaving.
+        if not sk.done:
+            log.info("quitting without Quit: saving and stopping llama-server now")
+            sk.bridge.quitting = True
+            try:
+                sk.engine.stop(save=True)
+            except Exception:
+                log.exception("stopping llama-server on quit failed")
+            sk.dispose()
+            sk.done = True
+
+    app.aboutToQuit.connect(on_about_to_quit)
+    restore_signals = _install_signal_handlers(sk.request_quit)
+    tick = QTimer()
+    tick.timeout.connect(lambda: None)
+    tick.start(SIGNAL_TICK_MS)
+    try:
+        code = app.exec()
+    finally:
+        tick.stop()
+        restore_signals()
+        app.aboutToQuit.disconnect(on_about_to_quit)
+        if not sk.done:
+            on_about_to_quit()
+        instance.close()
+        sk.deleteLater()
+    return int(code)
