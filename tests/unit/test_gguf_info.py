@@ -401,6 +401,23 @@ def test_text_file_renamed_gguf(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match="not a GGUF model") as err:
         read_model_info(path)
     assert "notes.gguf" in str(err.value)
+    assert "text file" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"PK\x03\x04" + b"\0" * 60, "zip"),
+        ((100).to_bytes(8, "little") + b'{"weight": {}}' + b"\0" * 90, "safetensors"),
+        (b"\x00\x01\x02\x03" * 16, "00 01 02 03"),
+    ],
+)
+def test_other_formats_are_named(tmp_path: Path, content: bytes, needle: str) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    with pytest.raises(ModelFileError, match="not a GGUF model") as err:
+        read_model_info(path)
+    assert needle in str(err.value)
 
 
 def test_empty_file(tmp_path: Path) -> None:

@@ -291,8 +291,8 @@ def _check_file(path: Path) -> int:
         raise ModelFileError(f"{path.name} is empty, so it is not a GGUF model.")
     if head[:4] != _GGUF_MAGIC:
         raise ModelFileError(
-            f"{path.name} is not a GGUF model: it does not start with the GGUF signature "
-            f"(found {head[:4]!r}). llama-server only loads .gguf files."
+            f"{path.name} is not a GGUF model ({_describe_non_gguf(path, head)}). "
+            "llama-server only loads GGUF files."
         )
     if size < _MIN_HEADER:
         raise ModelFileError(
@@ -308,17 +308,34 @@ def _check_file(path: Path) -> int:
     return size
 
 
+def _describe_non_gguf(path: Path, head: bytes) -> str:
+    """A guess at what the file is, for the error message: users rename the wrong download."""
+    if head.startswith(b"PK\x03\x04"):
+        return "it is a zip archive, such as a PyTorch checkpoint"
+    try:
+        with path.open("rb") as fh:
+            fh.seek(8)
+            after_len = fh.read(1)
+    except OSError:
+        after_len = b""
+    if after_len == b"{":  # u64 header length, then a JSON header
+        return "it looks like a safetensors file; convert it with llama.cpp's convert_hf_to_gguf.py"
+    if head and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        return "it looks like a text file"
+    return f"it does not start with the GGUF signature; its first bytes are {head[:4].hex(' ')}"
+
+
 def _open_reader(path: Path) -> gguf.GGUFReader:
     try:
         return _StrictReader(path, "r")
     except _TruncatedError as exc:
         raise ModelFileError(
-            f"{path.name} is truncated or corrupt: its GGUF header ends early. "
-            "Was the download interrupted? Download the model again."
+            f"{path.name} is truncated: the file ends before the data its GGUF header "
+            "describes. Was the download interrupted? Download the model again."
         ) from exc
     except OSError as exc:
         raise ModelFileError(f"Cannot read {path}: {exc.strerror or exc}") from exc
-    except Exception as exc:
+    except Exception as exc:  # any other parse failure means a damaged header
         raise ModelFileError(
             f"{path.name} is corrupt: its GGUF header could not be parsed. "
             "Download the model again."
@@ -338,7 +355,7 @@ class _Fields:
             return None
         try:
             return fld.contents()
-        except Exception as exc:
+        except Exception as exc:  # a value that does not decode is corruption
             raise ModelFileError(
                 f"{self._path.name} is corrupt: metadata key {key} is unreadable."
             ) from exc

@@ -6,8 +6,9 @@ takes a minute or more, so the result is cached by (resolved path, size, mtime_n
 start reads it back without touching the model, and any change to the file (a re-download,
 an in-place edit) changes size or mtime and forces a fresh hash.
 
-The cache is a small JSON file, rewritten atomically (temp file + os.replace) under a lock,
-so concurrent hashing threads and a crash mid-write never leave it half-written.
+The cache is a small JSON file, rewritten atomically (fsutil.atomic_write_text: temp file,
+fsync, os.replace) under a lock, so concurrent hashing threads and a crash mid-write never
+leave it half-written.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from slotkeeper.core.fsutil import atomic_write_text
 
 __all__ = ["CHUNK_SIZE", "ModelChangedError", "ModelHashCache"]
 
@@ -109,7 +110,7 @@ class ModelHashCache:
         def run() -> None:
             try:
                 sha = self.compute(path, progress)
-            except BaseException as exc:
+            except BaseException as exc:  # handed to the caller, never swallowed
                 if on_error is not None:
                     on_error(exc)
                 else:
@@ -143,17 +144,7 @@ class ModelHashCache:
             self._write({"schema_version": _SCHEMA_VERSION, "entries": entries})
 
     def _write(self, data: dict[str, Any]) -> None:
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_file.with_name(f".{self.cache_file.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            with tmp.open("w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.cache_file)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        atomic_write_text(self.cache_file, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _sha256_file(path: Path, size: int, progress: ProgressCallback | None) -> str:

@@ -107,7 +107,26 @@ _SPACE = "\u2581"
 
 # Common English words. SPM builds a word by merging adjacent pieces, so a word is reachable
 # only if every prefix of "▁word" is a token too; _vocab() adds them all.
-_WORDS = ["the", "be", "to", "of", "and", "a", "in", "that", "have", "i", "it", "for", "not", "on", "with", "he", "as", "you", "do", "at", "this", "but", "his", "by", "from", "they", "we", "say", "her", "she", "or", "an", "will", "my", "one", "all", "would", "there", "their", "what", "so", "up", "out", "if", "about", "who", "get", "which", "go", "me", "when", "make", "can", "like", "time", "no", "just", "him", "know", "take", "people", "into", "year", "your", "good", "some", "could", "them", "see", "other", "than", "then", "now", "look", "only", "come", "its", "over", "think", "also", "back", "after", "use", "two", "how", "our", "work", "first", "well", "way", "even", "new", "want", "because", "any", "these", "give", "day", "most", "us", "is", "are", "was", "were", "been", "has", "had", "did", "does", "said", "hello", "hi", "yes", "thanks", "thank", "please", "sorry", "okay", "model", "cache", "slot", "server", "token", "tokens", "memory", "save", "saved", "restore", "restored", "session", "sessions", "chat", "message", "messages", "question", "answer", "world", "test", "testing", "example", "data", "file", "files", "user", "assistant", "system", "help", "why", "where", "here", "more", "many", "much", "very", "long", "short", "big", "small", "fast", "slow", "start", "stop", "end", "again", "still", "never", "always", "every", "each", "same", "different", "right", "left", "old", "young", "great", "little", "own", "tell", "ask", "feel", "try", "leave", "call", "keep", "let", "put", "mean", "seem", "turn", "begin", "show", "hear", "play", "run", "move", "live", "believe", "hold", "bring", "happen", "write", "provide", "sit", "stand", "lose", "pay", "meet", "include", "continue", "set", "learn", "change", "lead", "understand", "watch", "follow", "create", "speak", "read", "allow", "add", "spend", "grow", "open", "walk", "win", "offer", "remember", "love", "consider", "appear", "buy", "wait", "serve", "die", "send", "expect", "build", "stay", "fall", "cut", "reach", "kill", "remain", "suggest", "raise", "pass", "sell", "require", "report", "decide", "pull", "light", "night", "morning", "evening", "today", "tomorrow", "yesterday", "water", "food", "house", "home", "city", "country", "number", "part", "place", "case", "week", "company", "group", "problem", "fact", "hand", "point", "government", "life", "child", "world"]
+_WORDS = """
+the be to of and a in that have i it for not on with he as you do at this but his by
+from they we say her she or an will my one all would there their what so up out if about
+who get which go me when make can like time no just him know take people into year your
+good some could them see other than then now look only come its over think also back
+after use two how our work first well way even new want because any these give day most
+us is are was were been has had did does said hello hi yes thanks thank please sorry
+okay model cache slot server token tokens memory save saved restore restored session
+sessions chat message messages question answer world test testing example data file
+files user assistant system help why where here more many much very long short big small
+fast slow start stop end again still never always every each same different right left
+old young great little own tell ask feel try leave call keep let put mean seem turn
+begin show hear play run move live believe hold bring happen write provide sit stand
+lose pay meet include continue set learn change lead understand watch follow create
+speak read allow add spend grow open walk win offer remember love consider appear buy
+wait serve die send expect build stay fall cut reach kill remain suggest raise pass sell
+require report decide pull light night morning evening today tomorrow yesterday water
+food house home city country number part place case week company group problem fact hand
+point government life child world
+""".split()
 
 _CONTROL = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
 _TYPE_NORMAL, _TYPE_UNKNOWN, _TYPE_CONTROL, _TYPE_BYTE = 1, 2, 3, 6
@@ -276,7 +295,7 @@ def write_model(path: str | Path, kind: str, seed: int = 0) -> Path:
         writer.write_tensors_to_file()
         writer.close()
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # including KeyboardInterrupt: never leave a .part behind
         tmp.unlink(missing_ok=True)
         raise
     return path
