@@ -236,6 +236,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             log.info("restored %d conversation(s), %d tokens", len(restored), tokens)
         print(f"ready {event.data['url']}", flush=True)
 
+    loading_reported = [0]
+
     def on_event(event) -> None:
         d = event.data
         if event.kind == "engine.warning" or event.kind == "engine.notice":
@@ -253,6 +255,13 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
                 log.info("slot %s reused %s cached tokens after the restore", d["slot"], d["cache_n"])
             else:
                 log.warning("restore of %s was ineffective: %s", d["id"], d["reason"])
+        elif event.kind == "server.loading":
+            step = int(d["elapsed"] // 5)
+            if step > loading_reported[0]:
+                loading_reported[0] = step
+                log.info("loading the model (%.0f s): %s", d["elapsed"], d["detail"][-100:])
+        elif event.kind == "engine.activity" and d.get("activity") == "hashing" and d.get("total"):
+            log.info("identifying the model: %.0f%%", 100 * d["done"] / d["total"])
         elif event.kind == "sessions.pruned":
             log.info("pruned %d session(s) to stay under the disk budget", len(d["ids"]))
 

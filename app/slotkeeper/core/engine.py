@@ -142,6 +142,7 @@ class Engine:
         self._poller_stop = threading.Event()
         self._crashed = False
         self._published_in_slots: list[str] | None = None
+        self._hash_thread: threading.Thread | None = None
         self._parser = SlotLogParser(on_done=self._on_request_done, on_progress=self._on_request_progress)
         self.supervisor.add_log_listener(self._parser.feed)
 
@@ -201,6 +202,7 @@ class Engine:
                               supported_flags=probe_flags(binary))
         except (EngineError, ServerBinaryNotFound, CommandError, SettingsError) as exc:
             raise SupervisorError(str(exc)) from exc
+        self._start_hashing(model.path)
         if model.is_demo:
             self.events.emit("engine.notice", message=modelgen.DEMO_NOTICE)
         note = self.swa_note()
@@ -278,9 +280,35 @@ class Engine:
         self.ready.set()
         self.events.emit("engine.ready", url=self.base_url, restored=restored)
 
+    def _start_hashing(self, path: Path) -> None:
+        """Hash the model while llama-server loads it (both read the file; the page cache helps)."""
+        if self.hashes.cached(path):
+            return
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 0.5 or done == total:
+                last[0] = now
+                self.events.emit("engine.activity", activity="hashing",
+                                 detail=f"identifying {path.name}", done=done, total=total)
+
+        self._hash_thread = threading.Thread(
+            target=self._hash_quietly, args=(path, progress), name="model-hash", daemon=True
+        )
+        self._hash_thread.start()
+
+    def _hash_quietly(self, path: Path, progress) -> None:
+        try:
+            self.hashes.compute(path, progress)
+        except Exception as exc:  # retried (and reported) when the facts are needed
+            log.warning("hashing %s failed: %s", path, exc)
+
     def _server_facts(self) -> ServerFacts:
         model = self.model or self.resolve_model()
-        self.events.emit("engine.activity", activity="hashing", detail=f"identifying {model.path.name}")
+        if self._hash_thread is not None:
+            self._hash_thread.join()
+            self._hash_thread = None
         sha = self.hashes.compute(model.path)
         with self.client() as c:
             props = c.props()
