@@ -63,17 +63,22 @@ class SingleInstance(QObject):
 
     def notify_running(self, timeout_ms: int = CONNECT_TIMEOUT_MS) -> bool:
         """True when another instance answered (and was asked to show its window)."""
-        socket = QLocalSocket()
-        socket.connectToServer(self.key)
-        if not socket.waitForConnected(timeout_ms):
-            return False
-        socket.write(SHOW_MESSAGE)
-        socket.flush()
-        socket.waitForBytesWritten(timeout_ms)
-        socket.disconnectFromServer()
-        if socket.state() != QLocalSocket.LocalSocketState.UnconnectedState:
-            socket.waitForDisconnected(timeout_ms)
-        return True
+        # Parented and deleted later: Qt may still hold a reference to it from queued events.
+        socket = QLocalSocket(self)
+        try:
+            socket.connectToServer(self.key)
+            if not socket.waitForConnected(timeout_ms):
+                return False
+            socket.write(SHOW_MESSAGE)
+            socket.flush()
+            socket.waitForBytesWritten(timeout_ms)
+            socket.disconnectFromServer()
+            if socket.state() != QLocalSocket.LocalSocketState.UnconnectedState:
+                socket.waitForDisconnected(timeout_ms)
+            return True
+        finally:
+            socket.abort()
+            socket.deleteLater()
 
     def listen(self) -> bool:
         # Nobody answered, so a socket file left by a crashed instance is stale.
@@ -89,20 +94,22 @@ class SingleInstance(QObject):
 
     def _on_connection(self) -> None:
         assert self.server is not None
-        while (conn := self.server.nextPendingConnection()) is not None:
-            conn.readyRead.connect(lambda c=conn: self._read(c))
-            conn.disconnected.connect(conn.deleteLater)
-            if conn.bytesAvailable():
-                self._read(conn)
-
-    def _read(self, conn: QLocalSocket) -> None:
-        data = bytes(conn.readAll().data())
-        if b"show" in data:
-            self.showRequested.emit()
+        while self.server.hasPendingConnections():
+            conn = self.server.nextPendingConnection()
+            # A second launch writes one line and hangs up: wait for it briefly, right here,
+            # rather than keeping per-connection objects (and their signals) alive.
+            if not conn.bytesAvailable():
+                conn.waitForReadyRead(CONNECT_TIMEOUT_MS)
+            data = bytes(conn.readAll().data())
+            conn.abort()
+            conn.deleteLater()
+            if b"show" in data:
+                self.showRequested.emit()
 
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+            self.server.deleteLater()
             self.server = None
 
 

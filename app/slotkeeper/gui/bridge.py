@@ -28,7 +28,6 @@ from slotkeeper.core.sessions.store import INCOMING_PREFIX, Listing
 from slotkeeper.core.settings import Settings, save_settings
 from slotkeeper.gui.jobs import JobRunner, describe_error
 
-
 log = logging.getLogger(__name__)
 
 # Coalesces the burst of file events one save makes (KV rename, sidecar temp, replace).

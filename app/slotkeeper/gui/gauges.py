@@ -19,6 +19,7 @@ CACHE_COLOUR = QColor("#16a34a")
 PROCESSED_COLOUR = QColor("#3b82f6")
 HELD_COLOUR = QColor("#8b5cf6")
 WARN_COLOUR = QColor("#d97706")
+BAR_SHARE = 0.45  # of the width after the row labels; the figures in words take the rest
 STATE_COLOURS = {
     "idle": QColor("#6b7280"),
     "busy": QColor("#2563eb"),
@@ -182,9 +183,8 @@ class SlotGauge(QWidget):
         # Rows 2 and 3: a label column, a bar, and the figures in words under/after it
         label_w = max(fm.horizontalAdvance(t) for t in self.LABEL_TEXTS) + 12
         bar_x = pad + label_w
-        text_w = min(max(fm.horizontalAdvance(f.prompt_text()), fm.horizontalAdvance(f.held_text())) + 12,
-                     int(0.55 * (w - bar_x)))
-        bar_w = max(60.0, w - pad - bar_x - text_w)
+        # The same share of the width in every gauge, so bars line up from slot to slot.
+        bar_w = max(60.0, BAR_SHARE * (w - pad - bar_x))
         rows = (
             (self.LABEL_TEXTS[0], [(f.cache_share, CACHE_COLOUR), (f.processed_share, PROCESSED_COLOUR)],
              f.prompt_text(), f.n_prompt == 0),

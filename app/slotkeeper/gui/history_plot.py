@@ -194,6 +194,7 @@ class HistoryPlot(QWidget):
         p.drawText(QRectF(plot.left(), plot.bottom() + 4 + lh, plot.width(), lh),
                    Qt.AlignmentFlag.AlignHCenter, "requests, oldest to newest")
         p.setPen(QPen(grid, 1))
+        p.setBrush(Qt.BrushStyle.NoBrush)
         p.drawRect(plot)
         p.end()
 

@@ -45,7 +45,6 @@ from slotkeeper.gui.notifications import ERROR, WARNING
 from slotkeeper.gui.sessions_model import (
     COLUMN,
     ENTRY_ROLE,
-    RESTORABLE_ROLE,
     SessionsFilterProxy,
     SessionsTableModel,
 )
@@ -98,7 +97,7 @@ class MainWindow(QMainWindow):
         self.hide_on_close = False
         self.setWindowTitle("Slotkeeper")
         self.setWindowIcon(icons.app_icon())
-        self.resize(980, 680)
+        self.resize(1180, 720)
 
         self.tabs = QTabWidget(self)
         self.setCentralWidget(self.tabs)
@@ -117,14 +116,14 @@ class MainWindow(QMainWindow):
         b = bridge
         b.serverStateChanged.connect(self._on_state)
         b.serverLoading.connect(self._on_loading)
-        b.engineReady.connect(lambda *_: self._refresh_server())
+        b.engineReady.connect(self._refresh_server)
         b.activityChanged.connect(self._on_activity)
         b.slotsChanged.connect(self._on_slots)
         b.sessionsListed.connect(self._on_listing)
         b.historyLoaded.connect(self._on_history)
         b.logLines.connect(self.log_view.append_lines)
         b.warningRaised.connect(self._on_warning)
-        b.settingsChanged.connect(lambda *_: self._refresh_server())
+        b.settingsChanged.connect(self._on_settings_changed)
         b.sessionVerified.connect(self._on_verified)
 
         self._refresh_server()
@@ -200,8 +199,8 @@ class MainWindow(QMainWindow):
             buttons.addWidget(w)
         buttons.addStretch(1)
         buttons.addWidget(settings_button)
-        top.addLayout(buttons)
         outer.addLayout(top)
+        outer.addLayout(buttons)
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
@@ -303,6 +302,9 @@ class MainWindow(QMainWindow):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(COLUMN["title"], QHeaderView.ResizeMode.Stretch)
+        # Model file names can be very long; they elide instead of squeezing the title.
+        header.setSectionResizeMode(COLUMN["model"], QHeaderView.ResizeMode.Interactive)
+        header.resizeSection(COLUMN["model"], 160)
         header.setHighlightSections(False)
         self.table.doubleClicked.connect(lambda _: self.resume_selected())
         self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_session_buttons())
@@ -388,7 +390,11 @@ class MainWindow(QMainWindow):
     def _on_loading(self, elapsed: float, detail: str) -> None:
         self.state_message.setText(f"Loading the model… {elapsed:.0f} s\n{detail[:200]}")
 
-    def _refresh_server(self) -> None:
+    def _on_settings_changed(self, _settings) -> None:
+        self._refresh_server()
+        self._update_usage()
+
+    def _refresh_server(self, *_args) -> None:
         b = self.bridge
         state = b.state
         ready = b.facts is not None

@@ -33,7 +33,7 @@ COLUMNS = (
     ("tokens", "Tokens"),
     ("size", "Size"),
     ("swa", "Attention"),
-    ("cache", "Flash attn / cache"),
+    ("cache", "FA / cache"),
     ("last_used", "Last used"),
     ("pinned", "Pinned"),
     ("compat", "Compatible"),

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QMessageBox,
     QPushButton,
+    QSizePolicy,
     QSlider,
     QSpinBox,
     QTabWidget,
@@ -46,6 +47,7 @@ from slotkeeper.core.settings import CACHE_TYPES, Settings, SettingsError
 from slotkeeper.core.units import human_bytes, parse_size
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.jobs import describe_error
+from slotkeeper.gui.widgets import WrappedLabel
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ def budget_from_slider(value: int) -> int:
         step = 10 * GIB
     else:
         step = 50 * GIB
-    return int(max(BUDGET_MIN, round(raw / step) * step))
+    return int(min(BUDGET_MAX, max(BUDGET_MIN, round(raw / step) * step)))
 
 
 def slider_from_budget(budget: int) -> int:
@@ -183,20 +185,21 @@ class SettingsDialog(QDialog):
         self._changed()
         self._model_timer.start()
         self._preview_timer.start()
-        self.resize(self.sizeHint().expandedTo(self.minimumSizeHint()))
+        self.setMinimumWidth(640)
+        self.resize(max(760, self.sizeHint().width()), max(640, self.sizeHint().height()))
 
     # -- building -------------------------------------------------------------------------
     @staticmethod
     def _note(text: str = "") -> QLabel:
-        label = QLabel(text)
-        label.setWordWrap(True)
+        label = WrappedLabel(text)
         label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         return label
 
     def _build_server_tab(self) -> QWidget:
         page = QWidget()
         form = QFormLayout(page)
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)
+        self.server_form = form
 
         self.server_bin = QLineEdit()
         self.server_bin.setPlaceholderText("found automatically")
@@ -258,13 +261,14 @@ class SettingsDialog(QDialog):
 
         self.swa_box = QFrame()
         self.swa_box.setFrameShape(QFrame.Shape.StyledPanel)
+        self.swa_box.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         box = QVBoxLayout(self.swa_box)
         self.swa_full = QCheckBox("--swa-full: keep the full cache for sliding-window layers")
         self.swa_note = self._note()
         box.addWidget(self.swa_full)
         box.addWidget(self.swa_note)
         form.addRow("Sliding window:", self.swa_box)
-        self.swa_box.hide()
+        form.setRowVisible(self.swa_box, False)
 
         self.host = QLineEdit()
         self.port = QSpinBox()
@@ -291,6 +295,7 @@ class SettingsDialog(QDialog):
     def _build_sessions_tab(self) -> QWidget:
         page = QWidget()
         form = QFormLayout(page)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)
         self.idle_save = QDoubleSpinBox()
         self.idle_save.setRange(0, 3600)
         self.idle_save.setDecimals(0)
@@ -314,6 +319,7 @@ class SettingsDialog(QDialog):
         page = QWidget()
         layout = QVBoxLayout(page)
         form = QFormLayout()
+        self.disk_form = form
         self.budget_slider = QSlider(Qt.Orientation.Horizontal)
         self.budget_slider.setRange(0, SLIDER_STEPS)
         self.budget_edit = QLineEdit()
@@ -325,8 +331,8 @@ class SettingsDialog(QDialog):
         form.addRow("Budget:", row)
         self.budget_error = self._note()
         self.budget_error.setStyleSheet(ERROR_STYLE)
-        self.budget_error.hide()
         form.addRow("", self.budget_error)
+        form.setRowVisible(self.budget_error, False)
         self.usage_note = self._note("Measuring…")
         form.addRow("In use:", self.usage_note)
         layout.addLayout(form)
@@ -449,14 +455,14 @@ class SettingsDialog(QDialog):
         self.ctx_note.setText(f"{p_ctx // max(1, p_par):,} tokens per slot")
         try:
             extra = split_args(self.extra_args.text())
-            self.args_error.hide()
+            self._show_row(self.args_error, False)
         except ValueError as exc:
             extra = ()
             self.args_error.setText(f"Cannot split these arguments: {exc}")
-            self.args_error.show()
-        self.exposure_note.setVisible(exposes_without_key(self.host.text() or "127.0.0.1", extra))
+            self._show_row(self.args_error, True)
+        self._show_row(self.exposure_note, exposes_without_key(self.host.text() or "127.0.0.1", extra))
         quant_v = self.cache_v.currentText() not in ("f16", "f32", "bf16")
-        self.cache_note.setVisible(quant_v and not self.flash_attn.isChecked())
+        self._show_row(self.cache_note, quant_v and not self.flash_attn.isChecked())
         try:
             candidate = self.settings()
         except (SettingsError, ValueError) as exc:
@@ -590,14 +596,29 @@ class SettingsDialog(QDialog):
     def _update_swa_note(self, *_args) -> None:
         info = self._model_info
         if info is None or not info.has_swa:
-            self.swa_box.setVisible(False)
+            self._show_row(self.swa_box, False)
             return
         try:
             self.swa_note.setText(swa_explanation(info, self.ctx.value(), self.parallel.value(),
                                                   self.cache_k.currentText(), self.cache_v.currentText()))
         except ValueError as exc:
             self.swa_note.setText(str(exc))
-        self.swa_box.setVisible(True)
+        self._show_row(self.swa_box, True)
+
+    def _show_row(self, widget: QWidget, visible: bool) -> None:
+        """Show or hide a whole form row (its label too), so hidden notes leave no gap."""
+        for form in (self.server_form, self.disk_form):
+            row, _role = form.getWidgetPosition(widget)
+            if row >= 0:
+                form.setRowVisible(row, visible)
+                return
+
+    def row_shown(self, widget: QWidget) -> bool:
+        for form in (self.server_form, self.disk_form):
+            row, _role = form.getWidgetPosition(widget)
+            if row >= 0:
+                return form.isRowVisible(row)
+        return widget.isVisible()
 
     # -- disk budget ----------------------------------------------------------------------
     def _set_budget(self, budget: int) -> None:
@@ -605,20 +626,20 @@ class SettingsDialog(QDialog):
         self.budget_slider.setValue(slider_from_budget(budget))
         self.budget_slider.blockSignals(False)
         self.budget_edit.setText(size_text(budget))
-        self.budget_error.hide()
+        self._show_row(self.budget_error, False)
 
     def _slider_moved(self, value: int) -> None:
         self.budget_edit.setText(size_text(budget_from_slider(value)))
-        self.budget_error.hide()
+        self._show_row(self.budget_error, False)
         self._budget_changed()
 
     def _budget_typed(self, _text: str) -> None:
         budget = self.budget_value()
         if budget is None:
             self.budget_error.setText("Not a size: type a number with K, M, G or T, e.g. 20G.")
-            self.budget_error.show()
+            self._show_row(self.budget_error, True)
         else:
-            self.budget_error.hide()
+            self._show_row(self.budget_error, False)
             self.budget_slider.blockSignals(True)
             self.budget_slider.setValue(slider_from_budget(budget))
             self.budget_slider.blockSignals(False)

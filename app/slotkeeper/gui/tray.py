@@ -73,12 +73,11 @@ class TrayController(QObject):
         self.tray.activated.connect(self._activated)
         self.tray.messageClicked.connect(lambda: self.showWindowRequested.emit("server"))
 
-        bridge.serverStateChanged.connect(lambda *_: self.refresh())
-        bridge.engineReady.connect(lambda *_: self.refresh())
-        bridge.activityChanged.connect(lambda *_: self.refresh())
-        bridge.slotsChanged.connect(lambda *_: self._refresh_icon_and_tip())
-        bridge.sessionsListed.connect(lambda *_: self.refresh())
-        bridge.settingsChanged.connect(lambda *_: self.refresh())
+        # Bound methods (not lambdas): Qt drops these connections if the tray goes first.
+        for signal in (bridge.serverStateChanged, bridge.engineReady, bridge.activityChanged,
+                       bridge.sessionsListed, bridge.settingsChanged):
+            signal.connect(self._on_change)
+        bridge.slotsChanged.connect(self._on_slots)
         self.resume_menu.aboutToShow.connect(self.rebuild_resume_menu)
         self.refresh()
 
@@ -104,6 +103,12 @@ class TrayController(QObject):
     def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
         if reason in (QSystemTrayIcon.ActivationReason.Trigger, QSystemTrayIcon.ActivationReason.DoubleClick):
             self.showWindowRequested.emit("")
+
+    def _on_change(self, *_args) -> None:
+        self.refresh()
+
+    def _on_slots(self, *_args) -> None:
+        self._refresh_icon_and_tip()
 
     # -- state ----------------------------------------------------------------------------
     def refresh(self) -> None:

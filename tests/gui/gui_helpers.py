@@ -1,0 +1,69 @@
+"""Helpers for the GUI tests: sessions on disk the way the store writes them, events from threads."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from slotkeeper.core.engine import Engine
+from slotkeeper.core.sessions.sidecar import (
+    ServerFacts,
+    Sidecar,
+    content_hash_file,
+    format_utc,
+    write_sidecar_atomic,
+)
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+MODEL_SHA = "1a2b3c4d000000000000000000000000000000000000000000000000deadbeef"
+OTHER_SHA = "9" * 64
+
+
+def base_sidecar() -> Sidecar:
+    return Sidecar.from_json(json.loads((DATA / "sidecar_v1.json").read_text(encoding="utf-8")))
+
+
+def facts_for(sc: Sidecar, **changes) -> ServerFacts:
+    """Facts of a server the sidecar is compatible with, with ``changes`` applied."""
+    facts = ServerFacts(
+        model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
+        cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
+        n_parallel=sc.n_parallel, kv_unified=sc.kv_unified, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
+    )  # fmt: skip
+    return replace(facts, **changes)
+
+
+def make_session(
+    sessions_dir: Path,
+    sid: str,
+    title: str = "A conversation",
+    age_hours: float = 1.0,
+    size: int = 4096,
+    pinned: bool = False,
+    real_hash: bool = True,
+    **changes,
+) -> Sidecar:
+    """A real sidecar and a KV file of ``size`` bytes in the store's layout."""
+    sessions_dir.mkdir(parents=True, exist_ok=True)
+    kv_name = f"{sid}.0000abcd.kv"
+    kv = sessions_dir / kv_name
+    kv.write_bytes(bytes(range(256)) * (size // 256) + b"\0" * (size % 256))
+    when = format_utc(datetime.now(timezone.utc) - timedelta(hours=age_hours))
+    sc = replace(
+        base_sidecar(), id=sid, kv_file=kv_name, title=title, size_bytes=size, pinned=pinned,
+        parent=None, last_used_at=when, created_at=when, last_restore=None,
+        content_hash=content_hash_file(kv) if real_hash else base_sidecar().content_hash,
+        **changes,
+    )  # fmt: skip
+    write_sidecar_atomic(sessions_dir / f"{sid}.json", sc)
+    return sc
+
+
+def emit_from_thread(engine: Engine, kind: str, **data) -> None:
+    """Emit an event from another thread, as the engine's supervisor and poller do."""
+    t = threading.Thread(target=lambda: engine.events.emit(kind, **data))
+    t.start()
+    t.join()

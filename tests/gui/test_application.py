@@ -1,0 +1,112 @@
+"""The app shell: single instance, window without a tray, Quit and SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+from PySide6.QtCore import QTimer
+
+from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.paths import app_paths
+from slotkeeper.core.settings import Settings, load_settings
+from slotkeeper.gui.application import SingleInstance, SlotkeeperApp, instance_key, run_gui
+
+
+@pytest.fixture
+def paths():
+    return app_paths().ensure()
+
+
+def test_instance_key_depends_on_the_data_folder(tmp_path):
+    a = instance_key(app_paths(tmp_path / "a"))
+    b = instance_key(app_paths(tmp_path / "b"))
+    assert a != b and a.startswith("slotkeeper-")
+    assert a == instance_key(app_paths(tmp_path / "a"))
+
+
+def test_second_instance_asks_the_first_to_show(qtbot, paths):
+    first = SingleInstance(instance_key(paths))
+    assert first.listen()
+    second = SingleInstance(instance_key(paths))
+    with qtbot.waitSignal(first.showRequested, timeout=5000):
+        assert second.notify_running()
+    first.close()
+    third = SingleInstance(instance_key(paths))
+    assert not third.notify_running(timeout_ms=200)
+
+
+def test_run_gui_returns_at_once_when_already_running(qtbot, paths):
+    first = SingleInstance(instance_key(paths))
+    assert first.listen()
+    with qtbot.waitSignal(first.showRequested, timeout=5000):
+        assert run_gui(None, paths, Settings()) == 0
+    first.close()
+
+
+def test_without_a_tray_the_window_opens_and_quit_finishes(qtbot, paths):
+    settings = Settings().with_profile(model_path=DEMO_MODEL)
+    app = SlotkeeperApp(paths, settings, tray_available=False)
+    qtbot.addWidget(app.window)
+    assert app.tray is None
+    assert app.window.isVisible()
+    assert not app.window.hide_on_close
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.request_quit()
+    assert app.done
+    assert app.bridge._closed
+    assert not app.window.isVisible()
+    app.request_quit()  # a second Quit is ignored
+    app.deleteLater()
+
+
+def test_choosing_a_model_on_first_run_saves_it(qtbot, paths, monkeypatch):
+    from slotkeeper.gui import application
+
+    class Chooser:
+        DialogCode = application.FirstRunDialog.DialogCode
+
+        def __init__(self, *args, **kwargs):
+            self.chosen = DEMO_MODEL
+
+        def exec(self):
+            return self.DialogCode.Accepted
+
+        def deleteLater(self):
+            pass
+
+    monkeypatch.setattr(application, "FirstRunDialog", Chooser)
+    app = SlotkeeperApp(paths, Settings(budget_bytes=123 * 1024**3), tray_available=False)
+    qtbot.addWidget(app.window)
+    assert app.engine.settings.profile.model_path == DEMO_MODEL
+    qtbot.waitUntil(lambda: paths.settings_file.exists())
+    on_disk = load_settings(paths.settings_file)
+    assert on_disk.profile.model_path == DEMO_MODEL
+    assert on_disk.budget_bytes != 123 * 1024**3  # this run's overrides are not saved
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.request_quit()
+    app.deleteLater()
+
+
+def test_settings_dialog_opens_once(qtbot, paths):
+    app = SlotkeeperApp(paths, Settings().with_profile(model_path=DEMO_MODEL), tray_available=False)
+    qtbot.addWidget(app.window)
+    app.open_settings()
+    first = app.settings_dialog
+    app.open_settings()
+    assert app.settings_dialog is first
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.request_quit()
+    assert app.settings_dialog is None
+    app.deleteLater()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_quits_like_quit(qtbot, paths):
+    QTimer.singleShot(300, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    code = run_gui(None, paths, Settings().with_profile(model_path=DEMO_MODEL), start_now=False)
+    assert code == 0
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored

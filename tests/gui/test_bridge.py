@@ -1,0 +1,214 @@
+"""EngineBridge: core events become Qt signals on the GUI thread; actions run as jobs."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from gui_helpers import emit_from_thread, make_session
+from PySide6.QtCore import QThread
+from PySide6.QtWidgets import QApplication
+
+from slotkeeper.core.engine import DEMO_MODEL, SlotView
+from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.settings import load_settings
+
+
+def test_server_state_event_becomes_a_signal_on_the_gui_thread(qtbot, bridge, engine):
+    threads = []
+    bridge.serverStateChanged.connect(
+        lambda *_: threads.append(QThread.currentThread() is QApplication.instance().thread()))
+    with qtbot.waitSignal(bridge.serverStateChanged) as blocker:
+        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="launching")
+    state, data = blocker.args
+    assert state is ServerState.STARTING
+    assert data["message"] == "launching"
+    assert bridge.state is ServerState.STARTING
+    assert bridge.running
+    assert threads == [True]
+    assert bridge.launched_profile == engine.settings.profile
+
+
+def test_slots_event_is_cached_and_re_emitted(qtbot, bridge, engine):
+    views = [SlotView(0, n_ctx=4096, state="busy", n_prompt=900, cache_n=800, prompt_n=50, running=True),
+             SlotView(1, n_ctx=4096)]
+    with qtbot.waitSignal(bridge.slotsChanged) as blocker:
+        emit_from_thread(engine, "slots", slots=views)
+    assert [v.id for v in blocker.args[0]] == [0, 1]
+    assert bridge.slots[0].cache_n == 800
+
+
+def test_stopping_clears_the_slots(qtbot, bridge, engine):
+    with qtbot.waitSignal(bridge.slotsChanged):
+        emit_from_thread(engine, "slots", slots=[SlotView(0)])
+    with qtbot.waitSignal(bridge.slotsChanged) as blocker:
+        emit_from_thread(engine, "server.state", state=ServerState.STOPPED, message="stopped")
+    assert blocker.args[0] == []
+    assert bridge.launched_profile is None
+
+
+def test_specific_events_map_to_their_signals(qtbot, bridge, engine):
+    cases = [
+        ("engine.warning", {"message": "swa"}, bridge.warningRaised, ["swa"]),
+        ("engine.notice", {"message": "demo"}, bridge.noticeRaised, ["demo"]),
+        ("save.failed", {"slot": 1, "message": "disk full"}, bridge.saveFailed, None),
+        ("sessions.pruned", {"ids": ["a"], "bytes_freed": 10}, bridge.sessionsPruned, None),
+        ("restore.reuse", {"slot": 0, "id": "x", "cache_n": 0, "n_prompt": 10, "n_restored": 50,
+                           "effective": False, "reason": "r"}, bridge.restoreReuse, None),
+        ("engine.activity", {"activity": "saving", "detail": "slot 0", "done": 0, "total": 2},
+         bridge.activityChanged, None),
+    ]
+    for kind, data, signal, expected in cases:
+        with qtbot.waitSignal(signal) as blocker:
+            emit_from_thread(engine, kind, **data)
+        if expected is not None:
+            assert blocker.args == expected
+        else:
+            assert blocker.args[0]["slot" if "slot" in data else next(iter(data))] == \
+                data["slot" if "slot" in data else next(iter(data))]
+    assert bridge.activity["activity"] == "saving"
+
+
+def test_engine_ready_re_announces_the_listing(qtbot, bridge, engine, sessions_dir):
+    make_session(sessions_dir, "aaaaaaaaaaaa")
+    with qtbot.waitSignal(bridge.sessionsListed):
+        bridge.refresh_sessions()
+    with qtbot.waitSignals([bridge.engineReady, bridge.sessionsListed]):
+        emit_from_thread(engine, "engine.ready", url="http://127.0.0.1:1", restored=[])
+
+
+def test_request_done_is_recorded_in_the_history(qtbot, bridge, engine):
+    from slotkeeper.core.history import RequestHistory
+
+    with qtbot.waitSignal(bridge.historyLoaded) as blocker:
+        emit_from_thread(engine, "request.done", slot=0, task=3, n_prompt=1000, cache_n=900,
+                         prompt_n=100, prompt_ms=12.5, at=1_700_000_000.0)
+    assert blocker.args[0][-1].cache_n == 900
+    path = engine.paths.history_file
+    qtbot.waitUntil(lambda: len(RequestHistory(path).load()) == 1)
+    rec = RequestHistory(path).load()[0]
+    assert (rec.n_prompt, rec.cache_n, rec.prompt_n) == (1000, 900, 100)
+
+    bridge.history = []
+    with qtbot.waitSignal(bridge.historyLoaded) as blocker:
+        bridge.load_history()
+    assert len(blocker.args[0]) == 1
+
+
+def test_log_lines_arrive_in_batches(qtbot, bridge):
+    got = []
+    bridge.logLines.connect(got.extend)
+
+    def feed():
+        for i in range(50):
+            bridge._on_log_line(f"line {i}")
+
+    t = threading.Thread(target=feed)
+    t.start()
+    t.join()
+    qtbot.waitUntil(lambda: len(got) == 50)
+    assert got[0] == "line 0" and got[-1] == "line 49"
+
+
+def test_sessions_written_by_someone_else_show_up(qtbot, bridge, sessions_dir):
+    with qtbot.waitSignal(bridge.sessionsListed):
+        bridge.refresh_sessions()
+    assert bridge.listing.sessions == []
+    with qtbot.waitSignals([bridge.sessionsChanged, bridge.sessionsListed], timeout=10_000):
+        make_session(sessions_dir, "bbbbbbbbbbbb", title="From the CLI")
+    qtbot.waitUntil(lambda: [e.id for e in bridge.listing.sessions] == ["bbbbbbbbbbbb"], timeout=10_000)
+
+    with qtbot.waitSignal(bridge.sessionsChanged, timeout=10_000):
+        (sessions_dir / "bbbbbbbbbbbb.json").unlink()
+    qtbot.waitUntil(lambda: bridge.listing.sessions == [], timeout=10_000)
+
+
+def test_pin_delete_and_verify(qtbot, bridge, engine, sessions_dir):
+    make_session(sessions_dir, "cccccccccccc", title="keep me")
+    make_session(sessions_dir, "dddddddddddd", title="damaged", real_hash=False)
+
+    pinned = lambda listing, _facts: any(  # noqa: E731
+        e.id == "cccccccccccc" and e.sidecar.pinned for e in listing.sessions)
+    with qtbot.waitSignal(bridge.sessionsListed, check_params_cb=pinned):
+        bridge.set_pinned("cccccccccccc", True)
+    assert engine.store.get("cccccccccccc").sidecar.pinned
+
+    with qtbot.waitSignal(bridge.sessionVerified) as blocker:
+        bridge.verify_session("dddddddddddd")
+    entry = blocker.args[0]
+    assert entry.status == "corrupt"
+    assert any("hash" in p for p in entry.problems)
+
+    with qtbot.waitSignal(bridge.sessionVerified) as blocker:
+        bridge.verify_session("cccccccccccc")
+    assert blocker.args[0].problems == []
+
+    gone = lambda listing, _facts: "dddddddddddd" not in [e.id for e in listing.sessions]  # noqa: E731
+    with qtbot.waitSignal(bridge.sessionsListed, check_params_cb=gone):
+        bridge.delete_session("dddddddddddd")
+    assert not (sessions_dir / "dddddddddddd.json").exists()
+    assert not (sessions_dir / "dddddddddddd.0000abcd.kv").exists()
+
+
+def test_failed_action_is_reported(qtbot, bridge):
+    with qtbot.waitSignal(bridge.errorOccurred) as blocker:
+        bridge.set_pinned("nosuchsession", True)
+    assert "nosuchsession" in blocker.args[1]
+
+
+def test_prune_preview_deletes_nothing(qtbot, bridge, engine, sessions_dir):
+    make_session(sessions_dir, "eeeeeeeeeeee", age_hours=5, size=8192)
+    make_session(sessions_dir, "ffffffffffff", age_hours=1, size=8192)
+    make_session(sessions_dir, "111111111111", age_hours=9, size=8192, pinned=True)
+    plans = []
+    bridge.preview_prune(17_000, plans.append)
+    qtbot.waitUntil(lambda: bool(plans))
+    assert [c.id for c in plans[0].delete] == ["eeeeeeeeeeee"]
+    assert len(engine.store.sessions()) == 3
+
+
+def test_apply_settings_persists_and_updates_the_engine(qtbot, bridge, engine):
+    new = engine.settings.with_profile(model_path=DEMO_MODEL, ctx=4096)
+    with qtbot.waitSignal(bridge.settingsChanged):
+        bridge.apply_settings(new)
+    assert engine.settings.profile.ctx == 4096
+    assert load_settings(engine.paths.settings_file).profile.model_path == DEMO_MODEL
+    saved = json.loads(engine.paths.settings_file.read_text())
+    assert saved["schema_version"] >= 1
+
+
+def test_needs_restart_compares_with_the_launched_profile(qtbot, bridge, engine):
+    changed = engine.settings.with_profile(ctx=2048)
+    assert not bridge.needs_restart(changed)  # nothing running
+    with qtbot.waitSignal(bridge.serverStateChanged):
+        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="")
+    assert bridge.needs_restart(changed)
+    assert not bridge.needs_restart(engine.settings)
+
+
+def test_start_without_a_model_says_why(qtbot, bridge):
+    with qtbot.waitSignal(bridge.errorOccurred) as blocker:
+        bridge.start_server()
+    assert "model" in blocker.args[1].lower()
+
+
+def test_resume_needs_a_ready_server(qtbot, bridge):
+    with qtbot.waitSignal(bridge.errorOccurred) as blocker:
+        bridge.resume_session("aaaaaaaaaaaa")
+    assert "not ready" in blocker.args[1]
+
+
+def test_close_stops_everything_and_silences_events(qtbot, engine):
+    from slotkeeper.gui.bridge import EngineBridge
+
+    b = EngineBridge(engine)
+    observer = b._observer
+    assert observer is not None and observer.is_alive()
+    b.close()
+    assert not observer.is_alive()
+    assert not b._debounce.isActive()
+    with qtbot.assertNotEmitted(b.serverStateChanged, wait=100):
+        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="")
+        b._on_log_line("late line")
+    b.close()  # twice is fine
+    b.deleteLater()

@@ -1,0 +1,216 @@
+"""The settings dialog: fields, warnings, the swa-full note, the budget preview, saving."""
+
+from __future__ import annotations
+
+import pytest
+from gui_helpers import emit_from_thread, make_session
+from PySide6.QtWidgets import QMessageBox
+
+from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.settings import Settings, load_settings
+from slotkeeper.gui.settings_dialog import (
+    BUDGET_MAX,
+    BUDGET_MIN,
+    SettingsDialog,
+    budget_from_slider,
+    exposes_without_key,
+    size_text,
+    slider_from_budget,
+)
+
+GIB = 1024**3
+
+
+class FakeAutostart:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def is_enabled(self) -> bool:
+        return bool(self.calls and self.calls[-1][0] == "enable")
+
+    def enable(self, command) -> None:
+        self.calls.append(("enable", command))
+
+    def disable(self) -> None:
+        self.calls.append(("disable",))
+
+
+@pytest.fixture
+def autostart():
+    return FakeAutostart()
+
+
+@pytest.fixture
+def make_dialog(qtbot, bridge, autostart, tmp_path):
+    def make() -> SettingsDialog:
+        d = SettingsDialog(bridge, autostart=autostart, search_dirs=[("test", tmp_path / "models")])
+        qtbot.addWidget(d)
+        d.show()
+        return d
+
+    return make
+
+
+@pytest.fixture
+def gemma2(tmp_path):
+    from slotkeeper.core.modelgen import write_model
+
+    return write_model(tmp_path / "models" / "tiny-gemma2.gguf", "gemma2")
+
+
+def test_budget_scale_helpers():
+    assert budget_from_slider(0) == BUDGET_MIN
+    assert budget_from_slider(1000) == BUDGET_MAX
+    for budget in (GIB, 20 * GIB, 300 * GIB):
+        assert abs(budget_from_slider(slider_from_budget(budget)) - budget) <= 0.05 * budget
+    assert size_text(20 * GIB) == "20 GiB"
+    assert size_text(3 * GIB // 2) == "1.5 GiB"
+    assert size_text(512 * 1024**2) == "512 MiB"
+    assert exposes_without_key("0.0.0.0", ())
+    assert not exposes_without_key("0.0.0.0", ("--api-key", "s3cret"))
+    assert not exposes_without_key("0.0.0.0", ("--api-key-file=k.txt",))
+    assert not exposes_without_key("127.0.0.1", ())
+    assert not exposes_without_key("localhost", ())
+
+
+def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dialog):
+    engine.settings = Settings(budget_bytes=5 * GIB, idle_save_seconds=30.0, restore_on_start=2).with_profile(
+        ctx=16384, parallel=2, flash_attn=True, cache_type_k="q8_0", cache_type_v="q8_0",
+        extra_args=("--api-key", "two words"), model_path=DEMO_MODEL)
+    d = make_dialog()
+    assert d.ctx.value() == 16384 and d.parallel.value() == 2
+    assert d.ctx_note.text() == "8,192 tokens per slot"
+    assert d.flash_attn.isChecked()
+    assert d.cache_k.currentText() == "q8_0"
+    assert d.extra_args.text() == "--api-key 'two words'"
+    assert d.budget_edit.text() == "5 GiB"
+    assert d.restore_count.value() == 2
+    assert d.model_value() == DEMO_MODEL
+    assert d.settings() == engine.settings
+    d.restore_count.setValue(-1)
+    assert d.restore_count.text() == "one per slot"
+    assert d.settings().restore_on_start is None
+
+
+def test_demo_model_note_and_binary(qtbot, engine, make_dialog):
+    engine.settings = engine.settings.with_profile(model_path=DEMO_MODEL)
+    d = make_dialog()
+    qtbot.waitUntil(lambda: "gibberish" in d.model_note.text(), timeout=10_000)
+    qtbot.waitUntil(lambda: d.binary_note.text() != "Looking for llama-server…", timeout=10_000)
+    assert not d.row_shown(d.swa_box)
+
+
+def test_missing_model_file_is_reported(qtbot, engine, make_dialog, tmp_path):
+    d = make_dialog()
+    d.model_combo.setEditText(str(tmp_path / "nope.gguf"))
+    qtbot.waitUntil(lambda: "nope.gguf" in d.model_note.text() or "not" in d.model_note.text().lower(),
+                    timeout=10_000)
+
+
+def test_exposure_warning(qtbot, make_dialog):
+    d = make_dialog()
+    assert not d.row_shown(d.exposure_note)
+    d.host.setText("0.0.0.0")
+    assert d.row_shown(d.exposure_note)
+    d.extra_args.setText("--api-key secret")
+    assert not d.row_shown(d.exposure_note)
+
+
+def test_bad_input_disables_save(qtbot, make_dialog):
+    d = make_dialog()
+    d.extra_args.setText("--alias 'unterminated")
+    assert d.row_shown(d.args_error)
+    d.extra_args.setText("")
+    d.ctx.setValue(256)
+    d.parallel.setValue(4)
+    assert d.error_label.isVisible()
+    assert "too small" in d.error_label.text()
+    assert not d.save()
+
+
+def test_swa_full_note_for_a_sliding_window_model(qtbot, engine, make_dialog, gemma2):
+    engine.settings = engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1)
+    d = make_dialog()
+    qtbot.waitUntil(lambda: d.row_shown(d.swa_box), timeout=10_000)
+    note = d.swa_note.text()
+    assert "sliding-window attention (2 of 4 layers" in note
+    assert "3.6 MiB more KV memory" in note
+    assert "4.4 MiB → 8.0 MiB" in note
+    d.ctx.setValue(16384)
+    assert d.swa_note.text() != note  # recomputed for the new context
+
+
+def test_discovered_models_are_offered(qtbot, make_dialog, gemma2):
+    d = make_dialog()
+    qtbot.waitUntil(lambda: d.model_combo.findData(str(gemma2)) >= 0, timeout=10_000)
+    assert d.model_combo.findData(DEMO_MODEL) >= 0
+    d.model_combo.setCurrentIndex(d.model_combo.findData(str(gemma2)))
+    assert d.model_value() == str(gemma2)
+
+
+def test_budget_preview_and_usage(qtbot, bridge, engine, make_dialog, sessions_dir):
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Old one", age_hours=10, size=600 * 1024)
+    make_session(sessions_dir, "bbbbbbbbbbbb", title="New one", age_hours=1, size=600 * 1024)
+    d = make_dialog()
+    qtbot.waitUntil(lambda: "2 saved conversations" in d.usage_note.text(), timeout=10_000)
+    qtbot.waitUntil(lambda: d.preview_title.text().startswith("At 20 GiB, nothing"), timeout=10_000)
+    d.budget_edit.setText("1M")
+    d.budget_edit.textEdited.emit("1M")
+    qtbot.waitUntil(lambda: d.preview_list.count() == 1, timeout=10_000)
+    assert d.preview_list.item(0).text().startswith("Old one")
+    assert "delete 1 conversation" in d.preview_title.text()
+    assert len(engine.store.sessions()) == 2  # a preview deletes nothing
+    d.budget_edit.setText("lots")
+    d.budget_edit.textEdited.emit("lots")
+    assert d.row_shown(d.budget_error)
+    assert not d.save()
+    d.budget_slider.setValue(slider_from_budget(40 * GIB))
+    assert d.budget_edit.text() == "40 GiB"
+    assert not d.row_shown(d.budget_error)
+
+
+def test_save_persists_and_turns_on_autostart(qtbot, bridge, engine, make_dialog, autostart):
+    d = make_dialog()
+    d.ctx.setValue(4096)
+    d.start_at_login.setChecked(True)
+    d.start_on_launch.setChecked(True)
+    with qtbot.waitSignal(bridge.settingsChanged):
+        assert d.save()
+    saved = load_settings(engine.paths.settings_file)
+    assert saved.profile.ctx == 4096
+    assert saved.start_at_login and saved.start_server_on_launch
+    qtbot.waitUntil(lambda: bool(autostart.calls))
+    assert autostart.calls[0][0] == "enable"
+    assert "slotkeeper" in " ".join(autostart.calls[0][1])
+
+
+def test_smaller_budget_asks_before_deleting(qtbot, bridge, engine, make_dialog, sessions_dir, monkeypatch):
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Old one", age_hours=10, size=600 * 1024)
+    make_session(sessions_dir, "bbbbbbbbbbbb", title="New one", age_hours=1, size=600 * 1024)
+    d = make_dialog()
+    d.budget_edit.setText("1M")
+    d.budget_edit.textEdited.emit("1M")
+    qtbot.waitUntil(lambda: d.preview_list.count() == 1, timeout=10_000)
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Cancel)
+    assert not d.save()
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    with qtbot.waitSignal(bridge.settingsChanged):
+        assert d.save()
+    assert [e.id for e in engine.store.sessions()] == ["bbbbbbbbbbbb"]
+
+
+def test_restart_needed_is_said_and_offered(qtbot, bridge, engine, make_dialog, monkeypatch):
+    with qtbot.waitSignal(bridge.serverStateChanged):
+        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="")
+    d = make_dialog()
+    assert not d.restart_label.isVisible()
+    d.idle_save.setValue(5)  # applies live: no restart
+    assert not d.restart_label.isVisible()
+    d.flash_attn.setChecked(True)
+    assert d.restart_label.isVisible() and d.restart_button.isVisible()
+    applied = []
+    monkeypatch.setattr(bridge, "apply_settings", lambda s, restart=False, **k: applied.append((s, restart)))
+    d.restart_button.click()
+    assert applied and applied[0][1] is True
+    assert applied[0][0].profile.flash_attn

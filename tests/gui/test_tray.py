@@ -1,0 +1,106 @@
+"""The tray controller's menu and tooltip (no system tray offscreen: nothing is shown)."""
+
+from __future__ import annotations
+
+import pytest
+from gui_helpers import OTHER_SHA, base_sidecar, emit_from_thread, facts_for, make_session
+from PySide6.QtGui import QGuiApplication
+
+from slotkeeper.core.engine import DEMO_MODEL, SlotView
+from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.gui.tray import RESUME_ITEMS, TrayController, api_address
+
+
+@pytest.fixture
+def tray(qtbot, bridge):
+    t = TrayController(bridge)
+    yield t
+    t.dispose()
+    t.deleteLater()
+
+
+def listed(qtbot, bridge):
+    with qtbot.waitSignal(bridge.sessionsListed):
+        bridge.refresh_sessions()
+
+
+def test_no_tray_offscreen_and_menu_still_works(qtbot, tray, bridge):
+    assert tray.show() is False
+    texts = [a.text() for a in tray.menu.actions() if a.text()]
+    assert texts[1] == "Start server"
+    assert "Resume" in texts
+    assert "Open chat in browser" in texts
+    assert any(t.startswith("Copy API address") for t in texts)
+    assert "Sessions…" in texts and "Settings…" in texts and texts[-1] == "Quit Slotkeeper"
+    assert not tray.start_stop_action.isEnabled()  # no model yet
+    assert not tray.open_chat_action.isEnabled()
+    assert tray.icon_state == "stopped"
+
+
+def test_tooltip_and_icon_follow_the_engine(qtbot, tray, bridge, engine, sessions_dir):
+    make_session(sessions_dir, "aaaaaaaaaaaa", size=2048)
+    listed(qtbot, bridge)
+    with qtbot.waitSignal(bridge.serverStateChanged):
+        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="")
+    assert tray.icon_state == "starting"
+    assert tray.start_stop_action.text().startswith("Stop server")
+    with qtbot.waitSignal(bridge.slotsChanged):
+        emit_from_thread(engine, "slots", slots=[SlotView(0, state="busy", running=True), SlotView(1)])
+    tip = tray.tooltip()
+    assert "Slotkeeper: starting" in tip
+    assert "Address: http://127.0.0.1:8789" in tip
+    assert "Slots busy: 1 of 2" in tip
+    assert "Saved: 1 conversation, 2.0 KiB" in tip
+    with qtbot.waitSignal(bridge.serverStateChanged):
+        emit_from_thread(engine, "server.state", state=ServerState.FAILED, message="boom")
+    assert tray.icon_state == "error"
+
+
+def test_resume_menu_lists_the_ten_most_recent(qtbot, tray, bridge, sessions_dir):
+    for i in range(12):
+        make_session(sessions_dir, f"{i:012x}", title=f"Chat number {i}", age_hours=i + 1)
+    listed(qtbot, bridge)
+    tray.rebuild_resume_menu()
+    actions = tray.resume_menu.actions()
+    assert len(actions) == RESUME_ITEMS
+    assert actions[0].text().startswith("Chat number 0")
+    # server stopped: choosing one starts the server and resumes it
+    assert all(a.isEnabled() for a in actions)
+    assert "Starts the server" in actions[0].toolTip()
+
+
+def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge, engine, sessions_dir, monkeypatch):
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Same model", age_hours=1)
+    make_session(sessions_dir, "bbbbbbbbbbbb", title="Other model", age_hours=2, model_sha256=OTHER_SHA)
+    listed(qtbot, bridge)
+    facts = facts_for(base_sidecar())
+    monkeypatch.setattr(type(bridge), "facts", property(lambda self: facts))
+    bridge.state = ServerState.READY
+    tray.rebuild_resume_menu()
+    same, other = tray.resume_menu.actions()
+    assert same.isEnabled() and "restores into a free slot" in same.toolTip()
+    assert not other.isEnabled()
+    assert "different model" in other.toolTip()
+
+    calls = []
+    monkeypatch.setattr(bridge, "resume_session", lambda sid, slot=None: calls.append(sid))
+    same.trigger()
+    assert calls == ["aaaaaaaaaaaa"]
+
+
+def test_empty_resume_menu(qtbot, tray):
+    tray.rebuild_resume_menu()
+    (only,) = tray.resume_menu.actions()
+    assert not only.isEnabled()
+
+
+def test_copy_address_and_start(qtbot, tray, bridge, engine, monkeypatch):
+    tray.copy_address()
+    assert QGuiApplication.clipboard().text() == api_address(engine.base_url) == "http://127.0.0.1:8789/v1"
+    engine.settings = engine.settings.with_profile(model_path=DEMO_MODEL)
+    tray.refresh()
+    assert tray.start_stop_action.isEnabled()
+    started = []
+    monkeypatch.setattr(bridge, "start_server", lambda resume_id=None: started.append(resume_id))
+    tray.start_stop_action.trigger()
+    assert started == [None]
