@@ -22,7 +22,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run
-	$(BIN)/slotkeeper serve --demo
+	$(BIN)/slotkeeper --demo
 
 lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports
@@ -37,3 +37,11 @@ test: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache
+
+# The double-clickable app (PyInstaller, one folder): dist/slotkeeper/ (+ dist/Slotkeeper.app on macOS).
+.PHONY: package test-package
+package: $(VENV)/.installed-test
+	$(BIN)/pyinstaller --noconfirm --clean packaging/slotkeeper.spec --distpath dist --workpath build/pyinstaller
+
+test-package: package
+	SLOTKEEPER_TEST_PACKAGE=1 $(BIN)/python -m pytest tests/packaging -q

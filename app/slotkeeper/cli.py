@@ -95,6 +95,14 @@ def _size(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _defaults_from_root(sub: argparse.ArgumentParser) -> None:
+    """A subcommand's copy of a root option sets it only when given, so that
+    `slotkeeper --data-dir X sessions list` and `slotkeeper sessions --data-dir X list` agree."""
+    for action in sub._actions:
+        if action.option_strings and action.dest != "help":
+            action.default = argparse.SUPPRESS
+
+
 def _split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
@@ -106,10 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slotkeeper",
         description="Keeps a local LLM's memory warm: runs llama-server, saves each slot's KV cache "
-        "and restores it after a restart. With no command, opens the desktop app.",
+        "and restores it after a restart. With no command, opens the desktop app (tray icon); "
+        "the server and session options below apply to it as to `serve`. Arguments after `--` "
+        "go to llama-server.",
     )
     parser.add_argument("--version", action="version", version=f"slotkeeper {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="more logging on stderr")
+    add_server_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser(
@@ -119,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "`ready http://HOST:PORT` once the server answers. Arguments after `--` go to llama-server.",
     )
     add_server_options(serve)
+    _defaults_from_root(serve)
 
     info = sub.add_parser(
         "model-info",
@@ -140,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Works on the same folder as the app, with or without a running server.",
     )
     sess.add_argument("--data-dir", metavar="DIR", help="Slotkeeper's data folder (also $SLOTKEEPER_HOME)")
+    _defaults_from_root(sess)
     ssub = sess.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = ssub.add_parser("list", help="saved sessions, most recently used first")
     p.add_argument("--json", action="store_true")
@@ -289,6 +302,18 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     return exit_code[0]
 
 
+def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
+    """The desktop app; the same options as serve override the saved settings for this run."""
+    paths, settings = load_run_settings(args, extra)
+    try:
+        from slotkeeper.gui.application import run_gui
+    except ImportError as exc:  # e.g. Qt's system libraries are missing
+        print(f"slotkeeper: the desktop app cannot start: {exc}. `slotkeeper serve` runs without it.",
+              file=sys.stderr)
+        return 1
+    return run_gui(args, paths, settings, start_now=bool(args.model or args.demo))
+
+
 def cmd_model_info(args: argparse.Namespace) -> int:
     from slotkeeper.core import gguf_info
 
@@ -336,10 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slotkeeper.sessions_cli import run_sessions_command
 
             return run_sessions_command(args)
-        if extra:
-            parser.error("arguments after -- are only accepted by `serve` and the desktop app")
-        parser.print_help()
-        return 0
+        return cmd_gui(args, extra)
     except SettingsError as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ def test_server_state_event_becomes_a_signal_on_the_gui_thread(qtbot, bridge, en
     threads = []
     bridge.serverStateChanged.connect(
         lambda *_: threads.append(QThread.currentThread() is QApplication.instance().thread()))
+    engine.launched_profile = engine.settings.profile  # the engine records it when it launches
     with qtbot.waitSignal(bridge.serverStateChanged) as blocker:
         emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="launching")
     state, data = blocker.args
@@ -79,10 +80,12 @@ def test_engine_ready_re_announces_the_listing(qtbot, bridge, engine, sessions_d
 
 def test_request_done_is_recorded_in_the_history(qtbot, bridge, engine):
     from slotkeeper.core.history import RequestHistory
+    from slotkeeper.core.server.logparse import RequestFigures
 
+    # The engine records the request (from the server log) and emits request.done.
+    fig = RequestFigures(slot=0, task=3, n_prompt=1000, cache_n=900, prompt_n=100, prompt_ms=12.5)
     with qtbot.waitSignal(bridge.historyLoaded) as blocker:
-        emit_from_thread(engine, "request.done", slot=0, task=3, n_prompt=1000, cache_n=900,
-                         prompt_n=100, prompt_ms=12.5, at=1_700_000_000.0)
+        threading.Thread(target=engine._on_request_done, args=(fig,)).start()
     assert blocker.args[0][-1].cache_n == 900
     path = engine.paths.history_file
     qtbot.waitUntil(lambda: len(RequestHistory(path).load()) == 1)

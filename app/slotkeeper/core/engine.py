@@ -21,6 +21,7 @@ from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable, SlotInfo
 from slotkeeper.core.events import EventBus
 from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.history import RequestHistory, RequestRecord
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.server.command import CommandError, build_argv
@@ -143,6 +144,8 @@ class Engine:
         self._crashed = False
         self._published_in_slots: list[str] | None = None
         self._hash_thread: threading.Thread | None = None
+        self.history = RequestHistory(paths.history_file)
+        self.launched_profile: ServerProfile | None = None  # what the running server was started with
         self._parser = SlotLogParser(on_done=self._on_request_done, on_progress=self._on_request_progress)
         self.supervisor.add_log_listener(self._parser.feed)
 
@@ -208,6 +211,7 @@ class Engine:
         note = self.swa_note()
         if note:
             self.events.emit("engine.warning", message=note)
+        self.launched_profile = self.profile
         return LaunchSpec(tuple(argv), self.profile.host, self.profile.port)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -241,6 +245,12 @@ class Engine:
         if save and self.supervisor.state is ServerState.READY and self.facts is not None:
             self.save_changed_slots(timeout=timeout, reason="shutdown")
         self.supervisor.stop()
+        self.launched_profile = None
+        self._published_in_slots = None
+        try:
+            self.paths.in_slots_file.unlink()
+        except FileNotFoundError:
+            pass
 
     def update_settings(self, settings: Settings) -> None:
         with self._lock:
@@ -493,6 +503,13 @@ class Engine:
         self.events.emit("engine.activity", activity=None, detail="", done=len(slots), total=len(slots))
         return saved
 
+    def delete_session(self, session_id: str) -> None:
+        """Delete a saved session, unless a slot holds it right now (its next save needs it)."""
+        if session_id in self.policy.in_slots():
+            raise EngineError("this conversation is loaded in a slot right now; "
+                              "it can be deleted once another one replaces it")
+        self.store.delete(session_id)
+
     def prune(self, budget: int | None = None, dry_run: bool = False) -> pruner.PrunePlan:
         listing = self.store.listing()
         cands = [pruner.PruneCandidate.from_sidecar(e.sidecar) for e in listing.sessions if e.sidecar]
@@ -576,9 +593,15 @@ class Engine:
         v = self.slot_views.setdefault(fig.slot, SlotView(fig.slot))
         v.running = False
         v.n_prompt, v.cache_n, v.prompt_n, v.n_tokens = fig.n_prompt, fig.cache_n, fig.prompt_n, fig.n_tokens_after
+        at = time.time()
+        try:
+            self.history.append(RequestRecord(at=at, slot=fig.slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n,
+                                              prompt_n=fig.prompt_n, prompt_ms=fig.prompt_ms))
+        except OSError as exc:
+            log.warning("could not record the request history: %s", exc)
         self.events.emit(
             "request.done", slot=fig.slot, task=fig.task, n_prompt=fig.n_prompt, cache_n=fig.cache_n,
-            prompt_n=fig.prompt_n, prompt_ms=fig.prompt_ms, at=time.time(),
+            prompt_n=fig.prompt_n, prompt_ms=fig.prompt_ms, at=at,
         )  # fmt: skip
         pending = self._pending_reuse.pop(fig.slot, None)
         if pending is not None:

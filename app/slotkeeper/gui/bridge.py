@@ -20,7 +20,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from slotkeeper.core import history as core_history
-from slotkeeper.core.engine import Engine, EngineError
+from slotkeeper.core.engine import Engine
 from slotkeeper.core.events import Event
 from slotkeeper.core.server.supervisor import ServerState
 from slotkeeper.core.sessions.sidecar import ServerFacts
@@ -89,7 +89,7 @@ class EngineBridge(QObject):
         self.history: list = []
         self.quitting = False
         # The profile the running server was launched with (settings may have changed since).
-        self.launched_profile = engine.settings.profile if self.state in RUNNING_STATES else None
+        self.launched_profile = engine.launched_profile if self.state in RUNNING_STATES else None
 
         self._closed = False
         self._emit_lock = threading.Lock()
@@ -107,11 +107,8 @@ class EngineBridge(QObject):
         self._debounce.timeout.connect(self._sessions_settled)
 
         self._unsubscribe = engine.events.subscribe(self._on_core_event)
-        # The supervisor has no way to remove a listener; _on_log_line ignores lines after close.
         engine.supervisor.add_log_listener(self._on_log_line)
-        # The engine does not record requests itself (yet); if it ever does, it owns the file.
-        self._record_history = not hasattr(engine, "history")
-        self._history_file = core_history.RequestHistory(engine.paths.history_file)
+        self._history_file = engine.history  # the engine records every request; we only read
 
         self._observer = None
         if watch_sessions:
@@ -180,10 +177,8 @@ class EngineBridge(QObject):
                 state = ServerState(state)
             self.state = state
             self.state_message = data.get("message", "")
-            if state is ServerState.STARTING:
-                self.launched_profile = self.engine.settings.profile
-            elif state in (ServerState.STOPPED, ServerState.FAILED):
-                self.launched_profile = None
+            self.launched_profile = ((self.engine.launched_profile or self.engine.settings.profile)
+                                     if state in RUNNING_STATES else None)
             if state is not ServerState.READY:
                 self.slots = [] if state in (ServerState.STOPPED, ServerState.FAILED) else self.slots
             self.serverStateChanged.emit(state, data)
@@ -295,9 +290,6 @@ class EngineBridge(QObject):
         )  # fmt: skip
         self.history = [*self.history, record][-HISTORY_SHOWN:]
         self.historyLoaded.emit(self.history)
-        if self._record_history:
-            self.jobs.run(self._history_file.append, record,
-                          description="Recording the request in the history")
 
     # -- server actions -------------------------------------------------------------------
     def needs_restart(self, settings: Settings) -> bool:
@@ -350,13 +342,7 @@ class EngineBridge(QObject):
                       description="Pinning a session" if pinned else "Unpinning a session")
 
     def delete_session(self, session_id: str) -> None:
-        def delete() -> None:
-            if session_id in self.engine.policy.in_slots():
-                raise EngineError("this conversation is loaded in a slot right now; "
-                                  "it can be deleted once another one replaces it")
-            self.engine.store.delete(session_id)
-
-        self.jobs.run(delete, on_success=lambda _: self.refresh_sessions(),
+        self.jobs.run(self.engine.delete_session, session_id, on_success=lambda _: self.refresh_sessions(),
                       description="Deleting a session")
 
     def verify_session(self, session_id: str) -> None:
@@ -421,6 +407,7 @@ class EngineBridge(QObject):
         with self._emit_lock:
             self._closed = True
         self._unsubscribe()
+        self.engine.supervisor.remove_log_listener(self._on_log_line)
         self._debounce.stop()
         if self._observer is not None:
             try:

@@ -63,6 +63,11 @@ class LogTailer:
         with self._lock:
             self._listeners.append(fn)
 
+    def remove_listener(self, fn: Callable[[str], None]) -> None:
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="llama-log-tail", daemon=True)
         self._thread.start()

@@ -221,6 +221,12 @@ class Supervisor:
         if self.tailer:
             self.tailer.add_listener(fn)
 
+    def remove_log_listener(self, fn: Callable[[str], None]) -> None:
+        if fn in self._log_listeners:
+            self._log_listeners.remove(fn)
+        if self.tailer:
+            self.tailer.remove_listener(fn)
+
     def log_tail(self, n: int = LOG_TAIL_ON_FAILURE) -> list[str]:
         if self.tailer:
             return self.tailer.lines(n)

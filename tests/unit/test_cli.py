@@ -1,0 +1,51 @@
+import pytest
+
+from slotkeeper import __version__
+from slotkeeper.cli import _split_extra, build_parser, main
+
+
+def parse(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+def test_options_before_or_after_the_subcommand_agree():
+    assert parse("--data-dir", "X", "sessions", "list").data_dir == "X"
+    assert parse("sessions", "--data-dir", "X", "list").data_dir == "X"
+    a = parse("--port", "9000", "serve")
+    b = parse("serve", "--port", "9000", "--swa-full")
+    assert a.port == b.port == 9000 and b.swa_full is True and a.swa_full is None
+    assert parse("--demo").demo is True and parse("--demo").command is None
+
+
+def test_extra_arguments_after_double_dash():
+    assert _split_extra(["serve", "--demo", "--", "--threads", "2"]) == (["serve", "--demo"], ["--threads", "2"])
+
+
+@pytest.mark.parametrize("argv", [["serve", "--port", "70000"], ["serve", "--budget", "lots"],
+                                  ["serve", "--flash-attn", "maybe"], ["serve", "--model", "a", "--demo"]])
+def test_bad_values_are_clear_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert __version__ in capsys.readouterr().out
+
+
+def test_model_info_errors_and_json(tmp_path, capsys):
+    bad = tmp_path / "x.gguf"
+    bad.write_text("hello")
+    assert main(["model-info", str(bad)]) == 2
+    assert "not a GGUF" in capsys.readouterr().err
+    from slotkeeper.core.modelgen import write_model
+
+    model = write_model(tmp_path / "g.gguf", "gemma2")
+    assert main(["model-info", str(model), "--ctx", "8192", "--json"]) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert data["arch"] == "gemma2" and data["swa"] and data["kv"]["bytes_swa_full"] > data["kv"]["bytes_default"]
