@@ -347,7 +347,8 @@ class Engine:
             plan = self._choose_launch_sessions(n_slots)
             self.policy = AutosavePolicy(self.settings.idle_save_seconds)
         self._crashed = False
-        self.slot_views = {i: SlotView(i) for i in range(n_slots)}
+        n_ctx = self.facts.n_ctx_slot if self.facts else 0
+        self.slot_views = {i: SlotView(i, n_ctx=n_ctx) for i in range(n_slots)}
         done = []
         total = len(plan)
         for i, (slot, sid) in enumerate(sorted(plan.items())):
@@ -537,8 +538,10 @@ class Engine:
 
     def _poll_loop(self, stop: threading.Event) -> None:
         first = self.supervisor.adopted
+        delay = 0.0  # the first poll at once: the faces show the slots as soon as we are ready
         with self.client(timeout=5) as c:
-            while not stop.wait(0 if first else POLL_SECONDS):
+            while not stop.wait(delay):
+                delay = POLL_SECONDS
                 try:
                     slots = c.slots()
                 except (ServerUnavailable, ServerError):

@@ -341,6 +341,7 @@ class MainWindow(QMainWindow):
 
     # -- window behaviour -----------------------------------------------------------------
     def show_tab(self, name: str) -> None:
+        name = name.lower()
         if name in TABS:
             self.tabs.setCurrentIndex(TABS.index(name))
 

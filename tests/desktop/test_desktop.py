@@ -1,0 +1,116 @@
+"""The desktop app as a person uses it: Xvfb, a real tray host (trayer), the real llama-server.
+
+Launch -> the tray icon appears -> the server becomes ready -> a chat moves the gauge -> a right
+click opens the tray menu -> Quit saves the session -> a relaunch restores it -> the next
+request's gauge shows the cache hit. Screenshots land in the test's tmp dir; with
+SLOTKEEPER_SCREENSHOTS=DIR they are also copied there (docs/screenshots for the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+SCENARIO = Path(__file__).with_name("desktop_scenario.py")
+TOOLS = ("Xvfb", "trayer", "openbox", "xdotool", "import")
+
+
+def _free_display() -> int:
+    for n in range(90, 140):
+        if not Path(f"/tmp/.X{n}-lock").exists() and not Path(f"/tmp/.X11-unix/X{n}").exists():
+            return n
+    raise RuntimeError("no free X display number")
+
+
+@pytest.fixture
+def desktop(tmp_path):
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        if os.environ.get("SLOTKEEPER_REQUIRE_SERVER") == "1":
+            pytest.fail(f"missing {missing}: tests/system-deps.sh installs them")
+        pytest.skip(f"missing {missing}")
+    n = _free_display()
+    display = f":{n}"
+    scale = int(os.environ.get("SLOTKEEPER_DESKTOP_SCALE", "1"))  # 2 = a HiDPI screen
+    width, height = 1280 * scale, 800 * scale
+    procs = [subprocess.Popen(["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    env = {**os.environ, "DISPLAY": display, "QT_SCALE_FACTOR": str(scale), "SCREEN_HEIGHT": str(height)}
+    deadline = time.monotonic() + 20
+    while not Path(f"/tmp/.X11-unix/X{n}").exists():
+        assert time.monotonic() < deadline, "Xvfb did not start"
+        time.sleep(0.05)
+    procs.append(subprocess.Popen(["openbox"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    procs.append(subprocess.Popen(
+        ["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "request", "--height", str(32 * scale),
+         "--SetDockType", "true", "--transparent", "false", "--tint", "0x303030"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(1.0)
+    try:
+        yield env
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def run_phase(phase, env, home, shots, model, server_bin, port):
+    result = shots.parent / f"{phase}.json"
+    cmd = [sys.executable, str(SCENARIO), phase, str(result), str(shots), "--",
+           "--model", str(model), "--server-bin", server_bin, "--port", str(port),
+           "--ctx", "2048", "--data-dir", str(home), "--idle-save", "0.3"]
+    env = {**env, "QT_QPA_PLATFORM": "xcb", "LANG": "C.UTF-8", "QT_SCALE_FACTOR": env.get("QT_SCALE_FACTOR", "1")}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    data = json.loads(result.read_text()) if result.exists() else {}
+    assert proc.returncode == 0 and "error" not in data, (
+        f"{phase} failed ({proc.returncode}): {data.get('error')}\n{proc.stderr[-3000:]}")
+    return data
+
+
+def test_tray_gauge_quit_saves_relaunch_restores(desktop, tmp_path, llama_model, server_bin, port):
+    home = tmp_path / "home"
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    first = run_phase("first", desktop, home, shots, llama_model, server_bin, port)
+    assert first["tray_available"] and first["has_tray"]
+    x, y, w, h = first["tray_geometry"]
+    logical_height = int(desktop["SCREEN_HEIGHT"]) / int(desktop["QT_SCALE_FACTOR"])
+    assert w > 0 and h > 0 and y > 0.85 * logical_height  # in the tray at the bottom of the screen
+    assert "127.0.0.1" in first["tooltip"]
+    assert first["first_gauge"]["n_prompt"] > 0
+    assert "Quit Slotkeeper" in first["menu_items"] and any("Resume" in t for t in first["menu_items"])
+    assert first["done"] is True  # Quit saved and stopped everything
+
+    from slotkeeper.core.sessions.store import SessionStore
+
+    [saved] = SessionStore(home / "sessions").sessions()
+    assert saved.status == "ok" and saved.sidecar.n_tokens > 50
+
+    second = run_phase("second", desktop, home, shots, llama_model, server_bin, port)
+    assert second["restored"] == 1
+    t = second["timings"]
+    assert t["cache_n"] >= 0.9 * saved.sidecar.n_tokens - 20
+    assert second["second_gauge"]["cache_n"] == t["cache_n"]
+    [after] = SessionStore(home / "sessions").sessions()
+    assert after.sidecar.last_restore.effective is True
+
+    for name in ("main-window-slots.png", "main-window-sessions.png", "settings.png", "tray-menu.png",
+                 "main-window-cache-hit.png", "main-window-history.png"):
+        assert (shots / name).stat().st_size > 10_000, name
+    keep = os.environ.get("SLOTKEEPER_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        suffix = "" if desktop["QT_SCALE_FACTOR"] == "1" else f"@{desktop['QT_SCALE_FACTOR']}x"
+        for png in shots.glob("*.png"):
+            shutil.copy(png, Path(keep) / f"{png.stem}{suffix}.png")
