@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -235,3 +236,59 @@ def _assert_bundled_and_clean(server: psutil.Process, user_env: dict[str, str]) 
     mapped = {Path(m.path).name: m.path for m in server.memory_maps() if m.path}
     for lib in ("libllama.so.0", "libggml-base.so.0", "libllama-server-impl.so"):
         assert Path(mapped[lib]).parent.resolve() == BUNDLED_SERVER.parent.resolve(), mapped.get(lib)
+
+
+def _health(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _run_desktop_app(env: dict[str, str], tmp_path: Path) -> str:
+    """`<bundle>/slotkeeper --demo`: the desktop app starts its server; SIGTERM quits cleanly."""
+    data = tmp_path / "data"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "app.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(EXE), "--demo", "--port", str(port), "--data-dir", str(data)],
+                                env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        try:
+            _wait_until(lambda: _health(url) or proc.poll() is not None, STARTUP_TIMEOUT, "the server")
+            assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+            server = _server_process(data)
+            assert Path(server.exe()).resolve() == BUNDLED_SERVER.resolve()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, log.read_text(errors="replace")[-4000:]
+            _wait_until(lambda: not _alive(server), 10, "llama-server to exit with the app")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            _kill_leftover_server(data)
+    return log.read_text(errors="replace")
+
+
+def test_desktop_app_starts_headless(bundle, user_env, tmp_path):
+    text = _run_desktop_app(user_env, tmp_path)  # QT_QPA_PLATFORM=offscreen
+    assert "Traceback" not in text and "qt.qpa.plugin" not in text, text[-4000:]
+
+
+@pytest.mark.skipif(not shutil.which("Xvfb"), reason="needs Xvfb")
+def test_desktop_app_on_x11(bundle, user_env, tmp_path):
+    """The xcb platform plugin and the X libraries it needs are in the bundle and load."""
+    r, w = os.pipe()
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(w), "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
+                            pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(w)
+    try:
+        with os.fdopen(r) as f:
+            display = f.readline().strip()
+        assert display, "Xvfb did not start"
+        env = {**user_env, "QT_QPA_PLATFORM": "xcb", "DISPLAY": f":{display}"}
+        text = _run_desktop_app(env, tmp_path)
+        assert "Traceback" not in text and "qt.qpa.plugin" not in text, text[-4000:]
+    finally:
+        xvfb.terminate()
+        xvfb.wait(10)
