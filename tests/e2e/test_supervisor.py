@@ -187,3 +187,22 @@ def test_serve_demo_says_it_is_gibberish(server_bin, port, isolated_home):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.03, 0.1, 0.3])
+def test_stop_while_starting_leaves_no_server_behind(llama_model, server_bin, port, delay):
+    engine = make_engine(llama_model, server_bin, port)
+    engine.start()
+    time.sleep(delay)
+    engine.stop()
+    time.sleep(0.5)
+    marker = str(engine.paths.sessions_dir)
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []):
+                left.append(p.pid)
+        except psutil.Error:
+            continue
+    assert left == [], "llama-server outlived a stop during start-up"
+    assert engine.supervisor.state is ServerState.STOPPED

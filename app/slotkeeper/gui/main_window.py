@@ -5,15 +5,12 @@ Closing it hides it to the tray when there is one; Quit lives in the tray menu a
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QItemSelectionModel, QProcess, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QDesktopServices, QGuiApplication, QKeySequence
+from PySide6.QtCore import QItemSelectionModel, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFormLayout,
@@ -38,6 +35,7 @@ from slotkeeper.core.sessions.store import Listing, SessionEntry
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge, initial_log
+from slotkeeper.gui.desktop import open_url, reveal_in_file_manager
 from slotkeeper.gui.gauges import CACHE_COLOUR, HELD_COLOUR, PROCESSED_COLOUR, SlotsPanel
 from slotkeeper.gui.history_plot import HistoryPlot
 from slotkeeper.gui.log_view import LogView
@@ -185,7 +183,7 @@ class MainWindow(QMainWindow):
         self.restart_action.setToolTip("Saves every changed conversation, then restarts llama-server")
         self.restart_action.triggered.connect(self.bridge.restart_server)
         self.open_chat_action = QAction("Open chat in browser", self)
-        self.open_chat_action.triggered.connect(lambda: QDesktopServices.openUrl(QUrl(self.bridge.base_url)))
+        self.open_chat_action.triggered.connect(lambda: open_url(self.bridge.base_url))
         self.copy_action = QAction("Copy API address", self)
         self.copy_action.triggered.connect(self._copy_address)
         buttons = QHBoxLayout()
@@ -638,13 +636,3 @@ class MainWindow(QMainWindow):
             return
         target = entry.kv_path or self.bridge.engine.store.sidecar_path(entry.id)
         reveal_in_file_manager(Path(target))
-
-
-def reveal_in_file_manager(path: Path) -> None:
-    """Open the folder holding ``path`` with the file selected where the platform allows."""
-    if sys.platform == "darwin":
-        QProcess.startDetached("open", ["-R", str(path)])
-    elif os.name == "nt":
-        subprocess.Popen(["explorer", "/select,", str(path)])  # noqa: S603,S607 - returns at once
-    else:
-        QDesktopServices.openUrl(QUrl.fromLocalFile(str(path.parent)))

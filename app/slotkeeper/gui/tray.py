@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QObject, QUrl, Signal
-from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from slotkeeper.core.server.supervisor import ServerState
@@ -17,6 +17,7 @@ from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
+from slotkeeper.gui.desktop import open_url
 from slotkeeper.gui.notifications import ERROR, WARNING
 from slotkeeper.gui.sessions_model import compat_reasons, relative_time
 
@@ -213,7 +214,7 @@ class TrayController(QObject):
             b.stop_server(save=True)
 
     def open_chat(self) -> None:
-        QDesktopServices.openUrl(QUrl(self.bridge.base_url))
+        open_url(self.bridge.base_url)
 
     def copy_address(self) -> None:
         QGuiApplication.clipboard().setText(api_address(self.bridge.base_url))

@@ -82,8 +82,10 @@ def child_environment(base: dict[str, str] | None = None) -> dict[str, str]:
                 env[var] = orig
             else:
                 env.pop(var, None)
-        for var in ("QT_PLUGIN_PATH", "QML2_IMPORT_PATH", "PYTHONHOME", "PYTHONPATH"):
+        for var in ("QT_PLUGIN_PATH", "QML2_IMPORT_PATH", "PYTHONHOME", "PYTHONPATH", "_MEIPASS2"):
             env.pop(var, None)
+        for var in [v for v in env if v.startswith("_PYI_")]:
+            env.pop(var)
     return env
 
 
@@ -269,18 +271,22 @@ class Supervisor:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the server we started (terminate, then kill after the grace period)."""
-        self._stop_requested.set()
-        with self._lock:
+        with self._lock:  # the launch checks the flag under this lock: no child starts after it
+            self._stop_requested.set()
             child = self._child
             if self._state in (ServerState.STOPPED, ServerState.FAILED) and child is None:
                 return
             self._set_state(ServerState.STOPPING, "stopping")
+        grace = self.stop_grace if timeout is None else timeout
         if child is not None:
-            self._terminate(child, self.stop_grace if timeout is None else timeout)
+            self._terminate(child, grace)
         if self._thread and self._thread is not threading.current_thread():
-            self._thread.join(timeout=(self.stop_grace if timeout is None else timeout) + 5)
+            self._thread.join(timeout=grace + 5)
         with self._lock:
-            self._child = None
+            late, self._child = self._child, None
+        if late is not None and late is not child:
+            self._terminate(late, grace)
+        with self._lock:
             if self._state != ServerState.FAILED:
                 self._set_state(ServerState.STOPPED, "stopped")
         self._clear_state_file()
@@ -307,7 +313,8 @@ class Supervisor:
     def _run_inner(self) -> None:
         while not self._stop_requested.is_set():
             try:
-                self._launch_or_adopt()
+                if not self._launch_or_adopt():
+                    return
                 self._wait_healthy()
             except SupervisorError as exc:
                 self._kill_quietly()
@@ -353,11 +360,11 @@ class Supervisor:
             self._terminate(child, 3)
         self._clear_state_file()
 
-    def _launch_or_adopt(self) -> None:
+    def _launch_or_adopt(self) -> bool:
         spec = self._spec_factory()  # may raise SupervisorError (missing binary, bad model ...)
         self._spec = spec
         if self._try_adopt(spec):
-            return
+            return True
         who = port_user(spec.host, spec.port)
         if who is not None:
             raise PortInUse(
@@ -373,22 +380,26 @@ class Supervisor:
         else:
             kwargs["start_new_session"] = True
         try:
-            popen = subprocess.Popen(
-                list(spec.argv),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=child_environment(spec.env),
-                **kwargs,
-            )
+            with self._lock:
+                if self._stop_requested.is_set():
+                    return False  # stopped while preparing: never start a server nobody wants
+                popen = subprocess.Popen(
+                    list(spec.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=child_environment(spec.env),
+                    **kwargs,
+                )
+                self._child = _Child(popen, psutil.Process(popen.pid))
         except OSError as exc:
             raise SupervisorError(f"could not run {spec.argv[0]}: {exc.strerror or exc}") from exc
         finally:
             out.close()
-        self._child = _Child(popen, psutil.Process(popen.pid))
         self.adopted = False
         self._write_state_file(spec)
         self._set_state(ServerState.STARTING, "loading the model", pid=popen.pid)
+        return True
 
     def _start_tailer(self, from_end: bool) -> None:
         if self.tailer:
@@ -491,7 +502,10 @@ class Supervisor:
             except ServerUnavailable:
                 healthy = False
             if healthy:
-                self._child = child
+                with self._lock:
+                    if self._stop_requested.is_set():
+                        return False
+                    self._child = child
                 self.adopted = True
                 self._start_tailer(from_end=True)
                 log.info("adopted llama-server pid %s left running by an earlier session", proc.pid)
