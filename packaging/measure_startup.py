@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "desktop"))
+from virtual_x import virtual_x  # noqa: E402
 
 
 def user_env(display: str | None = None) -> dict[str, str]:
@@ -136,37 +138,6 @@ def kill_leftover_server(data: Path) -> None:
         os.kill(int(pid), signal.SIGKILL)
 
 
-def start_x(tray: bool) -> tuple[str, list[subprocess.Popen]]:
-    """An Xvfb on a free display (it picks the number: -displayfd), with trayer if asked."""
-    r, w = os.pipe()
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(w), "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
-                            pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r) as f:
-        number = f.readline().strip()
-    if not number:
-        raise RuntimeError("Xvfb did not start")
-    display = f":{number}"
-    procs = [xvfb]
-    if tray:
-        env = {**os.environ, "DISPLAY": display}
-        procs.append(subprocess.Popen(
-            ["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "request",
-             "--height", "32", "--SetDockType", "true"], env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        time.sleep(1.0)
-    return display, procs
-
-
-def stop_x(procs: list[subprocess.Popen]) -> None:
-    for p in reversed(procs):
-        p.terminate()
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", nargs="?", default=str(ROOT / "dist" / "slotkeeper"))
@@ -194,24 +165,17 @@ def main() -> int:
         if not (shutil.which("Xvfb") and shutil.which("xdotool")):
             print("desktop app: skipped (needs Xvfb and xdotool)")
             return 0
-        if shutil.which("trayer"):
-            display, x = start_x(tray=True)
-            try:
-                # --demo has a model, so with a tray the app starts in the tray (no window).
-                runs = [time_gui(exe, display, Path(tmp, f"tray{i}"), ("--class", "slotkeeper"), is_tray_icon)
+        cases = [(True, ("--class", "slotkeeper"), is_tray_icon, "its tray icon (Xvfb + trayer)"),
+                 (False, ("--name", "^Slotkeeper$"), is_main_window, "its main window (Xvfb, no tray)")]
+        for tray, query, fits, what in cases:
+            if tray and not shutil.which("trayer"):
+                print("desktop app to its tray icon: skipped (needs trayer)")
+                continue
+            # --demo has a model, so with a tray the app starts in the tray (no window).
+            with virtual_x(tray=tray) as display:
+                runs = [time_gui(exe, display, Path(tmp, f"{'tray' if tray else 'window'}{i}"), query, fits)
                         for i in range(args.runs)]
-                print(f"desktop app to its tray icon (Xvfb + trayer): {summary(runs)}")
-            finally:
-                stop_x(x)
-        else:
-            print("desktop app to its tray icon: skipped (needs trayer)")
-        display, x = start_x(tray=False)
-        try:
-            runs = [time_gui(exe, display, Path(tmp, f"window{i}"), ("--name", "^Slotkeeper$"), is_main_window)
-                    for i in range(args.runs)]
-            print(f"desktop app to its main window (Xvfb, no tray): {summary(runs)}")
-        finally:
-            stop_x(x)
+            print(f"desktop app to {what}: {summary(runs)}")
     return 0
 
 

@@ -13,21 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from virtual_x import virtual_x
 
 pytestmark = pytest.mark.e2e
 SCENARIO = Path(__file__).with_name("desktop_scenario.py")
 TOOLS = ("Xvfb", "trayer", "openbox", "xdotool", "import")
-
-
-def _free_display() -> int:
-    for n in range(90, 140):
-        if not Path(f"/tmp/.X{n}-lock").exists() and not Path(f"/tmp/.X11-unix/X{n}").exists():
-            return n
-    raise RuntimeError("no free X display number")
 
 
 @pytest.fixture
@@ -37,32 +30,9 @@ def desktop(tmp_path):
         if os.environ.get("SLOTKEEPER_REQUIRE_SERVER") == "1":
             pytest.fail(f"missing {missing}: tests/system-deps.sh installs them")
         pytest.skip(f"missing {missing}")
-    n = _free_display()
-    display = f":{n}"
     scale = int(os.environ.get("SLOTKEEPER_DESKTOP_SCALE", "1"))  # 2 = a HiDPI screen
-    width, height = 1280 * scale, 800 * scale
-    procs = [subprocess.Popen(["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    env = {**os.environ, "DISPLAY": display, "QT_SCALE_FACTOR": str(scale), "SCREEN_HEIGHT": str(height)}
-    deadline = time.monotonic() + 20
-    while not Path(f"/tmp/.X11-unix/X{n}").exists():
-        assert time.monotonic() < deadline, "Xvfb did not start"
-        time.sleep(0.05)
-    procs.append(subprocess.Popen(["openbox"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    procs.append(subprocess.Popen(
-        ["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "request", "--height", str(32 * scale),
-         "--SetDockType", "true", "--transparent", "false", "--tint", "0x303030"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    time.sleep(1.0)
-    try:
-        yield env
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    with virtual_x(tray=True, wm=True, scale=scale) as display:
+        yield {**os.environ, "DISPLAY": display, "QT_SCALE_FACTOR": str(scale), "SCREEN_HEIGHT": str(800 * scale)}
 
 
 def run_phase(phase, env, home, shots, model, server_bin, port):

@@ -26,6 +26,9 @@ import httpx
 import psutil
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "desktop"))
+from virtual_x import virtual_x  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = Path(os.environ.get("SLOTKEEPER_BUNDLE", ROOT / "dist" / "slotkeeper"))
 EXE = BUNDLE / ("slotkeeper.exe" if os.name == "nt" else "slotkeeper")
@@ -278,17 +281,7 @@ def test_desktop_app_starts_headless(bundle, user_env, tmp_path):
 @pytest.mark.skipif(not shutil.which("Xvfb"), reason="needs Xvfb")
 def test_desktop_app_on_x11(bundle, user_env, tmp_path):
     """The xcb platform plugin and the X libraries it needs are in the bundle and load."""
-    r, w = os.pipe()
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(w), "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
-                            pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(w)
-    try:
-        with os.fdopen(r) as f:
-            display = f.readline().strip()
-        assert display, "Xvfb did not start"
-        env = {**user_env, "QT_QPA_PLATFORM": "xcb", "DISPLAY": f":{display}"}
+    with virtual_x() as display:
+        env = {**user_env, "QT_QPA_PLATFORM": "xcb", "DISPLAY": display}
         text = _run_desktop_app(env, tmp_path)
         assert "Traceback" not in text and "qt.qpa.plugin" not in text, text[-4000:]
-    finally:
-        xvfb.terminate()
-        xvfb.wait(10)
