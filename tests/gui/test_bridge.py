@@ -84,8 +84,10 @@ def test_request_done_is_recorded_in_the_history(qtbot, bridge, engine):
 
     # The engine records the request (from the server log) and emits request.done.
     fig = RequestFigures(slot=0, task=3, n_prompt=1000, cache_n=900, prompt_n=100, prompt_ms=12.5)
+    worker = threading.Thread(target=engine._on_request_done, args=(fig,))  # the log-tail thread's role
     with qtbot.waitSignal(bridge.historyLoaded) as blocker:
-        threading.Thread(target=engine._on_request_done, args=(fig,)).start()
+        worker.start()
+    worker.join()
     assert blocker.args[0][-1].cache_n == 900
     path = engine.paths.history_file
     qtbot.waitUntil(lambda: len(RequestHistory(path).load()) == 1)
