@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -305,6 +306,11 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
     """The desktop app; the same options as serve override the saved settings for this run."""
     paths, settings = load_run_settings(args, extra)
+    if (sys.platform.startswith("linux") and not os.environ.get("QT_QPA_PLATFORM")
+            and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY")):
+        print("slotkeeper: no display to open the desktop app on (DISPLAY and WAYLAND_DISPLAY are unset). "
+              "`slotkeeper serve` runs without one.", file=sys.stderr)
+        return 1
     try:
         from slotkeeper.gui.application import run_gui
     except ImportError as exc:  # e.g. Qt's system libraries are missing

@@ -49,3 +49,14 @@ def test_model_info_errors_and_json(tmp_path, capsys):
 
     data = json.loads(capsys.readouterr().out)
     assert data["arch"] == "gemma2" and data["swa"] and data["kv"]["bytes_swa_full"] > data["kv"]["bytes_default"]
+
+
+def test_desktop_app_without_a_display_says_so(monkeypatch, capsys, tmp_path):
+    import sys as _sys
+
+    if not _sys.platform.startswith("linux"):
+        return
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["--demo", "--data-dir", str(tmp_path)]) == 1
+    assert "serve" in capsys.readouterr().err
