@@ -194,3 +194,24 @@ def test_swa_full_rollback_inside_restored_tokens_is_warned(gemma2_model, server
         assert any("rolled back" in w["message"] for w in events.of("engine.warning"))
     finally:
         engine.stop(save=False)
+
+
+def test_an_edited_earlier_message_forks_a_new_session_with_its_parent(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history, _ = converse(engine.base_url, USER_TURNS[:3])
+        original = engine.save_slot(0)
+        converse(engine.base_url, USER_TURNS[:4])  # the same conversation, one turn longer
+        longer = engine.save_slot(0)
+        edited = [USER_TURNS[0], "Actually, tell me about the sea instead of the hills.", USER_TURNS[2]]
+        converse(engine.base_url, edited)
+        fork = engine.save_slot(0)
+    finally:
+        engine.stop(save=False)
+    assert longer["kind"] == "update" and longer["id"] == original["id"]
+    assert fork["kind"] == "fork" and fork["id"] != original["id"]
+    sessions = {e.id: e.sidecar for e in engine.store.sessions()}
+    assert sessions[fork["id"]].parent == original["id"]
+    assert len(sessions) == 2
