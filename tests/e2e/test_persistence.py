@@ -215,3 +215,20 @@ def test_an_edited_earlier_message_forks_a_new_session_with_its_parent(llama_mod
     sessions = {e.id: e.sidecar for e in engine.store.sessions()}
     assert sessions[fork["id"]].parent == original["id"]
     assert len(sessions) == 2
+
+
+def test_resuming_a_conversation_already_in_a_slot_keeps_its_newer_turns(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history, _ = converse(engine.base_url, USER_TURNS[:2])
+        saved = engine.save_slot(0)
+        converse(engine.base_url, USER_TURNS[:3])  # newer turns, not saved yet
+        out = engine.restore(saved["id"])
+        assert out["already_loaded"] and out["slot"] == 0
+        with engine.client() as c:
+            held = c.slots()[0].n_prompt_tokens
+        assert held > saved["n_tokens"]  # the slot was not rolled back to the saved state
+    finally:
+        engine.stop(save=False)

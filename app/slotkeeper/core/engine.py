@@ -390,6 +390,14 @@ class Engine:
         if self.facts is None:
             raise EngineError("the server is not ready")
         n_slots = self.facts.n_parallel
+        holder = next((w.slot for w in self.policy.slots.values() if w.session_id == session_id), None)
+        if holder is not None and (slot is None or slot == holder):
+            # Already in a slot (possibly with newer, unsaved turns): restoring would go back in time.
+            sc = self.store.get(session_id).sidecar
+            summary = {"id": session_id, "slot": holder, "n_restored": 0, "ms": 0.0,
+                       "title": sc.title if sc else "", "already_loaded": True}
+            self.events.emit("session.restored", **summary)
+            return summary
         if slot is None:
             slot = self._free_slot()
         if not (0 <= slot < n_slots):

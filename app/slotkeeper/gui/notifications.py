@@ -109,6 +109,14 @@ class Notifier(QObject):
     def _on_resumed(self, session_id: str, summary) -> None:
         if not summary:
             return  # refused or failed: said by _on_refused / _on_error
+        if summary.get("already_loaded"):
+            self.notify.emit(
+                "Conversation ready",
+                f"“{summary.get('title') or self._title_of(session_id)}” is already in slot "
+                f"{summary.get('slot')}. Continue it from your chat client.",
+                INFO,
+            )
+            return
         self.notify.emit(
             "Conversation ready",
             f"“{summary.get('title') or self._title_of(session_id)}” is loaded in slot "
