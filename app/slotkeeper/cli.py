@@ -222,12 +222,16 @@ def load_run_settings(args: argparse.Namespace, extra: list[str]):
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
-    from slotkeeper.core.engine import DEMO_MODEL, Engine
+    from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineError
     from slotkeeper.core.modelgen import DEMO_NOTICE
     from slotkeeper.core.server.supervisor import ServerState
 
     paths, settings = load_run_settings(args, extra)
-    engine = Engine(paths, settings)
+    try:
+        engine = Engine(paths, settings)
+    except EngineError as exc:
+        print(f"slotkeeper: {exc}", file=sys.stderr)
+        return 1
     if settings.profile.model_path == DEMO_MODEL:
         log.warning(DEMO_NOTICE)
 
@@ -295,7 +299,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             pass
     finally:
         try:
-            engine.stop()
+            engine.close()
         except Exception:  # the server must not outlive us, whatever went wrong while saving
             log.exception("saving before shutdown failed")
             engine.supervisor.stop()

@@ -8,6 +8,7 @@ import sys
 
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.sessions import pruner
+from slotkeeper.core.sessions.sidecar import SidecarError
 from slotkeeper.core.sessions.store import SessionEntry, SessionNotFound, SessionStore
 from slotkeeper.core.settings import SettingsError, load_settings
 from slotkeeper.core.units import human_bytes
@@ -63,6 +64,12 @@ def run_sessions_command(args: argparse.Namespace) -> int:
             print(json.dumps(entry.to_json(), indent=2)) if args.json else _show(entry)
             return 0
         if args.action == "delete":
+            from slotkeeper.core.engine import sessions_in_running_slots
+
+            if args.id in sessions_in_running_slots(paths):
+                print(f"slotkeeper: {args.id} is loaded in a slot of the running server; it can be deleted "
+                      "once another conversation replaces it", file=sys.stderr)
+                return 1
             store.delete(args.id)
             print(f"deleted {args.id}")
             return 0
@@ -84,6 +91,9 @@ def run_sessions_command(args: argparse.Namespace) -> int:
         if args.action == "prune":
             return _prune(args, paths, store)
     except SessionNotFound as exc:
+        print(f"slotkeeper: {exc}", file=sys.stderr)
+        return 1
+    except (SidecarError, OSError) as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 1
     except SettingsError as exc:

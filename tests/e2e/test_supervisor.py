@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -206,3 +207,46 @@ def test_stop_while_starting_leaves_no_server_behind(llama_model, server_bin, po
             continue
     assert left == [], "llama-server outlived a stop during start-up"
     assert engine.supervisor.state is ServerState.STOPPED
+
+
+def test_a_crash_of_an_adopted_server_is_noticed_and_restarted(llama_model, server_bin, port):
+    first = make_engine(llama_model, server_bin, port)
+    first.start()
+    assert first.wait_ready(60) is ServerState.READY
+    first.supervisor._stop_requested.set()  # the app "dies", its server lives on
+    first.supervisor._thread.join(5)
+    second = make_engine(llama_model, server_bin, port)
+    second.supervisor.policy = RestartPolicy(backoff_base=0.1)
+    second.start()
+    try:
+        assert second.wait_ready(30) is ServerState.READY and second.supervisor.adopted
+        adopted = second.supervisor.pid
+        os.kill(adopted, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if second.supervisor.state is ServerState.READY and second.supervisor.pid != adopted:
+                break
+            time.sleep(0.05)
+        assert second.supervisor.pid != adopted and second.supervisor.state is ServerState.READY
+    finally:
+        second.stop()
+
+
+def test_a_second_engine_on_the_same_data_folder_is_refused(llama_model, server_bin, port, isolated_home):
+    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model), "--server-bin", server_bin,
+           "--data-dir", str(isolated_home)]
+    first = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().startswith("ready ")
+        pid = json.loads((isolated_home / "state" / "server.json").read_text())["pid"]
+        from conftest import free_port
+
+        second = subprocess.run([*cmd, "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert "already running" in second.stderr and "Traceback" not in second.stderr
+        assert psutil.pid_exists(pid) and httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()

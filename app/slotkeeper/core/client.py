@@ -88,9 +88,11 @@ def _error_message(resp: httpx.Response) -> tuple[str, str | None]:
 
 
 class LlamaClient:
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None):
+    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None,
+                 slot_action_timeout: float = SLOT_ACTION_TIMEOUT):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
+        self.slot_action_timeout = slot_action_timeout
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def close(self) -> None:
@@ -191,7 +193,7 @@ class LlamaClient:
             f"/slots/{slot}",
             params={"action": action},
             json=body or {},
-            timeout=SLOT_ACTION_TIMEOUT,
+            timeout=self.slot_action_timeout,
         )
 
     def save_slot(self, slot: int, filename: str) -> SaveResult:

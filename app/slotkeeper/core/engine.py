@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core import gguf_info, modelgen
+from slotkeeper.core import datalock, gguf_info, modelgen
 from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable, SlotInfo
 from slotkeeper.core.events import EventBus
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 DEMO_MODEL = ":demo:"  # the profile's model_path value that means "the embedded demo model"
 SHUTDOWN_SAVE_TIMEOUT_SECONDS = 120.0
+LAUNCH_ATTEMPTS = 3
 # A restore is "effective" when the next request reused at least this share of it.
 EFFECTIVE_REUSE_SHARE = 0.5
 LLAMA_BUILD_FALLBACK = "unknown"
@@ -117,6 +118,10 @@ def _llama_build_tag(build_info: str) -> str:
 class Engine:
     def __init__(self, paths: AppPaths, settings: Settings, events: EventBus | None = None) -> None:
         self.paths = paths.ensure()
+        try:
+            datalock.acquire(paths.engine_lock_file, str(paths.data_dir))
+        except datalock.DataDirBusy as exc:
+            raise EngineError(str(exc)) from exc
         self.settings = settings
         self.events = events or EventBus()
         self.model: ModelChoice | None = None
@@ -144,6 +149,7 @@ class Engine:
         self._crashed = False
         self._published_in_slots: list[str] | None = None
         self._hash_thread: threading.Thread | None = None
+        self._closed = False
         self.history = RequestHistory(paths.history_file)
         self.launched_profile: ServerProfile | None = None  # what the running server was started with
         self._parser = SlotLogParser(on_done=self._on_request_done, on_progress=self._on_request_progress)
@@ -156,14 +162,31 @@ class Engine:
 
     @property
     def base_url(self) -> str:
-        return self.profile.base_url
+        return self.running_profile.base_url
+
+    @property
+    def running_profile(self) -> ServerProfile:
+        """What the running server was launched with; settings edited since apply at the next start."""
+        return self.launched_profile or self.profile
+
+    @property
+    def api_key(self) -> str | None:
+        args = list(self.running_profile.extra_args)
+        for i, a in enumerate(args):
+            if a == "--api-key" and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith("--api-key="):
+                return a.split("=", 1)[1]
+        return None
 
     @property
     def state(self) -> ServerState:
         return self.supervisor.state
 
     def client(self, timeout: float = 10.0) -> LlamaClient:
-        return LlamaClient(self.base_url, timeout=timeout)
+        """A client for the running server; slot actions (save/restore) may take up to ``timeout``."""
+        return LlamaClient(self.base_url, timeout=min(timeout, 10.0), api_key=self.api_key,
+                           slot_action_timeout=timeout)
 
     # -- model ----------------------------------------------------------------------------
     def resolve_model(self) -> ModelChoice:
@@ -183,13 +206,10 @@ class Engine:
 
     def swa_note(self) -> str | None:
         """Said up front for a sliding-window model without --swa-full: restores will not help."""
-        m = self.model
-        if m is None or not m.info.has_swa or self.profile.swa_full:
+        m, p = self.model, self.running_profile
+        if m is None or not m.info.has_swa or p.swa_full:
             return None
-        est = gguf_info.kv_estimate(
-            m.info, self.profile.ctx, self.profile.parallel,
-            type_k=self.profile.cache_type_k, type_v=self.profile.cache_type_v,
-        )  # fmt: skip
+        est = gguf_info.kv_estimate(m.info, p.ctx, p.parallel, type_k=p.cache_type_k, type_v=p.cache_type_v)
         return (
             f"{m.path.name} uses sliding-window attention and the server runs without --swa-full: "
             "saved sessions restore but the next request re-reads the whole conversation. "
@@ -216,7 +236,11 @@ class Engine:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, resume_id: str | None = None) -> None:
+        if self._closed:
+            log.info("not starting llama-server: Slotkeeper is quitting")
+            return
         self.ready.clear()
+        self.facts = None  # facts describe one running server; a new launch works them out again
         self.resume_id = resume_id
         self._crashed = False
         self.supervisor.start()
@@ -238,6 +262,11 @@ class Engine:
     def _starting(self) -> bool:
         return self.supervisor._thread is not None and self.supervisor._thread.is_alive() and \
             self.supervisor.state not in (ServerState.FAILED, ServerState.STOPPED)
+
+    def close(self, save: bool = True) -> None:
+        """The final stop (app quit): after it, start() does nothing, so no server outlives us."""
+        self._closed = True
+        self.stop(save=save)
 
     def stop(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> None:
         """Save every changed slot (with progress), then stop the server."""
@@ -270,23 +299,39 @@ class Engine:
             threading.Thread(target=self._after_server_ready, name="engine-ready", daemon=True).start()
             return
         self.ready.clear()
+        if state is not ServerState.STOPPING:
+            self.facts = None  # stale once the server is gone (or is being replaced)
         if state is ServerState.CRASHED:
             self._crashed = True
         if state is not ServerState.STARTING:
             self._stop_poller()
 
     def _after_server_ready(self) -> None:
+        restored: list[dict[str, Any]] = []
+        api_ok = False
         try:
-            self.facts = self._server_facts()
-            restored = self._launch_restores()
-        except (ServerUnavailable, ServerError) as exc:
-            log.warning("server went away during launch: %s", exc)
-            return
+            for attempt in range(LAUNCH_ATTEMPTS):
+                try:
+                    self.facts = self._server_facts()
+                    restored = self._launch_restores()
+                    api_ok = True
+                    break
+                except (ServerUnavailable, ServerError) as exc:
+                    if self.supervisor.state is not ServerState.READY:
+                        log.warning("server went away during launch: %s", exc)
+                        return  # the supervisor reports the crash and relaunches
+                    if attempt == LAUNCH_ATTEMPTS - 1:
+                        self.events.emit("engine.warning", message=(
+                            f"llama-server answers /health but not the session API ({exc}); "
+                            "conversations are not saved or restored this run"))
+                    else:
+                        time.sleep(1.0)
         except Exception as exc:  # never leave the engine stuck in "starting"
             log.exception("launch restores failed")
             self.events.emit("engine.warning", message=f"could not restore sessions: {exc}")
-            restored = []
-        self._start_poller()
+            api_ok = self.facts is not None
+        if api_ok:
+            self._start_poller()
         self.ready.set()
         self.events.emit("engine.ready", url=self.base_url, restored=restored)
 
@@ -323,7 +368,7 @@ class Engine:
         with self.client() as c:
             props = c.props()
         self.llama_build = _llama_build_tag(props.build_info)
-        p = self.profile
+        p = self.running_profile
         return ServerFacts(
             model_sha256=sha, model_path=str(model.path), flash_attn=p.flash_attn,
             cache_type_k=p.cache_type_k, cache_type_v=p.cache_type_v, swa_full=p.swa_full,
@@ -349,6 +394,14 @@ class Engine:
         self._crashed = False
         n_ctx = self.facts.n_ctx_slot if self.facts else 0
         self.slot_views = {i: SlotView(i, n_ctx=n_ctx) for i in range(n_slots)}
+        # llama-server takes requests as soon as it is healthy; a slot a client already used
+        # while we were hashing keeps what it holds (and is saved like any other).
+        with self.client() as c:
+            used = {info.id for info in c.slots() if info.id_task is not None}
+        kept = {slot: sid for slot, sid in plan.items() if slot not in used}
+        spare = [i for i in range(n_slots) if i not in used and i not in kept]
+        moved = [sid for slot, sid in sorted(plan.items()) if slot in used]
+        plan = {**kept, **dict(zip(spare, moved))}
         done = []
         total = len(plan)
         for i, (slot, sid) in enumerate(sorted(plan.items())):
@@ -359,8 +412,12 @@ class Engine:
         self.events.emit("engine.activity", activity=None, detail="", done=total, total=total)
         with self.client() as c:
             self.policy.observe(c.slots(), time.monotonic())
+        restored = {d["slot"] for d in done}
         for w in self.policy.slots.values():
-            w.changed = False  # the baseline is what we just restored (or empty)
+            # The baseline is what we restored (or an empty slot); anything else is news.
+            w.changed = w.slot not in restored and w.last_task is not None
+            if w.changed and w.idle_since is None and not w.processing:
+                w.idle_since = time.monotonic()
         if done:
             note = self.swa_note()
             if note:
@@ -403,8 +460,10 @@ class Engine:
         if not (0 <= slot < n_slots):
             raise EngineError(f"slot {slot} does not exist (the server has {n_slots})")
         w = self.policy.watch(slot)
-        if w.changed and w.session_id != session_id:
-            self._save_slot(slot, reason="before resume")
+        if w.changed and self._save_slot(slot, reason="before resume") is None:
+            reasons = [f"slot {slot} holds a conversation that could not be saved first; nothing was replaced"]
+            self.events.emit("session.refused", id=session_id, slot=slot, reasons=reasons)
+            return None
         with self._slot_io:
             view = self.slot_views.setdefault(slot, SlotView(slot))
             view.state = "restoring"
@@ -422,10 +481,6 @@ class Engine:
                 view.state = "idle"
         sc = self.store.get(session_id).sidecar
         self.policy.mark_restored(slot, session_id)
-        with self.client() as c:
-            for info in c.slots():
-                if info.id == slot:
-                    self.policy.watch(slot).last_task = info.id_task
         self._pending_reuse[slot] = PendingReuse(session_id, result.n_restored, bool(sc and sc.swa), bool(sc and sc.swa_full))
         view.session_id = session_id
         view.n_tokens = result.n_restored
@@ -450,7 +505,7 @@ class Engine:
         return min(idle, key=lambda v: v.id).id
 
     # -- saves ----------------------------------------------------------------------------
-    def _save_slot(self, slot: int, reason: str) -> dict[str, Any] | None:
+    def _save_slot(self, slot: int, reason: str, timeout: float = 600.0) -> dict[str, Any] | None:
         if self.facts is None:
             return None
         w = self.policy.watch(slot)
@@ -460,11 +515,8 @@ class Engine:
             w.busy_with = "saving"
             self._emit_slots()
             try:
-                with self.client(timeout=600) as c:
+                with self.client(timeout=timeout) as c:
                     outcome = self.store.save_slot(c, slot, self._save_context(), current_id=w.session_id)
-                    for info in c.slots():
-                        if info.id == slot:
-                            w.last_task = info.id_task
             except (SaveError, ServerUnavailable, ServerError) as exc:
                 self.events.emit("save.failed", slot=slot, message=str(exc))
                 return None
@@ -493,20 +545,25 @@ class Engine:
         return self._save_slot(slot, reason="manual")
 
     def save_changed_slots(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS, reason: str = "shutdown") -> list[dict[str, Any]]:
+        """Save every changed slot within ``timeout`` seconds in all: idle slots first, then the ones
+        still generating (llama-server holds a save until the slot is idle)."""
         try:
             with self.client() as c:
                 self.policy.observe(c.slots(), time.monotonic())
-        except (ServerUnavailable, ServerError):
+        except (ServerUnavailable, ServerError) as exc:
+            self.events.emit("engine.warning", message=f"could not reach llama-server to save the slots: {exc}")
             return []
-        slots = self.policy.changed_slots()
+        slots = sorted(self.policy.changed_slots(), key=lambda s: self.policy.watch(s).processing)
         deadline = time.monotonic() + timeout
         saved = []
         for i, slot in enumerate(slots):
-            if time.monotonic() > deadline:
-                self.events.emit("engine.warning", message=f"saving took longer than {timeout:.0f} s; {len(slots) - i} slot(s) not saved")
+            remaining = deadline - time.monotonic()
+            if remaining <= 1:
+                self.events.emit("engine.warning", message=f"saving took longer than {timeout:.0f} s; "
+                                                           f"{len(slots) - i} slot(s) not saved")
                 break
             self.events.emit("engine.activity", activity="saving", detail=f"slot {slot}", done=i, total=len(slots))
-            out = self._save_slot(slot, reason=reason)
+            out = self._save_slot(slot, reason=reason, timeout=remaining)
             if out:
                 saved.append(out)
         self.events.emit("engine.activity", activity=None, detail="", done=len(slots), total=len(slots))

@@ -45,6 +45,10 @@ class AppPaths:
         return self.state_dir / "server.json"
 
     @property
+    def engine_lock_file(self) -> Path:
+        return self.state_dir / "engine.lock"
+
+    @property
     def in_slots_file(self) -> Path:
         """Sessions the running engine holds in its slots (pruning from the CLI keeps them)."""
         return self.state_dir / "in-slots.json"

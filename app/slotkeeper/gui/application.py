@@ -19,9 +19,9 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
-from PySide6.QtWidgets import QApplication, QProgressDialog, QSystemTrayIcon
+from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSystemTrayIcon
 
-from slotkeeper.core.engine import Engine
+from slotkeeper.core.engine import Engine, EngineError
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.settings import Settings, SettingsError, load_settings, save_settings
 from slotkeeper.gui import icons
@@ -326,7 +326,12 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, settings: Settings
     instance.listen()
     hide_dock_icon()
 
-    sk = SlotkeeperApp(paths, settings, resume_id=getattr(args, "resume", None), start_now=start_now)
+    try:
+        sk = SlotkeeperApp(paths, settings, resume_id=getattr(args, "resume", None), start_now=start_now)
+    except EngineError as exc:  # e.g. `slotkeeper serve` already uses this data folder
+        log.error("%s", exc)
+        QMessageBox.critical(None, APP_DISPLAY_NAME, f"Slotkeeper cannot start: {exc}.")
+        return 1
     instance.showRequested.connect(lambda: sk.show_window())
     sk.finished.connect(app.quit)
 
@@ -336,7 +341,7 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, settings: Settings
             log.info("quitting without Quit: saving and stopping llama-server now")
             sk.bridge.quitting = True
             try:
-                sk.engine.stop(save=True)
+                sk.engine.close(save=True)
             except Exception:
                 log.exception("stopping llama-server on quit failed")
             sk.dispose()

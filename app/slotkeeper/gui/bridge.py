@@ -397,7 +397,7 @@ class EngineBridge(QObject):
             self.errorOccurred.emit("Stopping llama-server", describe_error(exc))
             on_done()
 
-        self.jobs.run(self.engine.stop, True, on_success=finished, on_failure=failed,
+        self.jobs.run(self.engine.close, True, on_success=finished, on_failure=failed,
                       description="Saving conversations and stopping llama-server")
 
     def close(self) -> None:

@@ -85,11 +85,25 @@ class LogTailer:
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
             self.poll()
+            self._rotate_if_big()
+
+    def _rotate_if_big(self) -> None:
+        """Rotate under the lock right after reading everything, so listeners miss (almost) nothing:
+        only lines the server writes between the copy and the truncate are lost to them."""
+        with self._lock:
             try:
-                if self.path.stat().st_size > LOG_MAX_BYTES:
-                    rotate(self.path)
+                if self.path.stat().st_size <= LOG_MAX_BYTES:
+                    return
             except OSError:
-                pass
+                return
+        self.poll()
+        with self._lock:
+            try:
+                rotate(self.path, force=True)
+            except OSError:
+                return
+            self._pos = 0
+            self._partial = b""
 
     def poll(self) -> None:
         with self._lock:

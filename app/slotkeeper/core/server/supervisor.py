@@ -33,7 +33,7 @@ from slotkeeper.core.server.restart import RestartPolicy
 
 log = logging.getLogger(__name__)
 
-HEALTH_TIMEOUT_SECONDS = 300.0  # a multi-GB model on a slow disk takes a while to load
+HEALTH_TIMEOUT_SECONDS = 300.0  # without any answer; while /health says "loading" we keep waiting
 HEALTH_POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 10.0
 LOG_TAIL_ON_FAILURE = 20
@@ -140,7 +140,9 @@ class _Child:
         try:
             if self.popen is not None:
                 return self.popen.wait(timeout)
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
+            # psutil returns None for a process that is not our child once it has gone.
+            return -1 if code is None else code
         except (subprocess.TimeoutExpired, psutil.TimeoutExpired):
             return None
         except psutil.NoSuchProcess:
@@ -436,6 +438,10 @@ class Supervisor:
                 if health is not None and health.ok:
                     return
                 now = time.monotonic()
+                if health is not None and health.loading:
+                    # 503 "loading": the server is alive and reading the model; a big model on a
+                    # slow disk may take longer than the timeout, which is for a server that never answers.
+                    deadline = now + self.health_timeout
                 if now > deadline:
                     raise SupervisorError(
                         f"llama-server did not become ready within {self.health_timeout:.0f} s"
