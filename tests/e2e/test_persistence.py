@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
@@ -232,3 +233,43 @@ def test_resuming_a_conversation_already_in_a_slot_keeps_its_newer_turns(llama_m
         assert held > saved["n_tokens"]  # the slot was not rolled back to the saved state
     finally:
         engine.stop(save=False)
+
+
+def test_settings_edited_without_a_restart_do_not_lose_the_running_servers_slots(llama_model, server_bin, port):
+    from conftest import free_port
+
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        converse(engine.base_url, USER_TURNS[:2])
+        # Settings saved with another port and flash attention, no restart yet.
+        engine.update_settings(engine.settings.with_profile(port=free_port(), flash_attn=True))
+        assert engine.base_url.endswith(f":{port}")
+    finally:
+        engine.stop()
+    [entry] = engine.store.sessions()
+    assert entry.sidecar.flash_attn is False  # recorded as the server really ran
+
+
+def test_a_request_served_while_the_engine_is_still_getting_ready_is_saved(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port, idle_save=0.2)
+    real_compute = engine.hashes.compute
+    gate = threading.Event()
+
+    def slow_compute(path, progress=None):  # a first-seen multi-GB model takes a while to hash
+        gate.wait(30)
+        return real_compute(path, progress)
+
+    engine.hashes.compute = slow_compute
+    engine.start()
+    try:
+        wait_until(lambda: engine.supervisor.state is ServerState.READY, what="the server")
+        converse(engine.base_url, USER_TURNS[:1])  # served before Slotkeeper is ready
+        gate.set()
+        assert engine.wait_ready(60) is ServerState.READY
+        [entry] = wait_until(lambda: engine.store.sessions(), what="the idle save")
+        assert entry.sidecar.n_tokens > 10
+    finally:
+        gate.set()
+        engine.stop()
