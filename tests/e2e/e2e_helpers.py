@@ -65,3 +65,12 @@ class EventLog:
 
     def of(self, kind: str) -> list[dict]:
         return [e.data for e in self.events if e.kind == kind]
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (loopback only)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -236,7 +236,7 @@ def test_resuming_a_conversation_already_in_a_slot_keeps_its_newer_turns(llama_m
 
 
 def test_settings_edited_without_a_restart_do_not_lose_the_running_servers_slots(llama_model, server_bin, port):
-    from conftest import free_port
+    from e2e_helpers import free_port
 
     engine = make_engine(llama_model, server_bin, port, idle_save=3600)
     engine.start()

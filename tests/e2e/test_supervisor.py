@@ -239,7 +239,7 @@ def test_a_second_engine_on_the_same_data_folder_is_refused(llama_model, server_
     try:
         assert first.stdout.readline().startswith("ready ")
         pid = json.loads((isolated_home / "state" / "server.json").read_text())["pid"]
-        from conftest import free_port
+        from e2e_helpers import free_port
 
         second = subprocess.run([*cmd, "--port", str(free_port())], capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
