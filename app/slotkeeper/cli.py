@@ -27,14 +27,24 @@ def _on_off(value: str) -> bool:
     raise argparse.ArgumentTypeError("expected on or off")
 
 
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
+def _number(parse, what: str, minimum: float):
+    """An argparse type: ``parse`` the text, refuse values below ``minimum`` with a clear message."""
+
+    def check(value: str):
+        try:
+            n = parse(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError("must not be negative" if minimum == 0 else f"must be at least {minimum}")
+        return n
+
+    return check
+
+
+_positive_int = _number(int, "a whole number", 1)
+_count = _number(int, "a whole number", 0)
+_seconds = _number(float, "a number of seconds", 0)
 
 
 def _port(value: str) -> int:
@@ -65,26 +75,6 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
     s.add_argument("--restore", type=_count, metavar="N", help="restore the N most recent compatible sessions at launch (default: one per slot)")
     s.add_argument("--resume", metavar="ID", help="restore this saved session into slot 0 first")
     s.add_argument("--budget", type=_size, metavar="SIZE", help="disk budget for saved sessions, e.g. 20G (default 20 GiB)")
-
-
-def _seconds(value: str) -> float:
-    try:
-        n = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return n
-
-
-def _count(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return n
 
 
 def _size(value: str) -> int:

@@ -112,14 +112,18 @@ def test_missing_binary_and_non_gguf_model_are_clear_errors(llama_model, tmp_pat
     assert "Traceback" not in engine.supervisor.message
 
 
+def abandon(engine) -> None:
+    """The app "dies": its supervisor thread is gone but the server it started keeps running."""
+    engine.supervisor._stop_requested.set()
+    engine.supervisor._thread.join(5)
+
+
 def test_leftover_server_from_a_dead_app_is_adopted(llama_model, server_bin, port):
     first = make_engine(llama_model, server_bin, port)
     first.start()
     assert first.wait_ready(60) is ServerState.READY
     pid = first.supervisor.pid
-    # The app "dies": its supervisor thread is gone but the child keeps running.
-    first.supervisor._stop_requested.set()
-    first.supervisor._thread.join(5)
+    abandon(first)
     second = make_engine(llama_model, server_bin, port)
     second.start()
     try:
@@ -135,8 +139,7 @@ def test_leftover_with_other_settings_is_stopped_cleanly(llama_model, server_bin
     first.start()
     assert first.wait_ready(60) is ServerState.READY
     pid = first.supervisor.pid
-    first.supervisor._stop_requested.set()
-    first.supervisor._thread.join(5)
+    abandon(first)
     second = make_engine(llama_model, server_bin, port, parallel=2)
     second.start()
     try:
@@ -213,8 +216,7 @@ def test_a_crash_of_an_adopted_server_is_noticed_and_restarted(llama_model, serv
     first = make_engine(llama_model, server_bin, port)
     first.start()
     assert first.wait_ready(60) is ServerState.READY
-    first.supervisor._stop_requested.set()  # the app "dies", its server lives on
-    first.supervisor._thread.join(5)
+    abandon(first)
     second = make_engine(llama_model, server_bin, port)
     second.supervisor.policy = RestartPolicy(backoff_base=0.1)
     second.start()
