@@ -23,6 +23,7 @@ import secrets
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,8 @@ _SIDECAR_NAME_RE = re.compile(r"^([A-Za-z0-9_-]{1,64})\.json$")
 # Test-only fault injection: SLOTKEEPER_FAULT=<step> ends the process at that step of a save,
 # as a power cut or kill -9 would, so the crash-safety tests exercise the real code path.
 FAULT_ENV = "SLOTKEEPER_FAULT"
-LOW_DISK_BYTES = 256 * 1024 * 1024  # below this, a failed save is explained as a full disk
+LOW_DISK_BYTES = 256 * 1024 * 1024
+LOCK_NAME = ".lock"  # hidden: never listed as an unmanaged file  # below this, a failed save is explained as a full disk
 
 
 def _fault_point(step: str) -> None:
@@ -177,6 +179,43 @@ class SaveOutcome:
     removed: str | None = None
 
 
+def _lock_file(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.name == "nt":
+            import msvcrt
+
+            while True:
+                try:
+                    msvcrt.locking(fd, msvcrt.LK_LOCK, 1)  # retries for ~10 s, then raises
+                    break
+                except OSError:
+                    continue
+        else:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)  # per open file: excludes other processes and fds
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _unlock_file(fd: int) -> None:
+    try:
+        if os.name == "nt":
+            import msvcrt
+
+            os.lseek(fd, 0, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        else:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
@@ -189,6 +228,25 @@ class SessionStore:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock = threading.RLock()
+        self._depth = 0
+        self._lock_fd: int | None = None
+
+    @contextmanager
+    def _exclusive(self):
+        """Exclusive use of the folder: across threads (RLock) and across processes (a file lock),
+        so `slotkeeper sessions pin` cannot write back a sidecar the app is replacing. Re-entrant:
+        only the outermost level takes the file lock."""
+        with self._lock:
+            self._depth += 1
+            try:
+                if self._depth == 1:
+                    self._lock_fd = _lock_file(self.dir / LOCK_NAME)
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._lock_fd is not None:
+                    _unlock_file(self._lock_fd)
+                    self._lock_fd = None
 
     # -- reading --------------------------------------------------------------------------
     def sidecar_path(self, session_id: str) -> Path:
@@ -216,7 +274,7 @@ class SessionStore:
         return SessionEntry(sc.id if sc.id == sid else sid, sc, kv, problems)
 
     def listing(self) -> Listing:
-        with self._lock:
+        with self._exclusive():
             names = sorted(os.listdir(self.dir)) if self.dir.exists() else []
             entries: list[SessionEntry] = []
             claimed: set[str] = set()
@@ -255,7 +313,7 @@ class SessionStore:
     def sweep(self) -> list[str]:
         """Remove what an interrupted save left behind; never touches unmanaged files."""
         removed = []
-        with self._lock:
+        with self._exclusive():
             names = os.listdir(self.dir)
             claims: dict[str, str | None] = {}
             for name in names:
@@ -283,7 +341,7 @@ class SessionStore:
         return removed
 
     def update(self, session_id: str, change: Callable[[Sidecar], Sidecar]) -> Sidecar:
-        with self._lock:
+        with self._exclusive():
             path = self.sidecar_path(session_id)
             if not path.exists():
                 raise SessionNotFound(session_id)
@@ -301,7 +359,7 @@ class SessionStore:
             pass  # an unreadable sidecar already lists as corrupt
 
     def delete(self, session_id: str) -> None:
-        with self._lock:
+        with self._exclusive():
             entry = self.get(session_id)
             kv_names = {entry.sidecar.kv_file} if entry.sidecar else set()
             kv_names |= {n for n in os.listdir(self.dir) if (m := _OWN_KV_RE.match(n)) and m.group(1) == session_id}
@@ -367,7 +425,7 @@ class SessionStore:
             content_hash = content_hash_file(path)
             fsync_file(path)
             _fault_point("after_hash")
-            with self._lock:
+            with self._exclusive():
                 return self._commit(client, path, header.tokens, size, content_hash, result.save_ms, ctx, current_id)
         except (kvfile.KvFileError, OSError) as exc:
             raise SaveError(f"saving slot {slot} failed: {exc}") from exc
