@@ -53,6 +53,8 @@ def _launch_and_try(model, server_bin, port, session_id, **profile):
         (dict(cache_type_k="q8_0"), "saved with K cache type f16; the server uses q8_0"),
         (dict(parallel=2, ctx=4096), "saved with 1 slots (-np 1); the server runs 2"),
         (dict(ctx=256), "tokens of context per slot; the server's slots have 256"),
+        (dict(extra_args=("--rope-freq-scale", "0.5")),
+         "saved with llama-server arguments (none); the server runs with --rope-freq-scale 0.5"),
     ],
 )
 def test_incompatible_settings_are_refused(saved_session, llama_model, server_bin, port, profile, reason):

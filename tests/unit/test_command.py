@@ -67,3 +67,11 @@ def test_probe_flags_reads_the_real_help(server_bin):
 
     flags = probe_flags(ServerBinary((server_bin,), "test"))
     assert {"--slot-save-path", "--swa-full", "--metrics", "--no-cache-idle-slots"} <= flags
+
+
+def test_kv_affecting_arguments_are_picked_out_with_their_values():
+    from slotkeeper.core.server.command import kv_affecting_args
+
+    args = ("--threads", "4", "--lora", "a.gguf", "--rope-freq-scale=0.5", "--yarn-orig-ctx", "4096", "-v")
+    assert kv_affecting_args(args) == ("--lora", "a.gguf", "--rope-freq-scale=0.5", "--yarn-orig-ctx", "4096")
+    assert kv_affecting_args(("--threads", "2")) == ()

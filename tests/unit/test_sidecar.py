@@ -17,6 +17,7 @@ import xxhash
 from slotkeeper.core.sessions import sidecar as sidecar_module
 from slotkeeper.core.sessions.sidecar import (
     MIGRATIONS,
+    OPTIONAL_DEFAULTS,
     SCHEMA_VERSION,
     RestoreRecord,
     ServerFacts,
@@ -141,9 +142,10 @@ def test_rewriting_stored_v1_file_changes_nothing_but_the_schema(tmp_path: Path)
     stored = json.loads((DATA / "sidecar_v1.json").read_text(encoding="utf-8"))
     write_sidecar_atomic(tmp_path / "s.json", load_sidecar(DATA / "sidecar_v1.json"))
     rewritten = json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))
-    if SCHEMA_VERSION == 1:
+    if SCHEMA_VERSION == 1 and OPTIONAL_DEFAULTS.keys() <= stored.keys():
         assert (tmp_path / "s.json").read_bytes() == (DATA / "sidecar_v1.json").read_bytes()
-    assert rewritten == migrate(stored)
+    # Optional keys added since the file was written come back with their defaults.
+    assert rewritten == {**OPTIONAL_DEFAULTS, **migrate(stored)}
 
 
 # --- strict validation -------------------------------------------------------------
@@ -198,7 +200,8 @@ def test_rejects_bad_field(key: str, value: Any, message: str) -> None:
         Sidecar.from_json(valid_json(**{key: value}))
 
 
-@pytest.mark.parametrize("key", [k for k in make_sidecar().to_json() if k != "schema_version"])
+@pytest.mark.parametrize("key", [k for k in make_sidecar().to_json()
+                                 if k != "schema_version" and k not in OPTIONAL_DEFAULTS])
 def test_every_field_is_required(key: str) -> None:
     d = valid_json()
     del d[key]
@@ -572,3 +575,11 @@ def test_all_reasons_are_reported_together() -> None:
     reasons = check_compatible(sidecar, make_facts(model_sha256=SHA_B))
     assert len(reasons) == 5
     assert reasons[0].startswith("saved for a different model")
+
+
+def test_optional_keys_default_when_absent_and_are_validated() -> None:
+    d = valid_json()
+    del d["kv_args"]
+    assert Sidecar.from_json(d).kv_args == []
+    with pytest.raises(SidecarError, match="kv_args"):
+        Sidecar.from_json(valid_json(kv_args="--lora x"))

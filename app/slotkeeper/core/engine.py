@@ -24,7 +24,7 @@ from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.history import RequestHistory, RequestRecord
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
-from slotkeeper.core.server.command import CommandError, build_argv
+from slotkeeper.core.server.command import CommandError, build_argv, kv_affecting_args
 from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server, probe_flags
 from slotkeeper.core.server.logparse import RequestFigures, SlotLogParser
 from slotkeeper.core.server.supervisor import LaunchSpec, ServerState, Supervisor, SupervisorError
@@ -373,7 +373,7 @@ class Engine:
             model_sha256=sha, model_path=str(model.path), flash_attn=p.flash_attn,
             cache_type_k=p.cache_type_k, cache_type_v=p.cache_type_v, swa_full=p.swa_full,
             n_parallel=props.total_slots, kv_unified=False, n_ctx_slot=props.n_ctx_slot,
-            swa=model.info.has_swa,
+            swa=model.info.has_swa, kv_args=kv_affecting_args(p.extra_args),
         )  # fmt: skip
 
     def _save_context(self) -> SaveContext:

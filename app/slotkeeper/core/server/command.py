@@ -32,6 +32,25 @@ OWNED_FLAGS = frozenset(
 )
 
 
+# Extra arguments that change what a KV cache means: a session saved with them must only be
+# restored into a server that runs with the same ones (recorded in the sidecar as kv_args).
+KV_AFFECTING_PREFIXES = ("--lora", "--rope", "--yarn", "--control-vector", "--override-kv", "--grp-attn")
+
+
+def kv_affecting_args(extra_args: tuple[str, ...]) -> tuple[str, ...]:
+    """The KV-affecting flags among ``extra_args``, each with its value(s), in order."""
+    out: list[str] = []
+    taking = False
+    for arg in extra_args:
+        if arg.startswith("-"):
+            taking = arg.split("=", 1)[0].startswith(KV_AFFECTING_PREFIXES)
+            if taking:
+                out.append(arg)
+        elif taking:
+            out.append(arg)
+    return tuple(out)
+
+
 class CommandError(ValueError):
     pass
 

@@ -64,6 +64,9 @@ SCHEMA_VERSION = 1
 #     MIGRATIONS[1] = _v1_to_v2
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
+# Keys added after schema 1 without a bump, and what a file written before them means.
+OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": []}
+
 SESSION_ID_BYTES = 6  # 12 hex characters: plenty for one user's sessions
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A bare file name that llama-server also accepts: no separators, no leading dot or
@@ -282,6 +285,9 @@ class Sidecar:
     parent: str | None = None
     last_restore: RestoreRecord | None = None
     corrupt: dict[str, str] | None = None
+    # Extra llama-server arguments that change what the KV cache means (LoRA adapters, RoPE
+    # scaling, control vectors ...). Optional key: files written before it read as "none".
+    kv_args: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
     # Keys written by a newer Slotkeeper of the same schema; written back untouched.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -315,6 +321,7 @@ class Sidecar:
             "parent": self.parent,
             "last_restore": self.last_restore.to_json() if self.last_restore else None,
             "corrupt": dict(self.corrupt) if self.corrupt is not None else None,
+            "kv_args": list(self.kv_args),
         }
         # Known keys win: a stale copy of a known key in extra must never override it.
         return {**known, **{k: v for k, v in self.extra.items() if k not in known}}
@@ -354,6 +361,7 @@ class Sidecar:
             parent=None if parent is None else _matching(d, "parent", _ID_RE, "a session id"),
             last_restore=None if last_restore is None else RestoreRecord.from_json(last_restore),
             corrupt=_corrupt_mark(d),
+            kv_args=_str_list(d, "kv_args"),
             extra=_unknown_keys(d, _SIDECAR_KEYS),
         )
 
@@ -362,8 +370,15 @@ _SIDECAR_KEYS = (
     "schema_version", "id", "kv_file", "title", "preview", "model_path", "model_sha256",
     "arch", "swa", "swa_full", "flash_attn", "cache_type_k", "cache_type_v", "n_parallel",
     "kv_unified", "n_ctx_slot", "n_tokens", "tokens_digest", "size_bytes", "content_hash",
-    "llama_build", "created_at", "last_used_at", "pinned", "parent", "last_restore", "corrupt",
+    "llama_build", "created_at", "last_used_at", "pinned", "parent", "last_restore", "corrupt", "kv_args",
 )  # fmt: skip
+
+
+def _str_list(d: Mapping[str, Any], key: str) -> list[str]:
+    value = d.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SidecarError(f"{key}: expected a list of strings, got {_type_name(value)}")
+    return list(value)
 
 
 def _non_empty(d: Mapping[str, Any], key: str) -> str:
@@ -457,6 +472,7 @@ class ServerFacts:
     kv_unified: bool
     n_ctx_slot: int
     swa: bool
+    kv_args: tuple[str, ...] = ()
 
 
 def check_compatible(sidecar: Sidecar, facts: ServerFacts) -> list[str]:
@@ -498,6 +514,11 @@ def check_compatible(sidecar: Sidecar, facts: ServerFacts) -> list[str]:
         reasons.append(
             f"needs {sidecar.n_tokens} tokens of context per slot; "
             f"the server's slots have {facts.n_ctx_slot}"
+        )
+    if tuple(sidecar.kv_args) != tuple(facts.kv_args):
+        reasons.append(
+            f"saved with llama-server arguments {' '.join(sidecar.kv_args) or '(none)'}; "
+            f"the server runs with {' '.join(facts.kv_args) or '(none)'}"
         )
     # Only sliding-window layers are stored differently with --swa-full.
     if sidecar.swa and sidecar.swa_full != facts.swa_full:

@@ -499,7 +499,7 @@ class SessionStore:
             n_parallel=facts.n_parallel, kv_unified=facts.kv_unified, n_ctx_slot=facts.n_ctx_slot,
             n_tokens=len(tokens), tokens_digest=digest, size_bytes=size, content_hash=content_hash,
             llama_build=ctx.llama_build, created_at=created, last_used_at=now, pinned=pinned,
-            parent=parent,
+            parent=parent, kv_args=list(facts.kv_args),
             last_restore=previous.sidecar.last_restore if (kind == "update" and previous) else None,
         )  # fmt: skip
         write_sidecar_atomic(self.sidecar_path(sid), sidecar)
