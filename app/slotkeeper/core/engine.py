@@ -250,7 +250,7 @@ class Engine:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             state = self.supervisor.state
-            if state in (ServerState.FAILED, ServerState.STOPPED) and not self._starting():
+            if state in (ServerState.FAILED, ServerState.STOPPED):
                 return state
             if self.ready.is_set():
                 return ServerState.READY
@@ -258,10 +258,6 @@ class Engine:
             if remaining is not None and remaining <= 0:
                 return state
             self.ready.wait(0.05 if remaining is None else min(0.05, remaining))
-
-    def _starting(self) -> bool:
-        return self.supervisor._thread is not None and self.supervisor._thread.is_alive() and \
-            self.supervisor.state not in (ServerState.FAILED, ServerState.STOPPED)
 
     def close(self, save: bool = True) -> None:
         """The final stop (app quit): after it, start() does nothing, so no server outlives us."""
@@ -471,7 +467,7 @@ class Engine:
             self._emit_slots()
             try:
                 with self.client(timeout=600) as c:
-                    result = self.store.restore_into(c, slot, session_id, self.facts)
+                    result, sc = self.store.restore_into(c, slot, session_id, self.facts)
             except (RestoreRefused, SessionNotFound) as exc:
                 reasons = exc.reasons if isinstance(exc, RestoreRefused) else [str(exc)]
                 self.events.emit("session.refused", id=session_id, slot=slot, reasons=reasons)
@@ -479,15 +475,14 @@ class Engine:
             finally:
                 w.busy_with = None
                 view.state = "idle"
-        sc = self.store.get(session_id).sidecar
         self.policy.mark_restored(slot, session_id)
-        self._pending_reuse[slot] = PendingReuse(session_id, result.n_restored, bool(sc and sc.swa), bool(sc and sc.swa_full))
+        self._pending_reuse[slot] = PendingReuse(session_id, result.n_restored, sc.swa, sc.swa_full)
         view.session_id = session_id
         view.n_tokens = result.n_restored
         view.warning = None
         summary = {
             "id": session_id, "slot": slot, "n_restored": result.n_restored,
-            "ms": result.restore_ms, "title": sc.title if sc else "",
+            "ms": result.restore_ms, "title": sc.title,
         }  # fmt: skip
         self.events.emit("session.restored", **summary)
         self._emit_slots()

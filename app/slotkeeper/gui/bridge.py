@@ -88,8 +88,6 @@ class EngineBridge(QObject):
         self.listing: Listing | None = None
         self.history: list = []
         self.quitting = False
-        # The profile the running server was launched with (settings may have changed since).
-        self.launched_profile = engine.launched_profile if self.state in RUNNING_STATES else None
 
         self._closed = False
         self._emit_lock = threading.Lock()
@@ -115,6 +113,11 @@ class EngineBridge(QObject):
             self._observer = _start_observer(engine.paths.sessions_dir, self._notify_fs_change)
 
     # -- facts for widgets ----------------------------------------------------------------
+    @property
+    def launched_profile(self):
+        """The profile the running server was launched with (settings may have changed since)."""
+        return self.engine.running_profile if self.state in RUNNING_STATES else None
+
     @property
     def facts(self) -> ServerFacts | None:
         """The running server's facts once the engine is ready; None otherwise."""
@@ -177,8 +180,6 @@ class EngineBridge(QObject):
                 state = ServerState(state)
             self.state = state
             self.state_message = data.get("message", "")
-            self.launched_profile = ((self.engine.launched_profile or self.engine.settings.profile)
-                                     if state in RUNNING_STATES else None)
             if state is not ServerState.READY:
                 self.slots = [] if state in (ServerState.STOPPED, ServerState.FAILED) else self.slots
             self.serverStateChanged.emit(state, data)
@@ -380,9 +381,6 @@ class EngineBridge(QObject):
                 on_done()
 
         self.jobs.run(apply, on_success=done, description="Saving settings")
-
-    def set_model(self, model_path: str, persist: bool = True) -> None:
-        self.apply_settings(self.engine.settings.with_profile(model_path=model_path), persist=persist)
 
     # -- shutdown -------------------------------------------------------------------------
     def shutdown(self, on_done: Callable[[], None]) -> None:

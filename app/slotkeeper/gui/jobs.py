@@ -105,10 +105,6 @@ class JobRunner(QObject):
         with self._lock:
             return bool(self._jobs)
 
-    def wait_for_done(self, timeout_ms: int = SHUTDOWN_WAIT_MS) -> bool:
-        """Blocks until every running job has returned (callbacks are still queued)."""
-        return self._pool.waitForDone(timeout_ms)
-
     def shutdown(self, timeout_ms: int = SHUTDOWN_WAIT_MS) -> bool:
         """No new jobs; wait for running ones; their callbacks will not be called."""
         with self._lock:

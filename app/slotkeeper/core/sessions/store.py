@@ -534,7 +534,10 @@ class SessionStore:
             raise RestoreRefused(session_id, problems)
         return entry
 
-    def restore_into(self, client: LlamaClient, slot: int, session_id: str, facts: ServerFacts) -> RestoreResult:
+    def restore_into(
+        self, client: LlamaClient, slot: int, session_id: str, facts: ServerFacts
+    ) -> tuple[RestoreResult, Sidecar]:
+        """Checks, restores, records; returns the server's result and the updated sidecar."""
         entry = self.check_restorable(session_id, facts)
         assert entry.sidecar is not None
         try:
@@ -543,8 +546,8 @@ class SessionStore:
             raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
         now = format_utc(utc_now())
         record = RestoreRecord(at=now, slot=slot, n_restored=result.n_restored)
-        self.update(session_id, lambda s: replace(s, last_used_at=now, last_restore=record))
-        return result
+        sidecar = self.update(session_id, lambda s: replace(s, last_used_at=now, last_restore=record))
+        return result, sidecar
 
     def record_reuse(self, session_id: str, cache_n: int, prompt_n: int, effective: bool, reason: str | None) -> None:
         def change(s: Sidecar) -> Sidecar:
