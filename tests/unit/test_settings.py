@@ -43,3 +43,26 @@ def test_stored_v1_file_still_loads():
     data = Path(__file__).parent.parent / "data" / "settings_v1.json"
     s = st.load_settings(data)
     assert s.profile.port == 8789 and s.budget_bytes == 20 * 1024**3
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("127.0.0.1", "http://127.0.0.1:8789"),
+        ("localhost", "http://localhost:8789"),
+        ("192.168.1.5", "http://192.168.1.5:8789"),
+        # Wildcards listen everywhere; a local client reaches them over loopback.
+        ("0.0.0.0", "http://127.0.0.1:8789"),
+        ("", "http://127.0.0.1:8789"),
+        ("::", "http://127.0.0.1:8789"),
+        ("[::]", "http://127.0.0.1:8789"),
+        # IPv6 literals are bracketed exactly once.
+        ("::1", "http://[::1]:8789"),
+        ("[::1]", "http://[::1]:8789"),
+        ("fe80::1", "http://[fe80::1]:8789"),
+        ("[fe80::1]", "http://[fe80::1]:8789"),
+    ],
+)
+def test_connect_url(host, url):
+    assert st.connect_url(host, 8789) == url
+    assert st.ServerProfile(host=host).base_url == url

@@ -60,12 +60,24 @@ class ServerProfile:
 
     @property
     def base_url(self) -> str:
-        host = self.host
-        if host in ("0.0.0.0", "", "::"):
-            host = "127.0.0.1"
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return connect_url(self.host, self.port)
+
+
+# Hosts that mean "listen on every interface": a client connects to them over loopback.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+def connect_url(host: str, port: int) -> str:
+    """The http URL a local client uses to reach a server listening on ``host:port``.
+
+    A wildcard host (``0.0.0.0``, ``::`` or empty, bracketed or not) is reached at
+    127.0.0.1; an IPv6 address is bracketed once, whether or not it came with its brackets.
+    """
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if bare in _WILDCARD_HOSTS:
+        bare = "127.0.0.1"
+    netloc = f"[{bare}]" if ":" in bare else bare
+    return f"http://{netloc}:{port}"
 
 
 @dataclass(frozen=True)

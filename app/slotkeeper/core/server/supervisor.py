@@ -30,6 +30,7 @@ from slotkeeper.core.events import EventBus
 from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.server import logfile
 from slotkeeper.core.server.restart import RestartPolicy
+from slotkeeper.core.settings import connect_url
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,7 @@ class LaunchSpec:
 
     @property
     def base_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return connect_url(self.host, self.port)
 
 
 def child_environment(base: dict[str, str] | None = None) -> dict[str, str]:
