@@ -136,16 +136,47 @@ def test_loads_stored_v1_file() -> None:
     assert loaded.corrupt is None and loaded.extra == {}
 
 
-def test_rewriting_stored_v1_file_changes_nothing_but_the_schema(tmp_path: Path) -> None:
-    # While SCHEMA_VERSION is 1 the rewrite must be byte-identical; after a bump, only
-    # what the migrations change may differ.
+def _as_written(d: dict[str, Any]) -> bytes:
+    """The bytes ``write_sidecar_atomic`` produces for this dict."""
+    return (json.dumps(d, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def test_rewriting_stored_v1_file_adds_only_the_optional_defaults(tmp_path: Path) -> None:
+    # The released file predates kv_args: it comes back with exactly its own keys (after
+    # any migrations) plus each optional key at its default, and nothing else changes.
     stored = json.loads((DATA / "sidecar_v1.json").read_text(encoding="utf-8"))
+    assert not OPTIONAL_DEFAULTS.keys() & stored.keys()  # as released: no optional keys
     write_sidecar_atomic(tmp_path / "s.json", load_sidecar(DATA / "sidecar_v1.json"))
     rewritten = json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))
-    if SCHEMA_VERSION == 1 and OPTIONAL_DEFAULTS.keys() <= stored.keys():
-        assert (tmp_path / "s.json").read_bytes() == (DATA / "sidecar_v1.json").read_bytes()
-    # Optional keys added since the file was written come back with their defaults.
+    assert rewritten.keys() == migrate(stored).keys() | OPTIONAL_DEFAULTS.keys()
+    assert rewritten["kv_args"] == []
     assert rewritten == {**OPTIONAL_DEFAULTS, **migrate(stored)}
+
+
+@pytest.mark.skipif(SCHEMA_VERSION != 1, reason="a schema bump rewrites what its migrations change")
+def test_rewriting_stored_v1_file_is_byte_identical_but_for_the_optional_defaults(tmp_path: Path) -> None:
+    released = (DATA / "sidecar_v1.json").read_bytes()
+    stored = json.loads(released)
+    assert _as_written(stored) == released  # the stored file is in the writer's layout
+    write_sidecar_atomic(tmp_path / "s.json", load_sidecar(DATA / "sidecar_v1.json"))
+    # Optional keys come after the released ones, at their defaults.
+    added = {k: v for k, v in OPTIONAL_DEFAULTS.items() if k not in stored}
+    assert (tmp_path / "s.json").read_bytes() == _as_written({**stored, **added})
+
+
+def test_loads_stored_v1_file_with_kv_args() -> None:
+    loaded = load_sidecar(DATA / "sidecar_v1_kv_args.json")
+    assert loaded.kv_args == ["--lora", "/home/ada/adapters/rust-tutor.gguf", "--rope-freq-scale", "0.5"]
+    assert loaded == dataclasses.replace(load_sidecar(DATA / "sidecar_v1.json"), kv_args=loaded.kv_args)
+
+
+@pytest.mark.skipif(SCHEMA_VERSION != 1, reason="a schema bump rewrites what its migrations change")
+def test_rewriting_stored_v1_file_with_kv_args_is_byte_identical(tmp_path: Path) -> None:
+    # Written by this code with every optional key set, so no default fills anything in.
+    stored_path = DATA / "sidecar_v1_kv_args.json"
+    assert OPTIONAL_DEFAULTS.keys() <= json.loads(stored_path.read_text(encoding="utf-8")).keys()
+    write_sidecar_atomic(tmp_path / "s.json", load_sidecar(stored_path))
+    assert (tmp_path / "s.json").read_bytes() == stored_path.read_bytes()
 
 
 # --- strict validation -------------------------------------------------------------
