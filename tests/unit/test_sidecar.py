@@ -614,3 +614,12 @@ def test_optional_keys_default_when_absent_and_are_validated() -> None:
     assert Sidecar.from_json(d).kv_args == []
     with pytest.raises(SidecarError, match="kv_args"):
         Sidecar.from_json(valid_json(kv_args="--lora x"))
+
+
+def test_restore_record_explains_effective_with_the_engines_rule() -> None:
+    # The engine judges a restore; the schema's docstring must say by which rule.
+    from slotkeeper.core.engine import EFFECTIVE_REUSE_SHARE
+
+    doc = " ".join((RestoreRecord.__doc__ or "").split())
+    assert "cache_n >= EFFECTIVE_REUSE_SHARE * n_restored" in doc
+    assert f"the share being {EFFECTIVE_REUSE_SHARE}" in doc

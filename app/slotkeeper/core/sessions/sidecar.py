@@ -221,7 +221,9 @@ class RestoreRecord:
     """The last restore of this session into a slot, and whether it paid off.
 
     ``effective`` stays None until the next request on that slot has been seen; then it
-    says whether the server reused the restored cache (``cache_n`` > 0).
+    says whether the server reused at least half of the restored tokens
+    (``cache_n >= EFFECTIVE_REUSE_SHARE * n_restored``, the share being 0.5, in
+    ``core.engine``). A restore whose next request reused only a few tokens is not effective.
     """
 
     at: str
