@@ -74,15 +74,40 @@ def test_panel_follows_the_slot_count(qtbot):
     assert panel.gauges == [] and panel.empty_label.isVisible()
 
 
-def test_tooltip_event_does_not_crash(qtbot):
+def test_tooltip_explains_the_warning_on_the_badge_and_sums_up_elsewhere(qtbot, monkeypatch):
     from PySide6.QtCore import QEvent
     from PySide6.QtGui import QHelpEvent
 
+    from slotkeeper.gui import gauges
+
+    shown: list[tuple[str, object]] = []
+
+    class FakeToolTip:  # records what the user would see instead of opening a popup
+        @staticmethod
+        def showText(pos, text, widget=None, *args):  # noqa: N802 - Qt's name
+            shown.append((text, widget))
+
+    monkeypatch.setattr(gauges, "QToolTip", FakeToolTip)
+    warning = "sliding-window model without --swa-full"
     gauge = SlotGauge(0)
     qtbot.addWidget(gauge)
     gauge.resize(600, 80)
-    gauge.set_view(SlotView(0, warning="w"))
-    gauge.grab()
-    for pos in (gauge._badge.center(), QPointF(5, 5)):
-        event = QHelpEvent(QEvent.Type.ToolTip, pos.toPoint(), gauge.mapToGlobal(pos.toPoint()))
-        assert gauge.event(event)
+    gauge.set_view(SlotView(0, n_ctx=4096, n_prompt=1000, cache_n=0, prompt_n=1000, n_tokens=1010,
+                            warning=warning))
+    gauge.grab()  # paints, which places the warning badge
+    assert not gauge._badge.isEmpty()
+
+    def hover(pos: QPointF) -> str:
+        shown.clear()
+        point = pos.toPoint()
+        gauge.event(QHelpEvent(QEvent.Type.ToolTip, point, gauge.mapToGlobal(point)))
+        assert len(shown) == 1 and shown[0][1] is gauge
+        return shown[0][0]
+
+    assert hover(gauge._badge.center()) == f"The last restore into this slot was not reused:\n{warning}"
+    assert hover(QPointF(5, 5)).splitlines() == [
+        "Slot 0: idle",
+        "0% of 1,000 prompt tokens from cache (0 cached, 1,000 processed)",
+        "1,010 of 4,096 tokens held (25%)",
+        f"warning: {warning}",
+    ]
