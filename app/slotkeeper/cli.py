@@ -8,9 +8,7 @@ import logging
 import os
 import signal
 import sys
-import threading
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from slotkeeper import __version__
@@ -162,144 +160,150 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _profile_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+def run_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """This run's command-line settings, by dotted name (never written to the settings file)."""
     from slotkeeper.core.engine import DEMO_MODEL
 
-    changes: dict[str, Any] = {}
-    if args.demo:
-        changes["model_path"] = DEMO_MODEL
-    elif args.model:
-        changes["model_path"] = args.model
-    simple = {
-        "server_bin": args.server_bin,
-        "host": args.host,
-        "port": args.port,
-        "ctx": args.ctx,
-        "parallel": args.parallel,
-        "flash_attn": args.flash_attn,
-        "cache_type_k": args.cache_type_k,
-        "cache_type_v": args.cache_type_v,
-        "swa_full": args.swa_full,
-    }
-    changes.update({k: v for k, v in simple.items() if v is not None})
-    if extra:
-        changes["extra_args"] = tuple(extra)
-    return changes
-
-
-def _settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if getattr(args, "idle_save", None) is not None:
-        out["idle_save_seconds"] = args.idle_save
-    if getattr(args, "restore", None) is not None:
-        out["restore_on_start"] = args.restore
-    if getattr(args, "budget", None) is not None:
-        out["budget_bytes"] = args.budget
+    if getattr(args, "demo", False):
+        out["profile.model_path"] = DEMO_MODEL
+    elif getattr(args, "model", None):
+        out["profile.model_path"] = args.model
+    for name in ("server_bin", "host", "port", "ctx", "parallel", "flash_attn", "cache_type_k", "cache_type_v",
+                 "swa_full"):
+        if getattr(args, name, None) is not None:
+            out[f"profile.{name}"] = getattr(args, name)
+    if extra:
+        out["profile.extra_args"] = tuple(extra)
+    for arg, name in (("idle_save", "idle_save_seconds"), ("restore", "restore_on_start"), ("budget", "budget_bytes")):
+        if getattr(args, arg, None) is not None:
+            out[name] = getattr(args, arg)
     return out
 
 
 def load_run_settings(args: argparse.Namespace, extra: list[str]):
-    """Saved settings with this run's command-line overrides applied (not written back)."""
+    """The folders, the settings service (saved settings + this run's overrides) and this run's settings."""
     from slotkeeper.core.paths import app_paths
-    from slotkeeper.core.settings import load_settings
+    from slotkeeper.core.services.settings import SettingsService
 
     paths = app_paths(args.data_dir).ensure()
-    settings = load_settings(paths.settings_file)
-    settings = replace(settings, profile=replace(settings.profile, **_profile_overrides(args, extra)),
-                       **_settings_overrides(args))
-    settings.profile.validate()
-    return paths, settings
+    service = SettingsService(paths.settings_file, run_overrides(args, extra))
+    return paths, service, service.effective()
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    """Headless: the engine loop runs on this thread until SIGINT/SIGTERM, then saves and stops."""
+    import asyncio
+
+    from slotkeeper.core import events as ev
     from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineError
     from slotkeeper.core.modelgen import DEMO_NOTICE
-    from slotkeeper.core.server.supervisor import ServerState
+    from slotkeeper.core.server.state import ServerState
 
-    paths, settings = load_run_settings(args, extra)
+    paths, _service, settings = load_run_settings(args, extra)
     try:
-        engine = Engine(paths, settings)
+        engine = Engine(paths, settings, own_thread=False)
     except EngineError as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 1
     if settings.profile.model_path == DEMO_MODEL:
         log.warning(DEMO_NOTICE)
+    engine.events.subscribe(ServeLog().on_event)
 
-    done = threading.Event()
-    exit_code = [0]
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        exit_code = 0
 
-    def on_state(event) -> None:
-        state = event.data["state"]
-        if state is ServerState.FAILED:
-            print(f"slotkeeper: llama-server failed: {event.data['message']}", file=sys.stderr, flush=True)
-            exit_code[0] = 1
-            done.set()
-        elif state in (ServerState.CRASHED, ServerState.RESTARTING):
-            log.warning("llama-server %s: %s", state.value, event.data["message"])
+        def on_state(event: ev.ServerStateChanged) -> None:  # any thread
+            nonlocal exit_code
+            if event.state is ServerState.FAILED:
+                print(f"slotkeeper: llama-server failed: {event.message}", file=sys.stderr, flush=True)
+                exit_code = 1
+                loop.call_soon_threadsafe(done.set)
 
-    def on_ready(event) -> None:
-        restored = event.data.get("restored") or []
-        if restored:
-            tokens = sum(r["n_restored"] for r in restored)
-            log.info("restored %d conversation(s), %d tokens", len(restored), tokens)
-        print(f"ready {event.data['url']}", flush=True)
+        def on_ready(event: ev.EngineReady) -> None:
+            if event.restored:
+                tokens = sum(r.n_restored for r in event.restored)
+                log.info("restored %d conversation(s), %d tokens", len(event.restored), tokens)
+            print(f"ready {event.url}", flush=True)
 
-    loading_reported = [0]
+        engine.events.subscribe(on_state, ev.ServerStateChanged)
+        engine.events.subscribe(on_ready, ev.EngineReady)
+        restore_signals = _stop_on_signals(loop, done)
+        try:
+            await engine.start_async(resume_id=args.resume)
+            await done.wait()
+        finally:
+            try:
+                await engine.close_async()
+            except Exception:  # the server must not outlive us, whatever went wrong while saving
+                log.exception("saving before shutdown failed")
+                await loop.run_in_executor(None, engine.supervisor.stop)
+                exit_code = 1
+            restore_signals()
+        return exit_code
 
-    def on_event(event) -> None:
-        d = event.data
-        if event.kind == "engine.warning" or event.kind == "engine.notice":
-            log.warning("%s", d["message"])
-        elif event.kind == "session.saved":
-            log.info("saved slot %s (%s, %s): %s tokens, %s", d["slot"], d["reason"], d["kind"], d["n_tokens"], d["id"])
-        elif event.kind == "save.failed":
-            log.error("saving slot %s failed: %s", d["slot"], d["message"])
-        elif event.kind == "session.restored":
-            log.info("restored session %s into slot %s: %s tokens in %.0f ms", d["id"], d["slot"], d["n_restored"], d["ms"])
-        elif event.kind == "session.refused":
-            log.warning("session %s not restored: %s", d["id"], "; ".join(d["reasons"]))
-        elif event.kind == "restore.reuse":
-            if d["effective"]:
-                log.info("slot %s reused %s cached tokens after the restore", d["slot"], d["cache_n"])
-            else:
-                log.warning("restore of %s was ineffective: %s", d["id"], d["reason"])
-        elif event.kind == "server.loading":
-            step = int(d["elapsed"] // 5)
-            if step > loading_reported[0]:
-                loading_reported[0] = step
-                log.info("loading the model (%.0f s): %s", d["elapsed"], d["detail"][-100:])
-        elif event.kind == "engine.activity" and d.get("activity") == "hashing" and d.get("total"):
-            log.info("identifying the model: %.0f%%", 100 * d["done"] / d["total"])
-        elif event.kind == "sessions.pruned":
-            log.info("pruned %d session(s) to stay under the disk budget", len(d["ids"]))
+    return engine.run(main())
 
-    engine.events.subscribe(on_state, "server.state")
-    engine.events.subscribe(on_ready, "engine.ready")
-    engine.events.subscribe(on_event)
 
-    def on_signal(signum, frame) -> None:
+def _stop_on_signals(loop, done) -> Callable[[], None]:
+    """SIGINT/SIGTERM set ``done`` on the loop; returns a function that undoes it."""
+    sigs = [signal.SIGINT, signal.SIGTERM]
+
+    def on_signal(signum: int) -> None:
         log.info("received %s; stopping", signal.Signals(signum).name)
         done.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    engine.start(resume_id=args.resume)
     try:
-        while not done.wait(0.2):
-            pass
-    finally:
-        try:
-            engine.close()
-        except Exception:  # the server must not outlive us, whatever went wrong while saving
-            log.exception("saving before shutdown failed")
-            engine.supervisor.stop()
-            exit_code[0] = 1
-    return exit_code[0]
+        for sig in sigs:
+            loop.add_signal_handler(sig, on_signal, sig)
+        return lambda: [loop.remove_signal_handler(sig) for sig in sigs]
+    except (NotImplementedError, RuntimeError):  # Windows: Python handlers, which post to the loop
+        previous = {sig: signal.signal(sig, lambda n, _f: loop.call_soon_threadsafe(on_signal, n)) for sig in sigs}
+        return lambda: [signal.signal(sig, old) for sig, old in previous.items()]
+
+
+class ServeLog:
+    """What `serve` writes to its log for each engine event."""
+
+    def __init__(self) -> None:
+        self._loading_reported = 0
+
+    def on_event(self, event) -> None:
+        from slotkeeper.core import events as ev
+
+        match event:
+            case ev.ServerStateChanged(state=state, message=message) if state.value in ("crashed", "restarting"):
+                log.warning("llama-server %s: %s", state.value, message)
+            case ev.WarningRaised(message=m) | ev.NoticeRaised(message=m):
+                log.warning("%s", m)
+            case ev.SessionSaved(summary=s):
+                log.info("saved slot %s (%s, %s): %s tokens, %s", s.slot, s.reason, s.kind, s.n_tokens, s.id)
+            case ev.SaveFailed(slot=slot, message=message):
+                log.error("saving slot %s failed: %s", slot, message)
+            case ev.SessionRestored(summary=r):
+                log.info("restored session %s into slot %s: %s tokens in %.0f ms", r.id, r.slot, r.n_restored, r.ms)
+            case ev.SessionRefused(id=sid, reasons=reasons):
+                log.warning("session %s not restored: %s", sid, "; ".join(reasons))
+            case ev.RestoreReused(effective=True, slot=slot, cache_n=cache_n):
+                log.info("slot %s reused %s cached tokens after the restore", slot, cache_n)
+            case ev.RestoreReused(id=sid, reason=reason):
+                log.warning("restore of %s was ineffective: %s", sid, reason)
+            case ev.ServerLoading(elapsed=elapsed, detail=detail):
+                step = int(elapsed // 5)
+                if step > self._loading_reported:
+                    self._loading_reported = step
+                    log.info("loading the model (%.0f s): %s", elapsed, detail[-100:])
+            case ev.ActivityChanged(activity=a) if a.activity == "hashing" and a.total:
+                log.info("identifying the model: %.0f%%", 100 * a.done / a.total)
+            case ev.SessionsPruned(ids=ids):
+                log.info("pruned %d session(s) to stay under the disk budget", len(ids))
 
 
 def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
     """The desktop app; the same options as serve override the saved settings for this run."""
-    paths, settings = load_run_settings(args, extra)
+    paths, service, settings = load_run_settings(args, extra)
     if (sys.platform.startswith("linux") and not os.environ.get("QT_QPA_PLATFORM")
             and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY")):
         print("slotkeeper: no display to open the desktop app on (DISPLAY and WAYLAND_DISPLAY are unset). "
@@ -311,7 +315,7 @@ def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"slotkeeper: the desktop app cannot start: {exc}. `slotkeeper serve` runs without it.",
               file=sys.stderr)
         return 1
-    return run_gui(args, paths, settings, start_now=bool(args.model or args.demo))
+    return run_gui(args, paths, service, settings, start_now=bool(args.model or args.demo))
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:

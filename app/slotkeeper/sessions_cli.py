@@ -7,20 +7,14 @@ import json
 import sys
 
 from slotkeeper.core.paths import app_paths
-from slotkeeper.core.sessions import pruner
+from slotkeeper.core.services.sessions import SessionInUse, SessionsService
+from slotkeeper.core.sessions.compat import swa_mode
+from slotkeeper.core.sessions.entries import SessionEntry
+from slotkeeper.core.sessions.in_slots import read_in_slots
 from slotkeeper.core.sessions.sidecar import SidecarError
-from slotkeeper.core.sessions.store import SessionEntry, SessionNotFound, SessionStore
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.settings import SettingsError, load_settings
 from slotkeeper.core.units import human_bytes
-
-
-def _swa_mode(entry: SessionEntry) -> str:
-    s = entry.sidecar
-    if s is None:
-        return "?"
-    if not s.swa:
-        return "full attention"
-    return "sliding window + swa-full" if s.swa_full else "sliding window"
 
 
 def _print_table(entries: list[SessionEntry], unmanaged_count: int, total: int) -> None:
@@ -34,7 +28,7 @@ def _print_table(entries: list[SessionEntry], unmanaged_count: int, total: int) 
             print(f"{flag} {e.id:<12}  {'?':>8}  {human_bytes(e.size_bytes):>10}  (unreadable){status}")
             continue
         print(f"{flag} {e.id:<12}  {s.n_tokens:>8}  {human_bytes(s.size_bytes):>10}  {s.last_used_at[:19]}  "
-              f"{_swa_mode(e):<26}  {s.title[:50]}{status}")
+              f"{swa_mode(s):<26}  {s.title[:50]}{status}")
     extra = f", {unmanaged_count} unmanaged file(s)" if unmanaged_count else ""
     print(f"{len(entries)} session(s), {human_bytes(total)} on disk{extra}  (* = pinned)")
 
@@ -48,40 +42,40 @@ def _show(entry: SessionEntry) -> None:
         print(f"{key:<{width}}  {value}")
 
 
+def sessions_service(paths) -> SessionsService:
+    """The same rules as the app: a running engine's in-slot sessions are kept, the budget is the setting."""
+    return SessionsService(SessionStore(paths.sessions_dir), in_slots=lambda: read_in_slots(paths.in_slots_file),
+                           budget=lambda: load_settings(paths.settings_file).budget_bytes)
+
+
 def run_sessions_command(args: argparse.Namespace) -> int:
     paths = app_paths(args.data_dir).ensure()
-    store = SessionStore(paths.sessions_dir)
+    service = sessions_service(paths)
     try:
         if args.action == "list":
-            listing = store.listing()
+            listing = service.listing()
             if args.json:
                 print(json.dumps([e.to_json() for e in listing.sessions], indent=2))
             else:
                 _print_table(listing.sessions, len(listing.unmanaged), listing.total_bytes)
             return 0
         if args.action == "show":
-            entry = store.get(args.id)
+            entry = service.get(args.id)
             print(json.dumps(entry.to_json(), indent=2)) if args.json else _show(entry)
             return 0
         if args.action == "delete":
-            from slotkeeper.core.engine import sessions_in_running_slots
-
-            if args.id in sessions_in_running_slots(paths):
-                print(f"slotkeeper: {args.id} is loaded in a slot of the running server; it can be deleted "
-                      "once another conversation replaces it", file=sys.stderr)
-                return 1
-            store.delete(args.id)
+            service.delete(args.id)
             print(f"deleted {args.id}")
             return 0
         if args.action in ("pin", "unpin"):
-            store.set_pinned(args.id, args.action == "pin")
+            service.set_pinned(args.id, args.action == "pin")
             print(f"{args.action}ned {args.id}")
             return 0
         if args.action == "verify":
-            ids = [args.id] if args.id else [e.id for e in store.sessions()]
+            ids = [args.id] if args.id else [e.id for e in service.listing().sessions]
             bad = 0
             for sid in ids:
-                entry = store.verify(sid)
+                entry = service.verify(sid)
                 if entry.problems:
                     bad += 1
                     print(f"{sid}  CORRUPT  {'; '.join(entry.problems)}")
@@ -89,11 +83,8 @@ def run_sessions_command(args: argparse.Namespace) -> int:
                     print(f"{sid}  ok")
             return 1 if bad else 0
         if args.action == "prune":
-            return _prune(args, paths, store)
-    except SessionNotFound as exc:
-        print(f"slotkeeper: {exc}", file=sys.stderr)
-        return 1
-    except (SidecarError, OSError) as exc:
+            return _prune(args, service)
+    except (SessionNotFound, SessionInUse, SidecarError, OSError) as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 1
     except SettingsError as exc:
@@ -102,24 +93,18 @@ def run_sessions_command(args: argparse.Namespace) -> int:
     return 2
 
 
-def _prune(args: argparse.Namespace, paths, store: SessionStore) -> int:
-    budget = args.budget if args.budget is not None else load_settings(paths.settings_file).budget_bytes
-    listing = store.listing()
-    cands = [pruner.PruneCandidate.from_sidecar(e.sidecar) for e in listing.sessions if e.sidecar]
-    from slotkeeper.core.engine import sessions_in_running_slots
-
-    in_slots = sessions_in_running_slots(paths)
-    plan = pruner.plan(cands, budget, protected_ids=in_slots, unmanaged_bytes=listing.unmanaged_bytes)
+def _prune(args: argparse.Namespace, service: SessionsService) -> int:
+    outcome = service.prune(args.budget, dry_run=args.dry_run)
+    plan = outcome.plan
     verb = "would delete" if args.dry_run else "deleting"
     for c in plan.delete:
         print(f"{verb} {c.id}  {human_bytes(c.size_bytes):>10}  {c.title}")
     print(f"{'would free' if args.dry_run else 'freed'} {human_bytes(plan.bytes_freed)} "
-          f"({plan.bytes_freed} bytes); budget {human_bytes(budget)}")
+          f"({plan.bytes_freed} bytes); budget {human_bytes(plan.budget)}")
     if plan.over_budget_after:
         print("still over budget: the rest is pinned or unmanaged", file=sys.stderr)
-    if args.dry_run:
+    if outcome.result is None:
         return 0
-    result = pruner.apply(plan, store.delete)
-    for sid, err in result.failed:
+    for sid, err in outcome.result.failed:
         print(f"could not delete {sid}: {err}", file=sys.stderr)
-    return 0 if result.ok else 1
+    return 0 if outcome.result.ok else 1

@@ -59,12 +59,15 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: s
 
 
 class EventLog:
+    """Every event the engine emits; ``of(SessionSaved)`` gives those of one type (a save or restore
+    event's summary rather than the event)."""
+
     def __init__(self, engine: Engine) -> None:
         self.events = []
         engine.events.subscribe(self.events.append)
 
-    def of(self, kind: str) -> list[dict]:
-        return [e.data for e in self.events if e.kind == kind]
+    def of(self, event_type) -> list:
+        return [getattr(e, "summary", e) for e in list(self.events) if isinstance(e, event_type)]
 
 
 def free_port() -> int:

@@ -9,7 +9,8 @@ import sys
 import pytest
 from e2e_helpers import EventLog, converse, make_engine
 
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +36,7 @@ def four_sessions(llama_model, server_bin, port, isolated_home):
         assert engine.wait_ready(60) is ServerState.READY
         for turns in CHATS:
             converse(engine.base_url, turns, max_tokens=8)
-            assert engine.save_slot(0)["kind"] == "new"
+            assert engine.save_slot(0).kind == "new"
     finally:
         engine.stop(save=False)
     return isolated_home
@@ -91,10 +92,10 @@ def test_engine_prunes_after_save_but_keeps_in_slot_sessions(llama_model, server
         from dataclasses import replace
 
         engine.update_settings(replace(engine.settings, budget_bytes=1))
-        [pruned] = events.of("sessions.pruned")
+        [pruned] = events.of(ev.SessionsPruned)
         left = engine.store.sessions()
-        assert len(left) == 1 and left[0].id == engine.policy.watch(0).session_id
-        assert len(pruned["ids"]) == 1
+        assert len(left) == 1 and left[0].id in engine.snapshot.in_slots
+        assert len(pruned.ids) == 1
     finally:
         engine.stop(save=False)
 

@@ -12,8 +12,10 @@ import time
 import pytest
 from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
 
-from slotkeeper.core.server.supervisor import ServerState
-from slotkeeper.core.sessions.store import FAULT_ENV, SessionStore
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.sessions.saving import FAULT_ENV
+from slotkeeper.core.sessions.store import SessionStore
 
 pytestmark = pytest.mark.e2e
 
@@ -88,7 +90,7 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
         long_text = " ".join(["the walkers went up the hill and came down again"] * 60)
         converse(engine.base_url, [long_text], max_tokens=4)
         first = engine.save_slot(0)
-        assert first and first["kind"] == "new"
+        assert first and first.kind == "new"
         converse(engine.base_url, [long_text, "and again " + long_text], max_tokens=4)
 
         sessions_dir = engine.paths.sessions_dir
@@ -108,12 +110,12 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
         assert engine.save_slot(0) is None
         t.join()
         assert killed.is_set()
-        assert events.of("save.failed")
+        assert events.of(ev.SaveFailed)
         [entry] = engine.store.sessions()
-        assert entry.id == first["id"] and entry.status == "ok"
+        assert entry.id == first.id and entry.status == "ok"
         assert engine.store.verify(entry.id).status == "ok"
         # The supervisor restarts the server and restores what was in the slot.
-        wait_until(lambda: len(events.of("session.restored")) >= 1, timeout=120, what="restore after the crash")
+        wait_until(lambda: len(events.of(ev.SessionRestored)) >= 1, timeout=120, what="restore after the crash")
     finally:
         engine.stop(save=False)
 
@@ -135,14 +137,14 @@ def test_full_disk_gives_a_clear_error_and_keeps_the_previous_version(llama_mode
             assert first is not None
             filler = small / "filler"
             free = os.statvfs(small).f_bavail * os.statvfs(small).f_frsize
-            filler.write_bytes(b"\0" * max(0, free - first["size_bytes"] // 2))
+            filler.write_bytes(b"\0" * max(0, free - first.size_bytes // 2))
             converse(engine.base_url, USER_TURNS[:3], max_tokens=24)
             assert engine.save_slot(0) is None
-            [failure] = events.of("save.failed")
-            assert "The disk is full" in failure["message"]
-            assert "Traceback" not in failure["message"]
+            [failure] = events.of(ev.SaveFailed)
+            assert "The disk is full" in failure.message
+            assert "Traceback" not in failure.message
             [entry] = engine.store.sessions()
-            assert entry.id == first["id"] and engine.store.verify(entry.id).status == "ok"
+            assert entry.id == first.id and engine.store.verify(entry.id).status == "ok"
             assert not [n for n in os.listdir(engine.paths.sessions_dir) if n.startswith("incoming-")]
             with engine.client() as c:
                 assert c.health().ok

@@ -11,7 +11,8 @@ import threading
 import pytest
 from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
 
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.sessions.store import SessionStore
 
 pytestmark = pytest.mark.e2e
@@ -91,24 +92,24 @@ def test_restore_reuse_is_measured_per_slot_with_two_slots_busy(llama_model, ser
     engine2.start()
     try:
         assert engine2.wait_ready(60) is ServerState.READY
-        assert len(events2.of("session.restored")) == 2
+        assert len(events2.of(ev.SessionRestored)) == 2
         import threading
 
         results = {}
         ta = threading.Thread(target=lambda: results.__setitem__("a", chat(engine2.base_url, a + [{"role": "user", "content": "more?"}])))
         tb = threading.Thread(target=lambda: results.__setitem__("b", chat(engine2.base_url, b + [{"role": "user", "content": "more?"}])))
         ta.start(); tb.start(); ta.join(); tb.join()
-        reuse = wait_until(lambda: len(events2.of("restore.reuse")) == 2 and events2.of("restore.reuse"), what="reuse figures")
-        by_id = {r["id"]: r for r in reuse}
+        reuse = wait_until(lambda: len(events2.of(ev.RestoreReused)) == 2 and events2.of(ev.RestoreReused), what="reuse figures")
+        by_id = {r.id: r for r in reuse}
         for key in ("a", "b"):
             t = results[key]["timings"]
-            match = [r for r in by_id.values() if r["cache_n"] == t["cache_n"]]
-            assert match and match[0]["effective"], (key, t, reuse)
-        done = events2.of("request.done")
-        assert {d["slot"] for d in done} == {0, 1}
+            match = [r for r in by_id.values() if r.cache_n == t["cache_n"]]
+            assert match and match[0].effective, (key, t, reuse)
+        done = events2.of(ev.RequestDone)
+        assert {d.slot for d in done} == {0, 1}
     finally:
         engine2.stop()
-    assert not events.of("save.failed")
+    assert not events.of(ev.SaveFailed)
 
 
 @pytest.mark.parametrize("swa_full", [False, True])
@@ -118,7 +119,7 @@ def test_gemma2_swa_warning_and_effectiveness(gemma2_model, server_bin, port, sw
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        warned = [w["message"] for w in events.of("engine.warning")]
+        warned = [w.message for w in events.of(ev.WarningRaised)]
         if swa_full:
             assert not warned
         else:
@@ -136,17 +137,17 @@ def test_gemma2_swa_warning_and_effectiveness(gemma2_model, server_bin, port, sw
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        assert events.of("session.restored")
+        assert events.of(ev.SessionRestored)
         nxt = history + [{"role": "user", "content": "and then?"}]
         chat(engine.base_url, nxt)
-        [reuse] = wait_until(lambda: events.of("restore.reuse"), what="reuse judgement")
+        [reuse] = wait_until(lambda: events.of(ev.RestoreReused), what="reuse judgement")
     finally:
         engine.stop()
     rec = engine.store.sessions()[0].sidecar.last_restore
     if swa_full:
-        assert reuse["effective"] and rec.effective is True
+        assert reuse.effective and rec.effective is True
     else:
-        assert not reuse["effective"] and rec.effective is False
+        assert not reuse.effective and rec.effective is False
         assert "--swa-full" in rec.reason
 
 
@@ -156,9 +157,9 @@ def test_resume_restores_the_chosen_session_into_slot_0(llama_model, server_bin,
     try:
         assert engine.wait_ready(60) is ServerState.READY
         converse(engine.base_url, ["First chat: about apples and pears in the orchard."], max_tokens=8)
-        older = engine.save_slot(0)["id"]
+        older = engine.save_slot(0).id
         converse(engine.base_url, ["Second chat: about trains and stations."], max_tokens=8)
-        newer = engine.save_slot(0)["id"]
+        newer = engine.save_slot(0).id
     finally:
         engine.stop(save=False)
     assert older != newer
@@ -167,8 +168,8 @@ def test_resume_restores_the_chosen_session_into_slot_0(llama_model, server_bin,
     engine.start(resume_id=older)
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        [restored] = events.of("session.restored")
-        assert restored["id"] == older and restored["slot"] == 0
+        [restored] = events.of(ev.SessionRestored)
+        assert restored.id == older and restored.slot == 0
     finally:
         engine.stop(save=False)
 
@@ -179,7 +180,7 @@ def test_swa_full_rollback_inside_restored_tokens_is_warned(gemma2_model, server
     try:
         assert engine.wait_ready(60) is ServerState.READY
         history, _ = converse(engine.base_url, [" ".join(USER_TURNS * 12), USER_TURNS[1]], max_tokens=24)
-        assert engine.save_slot(0)["kind"] == "new"  # saved after generating the reply
+        assert engine.save_slot(0).kind == "new"  # saved after generating the reply
     finally:
         engine.stop(save=False)
     engine = make_engine(gemma2_model, server_bin, port, swa_full=True)
@@ -190,9 +191,9 @@ def test_swa_full_rollback_inside_restored_tokens_is_warned(gemma2_model, server
         # An edited last message: the prompt diverges inside the restored tokens.
         edited = history[:-2] + [{"role": "user", "content": "Something else entirely, please."}]
         chat(engine.base_url, edited)
-        [reuse] = wait_until(lambda: events.of("restore.reuse"), what="reuse judgement")
-        assert reuse["effective"] and reuse["cache_n"] < reuse["n_restored"]
-        assert any("rolled back" in w["message"] for w in events.of("engine.warning"))
+        [reuse] = wait_until(lambda: events.of(ev.RestoreReused), what="reuse judgement")
+        assert reuse.effective and reuse.cache_n < reuse.n_restored
+        assert any("rolled back" in w.message for w in events.of(ev.WarningRaised))
     finally:
         engine.stop(save=False)
 
@@ -211,10 +212,10 @@ def test_an_edited_earlier_message_forks_a_new_session_with_its_parent(llama_mod
         fork = engine.save_slot(0)
     finally:
         engine.stop(save=False)
-    assert longer["kind"] == "update" and longer["id"] == original["id"]
-    assert fork["kind"] == "fork" and fork["id"] != original["id"]
+    assert longer.kind == "update" and longer.id == original.id
+    assert fork.kind == "fork" and fork.id != original.id
     sessions = {e.id: e.sidecar for e in engine.store.sessions()}
-    assert sessions[fork["id"]].parent == original["id"]
+    assert sessions[fork.id].parent == original.id
     assert len(sessions) == 2
 
 
@@ -226,11 +227,11 @@ def test_resuming_a_conversation_already_in_a_slot_keeps_its_newer_turns(llama_m
         history, _ = converse(engine.base_url, USER_TURNS[:2])
         saved = engine.save_slot(0)
         converse(engine.base_url, USER_TURNS[:3])  # newer turns, not saved yet
-        out = engine.restore(saved["id"])
-        assert out["already_loaded"] and out["slot"] == 0
+        out = engine.restore(saved.id)
+        assert out.already_loaded and out.slot == 0
         with engine.client() as c:
             held = c.slots()[0].n_prompt_tokens
-        assert held > saved["n_tokens"]  # the slot was not rolled back to the saved state
+        assert held > saved.n_tokens  # the slot was not rolled back to the saved state
     finally:
         engine.stop(save=False)
 

@@ -7,8 +7,9 @@ import json
 import pytest
 from e2e_helpers import USER_TURNS, EventLog, converse, make_engine, wait_until
 
+from slotkeeper.core import events as ev
 from slotkeeper.core.modelgen import write_model
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.server.state import ServerState
 
 pytestmark = pytest.mark.e2e
 
@@ -35,15 +36,15 @@ def _launch_and_try(model, server_bin, port, session_id, **profile):
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        assert not events.of("session.restored"), "an incompatible session was restored at launch"
+        assert not events.of(ev.SessionRestored), "an incompatible session was restored at launch"
         assert engine.restore(session_id, 0) is None
-        [refusal] = events.of("session.refused")
+        [refusal] = events.of(ev.SessionRefused)
         with engine.client() as c:
             assert c.health().ok  # the server is fine
             assert all(s.id_task is None for s in c.slots())  # nothing was loaded into a slot
     finally:
         engine.stop()
-    return refusal["reasons"], engine
+    return refusal.reasons, engine
 
 
 @pytest.mark.parametrize(
@@ -94,7 +95,7 @@ def test_damaged_files_are_refused_marked_and_the_server_survives(saved_session,
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        assert not events.of("session.restored")
+        assert not events.of(ev.SessionRestored)
         assert engine.restore(saved_session.id, 0) is None
         with engine.client() as c:
             assert c.health().ok
@@ -120,7 +121,7 @@ def test_bad_sidecars_list_as_corrupt_and_are_never_restored(saved_session, llam
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        assert not events.of("session.restored")
+        assert not events.of(ev.SessionRestored)
         assert engine.restore(saved_session.id, 0) is None
     finally:
         engine.stop()
@@ -136,14 +137,14 @@ def test_a_good_save_of_the_same_conversation_replaces_a_corrupt_one(llama_model
         assert engine.wait_ready(60) is ServerState.READY
         history, _ = converse(engine.base_url, USER_TURNS[:2], max_tokens=16)
         first = engine.save_slot(0)
-        entry = engine.store.get(first["id"])
+        entry = engine.store.get(first.id)
         _damage_flip(entry.kv_path)
-        assert engine.store.verify(first["id"]).status == "corrupt"
+        assert engine.store.verify(first.id).status == "corrupt"
         converse(engine.base_url, USER_TURNS[:3], max_tokens=16)
         again = engine.save_slot(0)
     finally:
         engine.stop(save=False)
-    assert again["id"] == first["id"] and again["kind"] == "update"
-    entry = engine.store.get(first["id"])
+    assert again.id == first.id and again.kind == "update"
+    entry = engine.store.get(first.id)
     assert entry.status == "ok" and entry.sidecar.corrupt is None
-    assert engine.store.verify(first["id"]).status == "ok"
+    assert engine.store.verify(first.id).status == "ok"

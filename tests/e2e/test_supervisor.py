@@ -13,11 +13,13 @@ import time
 import httpx
 import psutil
 import pytest
+from e2e_helpers import wait_until
 
 from slotkeeper.core.engine import Engine
+from slotkeeper.core.events import ServerStateChanged
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.server.restart import RestartPolicy
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import ServerProfile, Settings
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +35,7 @@ def make_engine(model, server_bin, port, **profile) -> Engine:
 def test_start_ready_props_and_stop(llama_model, server_bin, port):
     engine = make_engine(llama_model, server_bin, port)
     states = []
-    engine.events.subscribe(lambda e: states.append(e.data["state"]), "server.state")
+    engine.events.subscribe(lambda e: states.append(e.state), ServerStateChanged)
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
@@ -73,7 +75,7 @@ def test_kill9_is_restarted_then_repeated_crashes_fail_with_log_tail(llama_model
             with engine.client() as c:
                 assert c.health().ok
         os.kill(engine.supervisor.pid, signal.SIGKILL)
-        assert engine.supervisor.wait_for([ServerState.FAILED], 30) is ServerState.FAILED
+        wait_until(lambda: engine.supervisor.state is ServerState.FAILED, 30, what="the third crash to fail")
         assert "crashed 3 times" in engine.supervisor.message
         assert engine.supervisor.log_tail(), "the failure shows the last log lines"
     finally:

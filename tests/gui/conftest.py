@@ -20,7 +20,7 @@ from slotkeeper.core.settings import Settings
 def engine() -> Engine:
     eng = Engine(app_paths(), Settings())
     yield eng
-    eng.supervisor.stop()
+    eng.close(save=False)
 
 
 @pytest.fixture

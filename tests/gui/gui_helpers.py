@@ -9,8 +9,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from slotkeeper.core.engine import Engine
+from slotkeeper.core.events import Event
+from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.sidecar import (
-    ServerFacts,
     Sidecar,
     content_hash_file,
     format_utc,
@@ -62,8 +63,8 @@ def make_session(
     return sc
 
 
-def emit_from_thread(engine: Engine, kind: str, **data) -> None:
-    """Emit an event from another thread, as the engine's supervisor and poller do."""
-    t = threading.Thread(target=lambda: engine.events.emit(kind, **data))
+def emit_from_thread(engine: Engine, event: Event) -> None:
+    """Emit an event from another thread, as the engine's loop and the supervisor do."""
+    t = threading.Thread(target=lambda: engine.events.emit(event))
     t.start()
     t.join()

@@ -11,6 +11,7 @@ from PySide6.QtCore import QTimer
 
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.paths import app_paths
+from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings, load_settings
 from slotkeeper.gui.application import SingleInstance, SlotkeeperApp, instance_key, run_gui
 
@@ -42,7 +43,7 @@ def test_run_gui_returns_at_once_when_already_running(qtbot, paths):
     first = SingleInstance(instance_key(paths))
     assert first.listen()
     with qtbot.waitSignal(first.showRequested, timeout=5000):
-        assert run_gui(None, paths, Settings()) == 0
+        assert run_gui(None, paths, SettingsService(paths.settings_file), Settings()) == 0
     first.close()
 
 
@@ -78,9 +79,11 @@ def test_choosing_a_model_on_first_run_saves_it(qtbot, paths, monkeypatch):
             pass
 
     monkeypatch.setattr(application, "FirstRunDialog", Chooser)
-    app = SlotkeeperApp(paths, Settings(budget_bytes=123 * 1024**3), tray_available=False)
+    service = SettingsService(paths.settings_file, {"budget_bytes": 123 * 1024**3})  # as from --budget
+    app = SlotkeeperApp(paths, service.effective(), service, tray_available=False)
     qtbot.addWidget(app.window)
-    assert app.engine.settings.profile.model_path == DEMO_MODEL
+    qtbot.waitUntil(lambda: app.engine.settings.profile.model_path == DEMO_MODEL)
+    assert app.engine.settings.budget_bytes == 123 * 1024**3
     qtbot.waitUntil(lambda: paths.settings_file.exists())
     on_disk = load_settings(paths.settings_file)
     assert on_disk.profile.model_path == DEMO_MODEL
@@ -107,6 +110,7 @@ def test_settings_dialog_opens_once(qtbot, paths):
 def test_sigterm_quits_like_quit(qtbot, paths):
     QTimer.singleShot(300, lambda: os.kill(os.getpid(), signal.SIGTERM))
     before = signal.getsignal(signal.SIGTERM)
-    code = run_gui(None, paths, Settings().with_profile(model_path=DEMO_MODEL), start_now=False)
+    code = run_gui(None, paths, SettingsService(paths.settings_file), Settings().with_profile(model_path=DEMO_MODEL),
+                   start_now=False)
     assert code == 0
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored

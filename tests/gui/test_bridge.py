@@ -3,91 +3,111 @@
 from __future__ import annotations
 
 import json
-import threading
+import threading  # noqa: F401
 
 from gui_helpers import emit_from_thread, make_session
 from PySide6.QtCore import QThread
 from PySide6.QtWidgets import QApplication
 
-from slotkeeper.core.engine import DEMO_MODEL, SlotView
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core import events as ev
+from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import load_settings
+from slotkeeper.core.views import Activity, SlotView
 
 
-def test_server_state_event_becomes_a_signal_on_the_gui_thread(qtbot, bridge, engine):
-    threads = []
-    bridge.serverStateChanged.connect(
-        lambda *_: threads.append(QThread.currentThread() is QApplication.instance().thread()))
-    engine.launched_profile = engine.settings.profile  # the engine records it when it launches
-    with qtbot.waitSignal(bridge.serverStateChanged) as blocker:
-        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="launching")
-    state, data = blocker.args
-    assert state is ServerState.STARTING
-    assert data["message"] == "launching"
+def test_server_state_event_reaches_handlers_on_the_gui_thread(qtbot, bridge, engine):
+    threads, seen = [], []
+
+    def on_state(event: ev.ServerStateChanged) -> None:
+        threads.append(QThread.currentThread() is QApplication.instance().thread())
+        seen.append(event)
+
+    bridge.on(ev.ServerStateChanged, on_state)
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING, "launching"))
+    assert [(e.state, e.message) for e in seen] == [(ServerState.STARTING, "launching")]
     assert bridge.state is ServerState.STARTING
     assert bridge.running
     assert threads == [True]
     assert bridge.launched_profile == engine.settings.profile
 
 
-def test_slots_event_is_cached_and_re_emitted(qtbot, bridge, engine):
-    views = [SlotView(0, n_ctx=4096, state="busy", n_prompt=900, cache_n=800, prompt_n=50, running=True),
-             SlotView(1, n_ctx=4096)]
-    with qtbot.waitSignal(bridge.slotsChanged) as blocker:
-        emit_from_thread(engine, "slots", slots=views)
-    assert [v.id for v in blocker.args[0]] == [0, 1]
+def test_handlers_get_only_their_event_types(qtbot, bridge, engine):
+    warnings, everything = [], []
+    bridge.on(ev.WarningRaised, warnings.append)
+    bridge.on(ev.Event, everything.append)
+    for event in (ev.NoticeRaised("demo"), ev.WarningRaised("swa"), ev.SaveFailed(1, "disk full")):
+        with qtbot.waitSignal(bridge.eventArrived):
+            emit_from_thread(engine, event)
+    assert [w.message for w in warnings] == ["swa"]
+    assert [type(e).__name__ for e in everything] == ["NoticeRaised", "WarningRaised", "SaveFailed"]
+
+
+def test_an_event_type_must_be_an_event_class(bridge):
+    import pytest
+
+    with pytest.raises(TypeError):
+        bridge.on("engine.warning", print)  # the old string kinds are gone: a typo cannot pass silently
+
+
+def test_a_deleted_widget_is_no_longer_called(qtbot, bridge, engine):
+    from PySide6.QtWidgets import QLabel
+
+    calls = []
+
+    class Listener(QLabel):
+        def on_warning(self, event) -> None:
+            calls.append(event.message)
+
+    listener = Listener()
+    bridge.on(ev.WarningRaised, listener.on_warning)
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.WarningRaised("first"))
+    listener.deleteLater()
+    qtbot.waitUntil(lambda: not __import__("shiboken6").isValid(listener))
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.WarningRaised("second"))
+    assert calls == ["first"]
+
+
+def test_slots_and_activity_events_are_cached(qtbot, bridge, engine):
+    views = (SlotView(0, n_ctx=4096, state="busy", n_prompt=900, cache_n=800, prompt_n=50, running=True),
+             SlotView(1, n_ctx=4096))
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged(views))
+    assert [v.id for v in bridge.slots] == [0, 1]
     assert bridge.slots[0].cache_n == 800
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ActivityChanged(Activity("saving", "slot 0", 0, 2)))
+    assert bridge.activity.activity == "saving"
 
 
 def test_stopping_clears_the_slots(qtbot, bridge, engine):
-    with qtbot.waitSignal(bridge.slotsChanged):
-        emit_from_thread(engine, "slots", slots=[SlotView(0)])
-    with qtbot.waitSignal(bridge.slotsChanged) as blocker:
-        emit_from_thread(engine, "server.state", state=ServerState.STOPPED, message="stopped")
-    assert blocker.args[0] == []
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged((SlotView(0),)))
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STOPPED, "stopped"))
+    assert bridge.slots == ()
     assert bridge.launched_profile is None
-
-
-def test_specific_events_map_to_their_signals(qtbot, bridge, engine):
-    cases = [
-        ("engine.warning", {"message": "swa"}, bridge.warningRaised, ["swa"]),
-        ("engine.notice", {"message": "demo"}, bridge.noticeRaised, ["demo"]),
-        ("save.failed", {"slot": 1, "message": "disk full"}, bridge.saveFailed, None),
-        ("sessions.pruned", {"ids": ["a"], "bytes_freed": 10}, bridge.sessionsPruned, None),
-        ("restore.reuse", {"slot": 0, "id": "x", "cache_n": 0, "n_prompt": 10, "n_restored": 50,
-                           "effective": False, "reason": "r"}, bridge.restoreReuse, None),
-        ("engine.activity", {"activity": "saving", "detail": "slot 0", "done": 0, "total": 2},
-         bridge.activityChanged, None),
-    ]
-    for kind, data, signal, expected in cases:
-        with qtbot.waitSignal(signal) as blocker:
-            emit_from_thread(engine, kind, **data)
-        if expected is not None:
-            assert blocker.args == expected
-        else:
-            assert blocker.args[0]["slot" if "slot" in data else next(iter(data))] == \
-                data["slot" if "slot" in data else next(iter(data))]
-    assert bridge.activity["activity"] == "saving"
 
 
 def test_engine_ready_re_announces_the_listing(qtbot, bridge, engine, sessions_dir):
     make_session(sessions_dir, "aaaaaaaaaaaa")
     with qtbot.waitSignal(bridge.sessionsListed):
         bridge.refresh_sessions()
-    with qtbot.waitSignals([bridge.engineReady, bridge.sessionsListed]):
-        emit_from_thread(engine, "engine.ready", url="http://127.0.0.1:1", restored=[])
+    with qtbot.waitSignals([bridge.eventArrived, bridge.sessionsListed]):
+        emit_from_thread(engine, ev.EngineReady("http://127.0.0.1:1"))
 
 
 def test_request_done_is_recorded_in_the_history(qtbot, bridge, engine):
     from slotkeeper.core.history import RequestHistory
     from slotkeeper.core.server.logparse import RequestFigures
 
-    # The engine records the request (from the server log) and emits request.done.
+    # The engine records the request (from the server log, on its loop) and emits RequestDone.
     fig = RequestFigures(slot=0, task=3, n_prompt=1000, cache_n=900, prompt_n=100, prompt_ms=12.5)
-    worker = threading.Thread(target=engine._on_request_done, args=(fig,))  # the log-tail thread's role
     with qtbot.waitSignal(bridge.historyLoaded) as blocker:
-        worker.start()
-    worker.join()
+        engine.loop.call_soon(engine._on_request_done, fig)
     assert blocker.args[0][-1].cache_n == 900
     path = engine.paths.history_file
     qtbot.waitUntil(lambda: len(RequestHistory(path).load()) == 1)
@@ -136,7 +156,7 @@ def test_pin_delete_and_verify(qtbot, bridge, engine, sessions_dir):
         e.id == "cccccccccccc" and e.sidecar.pinned for e in listing.sessions)
     with qtbot.waitSignal(bridge.sessionsListed, check_params_cb=pinned):
         bridge.set_pinned("cccccccccccc", True)
-    assert engine.store.get("cccccccccccc").sidecar.pinned
+    assert engine.sessions.get("cccccccccccc").sidecar.pinned
 
     with qtbot.waitSignal(bridge.sessionVerified) as blocker:
         bridge.verify_session("dddddddddddd")
@@ -169,7 +189,7 @@ def test_prune_preview_deletes_nothing(qtbot, bridge, engine, sessions_dir):
     bridge.preview_prune(17_000, plans.append)
     qtbot.waitUntil(lambda: bool(plans))
     assert [c.id for c in plans[0].delete] == ["eeeeeeeeeeee"]
-    assert len(engine.store.sessions()) == 3
+    assert len(engine.sessions.listing().sessions) == 3
 
 
 def test_apply_settings_persists_and_updates_the_engine(qtbot, bridge, engine):
@@ -185,8 +205,8 @@ def test_apply_settings_persists_and_updates_the_engine(qtbot, bridge, engine):
 def test_needs_restart_compares_with_the_launched_profile(qtbot, bridge, engine):
     changed = engine.settings.with_profile(ctx=2048)
     assert not bridge.needs_restart(changed)  # nothing running
-    with qtbot.waitSignal(bridge.serverStateChanged):
-        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING))
     assert bridge.needs_restart(changed)
     assert not bridge.needs_restart(engine.settings)
 
@@ -212,8 +232,8 @@ def test_close_stops_everything_and_silences_events(qtbot, engine):
     b.close()
     assert not observer.is_alive()
     assert not b._debounce.isActive()
-    with qtbot.assertNotEmitted(b.serverStateChanged, wait=100):
-        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="")
+    with qtbot.assertNotEmitted(b.eventArrived, wait=100):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING))
         b._on_log_line("late line")
     b.close()  # twice is fine
     b.deleteLater()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPointF
 
-from slotkeeper.core.engine import SlotView
+from slotkeeper.core.views import SlotView
 from slotkeeper.gui.gauges import GaugeFigures, SlotGauge, SlotsPanel
 
 

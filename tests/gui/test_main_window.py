@@ -6,8 +6,9 @@ import pytest
 from gui_helpers import emit_from_thread, make_session
 from PySide6.QtWidgets import QMessageBox
 
-from slotkeeper.core.engine import SlotView
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.views import SlotView
 from slotkeeper.gui.main_window import MainWindow, describe_flags, format_duration
 
 
@@ -34,23 +35,23 @@ def test_tabs_and_initial_state(qtbot, window):
 
 
 def test_state_changes_update_the_server_tab(qtbot, window, bridge, engine):
-    with qtbot.waitSignal(bridge.serverStateChanged):
-        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="loading model")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING, "loading model"))
     assert window.state_label.text() == "Starting"
     assert window.stop_action.isEnabled()
     assert "http://127.0.0.1:8789" in window.address_label.text()
-    with qtbot.waitSignal(bridge.serverLoading):
-        emit_from_thread(engine, "server.loading", elapsed=3.2, detail="llama_model_load: ...")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerLoading(3.2, "llama_model_load: ..."))
     assert "Loading the model… 3 s" in window.state_message.text()
-    with qtbot.waitSignal(bridge.warningRaised):
-        emit_from_thread(engine, "engine.warning", message="restores will not help")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.WarningRaised("restores will not help"))
     assert window.warning_box.isVisible()
 
 
 def test_slot_gauges_follow_the_slots_signal(qtbot, window, bridge, engine):
-    views = [SlotView(0, n_ctx=4096, n_prompt=100, cache_n=90, prompt_n=10), SlotView(1, n_ctx=4096)]
-    with qtbot.waitSignal(bridge.slotsChanged):
-        emit_from_thread(engine, "slots", slots=views)
+    views = (SlotView(0, n_ctx=4096, n_prompt=100, cache_n=90, prompt_n=10), SlotView(1, n_ctx=4096))
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged(views))
     assert len(window.slots_panel.gauges) == 2
     assert window.slots_panel.gauges[0].figures.cache_n == 90
 
@@ -105,14 +106,14 @@ def test_pin_from_the_window(qtbot, window, bridge, engine, sessions_dir):
     wait_rows(qtbot, window, 1)
     window.select_session("dddddddddddd")
     window.toggle_pin_selected()
-    qtbot.waitUntil(lambda: engine.store.get("dddddddddddd").sidecar.pinned)
+    qtbot.waitUntil(lambda: engine.sessions.get("dddddddddddd").sidecar.pinned)
     qtbot.waitUntil(lambda: window.pin_button.text() == "Unpin", timeout=10_000)
 
 
 def test_history_tab(qtbot, window, bridge, engine):
     with qtbot.waitSignal(bridge.historyLoaded):
-        emit_from_thread(engine, "request.done", slot=0, task=1, n_prompt=1000, cache_n=750,
-                         prompt_n=250, prompt_ms=30.0, at=1_700_000_000.0)
+        emit_from_thread(engine, ev.RequestDone(slot=0, task=1, n_prompt=1000, cache_n=750,
+                                                prompt_n=250, prompt_ms=30.0, at=1_700_000_000.0))
     assert "1 requests, 1,000 prompt tokens, 75% served from cache" == window.history_summary.text()
 
 

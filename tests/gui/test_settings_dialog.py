@@ -6,8 +6,9 @@ import pytest
 from gui_helpers import emit_from_thread, make_session
 from PySide6.QtWidgets import QMessageBox
 
+from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import Settings, load_settings
 from slotkeeper.gui.settings_dialog import (
     BUDGET_MAX,
@@ -75,9 +76,9 @@ def test_budget_scale_helpers():
 
 
 def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dialog):
-    engine.settings = Settings(budget_bytes=5 * GIB, idle_save_seconds=30.0, restore_on_start=2).with_profile(
+    engine.update_settings(Settings(budget_bytes=5 * GIB, idle_save_seconds=30.0, restore_on_start=2).with_profile(
         ctx=16384, parallel=2, flash_attn=True, cache_type_k="q8_0", cache_type_v="q8_0",
-        extra_args=("--api-key", "two words"), model_path=DEMO_MODEL)
+        extra_args=("--api-key", "two words"), model_path=DEMO_MODEL))
     d = make_dialog()
     assert d.ctx.value() == 16384 and d.parallel.value() == 2
     assert d.ctx_note.text() == "8,192 tokens per slot"
@@ -94,7 +95,7 @@ def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dial
 
 
 def test_demo_model_note_and_binary(qtbot, engine, make_dialog):
-    engine.settings = engine.settings.with_profile(model_path=DEMO_MODEL)
+    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
     d = make_dialog()
     qtbot.waitUntil(lambda: "gibberish" in d.model_note.text(), timeout=10_000)
     qtbot.waitUntil(lambda: d.binary_note.text() != "Looking for llama-server…", timeout=10_000)
@@ -130,7 +131,7 @@ def test_bad_input_disables_save(qtbot, make_dialog):
 
 
 def test_swa_full_note_for_a_sliding_window_model(qtbot, engine, make_dialog, gemma2):
-    engine.settings = engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1)
+    engine.update_settings(engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1))
     d = make_dialog()
     qtbot.waitUntil(lambda: d.row_shown(d.swa_box), timeout=10_000)
     note = d.swa_note.text()
@@ -160,7 +161,7 @@ def test_budget_preview_and_usage(qtbot, bridge, engine, make_dialog, sessions_d
     qtbot.waitUntil(lambda: d.preview_list.count() == 1, timeout=10_000)
     assert d.preview_list.item(0).text().startswith("Old one")
     assert "delete 1 conversation" in d.preview_title.text()
-    assert len(engine.store.sessions()) == 2  # a preview deletes nothing
+    assert len(engine.sessions.listing().sessions) == 2  # a preview deletes nothing
     d.budget_edit.setText("lots")
     d.budget_edit.textEdited.emit("lots")
     assert d.row_shown(d.budget_error)
@@ -197,12 +198,12 @@ def test_smaller_budget_asks_before_deleting(qtbot, bridge, engine, make_dialog,
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
     with qtbot.waitSignal(bridge.settingsChanged):
         assert d.save()
-    assert [e.id for e in engine.store.sessions()] == ["bbbbbbbbbbbb"]
+    assert [e.id for e in engine.sessions.listing().sessions] == ["bbbbbbbbbbbb"]
 
 
 def test_restart_needed_is_said_and_offered(qtbot, bridge, engine, make_dialog, monkeypatch):
-    with qtbot.waitSignal(bridge.serverStateChanged):
-        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING))
     d = make_dialog()
     assert not d.restart_label.isVisible()
     d.idle_save.setValue(5)  # applies live: no restart

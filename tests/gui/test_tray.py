@@ -6,8 +6,10 @@ import pytest
 from gui_helpers import OTHER_SHA, base_sidecar, emit_from_thread, facts_for, make_session
 from PySide6.QtGui import QGuiApplication
 
-from slotkeeper.core.engine import DEMO_MODEL, SlotView
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core import events as ev
+from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.views import SlotView
 from slotkeeper.gui.tray import RESUME_ITEMS, TrayController, api_address
 
 
@@ -40,23 +42,24 @@ def test_no_tray_offscreen_and_menu_still_works(qtbot, tray, bridge):
 def test_tooltip_and_icon_follow_the_engine(qtbot, tray, bridge, engine, sessions_dir):
     make_session(sessions_dir, "aaaaaaaaaaaa", size=2048)
     listed(qtbot, bridge)
-    with qtbot.waitSignal(bridge.serverStateChanged):
-        emit_from_thread(engine, "server.state", state=ServerState.STARTING, message="")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING))
     assert tray.icon_state == "starting"
     assert tray.start_stop_action.text().startswith("Stop server")
-    with qtbot.waitSignal(bridge.slotsChanged):
-        emit_from_thread(engine, "slots", slots=[SlotView(0, state="busy", running=True), SlotView(1)])
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged((SlotView(0, state="busy", running=True), SlotView(1))))
     tip = tray.tooltip()
     assert "Slotkeeper: starting" in tip
     assert "Address: http://127.0.0.1:8789" in tip
     assert "Slots busy: 1 of 2" in tip
     assert "Saved: 1 conversation, 2.0 KiB" in tip
-    with qtbot.waitSignal(bridge.serverStateChanged):
-        emit_from_thread(engine, "server.state", state=ServerState.FAILED, message="boom")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.FAILED, "boom"))
     assert tray.icon_state == "error"
 
 
-def test_resume_menu_lists_the_ten_most_recent(qtbot, tray, bridge, sessions_dir):
+def test_resume_menu_lists_the_ten_most_recent(qtbot, tray, bridge, engine, sessions_dir):
+    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
     for i in range(12):
         make_session(sessions_dir, f"{i:012x}", title=f"Chat number {i}", age_hours=i + 1)
     listed(qtbot, bridge)
@@ -97,7 +100,7 @@ def test_empty_resume_menu(qtbot, tray):
 def test_copy_address_and_start(qtbot, tray, bridge, engine, monkeypatch):
     tray.copy_address()
     assert QGuiApplication.clipboard().text() == api_address(engine.base_url) == "http://127.0.0.1:8789/v1"
-    engine.settings = engine.settings.with_profile(model_path=DEMO_MODEL)
+    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
     tray.refresh()
     assert tray.start_stop_action.isEnabled()
     started = []

@@ -48,3 +48,33 @@ def test_adopted_server_slots_count_as_changed_and_busy_slots_skip():
     assert p.due(1) == []
     p.mark_restored(1, "r")
     assert p.in_slots() == {"r"}
+
+
+def test_a_failed_save_is_retried_with_a_growing_delay_not_every_poll():
+    p = AutosavePolicy(idle_save_seconds=0)
+    p.observe([slot(0, task=1)], now=0, first=True)
+    assert p.due(0) == [0]
+    assert p.save_failed(0, now=0) == 5.0
+    assert p.due(1) == [] and p.due(4.9) == []
+    assert p.due(5) == [0]
+    assert p.save_failed(0, now=5) == 10.0
+    assert p.due(14) == [] and p.due(15) == [0]
+    for _ in range(20):
+        p.save_failed(0, now=15)
+    assert p.watch(0).retry_at == 15 + 300  # capped
+    p.mark_saved(0, "s")
+    p.observe([slot(0, task=2)], now=20)
+    assert p.due(20) == [0], "a good save ends the back-off"
+
+
+def test_a_change_seen_during_a_save_keeps_the_slot_changed():
+    p = AutosavePolicy(idle_save_seconds=0)
+    p.observe([slot(0, task=1)], now=0, first=True)
+    started_at = p.watch(0).generation  # the save begins
+    p.observe([slot(0, task=2, busy=True)], now=1)  # the next request starts meanwhile
+    p.mark_saved(0, "s", started_at)
+    assert p.watch(0).changed, "the newer turn is still unsaved"
+    p.observe([slot(0, task=2)], now=2)
+    again = p.watch(0).generation
+    p.mark_saved(0, "s", again)
+    assert not p.watch(0).changed

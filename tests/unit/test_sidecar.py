@@ -15,15 +15,14 @@ import pytest
 import xxhash
 
 from slotkeeper.core.sessions import sidecar as sidecar_module
+from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.sidecar import (
     MIGRATIONS,
     OPTIONAL_DEFAULTS,
     SCHEMA_VERSION,
     RestoreRecord,
-    ServerFacts,
     Sidecar,
     SidecarError,
-    check_compatible,
     content_hash_file,
     format_utc,
     load_sidecar,
@@ -618,7 +617,7 @@ def test_optional_keys_default_when_absent_and_are_validated() -> None:
 
 def test_restore_record_explains_effective_with_the_engines_rule() -> None:
     # The engine judges a restore; the schema's docstring must say by which rule.
-    from slotkeeper.core.engine import EFFECTIVE_REUSE_SHARE
+    from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE
 
     doc = " ".join((RestoreRecord.__doc__ or "").split())
     assert "cache_n >= EFFECTIVE_REUSE_SHARE * n_restored" in doc

@@ -45,6 +45,6 @@ def test_the_lock_is_reentrant_within_one_process(tmp_path):
     store = SessionStore(tmp_path / "sessions")
     sid = json.loads(FIXTURE.read_text())["id"]
     shutil.copy(FIXTURE, store.sidecar_path(sid))
-    with store._exclusive():
+    with store.exclusive():
         store.set_pinned(sid, True)  # nested: no deadlock
         assert store.listing().sessions[0].sidecar.pinned

@@ -5,6 +5,11 @@ to save now. A slot is due when its last task has finished, it has stayed idle f
 ``idle_save_seconds`` and its content changed since it was last saved or restored. A save blocks
 llama-server's task loop, so while another slot is generating we wait, but at most
 ``max_defer_seconds`` past the idle point, so a busy server still gets its conversations saved.
+
+A save that fails is retried with a growing delay (``RETRY_FIRST_SECONDS`` doubling up to
+``RETRY_MAX_SECONDS``), never every poll: each attempt makes llama-server write a whole file.
+A change seen while a save runs (the next request began) keeps the slot marked changed: the save
+records the ``generation`` it started from and only a save of the latest one clears the mark.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from slotkeeper.core.client import SlotInfo
 
 MAX_DEFER_SECONDS = 60.0
 POLL_SECONDS = 0.5
+RETRY_FIRST_SECONDS = 5.0
+RETRY_MAX_SECONDS = 300.0
 
 
 @dataclass
@@ -27,6 +34,13 @@ class SlotWatch:
     idle_since: float | None = None
     session_id: str | None = None  # the saved session whose tokens this slot holds
     busy_with: str | None = None  # "saving" / "restoring" while Slotkeeper acts on the slot
+    generation: int = 0  # counts the changes seen; a save clears ``changed`` only if none came since
+    failures: int = 0  # saves that failed in a row
+    retry_at: float | None = None  # no save attempt before this (after a failure)
+
+    def touch(self) -> None:
+        self.changed = True
+        self.generation += 1
 
 
 class AutosavePolicy:
@@ -46,14 +60,15 @@ class AutosavePolicy:
             new_task = info.id_task is not None and info.id_task != w.last_task
             if first:
                 # A server we did not just start (adopted) may hold unsaved conversations.
-                w.changed = w.changed or info.id_task is not None
+                if info.id_task is not None:
+                    w.touch()
                 w.idle_since = None if info.is_processing else now
             elif info.is_processing:
-                w.changed = True
+                w.touch()
                 w.idle_since = None
             elif w.processing or new_task:
                 # The turn ended (or a whole short request ran between two polls).
-                w.changed = True
+                w.touch()
                 w.idle_since = now
                 ended.append(info.id)
             w.processing = info.is_processing
@@ -66,6 +81,8 @@ class AutosavePolicy:
         for w in self.slots.values():
             if not w.changed or w.processing or w.idle_since is None or w.busy_with:
                 continue
+            if w.retry_at is not None and now < w.retry_at:
+                continue
             idle_for = now - w.idle_since
             if idle_for < self.idle_save_seconds:
                 continue
@@ -77,11 +94,21 @@ class AutosavePolicy:
     def changed_slots(self) -> list[int]:
         return [w.slot for w in self.slots.values() if w.changed]
 
-    def mark_saved(self, slot: int, session_id: str | None) -> None:
+    def mark_saved(self, slot: int, session_id: str | None, generation: int | None = None) -> None:
+        """The slot was saved as of ``generation`` (None: whatever it holds now)."""
         w = self.watch(slot)
-        w.changed = False
+        w.changed = generation is not None and w.generation != generation
+        w.failures, w.retry_at = 0, None
         if session_id is not None:
             w.session_id = session_id
+
+    def save_failed(self, slot: int, now: float) -> float:
+        """Back off: returns the seconds until the next attempt."""
+        w = self.watch(slot)
+        w.failures += 1
+        delay = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** (w.failures - 1))
+        w.retry_at = now + delay
+        return delay
 
     def mark_restored(self, slot: int, session_id: str) -> None:
         w = self.watch(slot)

@@ -185,7 +185,7 @@ class LlamaClient:
         d = self._json("POST", "/detokenize", json={"tokens": list(tokens)})
         return str(d.get("content", ""))
 
-    def _slot_action(self, slot: int, action: str, body: dict[str, Any] | None) -> Any:
+    def _slot_action(self, slot: int, action: str, body: dict[str, Any] | None, timeout: float | None) -> Any:
         if slot < 0:
             raise ValueError(f"slot id {slot} is negative")
         return self._json(
@@ -193,11 +193,13 @@ class LlamaClient:
             f"/slots/{slot}",
             params={"action": action},
             json=body or {},
-            timeout=self.slot_action_timeout,
+            timeout=self.slot_action_timeout if timeout is None else timeout,
         )
 
-    def save_slot(self, slot: int, filename: str) -> SaveResult:
-        d = self._slot_action(slot, "save", {"filename": filename})
+    def save_slot(self, slot: int, filename: str, timeout: float | None = None) -> SaveResult:
+        """llama-server writes the slot to ``filename`` in its slot-save folder; a busy slot is
+        saved once it is idle, so this may wait up to ``timeout`` seconds."""
+        d = self._slot_action(slot, "save", {"filename": filename}, timeout)
         return SaveResult(
             slot=int(d.get("id_slot", slot)),
             filename=str(d.get("filename", filename)),
@@ -206,8 +208,8 @@ class LlamaClient:
             save_ms=float((d.get("timings") or {}).get("save_ms", 0.0)),
         )
 
-    def restore_slot(self, slot: int, filename: str) -> RestoreResult:
-        d = self._slot_action(slot, "restore", {"filename": filename})
+    def restore_slot(self, slot: int, filename: str, timeout: float | None = None) -> RestoreResult:
+        d = self._slot_action(slot, "restore", {"filename": filename}, timeout)
         return RestoreResult(
             slot=int(d.get("id_slot", slot)),
             filename=str(d.get("filename", filename)),
@@ -216,6 +218,6 @@ class LlamaClient:
             restore_ms=float((d.get("timings") or {}).get("restore_ms", 0.0)),
         )
 
-    def erase_slot(self, slot: int) -> int:
-        d = self._slot_action(slot, "erase", None)
+    def erase_slot(self, slot: int, timeout: float | None = None) -> int:
+        d = self._slot_action(slot, "erase", None, timeout)
         return int(d.get("n_erased", 0))

@@ -1,7 +1,10 @@
-"""A tiny thread-safe publish/subscribe bus.
+"""Typed events and a small thread-safe bus.
 
-The engine emits events from worker threads; the GUI bridge re-emits them as Qt signals and
-`slotkeeper serve` logs them. Handlers run on the emitting thread, so they must be quick.
+Every event is a frozen dataclass; subscribers pick the types they want
+(``bus.subscribe(handler, SessionSaved, SaveFailed)``) or take them all. A misspelt type is an
+import error, not an event nobody hears. The engine emits on its own loop; the supervisor emits
+server events on its thread. Handlers run on the emitting thread, so they must be quick: the Qt
+bridge re-emits each event as one queued signal, `serve` logs it.
 """
 
 from __future__ import annotations
@@ -9,45 +12,156 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TypeVar
+
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.views import Activity, RestoreSummary, SaveSummary, SlotView
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str
-    data: dict[str, Any] = field(default_factory=dict)
+    """Base of every event."""
 
 
+# -- the server process (from the supervisor) ------------------------------------------------
+@dataclass(frozen=True)
+class ServerStateChanged(Event):
+    state: ServerState
+    message: str = ""
+    log_tail: tuple[str, ...] = ()  # the last log lines, on CRASHED and FAILED
+    pid: int | None = None
+    delay: float | None = None  # seconds until the restart, on RESTARTING
+
+
+@dataclass(frozen=True)
+class ServerLoading(Event):
+    elapsed: float  # seconds since launch
+    detail: str  # the last log line
+
+
+@dataclass(frozen=True)
+class ServerAdopted(Event):
+    pid: int
+
+
+# -- the engine ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineReady(Event):
+    """Launch work is done (model identified, sessions restored): requests hit the cache now."""
+
+    url: str
+    restored: tuple[RestoreSummary, ...] = ()
+
+
+@dataclass(frozen=True)
+class ActivityChanged(Event):
+    activity: Activity
+
+
+@dataclass(frozen=True)
+class WarningRaised(Event):
+    message: str
+
+
+@dataclass(frozen=True)
+class NoticeRaised(Event):
+    message: str
+
+
+@dataclass(frozen=True)
+class SlotsChanged(Event):
+    slots: tuple[SlotView, ...]
+
+
+@dataclass(frozen=True)
+class RequestDone(Event):
+    slot: int
+    task: int
+    n_prompt: int
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    at: float  # unix time
+
+
+# -- sessions --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SessionSaved(Event):
+    summary: SaveSummary
+
+
+@dataclass(frozen=True)
+class SaveFailed(Event):
+    slot: int
+    message: str
+
+
+@dataclass(frozen=True)
+class SessionRestored(Event):
+    summary: RestoreSummary
+
+
+@dataclass(frozen=True)
+class SessionRefused(Event):
+    id: str
+    slot: int | None
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RestoreReused(Event):
+    """How much of a restored session the next request on its slot reused."""
+
+    slot: int
+    id: str
+    cache_n: int
+    n_prompt: int
+    n_restored: int
+    effective: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionsPruned(Event):
+    ids: tuple[str, ...]
+    bytes_freed: int
+
+
+E = TypeVar("E", bound=Event)
 Handler = Callable[[Event], None]
 
 
 class EventBus:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._handlers: list[tuple[str | None, Handler]] = []
+        self._handlers: list[tuple[tuple[type[Event], ...], Handler]] = []
 
-    def subscribe(self, handler: Handler, kind: str | None = None) -> Callable[[], None]:
-        """Call ``handler`` for events of ``kind`` (all events when None). Returns an unsubscribe."""
-        entry = (kind, handler)
+    def subscribe(self, handler: Callable[[E], None], *types: type[E]) -> Callable[[], None]:
+        """Call ``handler`` for events of ``types`` (every event when none). Returns an unsubscribe."""
+        for t in types:
+            if not (isinstance(t, type) and issubclass(t, Event)):
+                raise TypeError(f"{t!r} is not an event type")
+        entry = (tuple(types) or (Event,), handler)
         with self._lock:
-            self._handlers.append(entry)
+            self._handlers.append(entry)  # type: ignore[arg-type]
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._handlers:
-                    self._handlers.remove(entry)
+                    self._handlers.remove(entry)  # type: ignore[arg-type]
 
         return unsubscribe
 
-    def emit(self, kind: str, /, **data: Any) -> None:
-        event = Event(kind, data)
+    def emit(self, event: Event) -> None:
+        if not isinstance(event, Event):
+            raise TypeError(f"{event!r} is not an event")
         with self._lock:
-            handlers = [h for k, h in self._handlers if k is None or k == kind]
+            handlers = [h for types, h in self._handlers if isinstance(event, types)]
         for handler in handlers:
             try:
                 handler(event)
             except Exception:  # a broken listener must not break the engine
-                log.exception("event handler failed for %s", kind)
+                log.exception("event handler failed for %s", type(event).__name__)

@@ -14,7 +14,6 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
@@ -22,8 +21,10 @@ from PySide6.QtNetwork import QLocalServer, QLocalSocket
 from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSystemTrayIcon
 
 from slotkeeper.core.engine import Engine, EngineError
+from slotkeeper.core.events import ActivityChanged
 from slotkeeper.core.paths import AppPaths
-from slotkeeper.core.settings import Settings, SettingsError, load_settings, save_settings
+from slotkeeper.core.services.settings import SettingsService
+from slotkeeper.core.settings import Settings
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.first_run import FirstRunDialog
@@ -138,6 +139,7 @@ class SlotkeeperApp(QObject):
         self,
         paths: AppPaths,
         settings: Settings,
+        settings_service: SettingsService | None = None,
         resume_id: str | None = None,
         start_now: bool = False,
         tray_available: bool | None = None,
@@ -147,7 +149,7 @@ class SlotkeeperApp(QObject):
         super().__init__()
         self.paths = paths
         self.engine = engine or Engine(paths, settings)
-        self.bridge = EngineBridge(self.engine, self)
+        self.bridge = EngineBridge(self.engine, settings_service or SettingsService(paths.settings_file), self)
         self.notifier = Notifier(self.bridge, self)
         self.window = MainWindow(self.bridge)
         self.tray: TrayController | None = None
@@ -168,11 +170,12 @@ class SlotkeeperApp(QObject):
         self.notifier.notify.connect(self._notify)
 
         chose_now = False
-        if first_run and not self.engine.settings.profile.model_path:
+        if first_run and not settings.profile.model_path:
             chose_now = self.run_first_run()
-        if not self.window.hide_on_close or chose_now or not self.engine.settings.profile.model_path:
+        has_model = bool(settings.profile.model_path) or chose_now
+        if not self.window.hide_on_close or chose_now or not has_model:
             self.window.show()
-        if (start_now or self.engine.settings.start_server_on_launch) and self.engine.settings.profile.model_path:
+        if (start_now or settings.start_server_on_launch) and settings.profile.model_path:
             self.bridge.start_server(resume_id=resume_id)
 
     # -- windows --------------------------------------------------------------------------
@@ -208,20 +211,7 @@ class SlotkeeperApp(QObject):
 
     def choose_model(self, model_path: str) -> None:
         """Use ``model_path`` from now on: this run's settings, and the saved ones."""
-        engine = self.engine
-        engine.update_settings(engine.settings.with_profile(model_path=model_path))
-        path = self.paths.settings_file
-
-        def persist() -> None:
-            # Saved settings, not this run's command-line overrides, get the new model.
-            try:
-                on_disk = load_settings(path)
-            except SettingsError:
-                on_disk = Settings()
-            save_settings(path, replace(on_disk, profile=replace(on_disk.profile, model_path=model_path)))
-
-        self.bridge.jobs.run(persist, on_success=lambda _: self.bridge.settingsChanged.emit(engine.settings),
-                             description="Saving the chosen model")
+        self.bridge.choose_model(model_path)
 
     def _notify(self, title: str, message: str, level: str) -> None:
         if self.tray is not None and self.tray.tray.isVisible():
@@ -248,19 +238,20 @@ class SlotkeeperApp(QObject):
             progress.setAutoReset(False)
             progress.setWindowModality(Qt.WindowModality.ApplicationModal)
             self.progress = progress
-            self.bridge.activityChanged.connect(self._quit_progress)
+            self.bridge.on(ActivityChanged, self._quit_progress)
             progress.show()
         self.bridge.shutdown(self._finish)
 
-    def _quit_progress(self, activity: dict) -> None:
+    def _quit_progress(self, event: ActivityChanged) -> None:
         if self.progress is None:
             return
-        total, done = int(activity.get("total") or 0), int(activity.get("done") or 0)
-        if activity.get("activity") == "saving" and total:
+        activity = event.activity
+        total, done = activity.total, activity.done
+        if activity.activity == "saving" and total:
             self.progress.setRange(0, total)
             self.progress.setValue(done)
-            self.progress.setLabelText(f"Saving conversation {done + 1} of {total} ({activity.get('detail', '')})…")
-        elif activity.get("activity") is None and total:
+            self.progress.setLabelText(f"Saving conversation {done + 1} of {total} ({activity.detail})…")
+        elif activity.activity is None and total:
             self.progress.setValue(total)
             self.progress.setLabelText("Stopping llama-server…")
 
@@ -307,7 +298,8 @@ def _install_signal_handlers(on_signal: Callable[[], None]) -> Callable[[], None
     return restore
 
 
-def run_gui(args: argparse.Namespace | None, paths: AppPaths, settings: Settings, start_now: bool = False) -> int:
+def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsService, settings: Settings,
+            start_now: bool = False) -> int:
     """Run the desktop app until Quit. ``settings`` are this run's (saved + command line);
     ``start_now`` starts the server at once (a model was given on the command line).
     Returns the process exit code: 0, also when another instance was asked to show itself."""
@@ -327,7 +319,7 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, settings: Settings
     hide_dock_icon()
 
     try:
-        sk = SlotkeeperApp(paths, settings, resume_id=getattr(args, "resume", None), start_now=start_now)
+        sk = SlotkeeperApp(paths, settings, service, resume_id=getattr(args, "resume", None), start_now=start_now)
     except EngineError as exc:  # e.g. `slotkeeper serve` already uses this data folder
         log.error("%s", exc)
         QMessageBox.critical(None, APP_DISPLAY_NAME, f"Slotkeeper cannot start: {exc}.")

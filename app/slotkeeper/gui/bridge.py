@@ -1,10 +1,12 @@
-"""Core events -> Qt signals, and widget actions -> engine calls run as background jobs.
+"""Core events -> the GUI thread, and widget actions -> engine commands and services.
 
-The engine emits events on its own threads (supervisor, poller, log tailer). The bridge turns
-each one into a queued Qt signal, so every widget slot runs on the GUI thread, and it runs every
-engine call that can block (HTTP, disk) through ``JobRunner``. It also watches the sessions
-folder with watchdog so sessions saved, deleted or copied in by anything else (the CLI, a file
-manager, another machine's sync) show up without a refresh button.
+The engine emits typed events on its loop (and the supervisor on its thread). The bridge turns
+each one into one queued Qt signal (``eventArrived``), so every handler runs on the GUI thread;
+widgets subscribe by type with ``bridge.on(SessionSaved, self._on_saved)``. Widget actions post
+engine commands to the engine loop (``engine.post``) or run service calls as jobs, so the GUI
+thread never waits on HTTP or disk. The bridge also watches the sessions folder with watchdog, so
+sessions saved, deleted or copied in by anything else (the CLI, a file manager, a sync tool) show
+up without a refresh button.
 """
 
 from __future__ import annotations
@@ -12,52 +14,59 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import shiboken6
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from slotkeeper.core import history as core_history
-from slotkeeper.core.engine import Engine
-from slotkeeper.core.events import Event
-from slotkeeper.core.server.supervisor import ServerState
-from slotkeeper.core.sessions.sidecar import ServerFacts
-from slotkeeper.core.sessions.store import INCOMING_PREFIX, Listing
-from slotkeeper.core.settings import Settings, save_settings
+from slotkeeper.core import events as ev
+from slotkeeper.core.engine import Engine, EngineSnapshot
+from slotkeeper.core.history import RequestRecord
+from slotkeeper.core.server.state import RUNNING_STATES, STOPPED_STATES, ServerState
+from slotkeeper.core.services.settings import SettingsService
+from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.entries import Listing, SessionEntry
+from slotkeeper.core.sessions.naming import is_hidden_or_in_progress, sidecar_name
+from slotkeeper.core.settings import Settings
+from slotkeeper.core.views import Activity, SlotView
 from slotkeeper.gui.jobs import JobRunner, describe_error
 
 log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=ev.Event)
 
 # Coalesces the burst of file events one save makes (KV rename, sidecar temp, replace).
 SESSIONS_DEBOUNCE_MS = 200
 LOG_BACKLOG_LINES = 400
 HISTORY_SHOWN = 500
 
-# States in which the server process exists (or is being brought up) and can be stopped.
-RUNNING_STATES = frozenset(
-    {ServerState.STARTING, ServerState.READY, ServerState.CRASHED, ServerState.RESTARTING}
-)
+
+class _HandlerRef:
+    """A handler the bridge calls; a bound method of a QObject is dropped once its object is gone."""
+
+    def __init__(self, handler: Callable[[Any], None]) -> None:
+        owner = getattr(handler, "__self__", None)
+        if isinstance(owner, QObject) and hasattr(handler, "__func__"):
+            self._method: weakref.WeakMethod | None = weakref.WeakMethod(handler)  # type: ignore[arg-type]
+            self._strong = None
+        else:
+            self._method, self._strong = None, handler
+
+    def get(self) -> Callable[[Any], None] | None:
+        if self._strong is not None:
+            return self._strong
+        fn = self._method() if self._method is not None else None
+        owner = getattr(fn, "__self__", None)
+        if fn is None or (isinstance(owner, QObject) and not shiboken6.isValid(owner)):
+            return None
+        return fn
 
 
 class EngineBridge(QObject):
-    # -- core events, re-emitted on the GUI thread ----------------------------------------
-    serverStateChanged = Signal(object, object)  # ServerState, event data
-    serverLoading = Signal(float, str)  # seconds since launch, last log line
-    engineReady = Signal(str, object)  # url, [ {id, slot, n_restored, ms, title} ]
-    activityChanged = Signal(object)  # {activity, detail, done, total}
-    slotsChanged = Signal(object)  # [SlotView]
-    requestDone = Signal(object)  # {slot, task, n_prompt, cache_n, prompt_n, prompt_ms, at}
-    sessionSaved = Signal(object)
-    sessionRestored = Signal(object)
-    sessionRefused = Signal(object)  # {id, slot, reasons}
-    restoreReuse = Signal(object)  # {slot, id, cache_n, n_prompt, n_restored, effective, reason}
-    warningRaised = Signal(str)
-    noticeRaised = Signal(str)
-    sessionsPruned = Signal(object)  # {ids, bytes_freed}
-    saveFailed = Signal(object)  # {slot, message}
-    coreEvent = Signal(str, object)  # every event (kind, data), after the specific signal
+    eventArrived = Signal(object)  # every core event, on the GUI thread, after the typed handlers
     logLines = Signal(object)  # [str], batched
 
     # -- derived --------------------------------------------------------------------------
@@ -65,37 +74,42 @@ class EngineBridge(QObject):
     sessionsListed = Signal(object, object)  # Listing, ServerFacts | None (None: not ready)
     historyLoaded = Signal(object)  # [RequestRecord], oldest first
     settingsChanged = Signal(object)  # Settings, after they were saved and applied
-    resumeFinished = Signal(str, object)  # session id, restore summary (None: refused)
+    resumeFinished = Signal(str, object)  # session id, RestoreSummary (None: refused)
     sessionVerified = Signal(object)  # SessionEntry after a verify
     errorOccurred = Signal(str, str)  # what failed, why (for a message box or a notification)
     busyChanged = Signal(bool)  # background jobs running
 
-    _coreEventQueued = Signal(str, object)
+    _eventQueued = Signal(object)
     _logWake = Signal()
     _fsChanged = Signal()
 
-    def __init__(self, engine: Engine, parent: QObject | None = None, watch_sessions: bool = True) -> None:
+    def __init__(self, engine: Engine, settings_service: SettingsService | None = None,
+                 parent: QObject | None = None, watch_sessions: bool = True) -> None:
         super().__init__(parent)
         self.engine = engine
+        self.settings_service = settings_service or SettingsService(engine.paths.settings_file)
         self.jobs = JobRunner(self)
         self.jobs.jobFailed.connect(self.errorOccurred)
         self.jobs.busyChanged.connect(self.busyChanged)
 
-        self.state: ServerState = engine.supervisor.state
-        self.state_message: str = engine.supervisor.message
-        self.slots: list = []
-        self.activity: dict[str, Any] = {"activity": None, "detail": "", "done": 0, "total": 0}
+        # What the events said last: on the GUI thread they are the truth, in the order they came
+        # (the engine's snapshot may already be further along).
+        self.state: ServerState = engine.state
+        self.state_message: str = engine.snapshot.state_message
+        self.slots: tuple[SlotView, ...] = ()
+        self.activity: Activity = Activity()
         self.listing: Listing | None = None
-        self.history: list = []
+        self.history: list[RequestRecord] = []
         self.quitting = False
 
+        self._handlers: list[tuple[type[ev.Event], _HandlerRef]] = []
         self._closed = False
         self._emit_lock = threading.Lock()
         self._log_buffer: list[str] = []
         self._listing_running = False
         self._listing_again = False
 
-        self._coreEventQueued.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
+        self._eventQueued.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
         self._logWake.connect(self._drain_log, Qt.ConnectionType.QueuedConnection)
         self._fsChanged.connect(self._on_fs_changed, Qt.ConnectionType.QueuedConnection)
 
@@ -105,8 +119,7 @@ class EngineBridge(QObject):
         self._debounce.timeout.connect(self._sessions_settled)
 
         self._unsubscribe = engine.events.subscribe(self._on_core_event)
-        engine.supervisor.add_log_listener(self._on_log_line)
-        self._history_file = engine.history  # the engine records every request; we only read
+        engine.add_log_listener(self._on_log_line)
 
         self._observer = None
         if watch_sessions:
@@ -114,15 +127,24 @@ class EngineBridge(QObject):
 
     # -- facts for widgets ----------------------------------------------------------------
     @property
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's latest published state (settings, model, facts, ...)."""
+        return self.engine.snapshot
+
+    @property
+    def paths(self):
+        return self.engine.paths
+
+    @property
     def launched_profile(self):
         """The profile the running server was launched with (settings may have changed since)."""
-        return self.engine.running_profile if self.state in RUNNING_STATES else None
+        return self.snapshot.running_profile if self.state in RUNNING_STATES else None
 
     @property
     def facts(self) -> ServerFacts | None:
         """The running server's facts once the engine is ready; None otherwise."""
-        if self.state is ServerState.READY and self.engine.ready.is_set():
-            return self.engine.facts
+        if self.state is ServerState.READY and self.snapshot.ready:
+            return self.snapshot.facts
         return None
 
     @property
@@ -131,28 +153,31 @@ class EngineBridge(QObject):
 
     @property
     def settings(self) -> Settings:
-        return self.engine.settings
+        return self.snapshot.settings
 
     @property
     def base_url(self) -> str:
-        return self.engine.base_url
+        return self.snapshot.base_url
 
     def model_name(self) -> str:
-        from slotkeeper.core.engine import DEMO_MODEL
+        return self.snapshot.model_name
 
-        m = self.engine.model
-        if m is not None:
-            return "demo model" if m.is_demo else m.path.name
-        raw = self.engine.settings.profile.model_path
-        if not raw:
-            return "no model chosen"
-        return "demo model" if raw == DEMO_MODEL else Path(raw).name
+    def session_file(self, entry: SessionEntry) -> Path:
+        """The file to show for a session in a file manager."""
+        return entry.kv_path or self.paths.sessions_dir / sidecar_name(entry.id)
 
     # -- core events ----------------------------------------------------------------------
-    def _on_core_event(self, event: Event) -> None:  # any thread
+    def on(self, event_type: type[E], handler: Callable[[E], None]) -> None:
+        """Call ``handler`` on the GUI thread for every event of ``event_type`` (a subclass of
+        ``Event``). A bound method of a QObject stops being called once its object is deleted."""
+        if not (isinstance(event_type, type) and issubclass(event_type, ev.Event)):
+            raise TypeError(f"{event_type!r} is not an event type")
+        self._handlers.append((event_type, _HandlerRef(handler)))
+
+    def _on_core_event(self, event: ev.Event) -> None:  # any thread
         with self._emit_lock:
             if not self._closed:
-                self._coreEventQueued.emit(event.kind, event.data)
+                self._eventQueued.emit(event)
 
     def _on_log_line(self, line: str) -> None:  # the log tailer's thread
         with self._emit_lock:
@@ -170,57 +195,38 @@ class EngineBridge(QObject):
         if lines and not self._closed:
             self.logLines.emit(lines)
 
-    @Slot(str, object)
-    def _dispatch(self, kind: str, data: dict[str, Any]) -> None:
+    @Slot(object)
+    def _dispatch(self, event: ev.Event) -> None:
         if self._closed:
             return
-        if kind == "server.state":
-            state = data.get("state")
-            if not isinstance(state, ServerState):
-                state = ServerState(state)
-            self.state = state
-            self.state_message = data.get("message", "")
-            if state is not ServerState.READY:
-                self.slots = [] if state in (ServerState.STOPPED, ServerState.FAILED) else self.slots
-            self.serverStateChanged.emit(state, data)
-            if state in (ServerState.STOPPED, ServerState.FAILED):
-                self.slotsChanged.emit(self.slots)
+        if isinstance(event, ev.ServerStateChanged):
+            self.state, self.state_message = event.state, event.message
+            if event.state in STOPPED_STATES:
+                self.slots = ()
+        elif isinstance(event, ev.SlotsChanged):
+            self.slots = event.slots
+        elif isinstance(event, ev.ActivityChanged):
+            self.activity = event.activity
+        elif isinstance(event, ev.RequestDone):
+            self._append_history(event)
+        alive = []
+        for event_type, ref in self._handlers:
+            handler = ref.get()
+            if handler is None:
+                continue
+            alive.append((event_type, ref))
+            if isinstance(event, event_type):
+                try:
+                    handler(event)
+                except Exception:
+                    log.exception("handling %s failed", type(event).__name__)
+        self._handlers = alive
+        if isinstance(event, ev.ServerStateChanged):
             self._relist_cached()
-        elif kind == "server.loading":
-            self.serverLoading.emit(float(data.get("elapsed", 0.0)), str(data.get("detail", "")))
-        elif kind == "engine.ready":
-            self.engineReady.emit(str(data.get("url", "")), list(data.get("restored") or []))
+        elif isinstance(event, ev.EngineReady):
             self._relist_cached()
             self.refresh_sessions()
-        elif kind == "engine.activity":
-            self.activity = {
-                "activity": data.get("activity"), "detail": data.get("detail", ""),
-                "done": int(data.get("done") or 0), "total": int(data.get("total") or 0),
-            }  # fmt: skip
-            self.activityChanged.emit(dict(self.activity))
-        elif kind == "slots":
-            self.slots = list(data.get("slots") or [])
-            self.slotsChanged.emit(self.slots)
-        elif kind == "request.done":
-            self.requestDone.emit(dict(data))
-            self._append_history(data)
-        elif kind == "session.saved":
-            self.sessionSaved.emit(dict(data))
-        elif kind == "session.restored":
-            self.sessionRestored.emit(dict(data))
-        elif kind == "session.refused":
-            self.sessionRefused.emit(dict(data))
-        elif kind == "restore.reuse":
-            self.restoreReuse.emit(dict(data))
-        elif kind == "engine.warning":
-            self.warningRaised.emit(str(data.get("message", "")))
-        elif kind == "engine.notice":
-            self.noticeRaised.emit(str(data.get("message", "")))
-        elif kind == "sessions.pruned":
-            self.sessionsPruned.emit(dict(data))
-        elif kind == "save.failed":
-            self.saveFailed.emit(dict(data))
-        self.coreEvent.emit(kind, data)
+        self.eventArrived.emit(event)
 
     # -- the sessions folder --------------------------------------------------------------
     def _notify_fs_change(self) -> None:  # watchdog's thread
@@ -261,7 +267,7 @@ class EngineBridge(QObject):
             self._listing_running = False
             self.errorOccurred.emit("Listing saved sessions", describe_error(exc))
 
-        self.jobs.run(self.engine.store.listing, on_success=done, on_failure=failed,
+        self.jobs.run(self.engine.sessions.listing, on_success=done, on_failure=failed,
                       description="Listing saved sessions")
 
     def _relist_cached(self) -> None:
@@ -272,7 +278,7 @@ class EngineBridge(QObject):
     # -- history --------------------------------------------------------------------------
     def load_history(self) -> None:
         def load() -> list:
-            return list(self._history_file.recent(HISTORY_SHOWN))
+            return list(self.engine.history.recent(HISTORY_SHOWN))
 
         def done(records: list) -> None:
             # Requests recorded while the file was being read are kept, not lost.
@@ -283,43 +289,47 @@ class EngineBridge(QObject):
 
         self.jobs.run(load, on_success=done, description="Reading the request history")
 
-    def _append_history(self, data: dict[str, Any]) -> None:
-        record = core_history.RequestRecord(
-            at=float(data.get("at") or time.time()), slot=int(data.get("slot", 0)),
-            n_prompt=int(data.get("n_prompt", 0)), cache_n=int(data.get("cache_n", 0)),
-            prompt_n=int(data.get("prompt_n", 0)), prompt_ms=float(data.get("prompt_ms") or 0.0),
-        )  # fmt: skip
+    def _append_history(self, event: ev.RequestDone) -> None:
+        record = RequestRecord(at=event.at, slot=event.slot, n_prompt=event.n_prompt, cache_n=event.cache_n,
+                               prompt_n=event.prompt_n, prompt_ms=event.prompt_ms)
         self.history = [*self.history, record][-HISTORY_SHOWN:]
         self.historyLoaded.emit(self.history)
 
-    # -- server actions -------------------------------------------------------------------
+    # -- engine commands ------------------------------------------------------------------
+    def _command(self, coro: Coroutine[Any, Any, Any], description: str,
+                 on_success: Callable[[Any], None] | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """Post an engine command to its loop; its outcome comes back on the GUI thread."""
+        try:
+            future = self.engine.post(coro)
+        except RuntimeError as exc:  # the engine has shut down (quitting)
+            log.info("%s skipped: %s", description, exc)
+            return
+        self.jobs.watch(future, on_success=on_success, on_failure=on_failure, description=description)
+
     def needs_restart(self, settings: Settings) -> bool:
         """Whether ``settings`` change how the running server was launched."""
         return self.launched_profile is not None and settings.profile != self.launched_profile
 
     def start_server(self, resume_id: str | None = None) -> None:
-        if not self.engine.settings.profile.model_path:
+        if not self.settings.profile.model_path:
             self.errorOccurred.emit("Starting llama-server",
                                     "No model chosen yet: pick one in Settings, or use the demo model.")
             return
-        self.jobs.run(self.engine.start, resume_id, description="Starting llama-server")
+        self._command(self.engine.start_async(resume_id), "Starting llama-server")
 
     def stop_server(self, save: bool = True, on_done: Callable[[], None] | None = None) -> None:
-        def done(_: Any) -> None:
-            if on_done is not None:
-                on_done()
-
-        self.jobs.run(self.engine.stop, save, on_success=done,
-                      description="Saving conversations and stopping llama-server")
+        self._command(self.engine.stop_async(save), "Saving conversations and stopping llama-server",
+                      on_success=lambda _: on_done() if on_done is not None else None)
 
     def restart_server(self) -> None:
         """Save changed slots, stop, start again with the current settings."""
-        self.stop_server(save=True, on_done=self.start_server)
+        self._command(self.engine.restart_async(), "Restarting llama-server")
 
     def resume_session(self, session_id: str, slot: int | None = None) -> None:
         """Restore a saved session into a free slot (saving that slot first if it changed)."""
 
-        def done(summary: dict | None) -> None:
+        def done(summary: Any) -> None:
             self.resumeFinished.emit(session_id, summary)
 
         def failed(exc: BaseException) -> None:
@@ -327,23 +337,22 @@ class EngineBridge(QObject):
             self.errorOccurred.emit("Resuming a conversation", describe_error(exc))
 
         if self.facts is None:
-            self.errorOccurred.emit("Resuming a conversation",
-                                    "The server is not ready yet: start it first.")
+            self.errorOccurred.emit("Resuming a conversation", "The server is not ready yet: start it first.")
             return
-        self.jobs.run(self.engine.restore, session_id, slot, on_success=done, on_failure=failed,
-                      description="Resuming a conversation")
+        self._command(self.engine.restore_async(session_id, slot), "Resuming a conversation",
+                      on_success=done, on_failure=failed)
 
     def save_slot(self, slot: int) -> None:
-        self.jobs.run(self.engine.save_slot, slot, description=f"Saving slot {slot}")
+        self._command(self.engine.save_slot_async(slot), f"Saving slot {slot}")
 
-    # -- session actions ------------------------------------------------------------------
+    # -- session actions (the sessions service, as jobs) ----------------------------------
     def set_pinned(self, session_id: str, pinned: bool) -> None:
-        self.jobs.run(self.engine.store.set_pinned, session_id, pinned,
+        self.jobs.run(self.engine.sessions.set_pinned, session_id, pinned,
                       on_success=lambda _: self.refresh_sessions(),
                       description="Pinning a session" if pinned else "Unpinning a session")
 
     def delete_session(self, session_id: str) -> None:
-        self.jobs.run(self.engine.delete_session, session_id, on_success=lambda _: self.refresh_sessions(),
+        self.jobs.run(self.engine.sessions.delete, session_id, on_success=lambda _: self.refresh_sessions(),
                       description="Deleting a session")
 
     def verify_session(self, session_id: str) -> None:
@@ -351,52 +360,61 @@ class EngineBridge(QObject):
             self.sessionVerified.emit(entry)
             self.refresh_sessions()
 
-        self.jobs.run(self.engine.store.verify, session_id, on_success=done,
-                      description="Verifying a session")
+        self.jobs.run(self.engine.sessions.verify, session_id, on_success=done, description="Verifying a session")
 
     def preview_prune(self, budget: int, on_done: Callable[[Any], None],
                       on_failure: Callable[[BaseException], None] | None = None) -> None:
         """What a prune at ``budget`` would delete right now (nothing is deleted)."""
-        self.jobs.run(self.engine.prune, budget, True, on_success=on_done, on_failure=on_failure,
+        self.jobs.run(self.engine.sessions.plan_prune, budget, on_success=on_done, on_failure=on_failure,
                       description="Working out what the budget would delete")
 
     # -- settings -------------------------------------------------------------------------
     def apply_settings(self, settings: Settings, restart: bool = False,
                        persist: bool = True, on_done: Callable[[], None] | None = None) -> None:
-        """Save to the settings file, hand to the engine, and restart the server if asked."""
+        """Save to the settings file (this run's command-line values stay out of it), hand the
+        result to the engine, and restart the server if asked."""
         settings.profile.validate()
-        path = self.engine.paths.settings_file
+        engine = self.engine
 
-        def apply() -> None:
-            if persist:
-                save_settings(path, settings)
-            self.engine.update_settings(settings)  # may prune (disk) under a smaller budget
-            if restart and self.engine.supervisor.state in RUNNING_STATES:
-                self.engine.stop(save=True)
-                self.engine.start()
+        async def apply() -> Settings:
+            applied = await engine.loop.run_io(self.settings_service.save, settings) if persist else settings
+            await engine.update_settings_async(applied)  # may prune (disk) under a smaller budget
+            if restart and engine.state in RUNNING_STATES:
+                await engine.restart_async()
+            return applied
 
-        def done(_: Any) -> None:
-            self.settingsChanged.emit(settings)
+        def done(applied: Settings) -> None:
+            self.settingsChanged.emit(applied)
             if on_done is not None:
                 on_done()
 
-        self.jobs.run(apply, on_success=done, description="Saving settings")
+        self._command(apply(), "Saving settings", on_success=done)
+
+    def choose_model(self, model_path: str) -> None:
+        """Use ``model_path`` from now on: this run's settings, and the saved ones."""
+        self.apply_settings(self.settings.with_profile(model_path=model_path))
 
     # -- shutdown -------------------------------------------------------------------------
     def shutdown(self, on_done: Callable[[], None]) -> None:
-        """Quit: save every changed slot, stop the server; then ``on_done`` on the GUI thread."""
+        """Quit: save every changed slot, stop the server, end the engine loop; then ``on_done``."""
         self.quitting = True
 
         def finished(_: Any = None) -> None:
+            self.engine.dispose()
             on_done()
 
         def failed(exc: BaseException) -> None:
             log.error("stopping on quit failed: %s", exc)
             self.errorOccurred.emit("Stopping llama-server", describe_error(exc))
-            on_done()
+            finished()
 
-        self.jobs.run(self.engine.close, True, on_success=finished, on_failure=failed,
-                      description="Saving conversations and stopping llama-server")
+        try:
+            future = self.engine.post(self.engine.close_async(True))
+        except RuntimeError:  # already shut down
+            on_done()
+            return
+        self.jobs.watch(future, on_success=finished, on_failure=failed,
+                        description="Saving conversations and stopping llama-server")
 
     def close(self) -> None:
         """Stop watching, stop timers, wait for jobs; no signal is emitted afterwards."""
@@ -405,7 +423,7 @@ class EngineBridge(QObject):
         with self._emit_lock:
             self._closed = True
         self._unsubscribe()
-        self.engine.supervisor.remove_log_listener(self._on_log_line)
+        self.engine.remove_log_listener(self._on_log_line)
         self._debounce.stop()
         if self._observer is not None:
             try:
@@ -419,7 +437,7 @@ class EngineBridge(QObject):
 
 def initial_log(engine: Engine, n: int = LOG_BACKLOG_LINES) -> list[str]:
     """The last lines of the server log (disk: call it from a job)."""
-    return engine.supervisor.log_tail(n)
+    return engine.log_tail(n)
 
 
 # -- watchdog ------------------------------------------------------------------------------
@@ -438,7 +456,7 @@ def _start_observer(directory: Path, notify: Callable[[], None]):
             if event.is_directory and all(os.path.normcase(os.path.abspath(p)) == watched for p in paths):
                 return  # the folder's own mtime: the file event that caused it is enough
             names = [os.path.basename(p) for p in paths]
-            if names and all(n.startswith((INCOMING_PREFIX, ".")) for n in names):
+            if names and all(is_hidden_or_in_progress(n) for n in names):
                 return  # a save in progress or an atomic write's temp file
             notify()
 

@@ -1,15 +1,17 @@
 """The one way the GUI runs blocking work: a job on a thread pool, answered on the GUI thread.
 
-Engine calls (HTTP to llama-server, disk reads of sessions, hashing) must never run on the
-GUI thread. ``JobRunner.run(fn, on_success=..., on_failure=...)`` runs ``fn`` on a private
+Blocking work (disk reads of sessions, reading a model's header, a file dialog's search) must
+never run on the GUI thread. ``JobRunner.run(fn, on_success=..., on_failure=...)`` runs ``fn`` on a private
 QThreadPool and calls exactly one of the callbacks on the GUI thread with its result or its
 exception. Errors are never swallowed: without ``on_failure`` the exception is logged with its
 traceback and re-announced through ``jobFailed`` so a window can show it (like Anki's QueryOp
-and napari's thread_worker).
+and napari's thread_worker). Engine commands run on the engine's own loop; ``watch`` delivers
+their outcome the same way.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -98,6 +100,35 @@ class JobRunner(QObject):
         if was_idle:
             self.busyChanged.emit(True)
         self._pool.start(_Runnable(self, job, lambda: fn(*args, **kwargs)))
+        return job
+
+    def watch(
+        self,
+        future: concurrent.futures.Future,
+        on_success: Callable[[Any], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+        description: str = "",
+    ) -> Job:
+        """Deliver the outcome of work already running elsewhere (an engine command posted to its
+        loop) on the GUI thread, like ``run`` does for its own jobs."""
+        job = Job(next(self._ids), description or "engine command", on_success, on_failure)
+        if self._closed:
+            raise RuntimeError("the job runner has been shut down")
+        with self._lock:
+            was_idle = not self._jobs
+            self._jobs[job.id] = job
+        if was_idle:
+            self.busyChanged.emit(True)
+
+        def done(f: concurrent.futures.Future) -> None:  # the engine's thread
+            if f.cancelled():
+                self._post(job.id, False, concurrent.futures.CancelledError(job.description))
+            elif f.exception() is not None:
+                self._post(job.id, False, f.exception())
+            else:
+                self._post(job.id, True, f.result())
+
+        future.add_done_callback(done)
         return job
 
     @property

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from pathlib import Path
 
 from PySide6.QtCore import QItemSelectionModel, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
@@ -30,8 +29,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from slotkeeper.core.server.supervisor import ServerState
-from slotkeeper.core.sessions.store import Listing, SessionEntry
+from slotkeeper.core import events as ev
+from slotkeeper.core.engine.resume import resume_verdict
+from slotkeeper.core.server.state import STOPPED_STATES, ServerState
+from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge, initial_log
@@ -112,20 +113,20 @@ class MainWindow(QMainWindow):
         self._uptime_timer.timeout.connect(self._update_uptime)
 
         b = bridge
-        b.serverStateChanged.connect(self._on_state)
-        b.serverLoading.connect(self._on_loading)
-        b.engineReady.connect(self._refresh_server)
-        b.activityChanged.connect(self._on_activity)
-        b.slotsChanged.connect(self._on_slots)
+        b.on(ev.ServerStateChanged, self._on_state)
+        b.on(ev.ServerLoading, self._on_loading)
+        b.on(ev.EngineReady, self._refresh_server)
+        b.on(ev.ActivityChanged, self._on_activity)
+        b.on(ev.SlotsChanged, self._on_slots)
+        b.on(ev.WarningRaised, self._on_warning)
         b.sessionsListed.connect(self._on_listing)
         b.historyLoaded.connect(self._on_history)
         b.logLines.connect(self.log_view.append_lines)
-        b.warningRaised.connect(self._on_warning)
         b.settingsChanged.connect(self._on_settings_changed)
         b.sessionVerified.connect(self._on_verified)
 
         self._refresh_server()
-        self._on_slots(b.slots)
+        self.slots_panel.set_views(b.slots)
         if b.listing is not None:
             self._on_listing(b.listing, b.facts)
         b.jobs.run(initial_log, b.engine, on_success=self.log_view.set_lines,
@@ -380,14 +381,14 @@ class MainWindow(QMainWindow):
             self._show_warning(message)
 
     # -- server ---------------------------------------------------------------------------
-    def _on_state(self, state: ServerState, data: dict) -> None:
+    def _on_state(self, event: ev.ServerStateChanged) -> None:
         self._refresh_server()
-        tail = data.get("log_tail")
-        if state is ServerState.FAILED and tail:
-            self.state_message.setToolTip("\n".join(tail[-10:]))
+        self.slots_panel.set_views(self.bridge.slots)
+        if event.state is ServerState.FAILED and event.log_tail:
+            self.state_message.setToolTip("\n".join(event.log_tail[-10:]))
 
-    def _on_loading(self, elapsed: float, detail: str) -> None:
-        self.state_message.setText(f"Loading the model… {elapsed:.0f} s\n{detail[:200]}")
+    def _on_loading(self, event: ev.ServerLoading) -> None:
+        self.state_message.setText(f"Loading the model… {event.elapsed:.0f} s\n{event.detail[:200]}")
 
     def _on_settings_changed(self, _settings) -> None:
         self._refresh_server()
@@ -397,7 +398,7 @@ class MainWindow(QMainWindow):
         b = self.bridge
         state = b.state
         ready = b.facts is not None
-        icon_name = icons.icon_state_for(state.value, ready, b.activity.get("activity"))
+        icon_name = icons.icon_state_for(state.value, ready, b.activity.activity)
         self.state_icon.setPixmap(icons.state_icon(icon_name).pixmap(32, 32))
         text = {
             ServerState.STOPPED: "Stopped",
@@ -415,7 +416,7 @@ class MainWindow(QMainWindow):
         elif state is ServerState.STOPPED and not message:
             message = "Start the server to serve the model and resume saved conversations."
         self.state_message.setText(message)
-        stopped = state in (ServerState.STOPPED, ServerState.FAILED)
+        stopped = state in STOPPED_STATES
         has_model = bool(b.settings.profile.model_path)
         self.start_action.setEnabled(stopped and has_model)
         self.start_action.setToolTip("" if has_model else "Choose a model in Settings first")
@@ -423,7 +424,7 @@ class MainWindow(QMainWindow):
         self.restart_action.setEnabled(not stopped and state is not ServerState.STOPPING)
         self.open_chat_action.setEnabled(ready)
         profile = b.launched_profile or b.settings.profile
-        model = b.engine.model
+        model = b.snapshot.model
         model_text = b.model_name()
         if model is not None and not model.is_demo:
             info = model.info
@@ -438,7 +439,7 @@ class MainWindow(QMainWindow):
             self.address_label.setText(f'<a href="{url}">{url}</a> · API {api_address(url)}')
         else:
             self.address_label.setText(f"{url} (not running)")
-        note = b.engine.swa_note() if ready else None
+        note = b.snapshot.swa_note if ready else None
         if note:
             self._show_warning(note)
         self._update_uptime()
@@ -448,13 +449,13 @@ class MainWindow(QMainWindow):
         self.warning_box.setText(message)
         self.warning_box.show()
 
-    def _on_warning(self, message: str) -> None:
-        self._show_warning(message)
+    def _on_warning(self, event: ev.WarningRaised) -> None:
+        self._show_warning(event.message)
 
     def _update_uptime(self) -> None:
-        sup = self.bridge.engine.supervisor
-        if self.bridge.state is ServerState.READY and sup.started_at:
-            self.uptime_label.setText(format_duration(time.time() - sup.started_at))
+        started_at = self.bridge.snapshot.started_at
+        if self.bridge.state is ServerState.READY and started_at:
+            self.uptime_label.setText(format_duration(time.time() - started_at))
         else:
             self.uptime_label.setText("—")
 
@@ -463,19 +464,19 @@ class MainWindow(QMainWindow):
         QGuiApplication.clipboard().setText(address)
         self.statusBar().showMessage(f"Copied {address}", STATUS_MS)
 
-    def _on_activity(self, activity: dict) -> None:
-        kind = activity.get("activity")
+    def _on_activity(self, event: ev.ActivityChanged) -> None:
+        activity = event.activity
+        kind = activity.activity
         if kind:
-            done, total = activity.get("done", 0), activity.get("total", 0)
-            progress = f" ({done + 1} of {total})" if total else ""
-            self.activity_label.setText(f"{kind.capitalize()}{progress}: {activity.get('detail', '')}")
+            progress = f" ({activity.done + 1} of {activity.total})" if activity.total else ""
+            self.activity_label.setText(f"{kind.capitalize()}{progress}: {activity.detail}")
         else:
             self.activity_label.setText("")
         self._refresh_server()
 
     # -- slots ----------------------------------------------------------------------------
-    def _on_slots(self, views: list) -> None:
-        self.slots_panel.set_views(views)
+    def _on_slots(self, event: ev.SlotsChanged) -> None:
+        self.slots_panel.set_views(self.bridge.slots)
 
     # -- history --------------------------------------------------------------------------
     def _on_history(self, records: list) -> None:
@@ -550,24 +551,11 @@ class MainWindow(QMainWindow):
             return
         entries = self.selected_entries()
         current = self.current_entry()
-        stopped = self.bridge.state in (ServerState.STOPPED, ServerState.FAILED)
-        can_resume = False
-        why = "Select a conversation"
+        can_resume, why = False, "Select a conversation"
         if current is not None:
-            row = self.sessions_model.row_of(current.id)
-            reasons = self.sessions_model.reasons(row) if row >= 0 else None
-            if current.problems:
-                why = "Damaged: " + "; ".join(current.problems)
-            elif reasons:
-                why = "Cannot be resumed: " + "; ".join(reasons)
-            elif reasons is None and stopped:
-                can_resume = bool(self.bridge.settings.profile.model_path)
-                why = "Starts the server and resumes this conversation" if can_resume else "Choose a model first"
-            elif reasons is None:
-                why = "Wait until the server is ready"
-            else:
-                can_resume = True
-                why = "Restore into a free slot (a changed slot is saved first)"
+            verdict = resume_verdict(current, self.bridge.state, self.bridge.facts,
+                                     bool(self.bridge.settings.profile.model_path))
+            can_resume, why = verdict.enabled, verdict.why
         self.resume_button.setEnabled(can_resume)
         self.resume_button.setToolTip(why)
         pinned = [e for e in entries if e.sidecar and e.sidecar.pinned]
@@ -581,7 +569,7 @@ class MainWindow(QMainWindow):
         entry = self.current_entry()
         if entry is None or not self.resume_button.isEnabled():
             return
-        if self.bridge.state in (ServerState.STOPPED, ServerState.FAILED):
+        if self.bridge.state in STOPPED_STATES:
             self.bridge.start_server(resume_id=entry.id)
             self.statusBar().showMessage("Starting the server to resume this conversation…", STATUS_MS)
         else:
@@ -634,5 +622,4 @@ class MainWindow(QMainWindow):
         entry = self.current_entry()
         if entry is None:
             return
-        target = entry.kv_path or self.bridge.engine.store.sidecar_path(entry.id)
-        reveal_in_file_manager(Path(target))
+        reveal_in_file_manager(self.bridge.session_file(entry))

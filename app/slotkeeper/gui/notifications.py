@@ -1,4 +1,4 @@
-"""What a person should be told, decided from the bridge's signals.
+"""What a person should be told, decided from the engine's events (through the bridge).
 
 The tray shows these as balloon messages; without a tray the main window shows them in its
 status bar (and errors in a message box). Kept apart from both so it is tested offscreen.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge
 
@@ -32,15 +33,15 @@ class Notifier(QObject):
         self._crash_message: str | None = None
         self._restarting = False
         self._said: set[str] = set()
-        bridge.engineReady.connect(self._on_ready)
-        bridge.serverStateChanged.connect(self._on_state)
-        bridge.restoreReuse.connect(self._on_reuse)
-        bridge.sessionsPruned.connect(self._on_pruned)
+        bridge.on(ev.EngineReady, self._on_ready)
+        bridge.on(ev.ServerStateChanged, self._on_state)
+        bridge.on(ev.RestoreReused, self._on_reuse)
+        bridge.on(ev.SessionsPruned, self._on_pruned)
+        bridge.on(ev.SessionRefused, self._on_refused)
+        bridge.on(ev.SaveFailed, self._on_save_failed)
+        bridge.on(ev.WarningRaised, self._on_warning)
+        bridge.on(ev.NoticeRaised, self._on_notice)
         bridge.resumeFinished.connect(self._on_resumed)
-        bridge.sessionRefused.connect(self._on_refused)
-        bridge.saveFailed.connect(self._on_save_failed)
-        bridge.warningRaised.connect(self._on_warning)
-        bridge.noticeRaised.connect(self._on_notice)
         bridge.errorOccurred.connect(self._on_error)
 
     def _title_of(self, session_id: str | None) -> str:
@@ -51,11 +52,12 @@ class Notifier(QObject):
                     return e.sidecar.title
         return session_id or "a conversation"
 
-    def _on_ready(self, url: str, restored: list) -> None:
+    def _on_ready(self, event: ev.EngineReady) -> None:
+        restored, url = event.restored, event.url
         if restored:
-            tokens = sum(int(r.get("n_restored", 0)) for r in restored)
-            ms = sum(float(r.get("ms", 0.0)) for r in restored)
-            titles = ", ".join(f"“{r.get('title') or r.get('id')}”" for r in restored[:3])
+            tokens = sum(r.n_restored for r in restored)
+            ms = sum(r.ms for r in restored)
+            titles = ", ".join(f"“{r.title or r.id}”" for r in restored[:3])
             more = f" and {len(restored) - 3} more" if len(restored) > 3 else ""
             self.notify.emit(
                 "Conversations restored",
@@ -67,8 +69,8 @@ class Notifier(QObject):
             self.notify.emit("llama-server restarted", f"It is ready again at {url}.", INFO)
         self._restarting = False
 
-    def _on_state(self, state: ServerState, data: dict) -> None:
-        message = str(data.get("message", ""))
+    def _on_state(self, event: ev.ServerStateChanged) -> None:
+        state, message = event.state, event.message
         if state is ServerState.CRASHED:
             self._crash_message = message
         elif state is ServerState.RESTARTING:
@@ -83,58 +85,57 @@ class Notifier(QObject):
             self._restarting = False
             self.notify.emit("llama-server stopped", message or "It could not be started.", ERROR)
 
-    def _on_reuse(self, data: dict) -> None:
-        if data.get("effective"):
+    def _on_reuse(self, event: ev.RestoreReused) -> None:
+        if event.effective:
             return
-        title = self._title_of(data.get("id"))
+        title = self._title_of(event.id)
         self.notify.emit(
             "A restore gave no reuse",
-            f"“{title}” was restored into slot {data.get('slot')}, but the next request reused "
-            f"{int(data.get('cache_n', 0)):,} of {int(data.get('n_restored', 0)):,} tokens: "
-            f"{data.get('reason') or 'the cache was not used'}.",
+            f"“{title}” was restored into slot {event.slot}, but the next request reused "
+            f"{event.cache_n:,} of {event.n_restored:,} tokens: "
+            f"{event.reason or 'the cache was not used'}.",
             WARNING,
         )
 
-    def _on_pruned(self, data: dict) -> None:
-        ids = list(data.get("ids") or [])
+    def _on_pruned(self, event: ev.SessionsPruned) -> None:
+        ids = event.ids
         if not ids:
             return
         self.notify.emit(
             "Old conversations deleted",
             f"{_plural(len(ids), 'saved conversation')} deleted to stay within the disk budget "
-            f"({human_bytes(int(data.get('bytes_freed', 0)))} freed). Pin a conversation to keep it.",
+            f"({human_bytes(event.bytes_freed)} freed). Pin a conversation to keep it.",
             INFO,
         )
 
     def _on_resumed(self, session_id: str, summary) -> None:
         if not summary:
             return  # refused or failed: said by _on_refused / _on_error
-        if summary.get("already_loaded"):
+        if summary.already_loaded:
             self.notify.emit(
                 "Conversation ready",
-                f"“{summary.get('title') or self._title_of(session_id)}” is already in slot "
-                f"{summary.get('slot')}. Continue it from your chat client.",
+                f"“{summary.title or self._title_of(session_id)}” is already in slot "
+                f"{summary.slot}. Continue it from your chat client.",
                 INFO,
             )
             return
         self.notify.emit(
             "Conversation ready",
-            f"“{summary.get('title') or self._title_of(session_id)}” is loaded in slot "
-            f"{summary.get('slot')} ({int(summary.get('n_restored', 0)):,} tokens in "
-            f"{_seconds(float(summary.get('ms', 0.0)))}). Continue it from your chat client.",
+            f"“{summary.title or self._title_of(session_id)}” is loaded in slot "
+            f"{summary.slot} ({summary.n_restored:,} tokens in "
+            f"{_seconds(summary.ms)}). Continue it from your chat client.",
             INFO,
         )
 
-    def _on_refused(self, data: dict) -> None:
-        reasons = data.get("reasons") or []
+    def _on_refused(self, event: ev.SessionRefused) -> None:
         self.notify.emit(
             "Conversation not restored",
-            f"“{self._title_of(data.get('id'))}”: " + "; ".join(reasons),
+            f"“{self._title_of(event.id)}”: " + "; ".join(event.reasons),
             WARNING,
         )
 
-    def _on_save_failed(self, data: dict) -> None:
-        self.notify.emit(f"Saving slot {data.get('slot')} failed", str(data.get("message", "")), ERROR)
+    def _on_save_failed(self, event: ev.SaveFailed) -> None:
+        self.notify.emit(f"Saving slot {event.slot} failed", event.message, ERROR)
 
     def _once(self, message: str) -> bool:
         if message in self._said:
@@ -142,11 +143,13 @@ class Notifier(QObject):
         self._said.add(message)
         return True
 
-    def _on_warning(self, message: str) -> None:
+    def _on_warning(self, event: ev.WarningRaised) -> None:
+        message = event.message
         if message and self._once(message):
             self.notify.emit("Slotkeeper", message, WARNING)
 
-    def _on_notice(self, message: str) -> None:
+    def _on_notice(self, event: ev.NoticeRaised) -> None:
+        message = event.message
         if message and self._once(message):
             self.notify.emit("Slotkeeper", message, INFO)
 

@@ -17,8 +17,10 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
-from slotkeeper.core.sessions.sidecar import ServerFacts, Sidecar, check_compatible, parse_utc
-from slotkeeper.core.sessions.store import Listing, SessionEntry
+from slotkeeper.core.engine.resume import compat_reasons
+from slotkeeper.core.sessions.compat import ServerFacts, model_file_name, swa_mode
+from slotkeeper.core.sessions.entries import Listing, SessionEntry
+from slotkeeper.core.sessions.sidecar import Sidecar, parse_utc
 from slotkeeper.core.units import human_bytes
 
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -45,21 +47,11 @@ _NUMERIC = {"tokens", "size"}
 Index = QModelIndex | QPersistentModelIndex
 
 
-def swa_mode(sidecar: Sidecar) -> str:
-    if not sidecar.swa:
-        return "full attention"
-    return "sliding window + swa-full" if sidecar.swa_full else "sliding window"
-
-
 def cache_text(sidecar: Sidecar) -> str:
     fa = "on" if sidecar.flash_attn else "off"
     if sidecar.cache_type_k == sidecar.cache_type_v:
         return f"FA {fa}, {sidecar.cache_type_k}"
     return f"FA {fa}, K {sidecar.cache_type_k} / V {sidecar.cache_type_v}"
-
-
-def model_file_name(model_path: str) -> str:
-    return model_path.replace("\\", "/").rsplit("/", 1)[-1] or model_path
 
 
 def relative_time(moment: datetime, now: float) -> str:
@@ -77,17 +69,6 @@ def relative_time(moment: datetime, now: float) -> str:
     if days < 30:
         return f"{days} days ago"
     return moment.astimezone().strftime("%Y-%m-%d")
-
-
-def compat_reasons(entry: SessionEntry, facts: ServerFacts | None) -> list[str] | None:
-    """Why this session cannot be resumed now; [] = it can; None = no server to compare with."""
-    if entry.sidecar is None:
-        return list(entry.problems) or ["its sidecar cannot be read"]
-    if entry.problems:
-        return list(entry.problems)
-    if facts is None:
-        return None
-    return check_compatible(entry.sidecar, facts)
 
 
 class SessionsTableModel(QAbstractTableModel):

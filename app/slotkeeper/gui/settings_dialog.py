@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 
 from slotkeeper.core import gguf_info, modelgen
 from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.events import ServerStateChanged
 from slotkeeper.core.settings import CACHE_TYPES, Settings, SettingsError
 from slotkeeper.core.units import human_bytes, parse_size
 from slotkeeper.gui.bridge import EngineBridge
@@ -175,7 +176,7 @@ class SettingsDialog(QDialog):
         self._load(self.base)
         self._connect_changes()
         bridge.sessionsListed.connect(self._on_listing)
-        bridge.serverStateChanged.connect(self._on_server_state)
+        bridge.on(ServerStateChanged, self._on_server_state)
         self._detect_binary()
         self._discover_models()
         if bridge.listing is None:
@@ -564,7 +565,7 @@ class SettingsDialog(QDialog):
             self.model_note.setText("No model chosen: the server cannot start without one.")
             self._update_swa_note()
             return
-        models_dir = self.bridge.engine.paths.models_dir
+        models_dir = self.bridge.paths.models_dir
 
         def read() -> gguf_info.ModelInfo:
             path = modelgen.ensure_demo_model(models_dir) if value == DEMO_MODEL else Path(value).expanduser()
@@ -744,12 +745,10 @@ class SettingsDialog(QDialog):
         self._closing = True
         self._model_timer.stop()
         self._preview_timer.stop()
-        for signal, slot in ((self.bridge.sessionsListed, self._on_listing),
-                             (self.bridge.serverStateChanged, self._on_server_state)):
-            try:
-                signal.disconnect(slot)
-            except (RuntimeError, TypeError):
-                pass
+        try:
+            self.bridge.sessionsListed.disconnect(self._on_listing)
+        except (RuntimeError, TypeError):
+            pass
         super().done(result)
 
 

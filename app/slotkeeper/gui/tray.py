@@ -12,14 +12,16 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
-from slotkeeper.core.server.supervisor import ServerState
+from slotkeeper.core import events as ev
+from slotkeeper.core.engine.resume import resume_verdict
+from slotkeeper.core.server.state import STOPPED_STATES, ServerState
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import open_url
 from slotkeeper.gui.notifications import ERROR, WARNING
-from slotkeeper.gui.sessions_model import compat_reasons, relative_time
+from slotkeeper.gui.sessions_model import relative_time
 
 RESUME_ITEMS = 10
 TITLE_CHARS = 48
@@ -75,10 +77,11 @@ class TrayController(QObject):
         self.tray.messageClicked.connect(lambda: self.showWindowRequested.emit("server"))
 
         # Bound methods (not lambdas): Qt drops these connections if the tray goes first.
-        for signal in (bridge.serverStateChanged, bridge.engineReady, bridge.activityChanged,
-                       bridge.sessionsListed, bridge.settingsChanged):
+        for event_type in (ev.ServerStateChanged, ev.EngineReady, ev.ActivityChanged):
+            bridge.on(event_type, self._on_change)
+        for signal in (bridge.sessionsListed, bridge.settingsChanged):
             signal.connect(self._on_change)
-        bridge.slotsChanged.connect(self._on_slots)
+        bridge.on(ev.SlotsChanged, self._on_slots)
         self.resume_menu.aboutToShow.connect(self.rebuild_resume_menu)
         self.refresh()
 
@@ -116,7 +119,7 @@ class TrayController(QObject):
         b = self.bridge
         state = b.state
         ready = b.facts is not None
-        if state in (ServerState.STOPPED, ServerState.FAILED):
+        if state in STOPPED_STATES:
             self.start_stop_action.setText("Start server")
             self.start_stop_action.setEnabled(bool(b.settings.profile.model_path))
             self.start_stop_action.setToolTip("" if b.settings.profile.model_path else "Choose a model in Settings first")
@@ -141,7 +144,7 @@ class TrayController(QObject):
     def _refresh_icon_and_tip(self) -> None:
         b = self.bridge
         slot_states = [v.state for v in b.slots]
-        name = icons.icon_state_for(b.state.value, b.facts is not None, b.activity.get("activity"), slot_states)
+        name = icons.icon_state_for(b.state.value, b.facts is not None, b.activity.activity, slot_states)
         if name != self.icon_state:
             self.icon_state = name
             self.tray.setIcon(icons.state_icon(name))
@@ -173,34 +176,22 @@ class TrayController(QObject):
             a = menu.addAction("No saved conversations yet")
             a.setEnabled(False)
             return
-        facts = b.facts
-        stopped = b.state in (ServerState.STOPPED, ServerState.FAILED)
         now = time.time()
+        has_model = bool(b.settings.profile.model_path)
         for e in entries:
             sc = e.sidecar
             label = f"{_elide(sc.title)}  ({relative_time(parse_utc(sc.last_used_at), now)})"
             action = QAction(label, menu)
             action.setData(e.id)
-            reasons = compat_reasons(e, facts)
-            if e.problems:
-                action.setEnabled(False)
-                action.setToolTip("; ".join(e.problems))
-            elif reasons:
-                action.setEnabled(False)
-                action.setToolTip("Cannot be resumed: " + "; ".join(reasons))
-            elif reasons is None and stopped:
-                action.setToolTip("Starts the server and resumes this conversation")
-            elif reasons is None:
-                action.setEnabled(False)
-                action.setToolTip("Wait until the server is ready")
-            else:
-                action.setToolTip(f"{sc.n_tokens:,} tokens; restores into a free slot")
+            verdict = resume_verdict(e, b.state, b.facts, has_model)
+            action.setEnabled(verdict.enabled)
+            action.setToolTip(verdict.why)
             action.triggered.connect(lambda _=False, sid=e.id: self.resume(sid))
             menu.addAction(action)
 
     def resume(self, session_id: str) -> None:
         b = self.bridge
-        if b.state in (ServerState.STOPPED, ServerState.FAILED):
+        if b.state in STOPPED_STATES:
             b.start_server(resume_id=session_id)
         else:
             b.resume_session(session_id)
@@ -208,7 +199,7 @@ class TrayController(QObject):
     # -- actions --------------------------------------------------------------------------
     def _start_stop(self) -> None:
         b = self.bridge
-        if b.state in (ServerState.STOPPED, ServerState.FAILED):
+        if b.state in STOPPED_STATES:
             b.start_server()
         else:
             b.stop_server(save=True)

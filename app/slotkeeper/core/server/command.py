@@ -51,6 +51,17 @@ def kv_affecting_args(extra_args: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def api_key_from_args(extra_args: tuple[str, ...]) -> str | None:
+    """The key given with ``--api-key KEY`` or ``--api-key=KEY`` among the extra arguments."""
+    args = list(extra_args)
+    for i, a in enumerate(args):
+        if a == "--api-key" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--api-key="):
+            return a.split("=", 1)[1]
+    return None
+
+
 class CommandError(ValueError):
     pass
 

@@ -8,7 +8,6 @@ recorded in the state file.
 
 from __future__ import annotations
 
-import enum
 import errno
 import json
 import logging
@@ -16,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,11 +24,15 @@ from pathlib import Path
 import psutil
 
 from slotkeeper.core.client import LlamaClient, ServerUnavailable
-from slotkeeper.core.events import EventBus
+from slotkeeper.core.events import EventBus, ServerAdopted, ServerLoading, ServerStateChanged
 from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.server import logfile
+from slotkeeper.core.server.child_env import child_environment
 from slotkeeper.core.server.restart import RestartPolicy
+from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import connect_url
+
+__all__ = ["LaunchSpec", "PortInUse", "ServerState", "Supervisor", "SupervisorError", "port_user"]
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +40,6 @@ HEALTH_TIMEOUT_SECONDS = 300.0  # without any answer; while /health says "loadin
 HEALTH_POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 10.0
 LOG_TAIL_ON_FAILURE = 20
-
-
-class ServerState(str, enum.Enum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    CRASHED = "crashed"
-    RESTARTING = "restarting"
-    FAILED = "failed"
 
 
 class SupervisorError(Exception):
@@ -68,23 +60,6 @@ class LaunchSpec:
     @property
     def base_url(self) -> str:
         return connect_url(self.host, self.port)
-
-
-def child_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for llama-server (and the browser), free of a frozen app's library paths."""
-    env = dict(os.environ if base is None else base)
-    if getattr(sys, "frozen", False):
-        for var in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "DYLD_FRAMEWORK_PATH"):
-            orig = env.pop(f"{var}_ORIG", None)  # PyInstaller keeps the user's value here
-            if orig is not None:
-                env[var] = orig
-            else:
-                env.pop(var, None)
-        for var in ("QT_PLUGIN_PATH", "QML2_IMPORT_PATH", "PYTHONHOME", "PYTHONPATH", "_MEIPASS2"):
-            env.pop(var, None)
-        for var in [v for v in env if v.startswith("_PYI_")]:
-            env.pop(var)
-    return env
 
 
 def port_user(host: str, port: int) -> str | None:
@@ -194,7 +169,6 @@ class Supervisor:
         self._spec: LaunchSpec | None = None
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
-        self._state_changed = threading.Condition(self._lock)
         self.tailer: logfile.LogTailer | None = None
         self._log_listeners: list[Callable[[str], None]] = []
         self.started_at: float | None = None
@@ -237,23 +211,13 @@ class Supervisor:
         except OSError:
             return []
 
-    def _set_state(self, state: ServerState, message: str = "", **extra: object) -> None:
+    def _set_state(self, state: ServerState, message: str = "", log_tail: Sequence[str] = (),
+                   pid: int | None = None, delay: float | None = None) -> None:
         with self._lock:
             self._state = state
             self._message = message
-            self._state_changed.notify_all()
         log.info("server %s%s", state.value, f": {message}" if message else "")
-        self.events.emit("server.state", state=state, message=message, **extra)
-
-    def wait_for(self, states: Sequence[ServerState], timeout: float | None = None) -> ServerState:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while self._state not in states:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    break
-                self._state_changed.wait(remaining)
-            return self._state
+        self.events.emit(ServerStateChanged(state, message, tuple(log_tail), pid, delay))
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -447,11 +411,7 @@ class Supervisor:
                 if now - last_report >= 0.5:
                     last_report = now
                     lines = self.log_tail(1)
-                    self.events.emit(
-                        "server.loading",
-                        elapsed=now - started,
-                        detail=lines[-1] if lines else "",
-                    )
+                    self.events.emit(ServerLoading(now - started, lines[-1] if lines else ""))
                 time.sleep(HEALTH_POLL_SECONDS)
 
     # -- the state file: recognising a server we left running -----------------------------
@@ -513,7 +473,7 @@ class Supervisor:
                 self.adopted = True
                 self._start_tailer(from_end=True)
                 log.info("adopted llama-server pid %s left running by an earlier session", proc.pid)
-                self.events.emit("server.adopted", pid=proc.pid)
+                self.events.emit(ServerAdopted(proc.pid))
                 return True
         log.info("stopping llama-server pid %s left by an earlier session (settings changed)", proc.pid)
         self._set_state(ServerState.STARTING, "stopping a server left by an earlier session")

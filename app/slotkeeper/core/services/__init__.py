@@ -1,0 +1,1 @@
+"""Services the GUI and the CLI share, so that each policy exists once."""

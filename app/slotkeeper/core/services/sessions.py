@@ -1,0 +1,85 @@
+"""The sessions service: list, pin, delete, prune and verify, with one set of rules for every face.
+
+The desktop app (through the engine), `slotkeeper serve` and `slotkeeper sessions ...` all use
+this, so "never delete a session loaded in a slot" and "prune least recently used first, never a
+pinned one" are written once. ``in_slots`` says which sessions a running engine holds right now:
+the engine passes its own live set, the CLI reads the set a running engine published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+from slotkeeper.core.sessions import pruner
+from slotkeeper.core.sessions.entries import Listing, SessionEntry
+from slotkeeper.core.sessions.sidecar import Sidecar
+from slotkeeper.core.sessions.store import SessionStore
+
+__all__ = ["PruneOutcome", "SessionInUse", "SessionsService"]
+
+
+class SessionInUse(Exception):
+    """The session is loaded in a slot of a running server; its next save needs it."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"{session_id} is loaded in a slot of the running server; it can be deleted "
+                         "once another conversation replaces it")
+        self.session_id = session_id
+
+
+@dataclass(frozen=True)
+class PruneOutcome:
+    plan: pruner.PrunePlan
+    result: pruner.PruneResult | None  # None for a dry run
+
+
+class SessionsService:
+    def __init__(self, store: SessionStore, in_slots: Callable[[], AbstractSet[str]],
+                 budget: Callable[[], int]) -> None:
+        self.store = store
+        self._in_slots = in_slots
+        self._budget = budget
+
+    def listing(self) -> Listing:
+        return self.store.listing()
+
+    def get(self, session_id: str) -> SessionEntry:
+        return self.store.get(session_id)
+
+    def in_slots(self) -> frozenset[str]:
+        return frozenset(self._in_slots())
+
+    def set_pinned(self, session_id: str, pinned: bool) -> Sidecar:
+        return self.store.set_pinned(session_id, pinned)
+
+    def delete(self, session_id: str) -> None:
+        """Delete a saved session, unless a slot holds it right now. Raises SessionInUse."""
+        if session_id in self.in_slots():
+            raise SessionInUse(session_id)
+        self.store.delete(session_id)
+
+    def verify(self, session_id: str) -> SessionEntry:
+        return self.store.verify(session_id)
+
+    def plan_prune(self, budget: int | None = None) -> pruner.PrunePlan:
+        """What a prune to ``budget`` (default: the setting) would delete; nothing is deleted."""
+        listing = self.store.listing()
+        cands = [pruner.PruneCandidate.from_sidecar(e.sidecar) for e in listing.sessions if e.sidecar]
+        return pruner.plan(cands, self._budget() if budget is None else budget,
+                           protected_ids=self.in_slots(), unmanaged_bytes=listing.unmanaged_bytes)
+
+    def prune(self, budget: int | None = None, dry_run: bool = False) -> PruneOutcome:
+        plan = self.plan_prune(budget)
+        if dry_run or not plan.delete:
+            return PruneOutcome(plan, None if dry_run else pruner.PruneResult())
+        in_slots = self.in_slots()
+
+        def delete(session_id: str) -> None:
+            # The slots may have changed since the plan: check again right before each delete.
+            if session_id in in_slots or session_id in self.in_slots():
+                raise SessionInUse(session_id)
+            self.store.delete(session_id)
+
+        return PruneOutcome(plan, pruner.apply(plan, delete))

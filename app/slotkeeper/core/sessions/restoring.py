@@ -1,0 +1,70 @@
+"""Before and after llama-server restores a session: the checks, and what the sidecar remembers.
+
+Compatibility (``compat``) and then integrity (size, then the full content hash) are checked
+before the file name is sent to llama-server. llama-server itself has no integrity check and
+aborts on a file cut short by one byte, so nothing unchecked reaches it. A failed integrity check
+is recorded in the sidecar (``corrupt``), so the session lists as corrupt until a good save of
+the same conversation replaces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
+from slotkeeper.core.sessions.entries import SessionEntry
+from slotkeeper.core.sessions.sidecar import RestoreRecord, Sidecar, SidecarError, format_utc, utc_now
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+
+__all__ = ["RestoreRefused", "check_restorable", "record_restore", "record_reuse"]
+
+
+class RestoreRefused(Exception):
+    """A session that must not reach the server; ``reasons`` say why, in plain words."""
+
+    def __init__(self, session_id: str, reasons: Sequence[str]) -> None:
+        super().__init__(f"session {session_id} not restored: " + "; ".join(reasons))
+        self.session_id = session_id
+        self.reasons = list(reasons)
+
+
+def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts) -> SessionEntry:
+    """Compatibility and full integrity; raises RestoreRefused (nothing reaches the server)."""
+    try:
+        entry = store.get(session_id)
+    except SessionNotFound as exc:
+        raise RestoreRefused(session_id, [str(exc)]) from None
+    if entry.sidecar is None:
+        raise RestoreRefused(session_id, entry.problems)
+    reasons = check_compatible(entry.sidecar, facts)
+    if reasons:
+        raise RestoreRefused(session_id, reasons)
+    problems = store.integrity_problems(entry)
+    if problems:
+        store.mark_corrupt(session_id, problems[0])
+        raise RestoreRefused(session_id, problems)
+    return entry
+
+
+def record_restore(store: SessionStore, session_id: str, slot: int, n_restored: int) -> Sidecar:
+    """The session was restored into ``slot``: it is the most recently used now."""
+    now = format_utc(utc_now())
+    record = RestoreRecord(at=now, slot=slot, n_restored=n_restored)
+    return store.update(session_id, lambda s: replace(s, last_used_at=now, last_restore=record))
+
+
+def record_reuse(store: SessionStore, session_id: str, cache_n: int, prompt_n: int, effective: bool,
+                 reason: str | None) -> None:
+    """What the first request after the restore reused (see RestoreRecord)."""
+
+    def change(s: Sidecar) -> Sidecar:
+        if s.last_restore is None:
+            return s
+        rec = replace(s.last_restore, cache_n=cache_n, prompt_n=prompt_n, effective=effective, reason=reason)
+        return replace(s, last_restore=rec)
+
+    try:
+        store.update(session_id, change)
+    except (SessionNotFound, SidecarError):
+        pass

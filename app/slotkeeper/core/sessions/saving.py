@@ -1,0 +1,229 @@
+"""The safe save protocol, after llama-server has written a slot to ``incoming-<rand>.kv``.
+
+1. Check ``n_written > 0`` and that it equals the file size (a failed write can answer 200 with
+   ``n_written: 0``); read the token list from the file header; hash and fsync the file.
+2. Lineage against saved sessions of the same model: tokens that extend a session update it;
+   tokens diverging inside one fork a new session with ``parent``; anything else is new.
+   Continuing a pinned session forks it (a pin is a snapshot).
+3. Title and preview from the detokenized tokens (``describe``, given by the engine: the store
+   knows files, not HTTP), outside the folder lock.
+4. Under the folder lock: re-read the session being updated (another save or a CLI command may
+   have changed it meanwhile), rename the file to ``<id>.<gen>.kv``, fsync the folder, write
+   ``<id>.json`` atomically (only now does the new version exist), remove the previous version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from slotkeeper.core.fsutil import fsync_dir, fsync_file
+from slotkeeper.core.sessions import kvfile, lineage
+from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.entries import SessionEntry
+from slotkeeper.core.sessions.naming import new_kv_name
+from slotkeeper.core.sessions.sidecar import (
+    Sidecar,
+    content_hash_file,
+    format_utc,
+    new_session_id,
+    tokens_digest,
+    utc_now,
+    write_sidecar_atomic,
+)
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
+from slotkeeper.core.units import human_bytes
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FAULT_ENV", "SaveContext", "SaveError", "SaveOutcome", "save_incoming", "server_refused"]
+
+# Test-only fault injection: SLOTKEEPER_FAULT=<step> ends the process at that step of a save,
+# as a power cut or kill -9 would, so the crash-safety tests exercise the real code path.
+FAULT_ENV = "SLOTKEEPER_FAULT"
+LOW_DISK_BYTES = 256 * 1024 * 1024  # below this, a failed save is explained as a full disk
+
+Describe = Callable[[list[int]], tuple[str, str]]  # tokens -> (title, preview)
+
+
+def fault_point(step: str) -> None:
+    if os.environ.get(FAULT_ENV) == step:
+        log.error("fault injection: dying at %s", step)
+        os._exit(86)
+
+
+class SaveError(Exception):
+    """A save that did not produce a complete file; the previous version is untouched."""
+
+
+@dataclass(frozen=True)
+class SaveContext:
+    """What a save needs to know about the running server, beyond the slot itself."""
+
+    facts: ServerFacts
+    arch: str
+    llama_build: str
+
+
+@dataclass
+class SaveOutcome:
+    kind: str  # "new", "update", "fork", "unchanged", "empty"
+    sidecar: Sidecar | None
+    n_tokens: int = 0
+    save_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Incoming:
+    path: Path
+    tokens: list[int]
+    size: int
+    content_hash: str
+
+
+def space_hint(directory: Path) -> str:
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return ""
+    if free < LOW_DISK_BYTES:
+        return f". The disk is full: only {human_bytes(free)} free in {directory}"
+    return ". The server log may say more"
+
+
+def server_refused(store: SessionStore, slot: int, message: str) -> SaveError:
+    """The error for a save llama-server answered with an error."""
+    return SaveError(f"llama-server could not save slot {slot}: {message}{space_hint(store.dir)}")
+
+
+def save_incoming(
+    store: SessionStore,
+    incoming_name: str,
+    n_written: int,
+    slot: int,
+    ctx: SaveContext,
+    describe: Describe,
+    current_id: str | None = None,
+    save_ms: float = 0.0,
+) -> SaveOutcome:
+    """Turn the file llama-server just wrote into a session (steps 1-4); the incoming file is
+    gone afterwards whatever happens. Raises SaveError."""
+    path = store.dir / incoming_name
+    try:
+        fault_point("after_server_write")
+        incoming = _check(store, path, n_written, slot)
+        if incoming is None:
+            return SaveOutcome("empty", None)
+        return _commit(store, incoming, ctx, describe, current_id, save_ms)
+    except (kvfile.KvFileError, OSError) as exc:
+        raise SaveError(f"saving slot {slot} failed: {exc}") from exc
+    finally:
+        unlink_quietly(path)
+
+
+def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> _Incoming | None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        size = -1
+    if n_written <= 0 or size != n_written:
+        raise SaveError(
+            f"llama-server wrote {max(n_written, 0)} bytes for slot {slot} but the file "
+            f"has {max(size, 0)}; the previous save is kept{space_hint(store.dir)}"
+        )
+    header = kvfile.read_tokens(path)
+    if header.n_tokens == 0:
+        return None
+    content_hash = content_hash_file(path)
+    fsync_file(path)
+    fault_point("after_hash")
+    return _Incoming(path, header.tokens, size, content_hash)
+
+
+def _candidates(store: SessionStore, model_sha256: str, prefer: str | None) -> list[tuple[SessionEntry, list[int]]]:
+    out = []
+    for entry in store.sessions():  # most recently used first
+        sc = entry.sidecar
+        # A session marked corrupt is still a candidate when its token list reads: a good
+        # save of the same conversation then replaces it (and clears the mark).
+        if sc is None or sc.model_sha256 != model_sha256:
+            continue
+        try:
+            out.append((entry, store.tokens(entry)))
+        except (kvfile.KvFileError, OSError):
+            continue
+    out.sort(key=lambda item: item[0].id != prefer)  # the slot's own session first
+    return out
+
+
+def _classify(store: SessionStore, tokens: list[int], model_sha256: str,
+              current_id: str | None) -> tuple[str, SessionEntry | None]:
+    candidates = _candidates(store, model_sha256, current_id)
+    match = lineage.classify(tokens, [(e.id, t) for e, t in candidates])
+    previous = next((e for e, _ in candidates if e.id == match.session_id), None)
+    return _refine(match.kind, previous, tokens)
+
+
+def _refine(kind: str, previous: SessionEntry | None, tokens: list[int]) -> tuple[str, SessionEntry | None]:
+    if kind == "update" and previous is not None and not previous.problems:
+        assert previous.sidecar is not None
+        if previous.sidecar.tokens_digest == tokens_digest(tokens):
+            return "unchanged", previous
+        if previous.sidecar.pinned:
+            return "fork", previous  # a pinned session is a snapshot: its continuation is a child
+    return kind, previous
+
+
+def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Describe,
+            current_id: str | None, save_ms: float) -> SaveOutcome:
+    facts = ctx.facts
+    kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id)
+    described = None if kind == "unchanged" else describe(inc.tokens)
+    with store.exclusive():
+        if previous is not None:
+            try:
+                fresh = store.get(previous.id)
+            except SessionNotFound:
+                fresh = None
+            if fresh is None or fresh.sidecar is None or fresh.sidecar.kv_file != previous.sidecar.kv_file:
+                # Changed while we were away (another save, a delete): decide again, now under the lock.
+                kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id)
+            else:
+                kind, previous = _refine(kind if kind != "unchanged" else "update", fresh, inc.tokens)
+        now = format_utc(utc_now())
+        if kind == "unchanged" and previous is not None:
+            sc = store.update(previous.id, lambda s: replace(s, last_used_at=now))
+            return SaveOutcome("unchanged", sc, len(inc.tokens), save_ms)
+        title, preview = described if described is not None else describe(inc.tokens)
+        if kind == "update" and previous is not None:
+            sc0 = previous.sidecar
+            assert sc0 is not None
+            sid, created, pinned, parent, last_restore = sc0.id, sc0.created_at, sc0.pinned, sc0.parent, sc0.last_restore
+        else:
+            sid, created, pinned, last_restore = new_session_id(), now, False, None
+            parent = previous.id if (kind == "fork" and previous) else None
+        final_name = new_kv_name(sid)
+        os.replace(inc.path, store.dir / final_name)
+        fsync_dir(store.dir)
+        fault_point("after_rename")
+        sidecar = Sidecar(
+            id=sid, kv_file=final_name, title=title, preview=preview,
+            model_path=facts.model_path, model_sha256=facts.model_sha256, arch=ctx.arch,
+            swa=facts.swa, swa_full=facts.swa_full, flash_attn=facts.flash_attn,
+            cache_type_k=facts.cache_type_k, cache_type_v=facts.cache_type_v,
+            n_parallel=facts.n_parallel, kv_unified=facts.kv_unified, n_ctx_slot=facts.n_ctx_slot,
+            n_tokens=len(inc.tokens), tokens_digest=tokens_digest(inc.tokens), size_bytes=inc.size,
+            content_hash=inc.content_hash, llama_build=ctx.llama_build, created_at=created,
+            last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
+            last_restore=last_restore,
+        )  # fmt: skip
+        write_sidecar_atomic(store.sidecar_path(sid), sidecar)
+        fault_point("after_sidecar")
+        if kind == "update" and previous is not None and previous.sidecar.kv_file != final_name:
+            unlink_quietly(store.dir / previous.sidecar.kv_file)
+            store.forget_tokens(previous.sidecar.kv_file)
+    return SaveOutcome(kind, sidecar, len(inc.tokens), save_ms)

@@ -1,0 +1,57 @@
+"""Immutable values the engine hands to its faces (GUI, `serve`, tests) in events and snapshots.
+
+They are frozen, so a face on another thread can keep one as long as it likes: the engine never
+changes an object it has published, it publishes a new one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """What a face shows per slot; a new one after every poll and every request."""
+
+    id: int
+    n_ctx: int = 0
+    state: str = "idle"  # idle, busy, saving, restoring
+    session_id: str | None = None
+    n_prompt: int = 0  # last (or running) request's prompt
+    cache_n: int = 0
+    prompt_n: int = 0  # processed so far / in total
+    n_tokens: int = 0  # tokens the slot holds after its last request
+    running: bool = False
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Long work the engine is doing (hashing the model, restoring, saving), with progress."""
+
+    activity: str | None = None  # "hashing", "restoring", "saving"; None = nothing
+    detail: str = ""
+    done: int = 0
+    total: int = 0
+
+
+@dataclass(frozen=True)
+class RestoreSummary:
+    id: str
+    slot: int
+    n_restored: int
+    ms: float
+    title: str
+    already_loaded: bool = False  # the session was in a slot already: nothing was read
+
+
+@dataclass(frozen=True)
+class SaveSummary:
+    slot: int
+    kind: str  # new, update, fork, unchanged, empty
+    id: str | None
+    reason: str  # idle, shutdown, manual, before resume, ...
+    n_tokens: int
+    ms: float
+    size_bytes: int
+    title: str
