@@ -1,0 +1,147 @@
+"""Engine parts without a server: the loop's rules, slot views, the reuse judgement, the resume rule."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from slotkeeper.core.client import SlotInfo
+from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
+from slotkeeper.core.engine.resume import resume_verdict
+from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotTable, judge_reuse
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.sessions.entries import SessionEntry
+
+
+# -- the loop ---------------------------------------------------------------------------------
+def test_commands_run_on_the_loop_thread_and_blocking_work_does_not():
+    loop = EngineLoop()
+    loop.start_thread()
+    try:
+        async def where():
+            here = threading.current_thread().name
+            there = await loop.run_io(lambda: threading.current_thread().name)
+            return here, there
+
+        here, there = loop.call(where(), timeout=5)
+        assert here == "slotkeeper-engine" and there.startswith("engine-io")
+    finally:
+        loop.close()
+
+
+def test_a_blocking_call_from_the_loop_itself_is_refused_not_a_deadlock():
+    loop = EngineLoop()
+    loop.start_thread()
+    try:
+        async def nested():
+            async def inner():
+                return 1
+            with pytest.raises(RuntimeError, match="wait for itself"):
+                loop.call(inner())
+            return "refused"
+
+        assert loop.call(nested(), timeout=5) == "refused"
+    finally:
+        loop.close()
+
+
+def test_background_writes_run_in_order_and_finish_before_close():
+    loop = EngineLoop()
+    loop.start_thread()
+    seen: list[int] = []
+
+    async def queue():
+        for i in range(50):
+            loop.in_background(seen.append, i)
+
+    loop.call(queue(), timeout=5)
+    loop.close()
+    assert seen == list(range(50))
+
+
+def test_after_close_nothing_more_runs():
+    loop = EngineLoop()
+    loop.start_thread()
+    loop.close()
+
+    async def anything():
+        return 1
+
+    with pytest.raises(LoopClosed):
+        loop.post(anything())
+    assert loop.call_soon(print) is False
+
+
+def test_run_on_the_callers_thread():
+    loop = EngineLoop()
+    caller = threading.get_ident()
+
+    async def main():
+        await asyncio.sleep(0)
+        return threading.get_ident()
+
+    assert loop.run(main()) == caller
+    assert loop.closed
+
+
+# -- slot views and the reuse judgement -------------------------------------------------------
+def test_slot_views_are_replaced_never_changed():
+    table = SlotTable()
+    table.reset(2, 4096)
+    before = table.views()
+    table.set(0, session_id="abc", n_tokens=300)
+    after = table.views()
+    assert before[0].session_id is None and after[0].session_id == "abc"
+    table.observe([SlotInfo(id=1, n_ctx=4096, is_processing=True, n_prompt_tokens=500,
+                            n_prompt_tokens_cache=400, n_prompt_tokens_processed=100)])
+    assert table.view(1).state == "busy" and table.view(1).cache_n == 400
+    table.set(1, state="saving")
+    table.observe([SlotInfo(id=1, n_ctx=4096, is_processing=False)])
+    assert table.view(1).state == "saving", "a poll does not overwrite what the engine is doing"
+
+
+def test_reuse_rules():
+    full = PendingReuse("s", 1000, swa=False, swa_full=False)
+    assert judge_reuse(full, 1000) == judge_reuse(full, int(EFFECTIVE_REUSE_SHARE * 1000))
+    assert judge_reuse(full, 1000).effective and judge_reuse(full, 1000).reason is None
+    low = judge_reuse(full, 10)
+    assert not low.effective and "reused 10 of 1000" in low.reason and not low.warn
+    swa = judge_reuse(PendingReuse("s", 1000, swa=True, swa_full=False), 0)
+    assert not swa.effective and "--swa-full" in swa.reason
+    rollback = judge_reuse(PendingReuse("s", 1000, swa=True, swa_full=True), 900)
+    assert rollback.effective and rollback.warn and "rolled back" in rollback.reason
+    assert not judge_reuse(PendingReuse("s", 1000, swa=True, swa_full=True), 1000).warn
+
+
+# -- can it be resumed? -----------------------------------------------------------------------
+def entry(problems=(), sidecar=None):
+    from pathlib import Path
+
+    from slotkeeper.core.sessions.sidecar import load_sidecar
+
+    sc = sidecar or load_sidecar(Path(__file__).parent.parent / "data" / "sidecar_v1.json")
+    return SessionEntry(sc.id, sc, None, list(problems))
+
+
+def test_resume_rules_for_every_face():
+    from dataclasses import replace
+
+    from slotkeeper.core.sessions.compat import ServerFacts
+
+    e = entry()
+    sc = e.sidecar
+    facts = ServerFacts(model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
+                        cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
+                        n_parallel=sc.n_parallel, kv_unified=sc.kv_unified, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa)
+    damaged = resume_verdict(entry(["KV file is missing"]), ServerState.READY, facts, True)
+    assert not damaged.enabled and damaged.why.startswith("Damaged")
+    stopped = resume_verdict(e, ServerState.STOPPED, None, True)
+    assert stopped.enabled and stopped.starts_server
+    assert not resume_verdict(e, ServerState.FAILED, None, False).enabled  # no model to start
+    assert resume_verdict(e, ServerState.STARTING, None, True).why == "Wait until the server is ready"
+    ok = resume_verdict(e, ServerState.READY, facts, True)
+    assert ok.enabled and not ok.starts_server and f"{sc.n_tokens:,} tokens" in ok.why
+    other = resume_verdict(e, ServerState.READY, replace(facts, flash_attn=not sc.flash_attn), True)
+    assert not other.enabled and "flash attention" in other.why

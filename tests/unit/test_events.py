@@ -1,0 +1,76 @@
+"""The typed event bus: subscription by type, unsubscribe, a broken handler does not break others."""
+
+import threading
+
+import pytest
+
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
+
+
+def test_handlers_receive_only_the_types_they_asked_for():
+    bus = ev.EventBus()
+    saved, everything = [], []
+    bus.subscribe(saved.append, ev.SaveFailed, ev.WarningRaised)
+    bus.subscribe(everything.append)
+    bus.emit(ev.SaveFailed(0, "disk full"))
+    bus.emit(ev.NoticeRaised("demo"))
+    bus.emit(ev.WarningRaised("swa"))
+    assert [type(e) for e in saved] == [ev.SaveFailed, ev.WarningRaised]
+    assert len(everything) == 3
+
+
+def test_events_are_frozen_values():
+    e = ev.ServerStateChanged(ServerState.READY, "http://127.0.0.1:1")
+    with pytest.raises(AttributeError):
+        e.state = ServerState.FAILED  # type: ignore[misc]
+    assert e == ev.ServerStateChanged(ServerState.READY, "http://127.0.0.1:1")
+
+
+def test_strings_are_not_event_types_and_not_events():
+    bus = ev.EventBus()
+    with pytest.raises(TypeError):
+        bus.subscribe(print, "session.saved")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        bus.emit("session.saved")  # type: ignore[arg-type]
+
+
+def test_unsubscribe_and_a_failing_handler(caplog):
+    bus = ev.EventBus()
+    got = []
+
+    def broken(_e):
+        raise RuntimeError("boom")
+
+    bus.subscribe(broken, ev.NoticeRaised)
+    stop = bus.subscribe(got.append, ev.NoticeRaised)
+    bus.emit(ev.NoticeRaised("one"))
+    stop()
+    bus.emit(ev.NoticeRaised("two"))
+    assert [e.message for e in got] == ["one"]
+    assert "NoticeRaised" in caplog.text
+
+
+def test_emitting_from_many_threads_while_subscribing():
+    bus = ev.EventBus()
+    got: list = []
+    lock = threading.Lock()
+
+    def record(e):
+        with lock:
+            got.append(e)
+
+    bus.subscribe(record, ev.RequestDone)
+
+    def emit(n):
+        for i in range(200):
+            bus.emit(ev.RequestDone(n, i, 10, 5, 5, 1.0, 0.0))
+            if i % 50 == 0:
+                bus.subscribe(lambda e: None, ev.RequestDone)
+
+    threads = [threading.Thread(target=emit, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 800
