@@ -32,7 +32,7 @@ def facts_for(sc: Sidecar, **changes) -> ServerFacts:
     facts = ServerFacts(
         model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
         cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
-        n_parallel=sc.n_parallel, kv_unified=sc.kv_unified, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
+        n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
     )  # fmt: skip
     return replace(facts, **changes)
 

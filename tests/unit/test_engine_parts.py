@@ -134,7 +134,7 @@ def test_resume_rules_for_every_face():
     sc = e.sidecar
     facts = ServerFacts(model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
                         cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
-                        n_parallel=sc.n_parallel, kv_unified=sc.kv_unified, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa)
+                        n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa)
     damaged = resume_verdict(entry(["KV file is missing"]), ServerState.READY, facts, True)
     assert not damaged.enabled and damaged.why.startswith("Damaged")
     stopped = resume_verdict(e, ServerState.STOPPED, None, True)

@@ -75,7 +75,6 @@ def make_facts(**changes: Any) -> ServerFacts:
         cache_type_v="f16",
         swa_full=False,
         n_parallel=1,
-        kv_unified=False,
         n_ctx_slot=4096,
         swa=False,
     )
@@ -533,13 +532,8 @@ def test_matching_server_is_compatible() -> None:
         ),
         (
             {"kv_unified": True},
-            {"kv_unified": False},
+            {},
             "saved with a unified KV cache; the server's is per slot",
-        ),
-        (
-            {"kv_unified": False},
-            {"kv_unified": True},
-            "saved with a per-slot KV cache; the server's is unified",
         ),
         (
             {"model_sha256": SHA_A, "model_path": "/m/model.gguf"},

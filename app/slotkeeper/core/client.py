@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 DEFAULT_TIMEOUT = 10.0
 SLOT_ACTION_TIMEOUT = 600.0  # a busy slot defers the action until it is idle; big files take time
@@ -168,19 +167,6 @@ class LlamaClient:
             )
         return out
 
-    def metrics(self) -> dict[str, float]:
-        """Prometheus samples by name without the ``llamacpp:`` prefix."""
-        text = self._request("GET", "/metrics").text
-        values: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                values[sample.name.removeprefix("llamacpp:")] = float(sample.value)
-        return values
-
-    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
-        d = self._json("POST", "/tokenize", json={"content": text, "add_special": add_special})
-        return [int(t) for t in d.get("tokens", [])]
-
     def detokenize(self, tokens: list[int]) -> str:
         d = self._json("POST", "/detokenize", json={"tokens": list(tokens)})
         return str(d.get("content", ""))
@@ -217,7 +203,3 @@ class LlamaClient:
             n_read=int(d.get("n_read", 0)),
             restore_ms=float((d.get("timings") or {}).get("restore_ms", 0.0)),
         )
-
-    def erase_slot(self, slot: int, timeout: float | None = None) -> int:
-        d = self._slot_action(slot, "erase", None, timeout)
-        return int(d.get("n_erased", 0))

@@ -79,7 +79,6 @@ def server_facts(model: ModelChoice, model_sha256: str, props: Props, profile: S
     return ServerFacts(
         model_sha256=model_sha256, model_path=str(model.path), flash_attn=profile.flash_attn,
         cache_type_k=profile.cache_type_k, cache_type_v=profile.cache_type_v, swa_full=profile.swa_full,
-        # Slotkeeper always runs llama-server with an explicit --parallel, which means a per-slot cache.
-        n_parallel=props.total_slots, kv_unified=False, n_ctx_slot=props.n_ctx_slot,
+        n_parallel=props.total_slots, n_ctx_slot=props.n_ctx_slot,
         swa=model.info.has_swa, kv_args=kv_affecting_args(profile.extra_args),
     )  # fmt: skip

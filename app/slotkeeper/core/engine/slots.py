@@ -77,9 +77,6 @@ class SlotTable:
     def views(self) -> tuple[SlotView, ...]:
         return tuple(v for _, v in sorted(self._views.items()))
 
-    def ids(self, n_slots: int) -> list[int]:
-        return list(range(n_slots))
-
     def observe(self, slots: list[SlotInfo]) -> None:
         """A /slots poll: state and, while a request runs, its live prompt figures."""
         for info in slots:

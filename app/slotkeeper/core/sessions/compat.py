@@ -26,7 +26,6 @@ class ServerFacts:
     cache_type_v: str
     swa_full: bool
     n_parallel: int
-    kv_unified: bool
     n_ctx_slot: int
     swa: bool
     kv_args: tuple[str, ...] = ()
@@ -54,11 +53,10 @@ def check_compatible(sidecar: Sidecar, facts: ServerFacts) -> list[str]:
     ):
         if saved != running:
             reasons.append(f"saved with {which} cache type {saved}; the server uses {running}")
-    if sidecar.kv_unified != facts.kv_unified:
-        reasons.append(
-            f"saved with {_kv_layout(sidecar.kv_unified)} KV cache; "
-            f"the server's is {_kv_layout_short(facts.kv_unified)}"
-        )
+    if sidecar.kv_unified:
+        # Slotkeeper always runs llama-server with a per-slot cache (an explicit --parallel);
+        # a file saved from a unified one (by another tool) has another stream layout.
+        reasons.append("saved with a unified KV cache; the server's is per slot")
     if sidecar.n_parallel != facts.n_parallel:
         # The KV stream count is baked in ("n_stream mismatch" in the server log).
         reasons.append(
@@ -117,13 +115,6 @@ def _on_off(flag: bool) -> str:
 def _with_without(flag: bool) -> str:
     return "with" if flag else "without"
 
-
-def _kv_layout(unified: bool) -> str:
-    return "a unified" if unified else "a per-slot"
-
-
-def _kv_layout_short(unified: bool) -> str:
-    return "unified" if unified else "per slot"
 
 
 def swa_mode(sidecar: Sidecar) -> str:

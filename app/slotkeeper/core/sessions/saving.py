@@ -215,7 +215,7 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             model_path=facts.model_path, model_sha256=facts.model_sha256, arch=ctx.arch,
             swa=facts.swa, swa_full=facts.swa_full, flash_attn=facts.flash_attn,
             cache_type_k=facts.cache_type_k, cache_type_v=facts.cache_type_v,
-            n_parallel=facts.n_parallel, kv_unified=facts.kv_unified, n_ctx_slot=facts.n_ctx_slot,
+            n_parallel=facts.n_parallel, kv_unified=False, n_ctx_slot=facts.n_ctx_slot,
             n_tokens=len(inc.tokens), tokens_digest=tokens_digest(inc.tokens), size_bytes=inc.size,
             content_hash=inc.content_hash, llama_build=ctx.llama_build, created_at=created,
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
