@@ -97,3 +97,29 @@ def test_shutdown_waits_and_drops_callbacks(qtbot):
     with pytest.raises(RuntimeError):
         r.run(lambda: None)
     r.deleteLater()
+
+
+def test_watch_delivers_an_outside_future_on_the_gui_thread(qtbot):
+    import concurrent.futures
+
+    from PySide6.QtCore import QThread
+    from PySide6.QtWidgets import QApplication
+
+    from slotkeeper.gui.jobs import JobRunner
+
+    runner = JobRunner()
+    got, threads = [], []
+
+    def ok(value):
+        got.append(value)
+        threads.append(QThread.currentThread() is QApplication.instance().thread())
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with qtbot.waitSignal(runner.busyChanged, check_params_cb=lambda busy: busy is False):
+            runner.watch(pool.submit(lambda: 41 + 1), on_success=ok, description="answer")
+        assert got == [42] and threads == [True]
+        failed = []
+        with qtbot.waitSignal(runner.busyChanged, check_params_cb=lambda busy: busy is False):
+            runner.watch(pool.submit(lambda: 1 / 0), on_failure=failed.append)
+        assert isinstance(failed[0], ZeroDivisionError)
+    runner.shutdown()

@@ -91,14 +91,7 @@ class JobRunner(QObject):
         description: str = "",
         **kwargs: Any,
     ) -> Job:
-        job = Job(next(self._ids), description or getattr(fn, "__name__", "job"), on_success, on_failure)
-        if self._closed:
-            raise RuntimeError("the job runner has been shut down")
-        with self._lock:
-            was_idle = not self._jobs
-            self._jobs[job.id] = job
-        if was_idle:
-            self.busyChanged.emit(True)
+        job = self._register(description or getattr(fn, "__name__", "job"), on_success, on_failure)
         self._pool.start(_Runnable(self, job, lambda: fn(*args, **kwargs)))
         return job
 
@@ -111,14 +104,7 @@ class JobRunner(QObject):
     ) -> Job:
         """Deliver the outcome of work already running elsewhere (an engine command posted to its
         loop) on the GUI thread, like ``run`` does for its own jobs."""
-        job = Job(next(self._ids), description or "engine command", on_success, on_failure)
-        if self._closed:
-            raise RuntimeError("the job runner has been shut down")
-        with self._lock:
-            was_idle = not self._jobs
-            self._jobs[job.id] = job
-        if was_idle:
-            self.busyChanged.emit(True)
+        job = self._register(description or "engine command", on_success, on_failure)
 
         def done(f: concurrent.futures.Future) -> None:  # the engine's thread
             if f.cancelled():
@@ -129,6 +115,18 @@ class JobRunner(QObject):
                 self._post(job.id, True, f.result())
 
         future.add_done_callback(done)
+        return job
+
+    def _register(self, description: str, on_success: Callable[[Any], None] | None,
+                  on_failure: Callable[[BaseException], None] | None) -> Job:
+        if self._closed:
+            raise RuntimeError("the job runner has been shut down")
+        job = Job(next(self._ids), description, on_success, on_failure)
+        with self._lock:
+            was_idle = not self._jobs
+            self._jobs[job.id] = job
+        if was_idle:
+            self.busyChanged.emit(True)
         return job
 
     @property
