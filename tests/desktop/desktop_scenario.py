@@ -137,7 +137,7 @@ class Scenario:
             f = self.gauge()
             self.note("gauge-moved", first_gauge={"n_prompt": f.n_prompt, "cache_n": f.cache_n,
                                                    "prompt_n": f.prompt_n, "state": f.state})
-            yield (lambda: len(engine.store.sessions()) == 1, 60, "the idle save")
+            yield (lambda: len(engine.sessions.listing().sessions) == 1, 60, "the idle save")
             sk.show_window("Slots")
             yield (lambda: sk.window.isVisible(), 10, "the main window")
             yield self.pause(0.3)
@@ -166,7 +166,7 @@ class Scenario:
             tray.quit_action.trigger()
             return
         # second phase: the restored conversation continues from the cache
-        restored = [e for e in engine.store.sessions() if e.sidecar.last_restore]
+        restored = [e for e in engine.sessions.listing().sessions if e.sidecar.last_restore]
         self.note("restored", restored=len(restored))
         messages = json.loads((self.shots.parent / "conversation.json").read_text())
         messages.append({"role": "user", "content": "And one more thing: which boots?"})
@@ -193,10 +193,10 @@ def main() -> int:
     phase, result_path, shots = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     argv = sys.argv[sys.argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
-    paths, settings = load_run_settings(args, [])
+    paths, service, settings = load_run_settings(args, [])
     app = QApplication(sys.argv[:1])
     app.setQuitOnLastWindowClosed(False)
-    sk = SlotkeeperApp(paths, settings, start_now=True, first_run=False)
+    sk = SlotkeeperApp(paths, settings, service, start_now=True, first_run=False)
     sk.finished.connect(app.quit)
     scenario = Scenario(phase, result_path, shots, sk)
     QTimer.singleShot(0, scenario.start)
