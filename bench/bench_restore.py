@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from slotkeeper.core.engine import Engine  # noqa: E402
 from slotkeeper.core.modelgen import write_model  # noqa: E402
 from slotkeeper.core.paths import app_paths  # noqa: E402
-from slotkeeper.core.server.supervisor import ServerState  # noqa: E402
+from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
 
 
@@ -34,6 +34,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tokenize(url: str, text: str) -> list[int]:
+    r = httpx.post(f"{url}/tokenize", json={"content": text, "add_special": False}, timeout=60)
+    r.raise_for_status()
+    return [int(t) for t in r.json()["tokens"]]
 
 
 def request(url: str, prompt: list[int]) -> tuple[float, dict]:
@@ -61,11 +67,11 @@ def main() -> int:
         engine = Engine(app_paths(), settings)
         engine.start()
         assert engine.wait_ready(300) is ServerState.READY, engine.supervisor.message
-        with engine.client() as c:
-            c.erase_slot(0)
-            # Token ids, so the conversation is exactly --tokens long; each round differs.
-            prompt = c.tokenize(f"round {rnd} " + words * (args.tokens // 4))[: args.tokens]
-            more = c.tokenize(" and one more thing")
+        url = engine.base_url
+        httpx.post(f"{url}/slots/0", params={"action": "erase"}, timeout=60).raise_for_status()
+        # Token ids, so the conversation is exactly --tokens long; each round differs.
+        prompt = tokenize(url, f"round {rnd} " + words * (args.tokens // 4))[: args.tokens]
+        more = tokenize(url, " and one more thing")
         t_cold, timings = request(engine.base_url, prompt)
         engine.stop()  # saves the slot, then stops the server
         engine = Engine(app_paths(), settings)
@@ -75,8 +81,8 @@ def main() -> int:
         t_launch = time.perf_counter() - t0
         t_next, timings2 = request(engine.base_url, prompt + more)
         engine.stop(save=False)
-        for entry in engine.store.sessions():
-            engine.store.delete(entry.id)
+        for entry in engine.sessions.listing().sessions:
+            engine.sessions.delete(entry.id)
         cold.append(t_cold)
         restored.append(t_launch + t_next)
         cache_ns.append(timings2["cache_n"])
