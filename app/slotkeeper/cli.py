@@ -67,7 +67,6 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
     g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
     g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None, help="full-size cache for sliding-window layers (needed to restore sessions of SWA models)")
-    g.add_argument("--data-dir", metavar="DIR", help="keep every file Slotkeeper writes under DIR (also $SLOTKEEPER_HOME)")
     s = p.add_argument_group("sessions")
     s.add_argument("--idle-save", type=_seconds, metavar="S", help="save a slot S seconds after its reply ends (default 10; 0 = at once)")
     s.add_argument("--restore", type=_count, metavar="N", help="restore the N most recent compatible sessions at launch (default: one per slot)")
@@ -84,9 +83,19 @@ def _size(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _add_global_options(p: argparse.ArgumentParser, root: bool = False) -> None:
+    """Options every command takes, before or after its name: `slotkeeper --data-dir X sessions list`,
+    `slotkeeper sessions --data-dir X list` and `slotkeeper sessions list --data-dir X` agree (a
+    command's copy sets the option only when given, so the root's value stands otherwise)."""
+    g = p.add_argument_group("global")
+    unset = {} if root else {"default": argparse.SUPPRESS}
+    g.add_argument("-v", "--verbose", action="store_true", help="more logging on stderr", **unset)
+    g.add_argument("--data-dir", metavar="DIR", help="keep every file Slotkeeper writes under DIR (also $SLOTKEEPER_HOME)",
+                   **unset)
+
+
 def _defaults_from_root(sub: argparse.ArgumentParser) -> None:
-    """A subcommand's copy of a root option sets it only when given, so that
-    `slotkeeper --data-dir X sessions list` and `slotkeeper sessions --data-dir X list` agree."""
+    """A subcommand's copy of a root option sets it only when given (the root's value stands otherwise)."""
     for action in sub._actions:
         if action.option_strings and action.dest != "help":
             action.default = argparse.SUPPRESS
@@ -108,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "go to llama-server.",
     )
     parser.add_argument("--version", action="version", version=f"slotkeeper {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="more logging on stderr")
+    _add_global_options(parser, root=True)
     add_server_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -118,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run and supervise llama-server without the desktop app. Prints "
         "`ready http://HOST:PORT` once the server answers. Arguments after `--` go to llama-server.",
     )
+    _add_global_options(serve)
     add_server_options(serve)
     _defaults_from_root(serve)
 
@@ -134,27 +144,31 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--cache-type-v", default="f16", metavar="T")
     info.add_argument("--unified", action="store_true", help="unified KV cache (-kvu)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_global_options(info)
 
     sess = sub.add_parser(
         "sessions",
         help="list, inspect, verify, pin, delete and prune saved sessions",
         description="Works on the same folder as the app, with or without a running server.",
     )
-    sess.add_argument("--data-dir", metavar="DIR", help="Slotkeeper's data folder (also $SLOTKEEPER_HOME)")
-    _defaults_from_root(sess)
+    _add_global_options(sess)
     ssub = sess.add_subparsers(dest="action", metavar="ACTION", required=True)
-    p = ssub.add_parser("list", help="saved sessions, most recently used first")
-    p.add_argument("--json", action="store_true")
-    p = ssub.add_parser("show", help="one session in full")
+
+    def action(name: str, text: str) -> argparse.ArgumentParser:
+        a = ssub.add_parser(name, help=text)
+        _add_global_options(a)
+        return a
+
+    action("list", "saved sessions, most recently used first").add_argument("--json", action="store_true")
+    p = action("show", "one session in full")
     p.add_argument("id")
     p.add_argument("--json", action="store_true")
     for name, text in (("delete", "delete a session (its KV file and sidecar)"),
                        ("pin", "keep a session whatever the budget"),
                        ("unpin", "let the budget prune a session again")):
-        ssub.add_parser(name, help=text).add_argument("id")
-    p = ssub.add_parser("verify", help="check size and content hash (all sessions, or one)")
-    p.add_argument("id", nargs="?")
-    p = ssub.add_parser("prune", help="delete least-recently-used sessions until under the budget")
+        action(name, text).add_argument("id")
+    action("verify", "check size and content hash (all sessions, or one)").add_argument("id", nargs="?")
+    p = action("prune", "delete least-recently-used sessions until under the budget")
     p.add_argument("--budget", type=_size, metavar="SIZE", help="budget to prune to (default: the setting)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
     return parser

@@ -13,6 +13,13 @@ def parse(*argv):
 def test_options_before_or_after_the_subcommand_agree():
     assert parse("--data-dir", "X", "sessions", "list").data_dir == "X"
     assert parse("sessions", "--data-dir", "X", "list").data_dir == "X"
+    # global options are taken anywhere on the line, also after the last command word
+    assert parse("sessions", "list", "--data-dir", "X", "--json").data_dir == "X"
+    assert parse("sessions", "delete", "abc", "--data-dir", "X", "-v").verbose is True
+    assert parse("sessions", "prune", "--dry-run", "--data-dir", "X").data_dir == "X"
+    assert parse("serve", "--data-dir", "X").data_dir == "X"
+    assert parse("model-info", "m.gguf", "-v").verbose is True
+    assert parse("sessions", "list").data_dir is None and parse("sessions", "list").verbose is False
     a = parse("--port", "9000", "serve")
     b = parse("serve", "--port", "9000", "--swa-full")
     assert a.port == b.port == 9000 and b.swa_full is True and a.swa_full is None
