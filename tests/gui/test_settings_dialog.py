@@ -15,7 +15,6 @@ from slotkeeper.gui.settings_dialog import (
     BUDGET_MIN,
     SettingsDialog,
     budget_from_slider,
-    exposes_without_key,
     size_text,
     slider_from_budget,
 )
@@ -68,11 +67,6 @@ def test_budget_scale_helpers():
     assert size_text(20 * GIB) == "20 GiB"
     assert size_text(3 * GIB // 2) == "1.5 GiB"
     assert size_text(512 * 1024**2) == "512 MiB"
-    assert exposes_without_key("0.0.0.0", ())
-    assert not exposes_without_key("0.0.0.0", ("--api-key", "s3cret"))
-    assert not exposes_without_key("0.0.0.0", ("--api-key-file=k.txt",))
-    assert not exposes_without_key("127.0.0.1", ())
-    assert not exposes_without_key("localhost", ())
 
 
 def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dialog):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -15,6 +17,7 @@ DEFAULT_PORT = 8789
 DEFAULT_BUDGET_BYTES = 20 * 1024**3
 DEFAULT_IDLE_SAVE_SECONDS = 10.0
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+UNQUANTIZED_CACHE_TYPES = frozenset({"f32", "f16", "bf16"})
 
 
 class SettingsError(Exception):
@@ -61,6 +64,22 @@ class ServerProfile:
     @property
     def base_url(self) -> str:
         return connect_url(self.host, self.port)
+
+
+def needs_flash_attention(profile: ServerProfile) -> bool:
+    """True when the profile asks for a quantized V cache with flash attention off: llama-server
+    quantizes the V cache only with flash attention, so it has to be turned on."""
+    return profile.cache_type_v not in UNQUANTIZED_CACHE_TYPES and not profile.flash_attn
+
+
+def split_args(text: str) -> tuple[str, ...]:
+    """Extra llama-server arguments as typed in one line (shell quoting; ValueError if unbalanced)."""
+    return tuple(shlex.split(text, posix=os.name != "nt"))
+
+
+def join_args(args: tuple[str, ...]) -> str:
+    """The one-line form of extra arguments that ``split_args`` reads back."""
+    return shlex.join(args) if os.name != "nt" else " ".join(args)
 
 
 # Hosts that mean "listen on every interface": a client connects to them over loopback.

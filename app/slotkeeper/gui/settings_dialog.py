@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -43,8 +42,18 @@ from PySide6.QtWidgets import (
 
 from slotkeeper.core import gguf_info, modelgen
 from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.engine.model import swa_explanation
 from slotkeeper.core.events import ServerStateChanged
-from slotkeeper.core.settings import CACHE_TYPES, Settings, SettingsError
+from slotkeeper.core.server.command import exposes_without_key
+from slotkeeper.core.settings import (
+    CACHE_TYPES,
+    ServerProfile,
+    Settings,
+    SettingsError,
+    join_args,
+    needs_flash_attention,
+    split_args,
+)
 from slotkeeper.core.units import human_bytes, parse_size
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.jobs import describe_error
@@ -52,7 +61,6 @@ from slotkeeper.gui.widgets import WrappedLabel
 
 log = logging.getLogger(__name__)
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 GIB = 1024**3
 BUDGET_MIN = GIB // 2
 BUDGET_MAX = 2048 * GIB
@@ -91,31 +99,6 @@ def size_text(n: int) -> str:
             value = n / factor
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{n} B"
-
-
-def exposes_without_key(host: str, extra_args: tuple[str, ...]) -> bool:
-    """True when the server would listen beyond this machine with no --api-key."""
-    if host.strip().lower() in LOOPBACK_HOSTS:
-        return False
-    return not any(a in ("--api-key", "--api-key-file") or a.startswith(("--api-key=", "--api-key-file="))
-                   for a in extra_args)
-
-
-def split_args(text: str) -> tuple[str, ...]:
-    return tuple(shlex.split(text, posix=os.name != "nt"))
-
-
-def swa_explanation(info: gguf_info.ModelInfo, ctx: int, parallel: int, type_k: str, type_v: str) -> str:
-    est = gguf_info.kv_estimate(info, ctx, parallel, type_k=type_k, type_v=type_v)
-    return (
-        f"This model uses sliding-window attention ({info.n_swa_layers} of {info.n_layers} layers "
-        f"look back only {info.sliding_window or '?'} tokens). By default llama-server keeps just that "
-        "window for those layers, so a saved conversation restores but the next request re-reads it "
-        "from the start: restoring saves no time. --swa-full keeps the full context for them, which "
-        f"makes restores work and costs {human_bytes(est.swa_full_extra_bytes)} more KV memory at this "
-        f"context and slot count ({human_bytes(est.bytes_swa)} → {human_bytes(est.bytes_full)}). "
-        "Sessions saved with and without it cannot be mixed."
-    )
 
 
 class SettingsDialog(QDialog):
@@ -359,7 +342,7 @@ class SettingsDialog(QDialog):
         self.swa_full.setChecked(p.swa_full)
         self.host.setText(p.host)
         self.port.setValue(p.port)
-        self.extra_args.setText(shlex.join(p.extra_args) if os.name != "nt" else " ".join(p.extra_args))
+        self.extra_args.setText(join_args(p.extra_args))
         self.idle_save.setValue(float(s.idle_save_seconds))
         self.restore_count.setValue(-1 if s.restore_on_start is None else s.restore_on_start)
         self.start_on_launch.setChecked(s.start_server_on_launch)
@@ -462,8 +445,8 @@ class SettingsDialog(QDialog):
             self.args_error.setText(f"Cannot split these arguments: {exc}")
             self._show_row(self.args_error, True)
         self._show_row(self.exposure_note, exposes_without_key(self.host.text() or "127.0.0.1", extra))
-        quant_v = self.cache_v.currentText() not in ("f16", "f32", "bf16")
-        self._show_row(self.cache_note, quant_v and not self.flash_attn.isChecked())
+        cache = ServerProfile(cache_type_v=self.cache_v.currentText(), flash_attn=self.flash_attn.isChecked())
+        self._show_row(self.cache_note, needs_flash_attention(cache))
         try:
             candidate = self.settings()
         except (SettingsError, ValueError) as exc:

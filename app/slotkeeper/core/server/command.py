@@ -51,15 +51,48 @@ def kv_affecting_args(extra_args: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+# Hosts that only this machine can reach: no key is needed to keep others out.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+API_KEY_FLAGS = ("--api-key", "--api-key-file")
+
+
+def api_key_args(extra_args: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """Every ``--api-key`` / ``--api-key-file`` among the extra arguments, as (flag, value).
+
+    The value follows the flag (``--api-key KEY``) or is joined to it (``--api-key=KEY``);
+    it is None for a flag given last with nothing after it.
+    """
+    out: list[tuple[str, str | None]] = []
+    args = list(extra_args)
+    i = 0
+    while i < len(args):
+        flag, eq, joined = args[i].partition("=")
+        if flag in API_KEY_FLAGS:
+            if eq:
+                out.append((flag, joined))
+            elif i + 1 < len(args):
+                out.append((flag, args[i + 1]))
+                i += 1
+            else:
+                out.append((flag, None))
+        i += 1
+    return out
+
+
 def api_key_from_args(extra_args: tuple[str, ...]) -> str | None:
     """The key given with ``--api-key KEY`` or ``--api-key=KEY`` among the extra arguments."""
-    args = list(extra_args)
-    for i, a in enumerate(args):
-        if a == "--api-key" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--api-key="):
-            return a.split("=", 1)[1]
+    for flag, value in api_key_args(extra_args):
+        if flag == "--api-key" and value is not None:
+            return value
     return None
+
+
+def exposes_without_key(host: str, extra_args: tuple[str, ...]) -> bool:
+    """True when the server would listen beyond this machine with no ``--api-key`` or
+    ``--api-key-file``: anyone on the network could use it and read its conversations."""
+    if host.strip().lower() in LOOPBACK_HOSTS:
+        return False
+    return not api_key_args(extra_args)
 
 
 class CommandError(ValueError):
