@@ -227,7 +227,9 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     async def main() -> int:
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
+        closing: asyncio.Future | None = None
         exit_code = 0
+        signals = 0
 
         def on_state(event: ev.ServerStateChanged) -> None:  # any thread
             nonlocal exit_code
@@ -242,39 +244,57 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
                 log.info("restored %d conversation(s), %d tokens", len(event.restored), tokens)
             print(f"ready {event.url}", flush=True)
 
+        def on_signal(signum: int) -> None:  # on the loop
+            nonlocal signals
+            signals += 1
+            name = signal.Signals(signum).name
+            if signals == 1:
+                log.info("received %s; saving the conversations and stopping (%s again: stop without saving)",
+                         name, name)
+                done.set()
+            else:
+                log.warning("received %s again; stopping without waiting for the saves", name)
+                if closing is not None:
+                    closing.cancel()
+
         engine.events.subscribe(on_state, ev.ServerStateChanged)
         engine.events.subscribe(on_ready, ev.EngineReady)
-        restore_signals = _stop_on_signals(loop, done)
+        restore_signals = _on_signals(loop, on_signal)
         try:
             await engine.start_async(resume_id=args.resume)
             await done.wait()
         finally:
+            closing = asyncio.ensure_future(engine.close_async())
             try:
-                await engine.close_async()
+                report = await closing
+                if not report.ok:
+                    print(f"slotkeeper: {len(report.unsaved)} conversation(s) could not be saved before "
+                          "stopping (see the messages above)", file=sys.stderr, flush=True)
+                    exit_code = 1
+            except asyncio.CancelledError:
+                print("slotkeeper: stopped without saving every conversation", file=sys.stderr, flush=True)
+                exit_code = 1
             except Exception:  # the server must not outlive us, whatever went wrong while saving
                 log.exception("saving before shutdown failed")
-                await loop.run_in_executor(None, engine.supervisor.stop)
                 exit_code = 1
-            restore_signals()
+            finally:
+                if engine.supervisor.state is not ServerState.STOPPED:
+                    await loop.run_in_executor(None, engine.supervisor.stop)
+                restore_signals()
         return exit_code
 
     return engine.run(main())
 
 
-def _stop_on_signals(loop, done) -> Callable[[], None]:
-    """SIGINT/SIGTERM set ``done`` on the loop; returns a function that undoes it."""
+def _on_signals(loop, handler: Callable[[int], None]) -> Callable[[], None]:
+    """SIGINT/SIGTERM call ``handler(signum)`` on the loop; returns a function that undoes it."""
     sigs = [signal.SIGINT, signal.SIGTERM]
-
-    def on_signal(signum: int) -> None:
-        log.info("received %s; stopping", signal.Signals(signum).name)
-        done.set()
-
     try:
         for sig in sigs:
-            loop.add_signal_handler(sig, on_signal, sig)
+            loop.add_signal_handler(sig, handler, sig)
         return lambda: [loop.remove_signal_handler(sig) for sig in sigs]
     except (NotImplementedError, RuntimeError):  # Windows: Python handlers, which post to the loop
-        previous = {sig: signal.signal(sig, lambda n, _f: loop.call_soon_threadsafe(on_signal, n)) for sig in sigs}
+        previous = {sig: signal.signal(sig, lambda n, _f: loop.call_soon_threadsafe(handler, n)) for sig in sigs}
         return lambda: [signal.signal(sig, old) for sig, old in previous.items()]
 
 

@@ -55,3 +55,15 @@ class SaveSummary:
     ms: float
     size_bytes: int
     title: str
+
+
+@dataclass(frozen=True)
+class SavesReport:
+    """What saving every changed slot did (at shutdown, before a restart)."""
+
+    saved: tuple[SaveSummary, ...] = ()
+    unsaved: tuple[int, ...] = ()  # slots with changes that could not be saved (failed, or out of time)
+
+    @property
+    def ok(self) -> bool:
+        return not self.unsaved

@@ -78,7 +78,7 @@ from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.sessions.store import SessionStore, unlink_quietly
 from slotkeeper.core.sessions.titles import title_and_preview
 from slotkeeper.core.settings import ServerProfile, Settings, SettingsError
-from slotkeeper.core.views import Activity, RestoreSummary, SaveSummary, SlotView
+from slotkeeper.core.views import Activity, RestoreSummary, SavesReport, SaveSummary, SlotView
 
 log = logging.getLogger(__name__)
 
@@ -267,19 +267,20 @@ class Engine:
     def start(self, resume_id: str | None = None) -> None:
         self._call(self.start_async(resume_id))
 
-    def stop(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> None:
-        self._call(self.stop_async(save, timeout))
+    def stop(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
+        return self._call(self.stop_async(save, timeout))
 
     def restart(self) -> None:
         self._call(self.restart_async())
 
-    def close(self, save: bool = True) -> None:
+    def close(self, save: bool = True) -> SavesReport:
         """The final stop (app quit), then the loop ends: no server outlives us, nothing runs after."""
         try:
-            self._call(self.close_async(save))
+            report = self._call(self.close_async(save))
         except LoopClosed:
-            pass
+            report = SavesReport()
         self.dispose()
+        return report
 
     def dispose(self) -> None:
         """End the engine loop (after ``close_async``); from any thread but the loop's."""
@@ -302,7 +303,7 @@ class Engine:
         return self._call(self.save_slot_async(slot))
 
     def save_changed_slots(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
-                           reason: str = "shutdown") -> list[SaveSummary]:
+                           reason: str = "shutdown") -> SavesReport:
         return self._call(self.save_changed_slots_async(timeout, reason))
 
     def update_settings(self, settings: Settings) -> None:
@@ -330,24 +331,31 @@ class Engine:
         except OSError as exc:
             log.warning("could not tidy the sessions folder: %s", exc)
 
-    async def stop_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> None:
-        """Save every changed slot (with progress), then stop the server."""
+    async def stop_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
+        """Save every changed slot (with progress), then stop the server. The report says which
+        changed slots could not be saved (their conversations are lost when the server stops)."""
         self._stop_poller()
         if self._after_ready is not None and not self._after_ready.done():
             self._after_ready.cancel()
+        report = SavesReport()
         if save and self.supervisor.state is ServerState.READY and self._facts is not None:
-            await self.save_changed_slots_async(timeout, "shutdown")
-        await self.loop.run_io(self.supervisor.stop)
+            try:
+                report = await self.save_changed_slots_async(timeout, "shutdown")
+            finally:
+                await self.loop.run_io(self.supervisor.stop)
+        else:
+            await self.loop.run_io(self.supervisor.stop)
         self._launched = None
         self._close_http()
         self._published_in_slots = None
         self.loop.in_background(clear_in_slots, self.paths.in_slots_file, what="clearing the in-slots file")
         self._publish()
+        return report
 
-    async def close_async(self, save: bool = True) -> None:
+    async def close_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
         """The final stop: after it start_async() does nothing, so a queued Start cannot outlive Quit."""
         self._closed = True
-        await self.stop_async(save=save)
+        return await self.stop_async(save=save, timeout=timeout)
 
     async def restart_async(self, resume_id: str | None = None) -> None:
         """Save changed slots, stop, and start again with the current settings."""
@@ -663,29 +671,35 @@ class Engine:
         self.events.emit(SaveFailed(slot, message))
 
     async def save_changed_slots_async(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
-                                       reason: str = "shutdown") -> list[SaveSummary]:
+                                       reason: str = "shutdown") -> SavesReport:
         """Save every changed slot within ``timeout`` seconds in all: idle slots first, then the ones
         still generating (llama-server holds a save until the slot is idle)."""
         try:
             self._policy.observe(await self.loop.run_io(self._client().slots), time.monotonic())
         except (ServerUnavailable, ServerError) as exc:
             self.events.emit(WarningRaised(f"could not reach llama-server to save the slots: {exc}"))
-            return []
+            return SavesReport(unsaved=tuple(self._policy.changed_slots()))
         slots = sorted(self._policy.changed_slots(), key=lambda s: self._policy.watch(s).processing)
         deadline = time.monotonic() + timeout
-        saved = []
-        for i, slot in enumerate(slots):
-            remaining = deadline - time.monotonic()
-            if remaining <= 1:
-                self.events.emit(WarningRaised(f"saving took longer than {timeout:.0f} s; "
-                                               f"{len(slots) - i} slot(s) not saved"))
-                break
-            self._set_activity(Activity("saving", f"slot {slot}", i, len(slots)))
-            out = await self._save(slot, reason=reason, timeout=remaining)
-            if out:
-                saved.append(out)
-        self._set_activity(Activity(None, "", len(slots), len(slots)))
-        return saved
+        saved: list[SaveSummary] = []
+        unsaved: list[int] = []
+        try:
+            for i, slot in enumerate(slots):
+                remaining = deadline - time.monotonic()
+                if remaining <= 1:
+                    unsaved.extend(slots[i:])
+                    self.events.emit(WarningRaised(f"saving took longer than {timeout:.0f} s; "
+                                                   f"{len(slots) - i} slot(s) not saved"))
+                    break
+                self._set_activity(Activity("saving", f"slot {slot}", i, len(slots)))
+                out = await self._save(slot, reason=reason, timeout=remaining)
+                if out:
+                    saved.append(out)
+                else:
+                    unsaved.append(slot)
+        finally:
+            self._set_activity(Activity(None, "", len(slots), len(slots)))
+        return SavesReport(tuple(saved), tuple(unsaved))
 
     async def _prune(self) -> None:
         try:

@@ -1,0 +1,77 @@
+"""`slotkeeper serve` at shutdown: a conversation that could not be saved is an error exit, and a
+second SIGTERM stops at once instead of waiting for the saves."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from e2e_helpers import USER_TURNS, converse
+
+pytestmark = pytest.mark.e2e
+
+
+def serve(home, model, server_bin, port):
+    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(model), "--server-bin", server_bin,
+           "--port", str(port), "--ctx", "2048", "--data-dir", str(home), "--idle-save", "3600"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    if not line.startswith("ready "):
+        proc.kill()
+        raise AssertionError(f"serve did not get ready: {line!r}\n{proc.stderr.read()}")
+    return proc, line.split()[1]
+
+
+def llama_server_of(proc) -> psutil.Process:
+    [child] = [c for c in psutil.Process(proc.pid).children(recursive=True) if "llama" in c.name()]
+    return child
+
+
+def test_a_shutdown_save_that_fails_is_an_error_exit(llama_model, server_bin, port, isolated_home):
+    proc, url = serve(isolated_home, llama_model, server_bin, port)
+    try:
+        converse(url, USER_TURNS[:2])  # a conversation only the shutdown save would keep
+        sessions = isolated_home / "sessions"
+        shutil.rmtree(sessions)
+        sessions.write_text("not a folder")  # llama-server cannot write the save anywhere
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 1, err
+    assert "could not be saved" in err and "Traceback" not in err
+
+
+def test_a_second_sigterm_stops_without_waiting_for_the_saves(llama_model, server_bin, port, isolated_home):
+    proc, url = serve(isolated_home, llama_model, server_bin, port)
+    server = llama_server_of(proc)
+    try:
+        converse(url, USER_TURNS[:1])
+        server.suspend()  # a server that hangs: the shutdown save would wait for its time limit (120 s)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None, "still saving after the first SIGTERM"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        took = time.monotonic() - t0
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            server.kill()
+        except psutil.Error:
+            pass
+    assert code == 1 and took < 30, (code, took, err)
+    assert "again" in err and "stopped without saving" in err
+    assert not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE, "llama-server outlived serve"
+    assert os.path.exists(isolated_home)
