@@ -1,0 +1,81 @@
+"""The Server page: state, actions, address, warnings and the log, fed by the bridge."""
+
+from __future__ import annotations
+
+import pytest
+from gui_helpers import emit_from_thread
+
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.settings import ServerProfile
+from slotkeeper.gui.pages.server_page import ServerPage, describe_flags, format_duration
+
+
+@pytest.fixture
+def page(qtbot, bridge):
+    p = ServerPage(bridge)
+    qtbot.addWidget(p)
+    p.show()
+    return p
+
+
+def test_initial_state(page):
+    assert page.state_label.text() == "Stopped"
+    assert page.state_message.text() == "Start the server to serve the model and resume saved conversations."
+    assert not page.start_action.isEnabled()  # no model chosen
+    assert page.start_action.toolTip() == "Choose a model in Settings first"
+    assert not page.start_button.isEnabled()
+    assert not page.open_chat_action.isEnabled()
+    assert page.uptime_label.text() == "—"
+    assert not page.warning_box.isVisible()
+
+
+def test_state_changes_update_the_server_tab(qtbot, page, bridge, engine):
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING, "loading model"))
+    assert page.state_label.text() == "Starting"
+    assert page.stop_action.isEnabled()
+    assert page.stop_button.isEnabled()
+    assert "http://127.0.0.1:8789" in page.address_label.text()
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerLoading(3.2, "llama_model_load: ..."))
+    assert "Loading the model… 3 s" in page.state_message.text()
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.WarningRaised("restores will not help"))
+    assert page.warning_box.isVisible()
+
+
+def test_a_failed_start_keeps_the_log_tail_in_a_tooltip(qtbot, page, bridge, engine):
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.FAILED, "exited with code 1",
+                                                       log_tail=("line one", "error: bad flag")))
+    assert page.state_label.text() == "Failed"
+    assert page.state_message.toolTip() == "line one\nerror: bad flag"
+
+
+def test_log_lines_reach_the_log_view(qtbot, page, bridge):
+    with qtbot.waitSignal(bridge.logLines):
+        bridge._on_log_line("main: server is listening on http://127.0.0.1:8789")
+    assert "server is listening" in page.log_view.plain_text()
+
+
+def test_settings_changes_show_at_once(qtbot, page, bridge):
+    with qtbot.waitSignal(bridge.settingsChanged, timeout=10_000):
+        bridge.apply_settings(bridge.settings.with_profile(model_path="/m/model.gguf", ctx=4096), persist=False)
+    assert page.start_action.isEnabled()
+    assert page.flags_label.text().startswith("context 4,096")
+
+
+def test_uptime_ticks_only_while_shown(page):
+    assert page._uptime_timer.isActive()
+    page.hide()
+    assert not page._uptime_timer.isActive()
+
+
+def test_helpers():
+    assert format_duration(59) == "59 s"
+    assert format_duration(3_725) == "1 h 2 min"
+    assert format_duration(90_000) == "1 d 1 h 0 min"
+    text = describe_flags(ServerProfile(ctx=8192, parallel=2, flash_attn=True, swa_full=True, extra_args=("-t", "8")))
+    assert text == ("context 8,192 (4,096 per slot), 2 slots, flash attention on, K f16 / V f16, "
+                    "--swa-full, -t 8")

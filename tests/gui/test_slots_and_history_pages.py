@@ -1,0 +1,43 @@
+"""The Slots page (gauges) and the History page (plot and summary), fed by the bridge."""
+
+from __future__ import annotations
+
+from gui_helpers import emit_from_thread, make_session
+
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.views import SlotView
+from slotkeeper.gui.pages.history_page import HistoryPage
+from slotkeeper.gui.pages.slots_page import SlotsPage
+
+
+def test_slot_gauges_follow_the_slots_signal(qtbot, bridge, engine):
+    page = SlotsPage(bridge)
+    qtbot.addWidget(page)
+    views = (SlotView(0, n_ctx=4096, n_prompt=100, cache_n=90, prompt_n=10), SlotView(1, n_ctx=4096))
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged(views))
+    assert len(page.slots_panel.gauges) == 2
+    assert page.slots_panel.gauges[0].figures.cache_n == 90
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STOPPED))
+    assert len(page.slots_panel.gauges) == 0  # a stopped server has no slots
+
+
+def test_a_slot_shows_the_title_of_its_conversation(qtbot, bridge, engine, sessions_dir):
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Alpha")
+    page = SlotsPage(bridge)
+    qtbot.addWidget(page)
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged((SlotView(0, n_ctx=4096, session_id="aaaaaaaaaaaa"),)))
+    bridge.refresh_sessions()
+    qtbot.waitUntil(lambda: page.slots_panel.gauges[0].title == "Alpha", timeout=10_000)
+
+
+def test_history_tab(qtbot, bridge, engine):
+    page = HistoryPage(bridge)
+    qtbot.addWidget(page)
+    with qtbot.waitSignal(bridge.historyLoaded):
+        emit_from_thread(engine, ev.RequestDone(slot=0, task=1, n_prompt=1000, cache_n=750,
+                                                prompt_n=250, prompt_ms=30.0, at=1_700_000_000.0))
+    assert "1 requests, 1,000 prompt tokens, 75% served from cache" == page.history_summary.text()
