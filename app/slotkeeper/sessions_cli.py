@@ -11,6 +11,7 @@ from slotkeeper.core.services.sessions import SessionInUse, SessionsService
 from slotkeeper.core.sessions.compat import swa_mode
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.in_slots import read_in_slots
+from slotkeeper.core.sessions.naming import InvalidSessionId
 from slotkeeper.core.sessions.sidecar import SidecarError
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.settings import SettingsError, load_settings
@@ -84,7 +85,7 @@ def run_sessions_command(args: argparse.Namespace) -> int:
             return 1 if bad else 0
         if args.action == "prune":
             return _prune(args, service)
-    except (SessionNotFound, SessionInUse, SidecarError, OSError) as exc:
+    except (SessionNotFound, SessionInUse, InvalidSessionId, SidecarError, OSError) as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 1
     except SettingsError as exc:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from slotkeeper.core.sessions import pruner
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
+from slotkeeper.core.sessions.naming import validate_session_id
 from slotkeeper.core.sessions.sidecar import Sidecar
 from slotkeeper.core.sessions.store import SessionStore
 
@@ -55,7 +56,9 @@ class SessionsService:
         return self.store.set_pinned(session_id, pinned)
 
     def delete(self, session_id: str) -> None:
-        """Delete a saved session, unless a slot holds it right now. Raises SessionInUse."""
+        """Delete a saved session, unless a slot holds it right now. Raises SessionInUse, and
+        InvalidSessionId for anything that is not an id (``./ID`` must not slip past the check)."""
+        validate_session_id(session_id)
         if session_id in self.in_slots():
             raise SessionInUse(session_id)
         self.store.delete(session_id)

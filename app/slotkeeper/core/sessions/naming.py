@@ -1,5 +1,9 @@
 """File names in the sessions folder: what is ours, what is a save in progress, what is a session id.
 
+A session id is a name, never a path: every public entry point of the store checks it with
+``validate_session_id`` (1-64 of ``[A-Za-z0-9_-]``, the sidecar schema's id pattern), so
+``../config/settings``, ``/abs/path`` or ``./ID`` never reach the file system.
+
 - ``<id>.json``            a sidecar (written last, atomically)
 - ``<id>.<gen>.kv``        the KV file llama-server wrote; ``gen`` changes on every save, so a new
                            version never overwrites the old one before its sidecar exists
@@ -17,12 +21,30 @@ KV_SUFFIX = ".kv"
 INCOMING_PREFIX = "incoming-"
 LOCK_NAME = ".lock"  # hidden: never listed as an unmanaged file
 
-OWN_KV_RE = re.compile(r"^([0-9a-f]{12})\.([0-9a-f]{8})\.kv$")
-SIDECAR_NAME_RE = re.compile(r"^([A-Za-z0-9_-]{1,64})\.json$")
+SESSION_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+SESSION_ID_RE = re.compile(SESSION_ID_PATTERN)
+# \Z, not $: "$" also matches before a trailing newline, and a file name may end with one.
+OWN_KV_RE = re.compile(r"^([0-9a-f]{12})\.([0-9a-f]{8})\.kv\Z")
+SIDECAR_NAME_RE = re.compile(rf"^({SESSION_ID_PATTERN})\.json\Z")
+
+
+class InvalidSessionId(ValueError):
+    """Something given as a session id that is not one (a path, an empty string ...)."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__(f"{value!r} is not a session id (1-64 letters, digits, '-' or '_')")
+        self.value = value
+
+
+def validate_session_id(value: object) -> str:
+    """``value`` if it is a session id; raises InvalidSessionId otherwise (never a path)."""
+    if not isinstance(value, str) or not SESSION_ID_RE.fullmatch(value):
+        raise InvalidSessionId(value)
+    return value
 
 
 def sidecar_name(session_id: str) -> str:
-    return f"{session_id}{SIDECAR_SUFFIX}"
+    return f"{validate_session_id(session_id)}{SIDECAR_SUFFIX}"
 
 
 def new_kv_name(session_id: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
+from slotkeeper.core.sessions.naming import InvalidSessionId
 from slotkeeper.core.sessions.sidecar import RestoreRecord, Sidecar, SidecarError, format_utc, utc_now
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 
@@ -33,7 +34,7 @@ def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts) -
     """Compatibility and full integrity; raises RestoreRefused (nothing reaches the server)."""
     try:
         entry = store.get(session_id)
-    except SessionNotFound as exc:
+    except (SessionNotFound, InvalidSessionId) as exc:
         raise RestoreRefused(session_id, [str(exc)]) from None
     if entry.sidecar is None:
         raise RestoreRefused(session_id, entry.problems)

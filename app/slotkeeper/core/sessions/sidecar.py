@@ -30,6 +30,7 @@ import numpy as np
 import xxhash
 
 from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.sessions.naming import SESSION_ID_RE
 
 __all__ = [
     "MIGRATIONS",
@@ -66,7 +67,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": []}
 
 SESSION_ID_BYTES = 6  # 12 hex characters: plenty for one user's sessions
-_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ID_RE = SESSION_ID_RE  # the one id pattern (naming), also what the store accepts as an id
 # A bare file name that llama-server also accepts: no separators, no leading dot or
 # space, no trailing dot (it refuses those with "Invalid filename").
 _KV_FILE_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,254}")

@@ -29,7 +29,9 @@ from slotkeeper.core.sessions.naming import (
     LOCK_NAME,
     OWN_KV_RE,
     SIDECAR_NAME_RE,
+    InvalidSessionId,
     sidecar_name,
+    validate_session_id,
 )
 from slotkeeper.core.sessions.sidecar import (
     Sidecar,
@@ -44,7 +46,7 @@ from slotkeeper.core.sessions.sidecar import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SessionNotFound", "SessionStore", "most_recent_first"]
+__all__ = ["InvalidSessionId", "SessionNotFound", "SessionStore", "most_recent_first"]
 
 
 class SessionNotFound(KeyError):
@@ -77,6 +79,7 @@ class SessionStore:
 
     # -- reading --------------------------------------------------------------------------
     def sidecar_path(self, session_id: str) -> Path:
+        """``<dir>/<id>.json``; raises InvalidSessionId for anything that is not an id."""
         return self.dir / sidecar_name(session_id)
 
     def _entry(self, sidecar_path: Path) -> SessionEntry:
@@ -127,8 +130,8 @@ class SessionStore:
         return self.listing().sessions
 
     def get(self, session_id: str) -> SessionEntry:
-        path = self.sidecar_path(session_id)
-        if not SIDECAR_NAME_RE.match(path.name) or not path.exists():
+        path = self.sidecar_path(validate_session_id(session_id))
+        if not os.path.lexists(path):
             raise SessionNotFound(session_id)
         return self._entry(path)
 
@@ -182,6 +185,7 @@ class SessionStore:
         return removed
 
     def update(self, session_id: str, change: Callable[[Sidecar], Sidecar]) -> Sidecar:
+        validate_session_id(session_id)
         with self.exclusive():
             path = self.sidecar_path(session_id)
             if not path.exists():
@@ -191,15 +195,18 @@ class SessionStore:
             return sc
 
     def set_pinned(self, session_id: str, pinned: bool) -> Sidecar:
+        validate_session_id(session_id)
         return self.update(session_id, lambda s: replace(s, pinned=pinned))
 
     def mark_corrupt(self, session_id: str, reason: str) -> None:
+        validate_session_id(session_id)
         try:
             self.update(session_id, lambda s: replace(s, corrupt={"at": format_utc(utc_now()), "reason": reason}))
         except (SidecarError, SessionNotFound):
             pass  # an unreadable sidecar already lists as corrupt
 
     def delete(self, session_id: str) -> None:
+        validate_session_id(session_id)
         with self.exclusive():
             entry = self.get(session_id)
             kv_names = {entry.sidecar.kv_file} if entry.sidecar else set()
@@ -213,7 +220,7 @@ class SessionStore:
     # -- integrity ------------------------------------------------------------------------
     def verify(self, session_id: str) -> SessionEntry:
         """Size and full content hash; a failure is recorded so the session shows as corrupt."""
-        entry = self.get(session_id)
+        entry = self.get(validate_session_id(session_id))
         if entry.sidecar is None or entry.kv_path is None:
             return entry
         problems = self.integrity_problems(entry)

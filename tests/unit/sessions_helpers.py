@@ -1,0 +1,42 @@
+"""Real sessions folders for the unit tests: sidecars and KV files on disk, the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from slotkeeper.core.sessions.sidecar import Sidecar, content_hash_file, write_sidecar_atomic
+
+FIXTURE = Path(__file__).parent.parent / "data" / "sidecar_v1.json"
+
+
+def make_session(sessions_dir: Path, sid: str, size: int = 1000, used: str = "2026-01-01T00:00:00Z",
+                 **changes) -> Sidecar:
+    """A sidecar and a KV file of ``size`` bytes (its real hash), as a save leaves them."""
+    sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    kv_name = f"{sid}.00000000.kv"
+    kv = sessions_dir / kv_name
+    kv.write_bytes(b"\1" * size)
+    sc = replace(Sidecar.from_json(json.loads(FIXTURE.read_text())), id=sid, kv_file=kv_name, size_bytes=size,
+                 last_used_at=used, created_at=used, pinned=False, parent=None, last_restore=None,
+                 content_hash=content_hash_file(kv))
+    sc = replace(sc, **changes)
+    write_sidecar_atomic(sessions_dir / f"{sid}.json", sc)
+    return sc
+
+
+def run_cli(data_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60,
+            user: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m slotkeeper sessions --data-dir DATA ARGS...` in a real process (as ``user`` if given:
+    root drops to that uid with setpriv, so permission tests mean something under root too)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("SLOTKEEPER_HOME", None)
+    argv = [sys.executable, "-m", "slotkeeper", "sessions", "--data-dir", str(data_dir), *args]
+    if user is not None:
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=str(Path(__file__).parent))
