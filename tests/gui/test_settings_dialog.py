@@ -10,10 +10,10 @@ from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import Settings, load_settings
-from slotkeeper.gui.settings_dialog import (
+from slotkeeper.gui.settings.dialog import SettingsDialog
+from slotkeeper.gui.settings.disk_tab import (
     BUDGET_MAX,
     BUDGET_MIN,
-    SettingsDialog,
     budget_from_slider,
     size_text,
     slider_from_budget,
@@ -69,56 +69,81 @@ def test_budget_scale_helpers():
     assert size_text(512 * 1024**2) == "512 MiB"
 
 
+def test_tabs(make_dialog):
+    d = make_dialog()
+    assert [d.tabs.tabText(i) for i in range(d.tabs.count())] == ["Server", "Sessions", "Disk budget"]
+    assert [d.tabs.widget(i) for i in range(d.tabs.count())] == list(d.form_tabs)
+    assert d.preview_title is d.disk_tab.preview_title
+
+
 def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dialog):
     engine.update_settings(Settings(budget_bytes=5 * GIB, idle_save_seconds=30.0, restore_on_start=2).with_profile(
         ctx=16384, parallel=2, flash_attn=True, cache_type_k="q8_0", cache_type_v="q8_0",
         extra_args=("--api-key", "two words"), model_path=DEMO_MODEL))
     d = make_dialog()
-    assert d.ctx.value() == 16384 and d.parallel.value() == 2
-    assert d.ctx_note.text() == "8,192 tokens per slot"
-    assert d.flash_attn.isChecked()
-    assert d.cache_k.currentText() == "q8_0"
-    assert d.extra_args.text() == "--api-key 'two words'"
-    assert d.budget_edit.text() == "5 GiB"
-    assert d.restore_count.value() == 2
-    assert d.model_value() == DEMO_MODEL
+    server, sessions = d.server_tab, d.sessions_tab
+    assert server.ctx.value() == 16384 and server.parallel.value() == 2
+    assert server.ctx_note.text() == "8,192 tokens per slot"
+    assert server.flash_attn.isChecked()
+    assert server.cache_k.currentText() == "q8_0"
+    assert server.extra_args.text() == "--api-key 'two words'"
+    assert d.disk_tab.budget_edit.text() == "5 GiB"
+    assert sessions.restore_count.value() == 2
+    assert server.model_value() == DEMO_MODEL
     assert d.settings() == engine.settings
-    d.restore_count.setValue(-1)
-    assert d.restore_count.text() == "one per slot"
+    sessions.restore_count.setValue(-1)
+    assert sessions.restore_count.text() == "one per slot"
     assert d.settings().restore_on_start is None
 
 
 def test_demo_model_note_and_binary(qtbot, engine, make_dialog):
     engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
     d = make_dialog()
-    qtbot.waitUntil(lambda: "gibberish" in d.model_note.text(), timeout=10_000)
-    qtbot.waitUntil(lambda: d.binary_note.text() != "Looking for llama-server…", timeout=10_000)
-    assert not d.row_shown(d.swa_box)
+    server = d.server_tab
+    qtbot.waitUntil(lambda: "gibberish" in server.model_note.text(), timeout=10_000)
+    qtbot.waitUntil(lambda: server.binary_note.text() != "Looking for llama-server…", timeout=10_000)
+    assert not server.row_shown(server.swa_box)
 
 
 def test_missing_model_file_is_reported(qtbot, engine, make_dialog, tmp_path):
     d = make_dialog()
-    d.model_combo.setEditText(str(tmp_path / "nope.gguf"))
-    qtbot.waitUntil(lambda: "nope.gguf" in d.model_note.text() or "not" in d.model_note.text().lower(),
+    server = d.server_tab
+    server.model_combo.setEditText(str(tmp_path / "nope.gguf"))
+    qtbot.waitUntil(lambda: "nope.gguf" in server.model_note.text() or "not" in server.model_note.text().lower(),
                     timeout=10_000)
 
 
 def test_exposure_warning(qtbot, make_dialog):
-    d = make_dialog()
-    assert not d.row_shown(d.exposure_note)
-    d.host.setText("0.0.0.0")
-    assert d.row_shown(d.exposure_note)
-    d.extra_args.setText("--api-key secret")
-    assert not d.row_shown(d.exposure_note)
+    server = make_dialog().server_tab
+    assert not server.row_shown(server.exposure_note)
+    server.host.setText("0.0.0.0")
+    assert server.row_shown(server.exposure_note)
+    server.extra_args.setText("--api-key secret")
+    assert not server.row_shown(server.exposure_note)
+    server.extra_args.setText("--api-key-file /etc/keys")
+    assert not server.row_shown(server.exposure_note)
+
+
+def test_quantized_v_cache_asks_for_flash_attention(qtbot, make_dialog):
+    server = make_dialog().server_tab
+    assert not server.row_shown(server.cache_note)
+    server.cache_v.setCurrentText("q8_0")
+    assert server.row_shown(server.cache_note)
+    server.flash_attn.setChecked(True)
+    assert not server.row_shown(server.cache_note)
+    server.flash_attn.setChecked(False)
+    server.cache_v.setCurrentText("bf16")
+    assert not server.row_shown(server.cache_note)
 
 
 def test_bad_input_disables_save(qtbot, make_dialog):
     d = make_dialog()
-    d.extra_args.setText("--alias 'unterminated")
-    assert d.row_shown(d.args_error)
-    d.extra_args.setText("")
-    d.ctx.setValue(256)
-    d.parallel.setValue(4)
+    server = d.server_tab
+    server.extra_args.setText("--alias 'unterminated")
+    assert server.row_shown(server.args_error)
+    server.extra_args.setText("")
+    server.ctx.setValue(256)
+    server.parallel.setValue(4)
     assert d.error_label.isVisible()
     assert "too small" in d.error_label.text()
     assert not d.save()
@@ -126,50 +151,51 @@ def test_bad_input_disables_save(qtbot, make_dialog):
 
 def test_swa_full_note_for_a_sliding_window_model(qtbot, engine, make_dialog, gemma2):
     engine.update_settings(engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1))
-    d = make_dialog()
-    qtbot.waitUntil(lambda: d.row_shown(d.swa_box), timeout=10_000)
-    note = d.swa_note.text()
+    server = make_dialog().server_tab
+    qtbot.waitUntil(lambda: server.row_shown(server.swa_box), timeout=10_000)
+    note = server.swa_note.text()
     assert "sliding-window attention (2 of 4 layers" in note
     assert "3.6 MiB more KV memory" in note
     assert "4.4 MiB → 8.0 MiB" in note
-    d.ctx.setValue(16384)
-    assert d.swa_note.text() != note  # recomputed for the new context
+    server.ctx.setValue(16384)
+    assert server.swa_note.text() != note  # recomputed for the new context
 
 
 def test_discovered_models_are_offered(qtbot, make_dialog, gemma2):
-    d = make_dialog()
-    qtbot.waitUntil(lambda: d.model_combo.findData(str(gemma2)) >= 0, timeout=10_000)
-    assert d.model_combo.findData(DEMO_MODEL) >= 0
-    d.model_combo.setCurrentIndex(d.model_combo.findData(str(gemma2)))
-    assert d.model_value() == str(gemma2)
+    server = make_dialog().server_tab
+    qtbot.waitUntil(lambda: server.model_combo.findData(str(gemma2)) >= 0, timeout=10_000)
+    assert server.model_combo.findData(DEMO_MODEL) >= 0
+    server.model_combo.setCurrentIndex(server.model_combo.findData(str(gemma2)))
+    assert server.model_value() == str(gemma2)
 
 
 def test_budget_preview_and_usage(qtbot, bridge, engine, make_dialog, sessions_dir):
     make_session(sessions_dir, "aaaaaaaaaaaa", title="Old one", age_hours=10, size=600 * 1024)
     make_session(sessions_dir, "bbbbbbbbbbbb", title="New one", age_hours=1, size=600 * 1024)
     d = make_dialog()
-    qtbot.waitUntil(lambda: "2 saved conversations" in d.usage_note.text(), timeout=10_000)
-    qtbot.waitUntil(lambda: d.preview_title.text().startswith("At 20 GiB, nothing"), timeout=10_000)
-    d.budget_edit.setText("1M")
-    d.budget_edit.textEdited.emit("1M")
-    qtbot.waitUntil(lambda: d.preview_list.count() == 1, timeout=10_000)
-    assert d.preview_list.item(0).text().startswith("Old one")
-    assert "delete 1 conversation" in d.preview_title.text()
+    disk = d.disk_tab
+    qtbot.waitUntil(lambda: "2 saved conversations" in disk.usage_note.text(), timeout=10_000)
+    qtbot.waitUntil(lambda: disk.preview_title.text().startswith("At 20 GiB, nothing"), timeout=10_000)
+    disk.budget_edit.setText("1M")
+    disk.budget_edit.textEdited.emit("1M")
+    qtbot.waitUntil(lambda: disk.preview_list.count() == 1, timeout=10_000)
+    assert disk.preview_list.item(0).text().startswith("Old one")
+    assert "delete 1 conversation" in disk.preview_title.text()
     assert len(engine.sessions.listing().sessions) == 2  # a preview deletes nothing
-    d.budget_edit.setText("lots")
-    d.budget_edit.textEdited.emit("lots")
-    assert d.row_shown(d.budget_error)
+    disk.budget_edit.setText("lots")
+    disk.budget_edit.textEdited.emit("lots")
+    assert disk.row_shown(disk.budget_error)
     assert not d.save()
-    d.budget_slider.setValue(slider_from_budget(40 * GIB))
-    assert d.budget_edit.text() == "40 GiB"
-    assert not d.row_shown(d.budget_error)
+    disk.budget_slider.setValue(slider_from_budget(40 * GIB))
+    assert disk.budget_edit.text() == "40 GiB"
+    assert not disk.row_shown(disk.budget_error)
 
 
 def test_save_persists_and_turns_on_autostart(qtbot, bridge, engine, make_dialog, autostart):
     d = make_dialog()
-    d.ctx.setValue(4096)
-    d.start_at_login.setChecked(True)
-    d.start_on_launch.setChecked(True)
+    d.server_tab.ctx.setValue(4096)
+    d.sessions_tab.start_at_login.setChecked(True)
+    d.sessions_tab.start_on_launch.setChecked(True)
     with qtbot.waitSignal(bridge.settingsChanged):
         assert d.save()
     saved = load_settings(engine.paths.settings_file)
@@ -184,9 +210,10 @@ def test_smaller_budget_asks_before_deleting(qtbot, bridge, engine, make_dialog,
     make_session(sessions_dir, "aaaaaaaaaaaa", title="Old one", age_hours=10, size=600 * 1024)
     make_session(sessions_dir, "bbbbbbbbbbbb", title="New one", age_hours=1, size=600 * 1024)
     d = make_dialog()
-    d.budget_edit.setText("1M")
-    d.budget_edit.textEdited.emit("1M")
-    qtbot.waitUntil(lambda: d.preview_list.count() == 1, timeout=10_000)
+    disk = d.disk_tab
+    disk.budget_edit.setText("1M")
+    disk.budget_edit.textEdited.emit("1M")
+    qtbot.waitUntil(lambda: disk.preview_list.count() == 1, timeout=10_000)
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Cancel)
     assert not d.save()
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
@@ -200,9 +227,9 @@ def test_restart_needed_is_said_and_offered(qtbot, bridge, engine, make_dialog, 
         emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING))
     d = make_dialog()
     assert not d.restart_label.isVisible()
-    d.idle_save.setValue(5)  # applies live: no restart
+    d.sessions_tab.idle_save.setValue(5)  # applies live: no restart
     assert not d.restart_label.isVisible()
-    d.flash_attn.setChecked(True)
+    d.server_tab.flash_attn.setChecked(True)
     assert d.restart_label.isVisible() and d.restart_button.isVisible()
     applied = []
     monkeypatch.setattr(bridge, "apply_settings", lambda s, restart=False, **k: applied.append((s, restart)))

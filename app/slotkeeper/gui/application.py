@@ -30,7 +30,7 @@ from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.first_run import FirstRunDialog
 from slotkeeper.gui.main_window import MainWindow
 from slotkeeper.gui.notifications import Notifier
-from slotkeeper.gui.settings_dialog import SettingsDialog
+from slotkeeper.gui.settings.dialog import SettingsDialog
 from slotkeeper.gui.tray import TrayController
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,381 @@
+"""The Server tab: llama-server, the model, context, slots, KV cache, address, extra arguments.
+
+Finding the binary, discovering models and reading a model's header touch the disk, so each
+runs as a job and fills its note when it answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from slotkeeper.core import gguf_info, modelgen
+from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.engine.model import swa_explanation
+from slotkeeper.core.server.command import exposes_without_key
+from slotkeeper.core.settings import (
+    CACHE_TYPES,
+    ServerProfile,
+    Settings,
+    join_args,
+    needs_flash_attention,
+    split_args,
+)
+from slotkeeper.core.units import human_bytes
+from slotkeeper.gui.bridge import EngineBridge
+from slotkeeper.gui.jobs import describe_error
+from slotkeeper.gui.settings.form import ERROR_STYLE, WARNING_STYLE, FormTab, note
+
+log = logging.getLogger(__name__)
+
+MODEL_INFO_DELAY_MS = 300
+DEMO_LABEL = "Demo model (random weights: it answers with gibberish)"
+
+
+class ServerTab(FormTab):
+    def __init__(self, bridge: EngineBridge, settings: Settings, search_dirs: list | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(bridge, parent)
+        self._search_dirs = search_dirs
+        self._model_info: gguf_info.ModelInfo | None = None
+        self._model_info_for: str | None = None
+        self._build()
+        self._model_timer = QTimer(self)
+        self._model_timer.setSingleShot(True)
+        self._model_timer.setInterval(MODEL_INFO_DELAY_MS)
+        self._model_timer.timeout.connect(self._load_model_info)
+
+        self.load(settings)
+        self._connect_changes()
+        self._detect_binary()
+        self._discover_models()
+        self.update_notes()
+        self._model_timer.start()
+
+    # -- building -------------------------------------------------------------------------
+    def _build(self) -> None:
+        form = QFormLayout(self)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)
+        self.forms.append(form)
+
+        self.server_bin = QLineEdit()
+        self.server_bin.setPlaceholderText("found automatically")
+        browse_bin = QPushButton("Browse…")
+        browse_bin.clicked.connect(self._browse_binary)
+        row = QHBoxLayout()
+        row.addWidget(self.server_bin, 1)
+        row.addWidget(browse_bin)
+        form.addRow("llama-server:", row)
+        self.binary_note = note("Looking for llama-server…")
+        form.addRow("", self.binary_note)
+
+        self.model_combo = QComboBox()
+        self.model_combo.setEditable(True)
+        self.model_combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        self.model_combo.setMinimumContentsLength(40)
+        self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_combo.lineEdit().setPlaceholderText("a .gguf file")
+        browse_model = QPushButton("Browse…")
+        browse_model.clicked.connect(self._browse_model)
+        row = QHBoxLayout()
+        row.addWidget(self.model_combo, 1)
+        row.addWidget(browse_model)
+        form.addRow("Model:", row)
+        self.model_note = note()
+        form.addRow("", self.model_note)
+
+        self.ctx = QSpinBox()
+        self.ctx.setRange(256, 4 * 1024 * 1024)
+        self.ctx.setSingleStep(1024)
+        self.ctx.setGroupSeparatorShown(True)
+        self.ctx.setSuffix(" tokens")
+        self.ctx_note = QLabel()
+        row = QHBoxLayout()
+        row.addWidget(self.ctx)
+        row.addWidget(self.ctx_note, 1)
+        form.addRow("Context size:", row)
+        self.parallel = QSpinBox()
+        self.parallel.setRange(1, 64)
+        self.parallel.setToolTip("llama-server -np: conversations served at the same time, each with its own cache")
+        form.addRow("Slots:", self.parallel)
+        self.flash_attn = QCheckBox("Flash attention (-fa)")
+        form.addRow("", self.flash_attn)
+        self.cache_k = QComboBox()
+        self.cache_v = QComboBox()
+        for combo in (self.cache_k, self.cache_v):
+            combo.addItems(CACHE_TYPES)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("K"))
+        row.addWidget(self.cache_k)
+        row.addSpacing(12)
+        row.addWidget(QLabel("V"))
+        row.addWidget(self.cache_v)
+        row.addStretch(1)
+        form.addRow("KV cache types:", row)
+        self.cache_note = note("Quantized V cache types need flash attention.")
+        self.cache_note.setStyleSheet(WARNING_STYLE)
+        form.addRow("", self.cache_note)
+
+        self.swa_box = QFrame()
+        self.swa_box.setFrameShape(QFrame.Shape.StyledPanel)
+        self.swa_box.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        box = QVBoxLayout(self.swa_box)
+        self.swa_full = QCheckBox("--swa-full: keep the full cache for sliding-window layers")
+        self.swa_note = note()
+        box.addWidget(self.swa_full)
+        box.addWidget(self.swa_note)
+        form.addRow("Sliding window:", self.swa_box)
+        form.setRowVisible(self.swa_box, False)
+
+        self.host = QLineEdit()
+        self.port = QSpinBox()
+        self.port.setRange(1, 65535)
+        row = QHBoxLayout()
+        row.addWidget(self.host, 1)
+        row.addWidget(QLabel("Port"))
+        row.addWidget(self.port)
+        form.addRow("Listen on:", row)
+        self.exposure_note = note(
+            "This address lets other machines reach the server, and there is no --api-key in "
+            "the extra arguments: anyone on the network could use it and read its conversations."
+        )
+        self.exposure_note.setStyleSheet(WARNING_STYLE)
+        form.addRow("", self.exposure_note)
+        self.extra_args = QLineEdit()
+        self.extra_args.setPlaceholderText("more llama-server arguments, e.g. --api-key SECRET -t 8")
+        form.addRow("Extra arguments:", self.extra_args)
+        self.args_error = note()
+        self.args_error.setStyleSheet(ERROR_STYLE)
+        form.addRow("", self.args_error)
+
+    # -- loading and reading the fields ---------------------------------------------------
+    def load(self, settings: Settings) -> None:
+        p = settings.profile
+        self.server_bin.setText(p.server_bin or "")
+        self._set_model_text(p.model_path or "")
+        self.ctx.setValue(p.ctx)
+        self.parallel.setValue(p.parallel)
+        self.flash_attn.setChecked(p.flash_attn)
+        self.cache_k.setCurrentText(p.cache_type_k)
+        self.cache_v.setCurrentText(p.cache_type_v)
+        self.swa_full.setChecked(p.swa_full)
+        self.host.setText(p.host)
+        self.port.setValue(p.port)
+        self.extra_args.setText(join_args(p.extra_args))
+
+    def apply(self, settings: Settings) -> Settings:
+        profile = replace(
+            settings.profile,
+            model_path=self.model_value(),
+            server_bin=self.server_bin.text().strip() or None,
+            host=self.host.text().strip() or "127.0.0.1",
+            port=self.port.value(),
+            ctx=self.ctx.value(),
+            parallel=self.parallel.value(),
+            flash_attn=self.flash_attn.isChecked(),
+            cache_type_k=self.cache_k.currentText(),
+            cache_type_v=self.cache_v.currentText(),
+            swa_full=self.swa_full.isChecked(),
+            extra_args=split_args(self.extra_args.text()),
+        )
+        return replace(settings, profile=profile)
+
+    def _set_model_text(self, value: str) -> None:
+        combo = self.model_combo
+        if value == DEMO_MODEL:
+            self._ensure_demo_item()
+            combo.setCurrentIndex(combo.findData(DEMO_MODEL))
+        else:
+            combo.setEditText(value)
+
+    def _ensure_demo_item(self) -> None:
+        if self.model_combo.findData(DEMO_MODEL) < 0:
+            self.model_combo.addItem(DEMO_LABEL, DEMO_MODEL)
+
+    def model_value(self) -> str | None:
+        text = self.model_combo.currentText().strip()
+        if not text:
+            return None
+        i = self.model_combo.findText(text)
+        if i >= 0 and self.model_combo.itemData(i):
+            return str(self.model_combo.itemData(i))
+        return text
+
+    # -- reacting -------------------------------------------------------------------------
+    def _connect_changes(self) -> None:
+        for w in (self.server_bin, self.host, self.extra_args):
+            w.textChanged.connect(self._fields_changed)
+        for w in (self.ctx, self.parallel, self.port):
+            w.valueChanged.connect(self._fields_changed)
+        for w in (self.flash_attn, self.swa_full):
+            w.toggled.connect(self._fields_changed)
+        for w in (self.cache_k, self.cache_v):
+            w.currentTextChanged.connect(self._fields_changed)
+        self.model_combo.currentTextChanged.connect(self._model_changed)
+        for w in (self.ctx, self.parallel):
+            w.valueChanged.connect(self._update_swa_note)
+        for w in (self.cache_k, self.cache_v):
+            w.currentTextChanged.connect(self._update_swa_note)
+        self.server_bin.editingFinished.connect(self._detect_binary)
+
+    def _fields_changed(self, *_args) -> None:
+        self.update_notes()
+        self.changed.emit()
+
+    def _model_changed(self, _text: str) -> None:
+        self._fields_changed()
+        self._model_timer.start()
+
+    def update_notes(self) -> None:
+        """The notes that follow the fields: tokens per slot, bad arguments, exposure, cache types."""
+        self.ctx_note.setText(f"{self.ctx.value() // max(1, self.parallel.value()):,} tokens per slot")
+        try:
+            extra = split_args(self.extra_args.text())
+            self.show_row(self.args_error, False)
+        except ValueError as exc:
+            extra = ()
+            self.args_error.setText(f"Cannot split these arguments: {exc}")
+            self.show_row(self.args_error, True)
+        self.show_row(self.exposure_note, exposes_without_key(self.host.text() or "127.0.0.1", extra))
+        cache = ServerProfile(cache_type_v=self.cache_v.currentText(), flash_attn=self.flash_attn.isChecked())
+        self.show_row(self.cache_note, needs_flash_attention(cache))
+
+    def close_down(self) -> None:
+        super().close_down()
+        self._model_timer.stop()
+
+    # -- the server binary ----------------------------------------------------------------
+    def _detect_binary(self) -> None:
+        from slotkeeper.core.server.locate import locate_server
+
+        explicit = self.server_bin.text().strip() or None
+
+        def done(binary) -> None:
+            if self.closing:
+                return
+            self.binary_note.setStyleSheet("")
+            self.binary_note.setText(f"Using {' '.join(binary.argv_prefix)} ({binary.source})")
+
+        def failed(exc: BaseException) -> None:
+            if self.closing:
+                return
+            self.binary_note.setStyleSheet(ERROR_STYLE)
+            self.binary_note.setText(describe_error(exc))
+
+        self.bridge.jobs.run(locate_server, explicit, on_success=done, on_failure=failed,
+                             description="Looking for llama-server")
+
+    def _browse_binary(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose llama-server", self.server_bin.text() or str(Path.home()))
+        if path:
+            self.server_bin.setText(path)
+            self._detect_binary()
+
+    # -- models ---------------------------------------------------------------------------
+    def _discover_models(self) -> None:
+        from slotkeeper.core import discovery
+
+        dirs = self._search_dirs
+
+        def find() -> list:
+            return discovery.find_models(dirs if dirs is not None else discovery.default_search_dirs())
+
+        def done(models: list) -> None:
+            if self.closing:
+                return
+            current = self.model_combo.currentText()
+            current_data = self.model_value()
+            self.model_combo.blockSignals(True)
+            for m in models:
+                if m.usable and self.model_combo.findData(str(m.path)) < 0:
+                    label = f"{m.display_name} ({m.arch or '?'}, {human_bytes(m.size_bytes)}) — {m.path}"
+                    self.model_combo.addItem(label, str(m.path))
+            self._ensure_demo_item()
+            if current_data == DEMO_MODEL:
+                self.model_combo.setCurrentIndex(self.model_combo.findData(DEMO_MODEL))
+            else:
+                self.model_combo.setEditText(current)
+            self.model_combo.blockSignals(False)
+
+        def failed(exc: BaseException) -> None:
+            log.warning("model discovery failed: %s", exc)
+            if not self.closing:
+                self._ensure_demo_item()
+
+        self.bridge.jobs.run(find, on_success=done, on_failure=failed, description="Looking for models")
+
+    def _browse_model(self) -> None:
+        start = self.model_value() or str(Path.home())
+        if start == DEMO_MODEL:
+            start = str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", start, "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.model_combo.setEditText(path)
+
+    def _load_model_info(self) -> None:
+        value = self.model_value()
+        self._model_info_for = value
+        if not value:
+            self._model_info = None
+            self.model_note.setStyleSheet(WARNING_STYLE)
+            self.model_note.setText("No model chosen: the server cannot start without one.")
+            self._update_swa_note()
+            return
+        models_dir = self.bridge.paths.models_dir
+
+        def read() -> gguf_info.ModelInfo:
+            path = modelgen.ensure_demo_model(models_dir) if value == DEMO_MODEL else Path(value).expanduser()
+            return gguf_info.read_model_info(path)
+
+        def done(info: gguf_info.ModelInfo) -> None:
+            if self.closing or self._model_info_for != value:
+                return
+            self._model_info = info
+            self.model_note.setStyleSheet("")
+            swa = f", sliding window of {info.sliding_window}" if info.has_swa else ""
+            text = (f"{info.arch}, {info.n_layers} layers, trained for {info.context_length:,} tokens{swa}; "
+                    f"{human_bytes(info.file_size)}")
+            if value == DEMO_MODEL:
+                text = "The demo model has random weights: it answers with gibberish. " + text
+            self.model_note.setText(text)
+            self._update_swa_note()
+
+        def failed(exc: BaseException) -> None:
+            if self.closing or self._model_info_for != value:
+                return
+            self._model_info = None
+            self.model_note.setStyleSheet(ERROR_STYLE)
+            self.model_note.setText(describe_error(exc))
+            self._update_swa_note()
+
+        self.bridge.jobs.run(read, on_success=done, on_failure=failed, description="Reading the model's header")
+
+    def _update_swa_note(self, *_args) -> None:
+        info = self._model_info
+        if info is None or not info.has_swa:
+            self.show_row(self.swa_box, False)
+            return
+        try:
+            self.swa_note.setText(swa_explanation(info, self.ctx.value(), self.parallel.value(),
+                                                  self.cache_k.currentText(), self.cache_v.currentText()))
+        except ValueError as exc:
+            self.swa_note.setText(str(exc))
+        self.show_row(self.swa_box, True)
