@@ -4,26 +4,40 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from slotkeeper.core.sessions.sidecar import Sidecar, content_hash_file, write_sidecar_atomic
+from slotkeeper.core.sessions.kvfile import LLAMA_STATE_SEQ_MAGIC
+from slotkeeper.core.sessions.sidecar import Sidecar, content_hash_file, tokens_digest, write_sidecar_atomic
 
 FIXTURE = Path(__file__).parent.parent / "data" / "sidecar_v1.json"
 
 
+def write_slot_save(path: Path, tokens: list[int], kv_bytes: int = 64) -> Path:
+    """A file laid out like llama-server's slot save (see kvfile): header, token blob, KV state."""
+    blob = [-1, 1, len(tokens), *tokens, 0]
+    header = struct.pack("<III", LLAMA_STATE_SEQ_MAGIC, 4, len(blob))
+    path.write_bytes(header + struct.pack(f"<{len(blob)}i", *blob) + b"\1" * kv_bytes)
+    return path
+
+
 def make_session(sessions_dir: Path, sid: str, size: int = 1000, used: str = "2026-01-01T00:00:00Z",
-                 **changes) -> Sidecar:
-    """A sidecar and a KV file of ``size`` bytes (its real hash), as a save leaves them."""
+                 tokens: list[int] | None = None, **changes) -> Sidecar:
+    """A sidecar and a KV file of ``size`` bytes (its real hash), as a save leaves them; with
+    ``tokens``, the KV file is a slot save holding them (for lineage)."""
     sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     kv_name = f"{sid}.00000000.kv"
     kv = sessions_dir / kv_name
-    kv.write_bytes(b"\1" * size)
+    if tokens is None:
+        kv.write_bytes(b"\1" * size)
+    else:
+        size = write_slot_save(kv, tokens).stat().st_size
     sc = replace(Sidecar.from_json(json.loads(FIXTURE.read_text())), id=sid, kv_file=kv_name, size_bytes=size,
                  last_used_at=used, created_at=used, pinned=False, parent=None, last_restore=None,
-                 content_hash=content_hash_file(kv))
+                 content_hash=content_hash_file(kv), tokens_digest=tokens_digest(tokens or []))
     sc = replace(sc, **changes)
     write_sidecar_atomic(sessions_dir / f"{sid}.json", sc)
     return sc

@@ -47,8 +47,11 @@ class SessionEntry:
 
 @dataclass(frozen=True)
 class UnmanagedFile:
+    """A file in the sessions folder that Slotkeeper did not write (never followed if a link)."""
+
     name: str
-    size_bytes: int
+    size_bytes: int  # regular files only; 0 for links, FIFOs, directories ...
+    kind: str = "file"  # fsutil.file_kind: "file", "symbolic link", "directory", "FIFO" ...
 
 
 @dataclass

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from slotkeeper.core.fsutil import open_regular
+
 __all__ = [
     "LLAMA_STATE_SEQ_MAGIC",
     "SUPPORTED_VERSIONS",
@@ -90,7 +92,7 @@ class KvFileHeader:
 def is_slot_save_file(path: str | os.PathLike[str]) -> bool:
     """Cheap check: does the file start with the slot-save magic? Never raises."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(Path(path)) as f:
             head = f.read(_U32.size)
     except OSError:
         return False
@@ -104,7 +106,7 @@ def read_tokens(path: str | os.PathLike[str]) -> KvFileHeader:
     Reads only the header and the token blob, never the KV state.
     """
     path = Path(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # never a link followed, never a FIFO waited on
         file_size = os.fstat(f.fileno()).st_size
         fixed = f.read(_FILE_HEADER.size)
         if len(fixed) < _FILE_HEADER.size:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slotkeeper.core.fsutil import fsync_dir, fsync_file
+from slotkeeper.core.fsutil import NotARegularFile, fsync_dir, fsync_file, regular_size
 from slotkeeper.core.sessions import kvfile, lineage
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import SessionEntry
@@ -127,9 +127,11 @@ def save_incoming(
 
 def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> _Incoming | None:
     try:
-        size = path.stat().st_size
+        size = regular_size(path)  # lstat: a link or a FIFO in its place is never followed
     except FileNotFoundError:
         size = -1
+    except NotARegularFile as exc:
+        raise SaveError(f"saving slot {slot} failed: {exc}") from None
     if n_written <= 0 or size != n_written:
         raise SaveError(
             f"llama-server wrote {max(n_written, 0)} bytes for slot {slot} but the file "
@@ -154,7 +156,8 @@ def _candidates(store: SessionStore, model_sha256: str, prefer: str | None) -> l
             continue
         try:
             out.append((entry, store.tokens(entry)))
-        except (kvfile.KvFileError, OSError):
+        except (ValueError, OSError) as exc:  # one bad session never stops a save: skip it
+            log.debug("lineage skips session %s: %s", entry.id, exc)
             continue
     out.sort(key=lambda item: item[0].id != prefer)  # the slot's own session first
     return out

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.fsutil import UnsafeFile, atomic_write_text, open_regular
 from slotkeeper.core.sessions.naming import SESSION_ID_RE
 
 __all__ = [
@@ -79,6 +79,7 @@ _UTC_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z")
 _UTC_FORMAT = "%Y-%m-%dT%H:%M:%S"
 _HASH_CHUNK_BYTES = 4 << 20
 SIDECAR_FILE_MODE = 0o600
+MAX_SIDECAR_BYTES = 1 << 20  # ours are a few KiB; anything bigger is not a sidecar we wrote
 
 
 class SidecarError(ValueError):
@@ -127,7 +128,7 @@ def tokens_digest(tokens: Sequence[int]) -> str:
 def content_hash_file(path: str | os.PathLike[str]) -> str:
     """The "xxh3_128:<hex>" hash of a whole file, read in chunks (KV files reach gigabytes)."""
     hasher = xxhash.xxh3_128()
-    with open(path, "rb") as f:
+    with open_regular(Path(path)) as f:  # never a link followed, never a FIFO waited on
         while chunk := f.read(_HASH_CHUNK_BYTES):
             hasher.update(chunk)
     return CONTENT_HASH_PREFIX + hasher.hexdigest()
@@ -415,21 +416,40 @@ def migrate(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_sidecar(path: str | os.PathLike[str]) -> Sidecar:
-    """Read and validate a sidecar; ``SidecarError`` names the file and the problem."""
+    """Read and validate a sidecar; ``SidecarError`` names the file and the problem.
+
+    Safe on a file someone else planted: a symbolic link is not followed, a FIFO or a device is
+    not opened for a blocking read, a file over ``MAX_SIDECAR_BYTES`` is not read, and JSON
+    nested too deeply is an error, not a RecursionError. Other OSErrors pass through.
+    """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path, MAX_SIDECAR_BYTES) as f:
+            raw = f.read(MAX_SIDECAR_BYTES + 1)
+    except UnsafeFile as exc:
+        raise SidecarError(str(exc)) from None
+    if len(raw) > MAX_SIDECAR_BYTES:  # grew after the check
+        raise SidecarError(f"{path.name} is over {MAX_SIDECAR_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SidecarError(f"{path.name}: not valid JSON: {exc}") from None
+    except (RecursionError, ValueError) as exc:
+        raise SidecarError(f"{path.name}: not a sidecar: {type(exc).__name__}: {str(exc)[:200]}") from None
     try:
         return Sidecar.from_json(data)
     except SidecarError as exc:
         raise SidecarError(f"{path.name}: {exc}") from None
+    except RecursionError:
+        raise SidecarError(f"{path.name}: nested too deeply to be a sidecar") from None
 
 
 def write_sidecar_atomic(path: str | os.PathLike[str], sidecar: Sidecar) -> None:
     """Write the sidecar so that readers see the old file or the new one, never a mix."""
     data = sidecar.to_json()
     Sidecar.from_json(data)  # never write a file we could not read back
-    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    try:
+        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    except RecursionError:  # an unknown key nested deeper than the encoder goes
+        raise SidecarError(f"{Path(path).name}: nested too deeply to write back") from None
     atomic_write_text(Path(path), text, SIDECAR_FILE_MODE)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from slotkeeper.core.fsutil import fsync_dir
+from slotkeeper.core.fsutil import NotARegularFile, file_kind, fsync_dir, regular_size
 from slotkeeper.core.sessions import kvfile
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.folder_lock import FolderLock
@@ -83,10 +84,12 @@ class SessionStore:
         return self.dir / sidecar_name(session_id)
 
     def _entry(self, sidecar_path: Path) -> SessionEntry:
+        """One session as listed. Never raises for what is in the folder: a file that cannot be read
+        safely (a symbolic link, a FIFO, JSON nested too deeply ...) is the entry's problem."""
         sid = sidecar_path.name[: -len(".json")]
         try:
             sc = load_sidecar(sidecar_path)
-        except (SidecarError, OSError) as exc:
+        except (SidecarError, OSError, ValueError, RecursionError) as exc:
             return SessionEntry(sid, None, None, [f"unreadable sidecar: {exc}"])
         kv = self.dir / sc.kv_file
         problems: list[str] = []
@@ -94,13 +97,11 @@ class SessionStore:
             problems.append(f"sidecar {sidecar_path.name} claims id {sc.id}")
         if sc.corrupt:
             problems.append(f"damaged: {sc.corrupt['reason']}")
-        try:
-            size = kv.stat().st_size
-        except FileNotFoundError:
-            problems.append(f"KV file {sc.kv_file} is missing")
-        else:
-            if size != sc.size_bytes and not sc.corrupt:
-                problems.append(f"KV file is {size} bytes; {sc.size_bytes} were saved")
+        size, kv_problem = kv_file_state(kv)
+        if kv_problem:
+            problems.append(kv_problem)
+        elif size != sc.size_bytes and not sc.corrupt:
+            problems.append(f"KV file is {size} bytes; {sc.size_bytes} were saved")
         return SessionEntry(sc.id if sc.id == sid else sid, sc, kv, problems)
 
     def listing(self) -> Listing:
@@ -120,9 +121,11 @@ class SessionStore:
                 if name in claimed or name.startswith(".") or name.startswith(INCOMING_PREFIX):
                     continue
                 try:
-                    unmanaged.append(UnmanagedFile(name, (self.dir / name).stat().st_size))
+                    st = os.lstat(self.dir / name)  # never followed: a link is listed as a link
                 except OSError:
                     continue
+                kind = file_kind(st.st_mode)
+                unmanaged.append(UnmanagedFile(name, st.st_size if kind == "file" else 0, kind))
         entries.sort(key=lambda e: e.sidecar.last_used_at if e.sidecar else "", reverse=True)
         return Listing(entries, unmanaged)
 
@@ -138,7 +141,9 @@ class SessionStore:
     def tokens(self, entry: SessionEntry) -> list[int]:
         """The token list at the front of the session's KV file (read once per file version)."""
         assert entry.kv_path is not None
-        st = entry.kv_path.stat()
+        st = os.lstat(entry.kv_path)
+        if not stat.S_ISREG(st.st_mode):
+            regular_size(entry.kv_path)  # raises NotARegularFile, naming what it is
         name = entry.kv_path.name
         with self._tokens_lock:
             hit = self._tokens.get(name)
@@ -165,7 +170,7 @@ class SessionStore:
                 if m:
                     try:
                         claims[m.group(1)] = load_sidecar(self.dir / name).kv_file
-                    except (SidecarError, OSError):
+                    except (SidecarError, OSError, ValueError, RecursionError):
                         claims[m.group(1)] = None  # unreadable: leave its files alone
             for name in names:
                 path = self.dir / name
@@ -235,15 +240,30 @@ class SessionStore:
         assert sc is not None and entry.kv_path is not None
         if sc.corrupt:
             return [f"damaged: {sc.corrupt['reason']}"]
-        try:
-            size = entry.kv_path.stat().st_size
-        except FileNotFoundError:
-            return [f"KV file {sc.kv_file} is missing"]
+        size, kv_problem = kv_file_state(entry.kv_path)
+        if kv_problem:
+            return [kv_problem]
         if size != sc.size_bytes:
             return [f"KV file is {size} bytes; {sc.size_bytes} were saved (cut short or appended to)"]
-        if content_hash_file(entry.kv_path) != sc.content_hash:
-            return ["KV file content does not match its hash (damaged on disk)"]
+        try:
+            if content_hash_file(entry.kv_path) != sc.content_hash:
+                return ["KV file content does not match its hash (damaged on disk)"]
+        except NotARegularFile as exc:  # replaced since the lstat
+            return [f"KV file {exc}"]
         return []
+
+
+def kv_file_state(path: Path) -> tuple[int, str | None]:
+    """(size on disk, problem) of a session's KV file, by lstat: a symbolic link, a FIFO or any other
+    non-regular file is a problem and is never followed or opened; a missing file is 0 bytes."""
+    try:
+        return regular_size(path), None
+    except FileNotFoundError:
+        return 0, f"KV file {path.name} is missing"
+    except NotARegularFile as exc:
+        return 0, f"KV file {exc}"
+    except OSError as exc:
+        return 0, f"KV file {path.name} cannot be read: {exc}"
 
 
 def most_recent_first(entries: Iterable[SessionEntry]) -> list[SessionEntry]:
