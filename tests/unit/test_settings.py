@@ -66,3 +66,29 @@ def test_stored_v1_file_still_loads():
 def test_connect_url(host, url):
     assert st.connect_url(host, 8789) == url
     assert st.ServerProfile(host=host).base_url == url
+
+
+def test_malformed_settings_are_clear_errors_not_tracebacks(tmp_path):
+    import json
+
+    import pytest
+
+    from slotkeeper.core.settings import SettingsError, load_settings
+
+    path = tmp_path / "settings.json"
+    for bad, words in (({"profile": "default"}, "profile"),
+                       ({"profile": {"extra_args": "--threads 4"}}, "list of arguments"),
+                       ({"profile": {"cache_type_k": 8}}, "cache_type_k"),
+                       ({"restore_on_start": "all"}, "restore_on_start"),
+                       ({"start_at_login": "yes"}, "start_at_login")):
+        path.write_text(json.dumps({"schema_version": 1, **bad}))
+        with pytest.raises(SettingsError, match=words):
+            load_settings(path)
+
+
+def test_a_profile_round_trips_through_json():
+    from slotkeeper.core.settings import ServerProfile
+
+    p = ServerProfile(model_path="/m.gguf", extra_args=("-t", "4"), swa_full=True)
+    assert ServerProfile.from_json(p.to_json()) == p
+    assert ServerProfile.from_json({**p.to_json(), "from_a_newer_version": 1}) == p

@@ -40,6 +40,25 @@ class ServerProfile:
     extra_args: tuple[str, ...] = ()
     server_bin: str | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["extra_args"] = list(self.extra_args)
+        return data
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ServerProfile:
+        if not isinstance(raw, dict):
+            raise SettingsError(f"setting 'profile' should be an object of server settings, not {raw!r}")
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in raw.items() if k in known}  # keys from a newer version are ignored
+        if "extra_args" in kwargs:
+            args = kwargs["extra_args"]
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise SettingsError(
+                    f"setting 'extra_args' should be a list of arguments such as [\"--threads\", \"4\"], not {args!r}")
+            kwargs["extra_args"] = tuple(args)
+        return cls(**kwargs)
+
     def validate(self) -> None:
         if not (1 <= self.port <= 65535):
             raise SettingsError(f"port {self.port} is outside 1-65535")
@@ -111,18 +130,13 @@ class Settings:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["profile"]["extra_args"] = list(self.profile.extra_args)
+        data["profile"] = self.profile.to_json()
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Settings:
         data = migrate(dict(data))
-        prof_raw = dict(data.get("profile") or {})
-        known = {f.name for f in fields(ServerProfile)}
-        prof_kwargs = {k: v for k, v in prof_raw.items() if k in known}
-        if "extra_args" in prof_kwargs:
-            prof_kwargs["extra_args"] = tuple(str(a) for a in prof_kwargs["extra_args"])
-        profile = ServerProfile(**prof_kwargs)
+        profile = ServerProfile.from_json(data.get("profile") or {})
         known_top = {f.name for f in fields(cls)} - {"profile"}
         top = {k: v for k, v in data.items() if k in known_top}
         top["schema_version"] = SCHEMA_VERSION
@@ -139,8 +153,15 @@ class Settings:
             ("flash_attn", p.flash_attn, (bool,)),
             ("swa_full", p.swa_full, (bool,)),
             ("host", p.host, (str,)),
+            ("cache_type_k", p.cache_type_k, (str,)),
+            ("cache_type_v", p.cache_type_v, (str,)),
+            ("model_path", p.model_path, (str, type(None))),
+            ("server_bin", p.server_bin, (str, type(None))),
             ("idle_save_seconds", self.idle_save_seconds, (int, float)),
+            ("restore_on_start", self.restore_on_start, (int, type(None))),
             ("budget_bytes", self.budget_bytes, (int,)),
+            ("start_server_on_launch", self.start_server_on_launch, (bool,)),
+            ("start_at_login", self.start_at_login, (bool,)),
         ]
         for name, value, types in expect:
             if isinstance(value, bool) and bool not in types:
