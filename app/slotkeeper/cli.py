@@ -212,6 +212,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     from slotkeeper.core import events as ev
     from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineError
     from slotkeeper.core.modelgen import DEMO_NOTICE
+    from slotkeeper.core.server.command import is_loopback
     from slotkeeper.core.server.state import ServerState
 
     paths, _service, settings = load_run_settings(args, extra)
@@ -242,7 +243,10 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             if event.restored:
                 tokens = sum(r.n_restored for r in event.restored)
                 log.info("restored %d conversation(s), %d tokens", len(event.restored), tokens)
-            print(f"ready {event.url}", flush=True)
+            profile = engine.running_profile
+            where = "" if is_loopback(profile.host) else f" (listening on {profile.host} port {profile.port}: " \
+                                                        "other machines can reach it)"
+            print(f"ready {event.url}{where}", flush=True)
 
         def on_signal(signum: int) -> None:  # on the loop
             nonlocal signals

@@ -256,3 +256,40 @@ def test_a_second_engine_on_the_same_data_folder_is_refused(llama_model, server_
     finally:
         if first.poll() is None:
             first.kill()
+
+
+def test_a_leftover_with_other_settings_has_its_conversations_saved_before_it_is_stopped(
+        llama_model, server_bin, port, isolated_home):
+    from e2e_helpers import USER_TURNS, EventLog, converse
+
+    from slotkeeper.core import events as ev
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model), "--server-bin", server_bin,
+         "--port", str(port), "--ctx", "2048", "--data-dir", str(isolated_home), "--idle-save", "3600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().split()[1]
+        converse(url, USER_TURNS[:2])  # not saved yet: the idle save is an hour away
+        leftover = json.loads((isolated_home / "state" / "server.json").read_text())
+        assert "--api-key" not in leftover["argv"] and leftover["launch"]["profile"]["ctx"] == 2048
+        proc.kill()  # Slotkeeper dies (kill -9); its llama-server keeps running
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert psutil.pid_exists(leftover["pid"])
+    engine = make_engine(llama_model, server_bin, port, extra_args=("--threads", "2"))  # other settings: no adoption
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert not engine.supervisor.adopted
+        [saved] = [s for s in events.of(ev.SessionSaved) if s.reason == "left running"]
+        assert saved.kind == "new" and saved.n_tokens > 50
+        entry = engine.sessions.get(saved.id)
+        assert entry.sidecar.n_ctx_slot == 2048 and entry.status == "ok"
+        assert [r.id for r in events.of(ev.SessionRestored)] == [saved.id], "and it is resumed at once"
+    finally:
+        engine.stop()
+    assert not psutil.pid_exists(leftover["pid"]) or psutil.Process(leftover["pid"]).status() == psutil.STATUS_ZOMBIE

@@ -75,3 +75,35 @@ def test_kv_affecting_arguments_are_picked_out_with_their_values():
     args = ("--threads", "4", "--lora", "a.gguf", "--rope-freq-scale=0.5", "--yarn-orig-ctx", "4096", "-v")
     assert kv_affecting_args(args) == ("--lora", "a.gguf", "--rope-freq-scale=0.5", "--yarn-orig-ctx", "4096")
     assert kv_affecting_args(("--threads", "2")) == ()
+
+
+@pytest.mark.parametrize("flag", ["--cache-idle-slots", "--no-slots", "-kvu", "--no-swa-full"])
+def test_extra_args_cannot_undo_what_slotkeeper_relies_on(flag):
+    with pytest.raises(CommandError, match=flag):
+        build_argv(("x",), ServerProfile(extra_args=(flag,)), "m", "s")
+
+
+def test_the_api_key_goes_in_the_environment_never_on_the_command_line():
+    from slotkeeper.core.server.command import launch_environment, without_api_key
+
+    extra = ("-t", "4", "--api-key", "s3cret", "--api-key=other", "--alias", "x")
+    argv = build_argv(("x",), ServerProfile(extra_args=extra), "m", "s")
+    assert "s3cret" not in " ".join(argv) and "other" not in " ".join(argv)
+    assert argv[-4:] == ["-t", "4", "--alias", "x"]
+    assert without_api_key(extra) == ("-t", "4", "--alias", "x")
+    env = launch_environment(extra, environ={"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "LLAMA_API_KEY": "s3cret"}
+    assert launch_environment(("-t", "4"), environ={"PATH": "/bin"}) is None  # inherit ours as is
+
+
+def test_slotkeeper_finds_the_key_wherever_llama_server_does(tmp_path):
+    from slotkeeper.core.server.command import server_api_key
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("\n  first-key  \nsecond-key\n")
+    assert server_api_key(("--api-key", "a"), environ={}) == "a"
+    assert server_api_key(("--api-key-file", str(keys)), environ={}) == "first-key"
+    assert server_api_key((f"--api-key-file={keys}",), environ={"LLAMA_API_KEY": "env"}) == "first-key"
+    assert server_api_key((), environ={"LLAMA_API_KEY": "env"}) == "env"
+    assert server_api_key((), environ={}) is None
+    assert server_api_key(("--api-key-file", str(tmp_path / "missing")), environ={}) is None

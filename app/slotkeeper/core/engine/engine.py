@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import sys
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,7 +64,14 @@ from slotkeeper.core.events import (
 from slotkeeper.core.history import RequestHistory, RequestRecord
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
-from slotkeeper.core.server.command import CommandError, api_key_from_args, build_argv
+from slotkeeper.core.server.command import (
+    CommandError,
+    build_argv,
+    exposes_without_key,
+    launch_environment,
+    server_api_key,
+    without_api_key,
+)
 from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server, probe_flags
 from slotkeeper.core.server.logparse import RequestFigures, SlotLogParser
 from slotkeeper.core.server.state import ServerState
@@ -73,11 +81,11 @@ from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
 from slotkeeper.core.sessions.naming import new_incoming_name
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
-from slotkeeper.core.sessions.saving import SaveContext, SaveError, save_incoming, server_refused
+from slotkeeper.core.sessions.saving import SaveContext, SaveError, SaveOutcome, save_incoming, server_refused
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.sessions.store import SessionStore, unlink_quietly
 from slotkeeper.core.sessions.titles import title_and_preview
-from slotkeeper.core.settings import ServerProfile, Settings, SettingsError
+from slotkeeper.core.settings import ServerProfile, Settings, SettingsError, connect_url
 from slotkeeper.core.views import Activity, RestoreSummary, SavesReport, SaveSummary, SlotView
 
 log = logging.getLogger(__name__)
@@ -145,6 +153,7 @@ class Engine:
             log_path=paths.server_log,
             state_file=paths.server_state_file,
             events=self.events,
+            before_stopping_leftover=self._save_leftover,
         )
         self.loop = EngineLoop()
         self.ready = threading.Event()  # set once launch restores are done (for wait_ready)
@@ -222,7 +231,7 @@ class Engine:
 
     @property
     def api_key(self) -> str | None:
-        return api_key_from_args(self.running_profile.extra_args)
+        return server_api_key(self.running_profile.extra_args)
 
     def client(self, timeout: float = 10.0) -> LlamaClient:
         """A client for the running server (slot actions may take up to ``timeout``)."""
@@ -396,11 +405,14 @@ class Engine:
         self._start_hashing(model.path)
         if model.is_demo:
             self.events.emit(NoticeRaised(modelgen.DEMO_NOTICE))
-        note = swa_note(model, profile)
-        if note:
-            self.events.emit(WarningRaised(note))
+        for note in (swa_note(model, profile), *exposure_notes(profile)):
+            if note:
+                self.events.emit(WarningRaised(note))
         self._publish()
-        return LaunchSpec(tuple(argv), profile.host, profile.port)
+        record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args)).to_json(),
+                  "model_path": str(model.path)}
+        return LaunchSpec(tuple(argv), profile.host, profile.port, env=launch_environment(profile.extra_args),
+                          record=record)
 
     def _on_server_state(self, event: ServerStateChanged) -> None:
         self._server_state = event.state
@@ -626,25 +638,11 @@ class Engine:
         generation = w.generation
         w.busy_with = "saving"
         self._set_slot(slot, state="saving")
-        http = self._client()
         ctx = SaveContext(facts, model.info.arch, self._llama_build)
-        name = new_incoming_name()
         try:
-            try:
-                result = await self.loop.run_io(http.save_slot, slot, name, timeout)
-            except ServerError as exc:
-                await self.loop.run_io(unlink_quietly, self.store.dir / name)
-                raise server_refused(self.store, slot, exc.message) from exc
-            outcome = await self.loop.run_io(save_incoming, self.store, name, result.n_written, slot, ctx,
-                                             lambda tokens: describe(http, tokens), w.session_id, result.save_ms)
-        except (SaveError, ServerUnavailable, ServerError, OSError) as exc:
-            self._save_failed(slot, str(exc))
-            return None
-        except asyncio.CancelledError:
-            raise
+            outcome = await self._write_session(self._client(), ctx, slot, w.session_id, timeout)
         except Exception as exc:  # whatever went wrong, the engine and its poller carry on
-            log.exception("saving slot %s failed", slot)
-            self._save_failed(slot, f"unexpected error: {exc}")
+            self._save_failed(slot, describe_save_error(slot, exc))
             return None
         finally:
             w.busy_with = None
@@ -652,11 +650,7 @@ class Engine:
         sid = outcome.sidecar.id if outcome.sidecar else None
         self._policy.mark_saved(slot, sid, generation)
         self._set_slot(slot, session_id=sid)
-        summary = SaveSummary(
-            slot=slot, kind=outcome.kind, id=sid, reason=reason, n_tokens=outcome.n_tokens, ms=outcome.save_ms,
-            size_bytes=outcome.sidecar.size_bytes if outcome.sidecar else 0,
-            title=outcome.sidecar.title if outcome.sidecar else "",
-        )  # fmt: skip
+        summary = save_summary(slot, reason, outcome)
         self.events.emit(SessionSaved(summary))
         if outcome.kind in ("new", "update", "fork"):
             note = swa_note(self._model, self._running_profile())
@@ -664,6 +658,57 @@ class Engine:
                 self.events.emit(WarningRaised(note))
             await self._prune()
         return summary
+
+    async def _write_session(self, http: LlamaClient, ctx: SaveContext, slot: int, current_id: str | None,
+                             timeout: float) -> SaveOutcome:
+        """llama-server writes the slot; the save protocol turns the file into a session. Raises."""
+        name = new_incoming_name()
+        try:
+            result = await self.loop.run_io(http.save_slot, slot, name, timeout)
+        except ServerError as exc:
+            await self.loop.run_io(unlink_quietly, self.store.dir / name)
+            raise server_refused(self.store, slot, exc.message) from exc
+        return await self.loop.run_io(save_incoming, self.store, name, result.n_written, slot, ctx,
+                                      lambda tokens: describe(http, tokens), current_id, result.save_ms)
+
+    def _save_leftover(self, record: dict[str, Any]) -> None:
+        """The supervisor found a server an earlier run left running with other settings (Slotkeeper
+        was killed): save what its slots hold before it is stopped. On the supervisor's thread."""
+        try:
+            self.loop.call(self._save_leftover_async(record), timeout=SHUTDOWN_SAVE_TIMEOUT_SECONDS)
+        except LoopClosed:
+            pass
+
+    async def _save_leftover_async(self, record: dict[str, Any]) -> None:
+        launch = record.get("launch") or {}
+        try:
+            profile = ServerProfile.from_json(launch["profile"])
+            model = await self.loop.run_io(resolve_model, launch["model_path"], self.paths.models_dir)
+        except (KeyError, TypeError, SettingsError, EngineError) as exc:
+            self.events.emit(WarningRaised(
+                f"a llama-server left running by an earlier Slotkeeper is stopped without saving its "
+                f"conversations: what it ran with is not known ({exc})"))
+            return
+        url = connect_url(str(record.get("host", profile.host)), int(record.get("port", profile.port)))
+        with LlamaClient(url, timeout=10.0, api_key=server_api_key(self._running_profile().extra_args),
+                         slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS) as http:
+            try:
+                sha = await self.loop.run_io(self.hashes.compute, model.path)
+                props = await self.loop.run_io(http.props)
+                used = [info.id for info in await self.loop.run_io(http.slots) if info.id_task is not None]
+            except Exception as exc:
+                self.events.emit(WarningRaised(f"could not save the conversations of the llama-server an earlier "
+                                               f"Slotkeeper left running: {describe_save_error(None, exc)}"))
+                return
+            ctx = SaveContext(server_facts(model, sha, props, profile), model.info.arch,
+                              llama_build_tag(props.build_info))
+            for slot in used:
+                try:
+                    outcome = await self._write_session(http, ctx, slot, None, SLOT_ACTION_TIMEOUT_SECONDS)
+                except Exception as exc:
+                    self.events.emit(SaveFailed(slot, describe_save_error(slot, exc)))
+                    continue
+                self.events.emit(SessionSaved(save_summary(slot, "left running", outcome)))
 
     def _save_failed(self, slot: int, message: str) -> None:
         delay = self._policy.save_failed(slot, time.monotonic())
@@ -777,7 +822,7 @@ class Engine:
     def _client(self) -> LlamaClient:
         if self._http is None:
             self._http = LlamaClient(self._running_profile().base_url, timeout=10.0,
-                                     api_key=api_key_from_args(self._running_profile().extra_args),
+                                     api_key=server_api_key(self._running_profile().extra_args),
                                      slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS)
         return self._http
 
@@ -822,6 +867,35 @@ class Engine:
             started_at=self.supervisor.started_at if self._server_state is ServerState.READY else None,
             swa_note=self._swa_note,
         )
+
+
+def save_summary(slot: int, reason: str, outcome: SaveOutcome) -> SaveSummary:
+    sc = outcome.sidecar
+    return SaveSummary(slot=slot, kind=outcome.kind, id=sc.id if sc else None, reason=reason,
+                       n_tokens=outcome.n_tokens, ms=outcome.save_ms, size_bytes=sc.size_bytes if sc else 0,
+                       title=sc.title if sc else "")
+
+
+def describe_save_error(slot: int | None, exc: BaseException) -> str:
+    """A save failure in words; an error we did not expect is logged with its traceback too."""
+    if isinstance(exc, (SaveError, ServerUnavailable, ServerError, OSError)):
+        return str(exc)
+    log.error("saving slot %s failed", slot, exc_info=exc)
+    return f"unexpected error: {exc}"
+
+
+def exposure_notes(profile: ServerProfile) -> list[str]:
+    """What to say up front about who can reach the server and see its key."""
+    notes = []
+    if exposes_without_key(profile.host, profile.extra_args):
+        notes.append(
+            f"llama-server listens on {profile.host}, beyond this machine, and no API key is set: anyone who "
+            f"can reach port {profile.port} can use it and read its conversations. Add --api-key-file FILE "
+            "to its arguments (or set LLAMA_API_KEY), or listen on 127.0.0.1.")
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in sys.argv):
+        notes.append("The API key given on Slotkeeper's command line is visible to other users (ps); "
+                     "give it with --api-key-file FILE or the LLAMA_API_KEY environment variable instead.")
+    return notes
 
 
 def describe(http: LlamaClient, tokens: list[int]) -> tuple[str, str]:

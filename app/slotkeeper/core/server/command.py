@@ -1,8 +1,9 @@
-"""Server profile -> llama-server argv. A pure function: no I/O, easy to test."""
+"""Server profile -> llama-server argv (``build_argv`` is pure: no I/O), and the API key rules."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slotkeeper.core.settings import ServerProfile
@@ -27,7 +28,10 @@ OWNED_FLAGS = frozenset(
     {
         "-m", "--model", "--host", "--port", "-c", "--ctx-size", "-np", "--parallel",
         "-fa", "--flash-attn", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
-        "--swa-full", "--slot-save-path", "-kvu", "--kv-unified",
+        "--swa-full", "--no-swa-full", "--slot-save-path", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified",
+        # These would undo what the flags above are for: idle slots cleared before they are
+        # saved, or no /slots to watch them by.
+        "--cache-idle-slots", "--no-cache-idle-slots", "--no-slots", "--slots",
     }
 )
 
@@ -87,12 +91,62 @@ def api_key_from_args(extra_args: tuple[str, ...]) -> str | None:
     return None
 
 
-def exposes_without_key(host: str, extra_args: tuple[str, ...]) -> bool:
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach a server listening on ``host``."""
+    return host.strip().lower() in LOOPBACK_HOSTS
+
+
+def without_api_key(extra_args: tuple[str, ...]) -> tuple[str, ...]:
+    """The extra arguments minus ``--api-key KEY``: llama-server gets the key through its
+    environment (``LLAMA_API_KEY``), so it never shows in ``ps``, logs or state files."""
+    out: list[str] = []
+    skip = False
+    for arg in extra_args:
+        if skip:
+            skip = False
+            continue
+        if arg == "--api-key":
+            skip = True
+            continue
+        if arg.startswith("--api-key="):
+            continue
+        out.append(arg)
+    return tuple(out)
+
+
+def server_api_key(extra_args: tuple[str, ...], environ: Mapping[str, str] | None = None) -> str | None:
+    """The key llama-server will ask for: ``--api-key``, else the first key in ``--api-key-file``,
+    else ``$LLAMA_API_KEY`` (which llama-server reads too). Slotkeeper's own calls send it."""
+    key = api_key_from_args(extra_args)
+    if key:
+        return key
+    for flag, value in api_key_args(extra_args):
+        if flag == "--api-key-file" and value:
+            try:
+                lines = Path(value).expanduser().read_text(encoding="utf-8").splitlines()
+            except OSError:
+                continue
+            keys = [line.strip() for line in lines if line.strip()]
+            if keys:
+                return keys[0]
+    env = os.environ if environ is None else environ
+    return env.get("LLAMA_API_KEY") or None
+
+
+def launch_environment(extra_args: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """llama-server's environment when the profile has ``--api-key`` (None: inherit ours)."""
+    key = api_key_from_args(extra_args)
+    if not key:
+        return None
+    return {**(os.environ if environ is None else environ), "LLAMA_API_KEY": key}
+
+
+def exposes_without_key(host: str, extra_args: tuple[str, ...], environ: Mapping[str, str] | None = None) -> bool:
     """True when the server would listen beyond this machine with no ``--api-key`` or
     ``--api-key-file``: anyone on the network could use it and read its conversations."""
-    if host.strip().lower() in LOOPBACK_HOSTS:
+    if is_loopback(host):
         return False
-    return not api_key_args(extra_args)
+    return not api_key_args(extra_args) and not (os.environ if environ is None else environ).get("LLAMA_API_KEY")
 
 
 class CommandError(ValueError):
@@ -131,5 +185,5 @@ def build_argv(
     for flag in OPTIONAL_FLAGS:
         if flag[0] in supported_flags:
             argv.extend(flag)
-    argv.extend(profile.extra_args)
+    argv.extend(without_api_key(profile.extra_args))  # the key goes in the environment (launch_environment)
     return argv

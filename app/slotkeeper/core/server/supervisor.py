@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -56,6 +57,8 @@ class LaunchSpec:
     host: str
     port: int
     env: dict[str, str] | None = None
+    # Kept in the state file, so a later run can tell what a server left running holds (no secrets).
+    record: dict[str, Any] | None = None
 
     @property
     def base_url(self) -> str:
@@ -154,8 +157,13 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         health_timeout: float = HEALTH_TIMEOUT_SECONDS,
         stop_grace: float = STOP_GRACE_SECONDS,
+        before_stopping_leftover: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        """``before_stopping_leftover(state)`` runs (on the supervisor's thread) before a server an
+        earlier run left with other settings is stopped, with what that run recorded about it:
+        the chance to save its conversations."""
         self._spec_factory = spec_factory
+        self._before_stopping_leftover = before_stopping_leftover
         self.log_path = log_path
         self.state_file = state_file
         self.events = events or EventBus()
@@ -425,6 +433,7 @@ class Supervisor:
             "host": spec.host,
             "port": spec.port,
             "started_at": time.time(),
+            "launch": spec.record or {},
         }
         atomic_write_text(self.state_file, json.dumps(data, indent=2))
 
@@ -475,6 +484,12 @@ class Supervisor:
                 log.info("adopted llama-server pid %s left running by an earlier session", proc.pid)
                 self.events.emit(ServerAdopted(proc.pid))
                 return True
+        if self._before_stopping_leftover is not None and not self._stop_requested.is_set():
+            self._set_state(ServerState.STARTING, "saving the conversations of a server left by an earlier session")
+            try:
+                self._before_stopping_leftover(data)
+            except Exception:  # its conversations are lost, but the new launch goes on
+                log.exception("saving the slots of the server left running failed")
         log.info("stopping llama-server pid %s left by an earlier session (settings changed)", proc.pid)
         self._set_state(ServerState.STARTING, "stopping a server left by an earlier session")
         self._terminate(child, self.stop_grace)
