@@ -106,6 +106,20 @@ def test_settings_dialog_opens_once(qtbot, paths):
     app.deleteLater()
 
 
+def test_settings_opened_from_the_app_name_the_command_line_values(qtbot, paths):
+    service = SettingsService(paths.settings_file, {"profile.port": 9000})  # as from --port 9000
+    app = SlotkeeperApp(paths, service.effective().with_profile(model_path=DEMO_MODEL), service,
+                        tray_available=False)
+    qtbot.addWidget(app.window)
+    app.open_settings()
+    server = app.settings_dialog.server_tab
+    assert server.port.value() == 9000
+    assert [n.text() for n in server.override_notes.values()] == ["from the command line (--port)"]
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.request_quit()
+    app.deleteLater()
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_quits_like_quit(qtbot, paths):
     QTimer.singleShot(300, lambda: os.kill(os.getpid(), signal.SIGTERM))

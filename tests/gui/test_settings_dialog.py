@@ -236,3 +236,8 @@ def test_restart_needed_is_said_and_offered(qtbot, bridge, engine, make_dialog, 
     d.restart_button.click()
     assert applied and applied[0][1] is True
     assert applied[0][0].profile.flash_attn
+
+
+def test_no_command_line_notes_without_overrides(make_dialog):
+    d = make_dialog()
+    assert all(not tab.override_notes for tab in d.form_tabs)

@@ -1,7 +1,9 @@
 """Settings: the server profile, autosave and launch behaviour, and the disk budget.
 
 Changes to the server profile take effect at the next server start; when the server is running
-the dialog says so and offers "Save and restart" (changed slots are saved first).
+the dialog says so and offers "Save and restart" (changed slots are saved first). Values this run
+took from the command line carry a note; saving leaves their saved values alone unless the user
+changed them here (the settings service decides, see ``core.services.settings``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.buttons)
 
         for tab in self.form_tabs:
+            tab.show_overrides(bridge.settings_service)
             tab.changed.connect(self._changed)
         bridge.on(ServerStateChanged, self._on_server_state)
         self._changed()
@@ -114,6 +117,8 @@ class SettingsDialog(QDialog):
         self.error_label.hide()
         save_button.setEnabled(True)
         self.restart_button.setEnabled(True)
+        for tab in self.form_tabs:
+            tab.update_overrides(candidate)
         restart = self.bridge.needs_restart(candidate)
         self.restart_label.setVisible(restart)
         self.restart_button.setVisible(restart)

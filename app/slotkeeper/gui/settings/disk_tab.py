@@ -101,6 +101,9 @@ class DiskTab(FormTab):
         layout.addWidget(note("Least recently used conversations go first; pinned ones and the "
                               "ones loaded in a slot are never deleted."))
 
+    def override_fields(self) -> list[tuple[QWidget, tuple[str, ...]]]:
+        return [(self.budget_slider, ("budget_bytes",))]
+
     # -- the fields -----------------------------------------------------------------------
     def load(self, settings: Settings) -> None:
         self._set_budget(settings.budget_bytes)

@@ -166,6 +166,19 @@ class ServerTab(FormTab):
         self.args_error.setStyleSheet(ERROR_STYLE)
         form.addRow("", self.args_error)
 
+    def override_fields(self) -> list[tuple[QWidget, tuple[str, ...]]]:
+        return [
+            (self.server_bin, ("profile.server_bin",)),
+            (self.model_combo, ("profile.model_path",)),
+            (self.ctx, ("profile.ctx",)),
+            (self.parallel, ("profile.parallel",)),
+            (self.flash_attn, ("profile.flash_attn",)),
+            (self.cache_k, ("profile.cache_type_k", "profile.cache_type_v")),
+            (self.swa_box, ("profile.swa_full",)),
+            (self.host, ("profile.host", "profile.port")),
+            (self.extra_args, ("profile.extra_args",)),
+        ]
+
     # -- loading and reading the fields ---------------------------------------------------
     def load(self, settings: Settings) -> None:
         p = settings.profile

@@ -51,6 +51,14 @@ class SessionsTab(FormTab):
         for w in (self.start_on_launch, self.start_at_login):
             w.toggled.connect(self.changed)
 
+    def override_fields(self) -> list[tuple[QWidget, tuple[str, ...]]]:
+        return [
+            (self.idle_save, ("idle_save_seconds",)),
+            (self.restore_count, ("restore_on_start",)),
+            (self.start_on_launch, ("start_server_on_launch",)),
+            (self.start_at_login, ("start_at_login",)),
+        ]
+
     def load(self, settings: Settings) -> None:
         self.idle_save.setValue(float(settings.idle_save_seconds))
         self.restore_count.setValue(-1 if settings.restore_on_start is None else settings.restore_on_start)
