@@ -380,6 +380,25 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_folder_problem(data_dir: str | None) -> str | None:
+    """Why the data folder cannot be used (created where missing), in words; None when it can."""
+    from slotkeeper.core.paths import app_paths
+
+    paths = app_paths(data_dir)
+    try:
+        paths.ensure()
+    except OSError as exc:
+        where = exc.filename or paths.data_dir
+        if isinstance(exc, FileExistsError):
+            why = "it is a file, not a folder"
+        elif isinstance(exc, NotADirectoryError):
+            why = "a folder on its path is a file"
+        else:
+            why = exc.strerror or str(exc)
+        return f"cannot use the data folder {where}: {why} (choose another with --data-dir)"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, extra = _split_extra(argv)
@@ -394,6 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     from slotkeeper.core.settings import SettingsError
 
+    if args.command != "model-info":
+        problem = _data_folder_problem(args.data_dir)
+        if problem:
+            print(f"slotkeeper: {problem}", file=sys.stderr)
+            return 2
     try:
         if args.command == "serve":
             return cmd_serve(args, extra)

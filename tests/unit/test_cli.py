@@ -66,3 +66,13 @@ def test_desktop_app_without_a_display_says_so(monkeypatch, capsys, tmp_path):
         monkeypatch.delenv(var, raising=False)
     assert main(["--demo", "--data-dir", str(tmp_path)]) == 1
     assert "serve" in capsys.readouterr().err
+
+
+def test_a_data_folder_that_is_a_file_is_a_clear_error(tmp_path, capsys):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a folder")
+    assert main(["sessions", "list", "--data-dir", str(afile)]) == 2
+    assert "it is a file, not a folder" in capsys.readouterr().err
+    assert main(["serve", "--demo", "--data-dir", str(afile / "inside")]) == 2
+    assert "a folder on its path is a file" in capsys.readouterr().err
+    assert afile.read_text() == "not a folder"

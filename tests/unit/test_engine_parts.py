@@ -145,3 +145,28 @@ def test_resume_rules_for_every_face():
     assert ok.enabled and not ok.starts_server and f"{sc.n_tokens:,} tokens" in ok.why
     other = resume_verdict(e, ServerState.READY, replace(facts, flash_attn=not sc.flash_attn), True)
     assert not other.enabled and "flash attention" in other.why
+
+
+# -- before a launch --------------------------------------------------------------------------
+def test_a_context_the_machine_cannot_hold_is_refused_and_one_past_training_is_a_warning(tmp_path):
+    from slotkeeper.core.engine.model import check_launch, resolve_model
+    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.settings import ServerProfile
+
+    model = resolve_model(str(write_model(tmp_path / "m.gguf", "llama")), tmp_path)
+    gib = 1024**3
+    fine = check_launch(model, ServerProfile(ctx=2048), total_memory=16 * gib, available_memory=8 * gib)
+    assert fine.refusal is None and fine.warnings == ()
+    huge = check_launch(model, ServerProfile(ctx=2_000_000_000), total_memory=16 * gib, available_memory=8 * gib)
+    assert huge.refusal and "this machine has 16.0 GiB" in huge.refusal and "--ctx" in huge.refusal
+    tight = check_launch(model, ServerProfile(ctx=2048), total_memory=16 * gib, available_memory=1024)
+    assert tight.refusal is None and "free now" in tight.warnings[0]
+    past = check_launch(model, ServerProfile(ctx=4 * model.info.context_length), 16 * gib, 8 * gib)
+    assert any("trained on" in w for w in past.warnings)
+
+
+def test_a_context_beyond_what_llama_server_reads_is_a_settings_error():
+    from slotkeeper.core.settings import ServerProfile, SettingsError
+
+    with pytest.raises(SettingsError, match="more than llama-server accepts"):
+        ServerProfile(ctx=99_999_999_999).validate()

@@ -14,6 +14,7 @@ from slotkeeper.core.fsutil import atomic_write_text
 
 SCHEMA_VERSION = 1
 DEFAULT_PORT = 8789
+MAX_CTX = 2**31 - 1  # llama-server reads --ctx-size as a 32-bit int
 DEFAULT_BUDGET_BYTES = 20 * 1024**3
 DEFAULT_IDLE_SAVE_SECONDS = 10.0
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -64,6 +65,8 @@ class ServerProfile:
             raise SettingsError(f"port {self.port} is outside 1-65535")
         if self.parallel < 1:
             raise SettingsError("slots (-np) must be at least 1")
+        if self.ctx > MAX_CTX:
+            raise SettingsError(f"context {self.ctx:,} is more than llama-server accepts ({MAX_CTX:,})")
         if self.ctx < 256 * self.parallel:
             raise SettingsError(
                 f"context {self.ctx} is too small for {self.parallel} slot(s): "

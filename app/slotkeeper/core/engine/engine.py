@@ -29,6 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 from slotkeeper.core import datalock, modelgen
 from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
@@ -37,6 +39,7 @@ from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.model import (
     LLAMA_BUILD_FALLBACK,
     ModelChoice,
+    check_launch,
     llama_build_tag,
     profile_model_name,
     resolve_model,
@@ -400,12 +403,16 @@ class Engine:
                               supported_flags=flags)
         except (EngineError, ServerBinaryNotFound, CommandError, SettingsError) as exc:
             raise SupervisorError(str(exc)) from exc
+        memory = psutil.virtual_memory()
+        check = check_launch(model, profile, memory.total, memory.available)
+        if check.refusal:
+            raise SupervisorError(check.refusal)
         self._model = model
         self._launched = profile
         self._start_hashing(model.path)
         if model.is_demo:
             self.events.emit(NoticeRaised(modelgen.DEMO_NOTICE))
-        for note in (swa_note(model, profile), *exposure_notes(profile)):
+        for note in (swa_note(model, profile), *check.warnings, *exposure_notes(profile)):
             if note:
                 self.events.emit(WarningRaised(note))
         self._publish()

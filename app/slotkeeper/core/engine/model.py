@@ -102,3 +102,35 @@ def swa_explanation(info: gguf_info.ModelInfo, ctx: int, parallel: int, type_k: 
         f"context and slot count ({human_bytes(est.bytes_swa)} → {human_bytes(est.bytes_full)}). "
         "Sessions saved with and without it cannot be mixed."
     )
+
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    refusal: str | None  # the launch would fail or take the machine down: do not start
+    warnings: tuple[str, ...] = ()
+
+
+def check_launch(model: ModelChoice, profile: ServerProfile, total_memory: int, available_memory: int) -> LaunchCheck:
+    """What to say before starting llama-server with this model and profile: a context the machine
+    cannot hold is refused (llama-server would otherwise run until the kernel kills it), one beyond
+    the model's training context is a warning."""
+    info = model.info
+    est = gguf_info.kv_estimate(info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
+                                type_v=profile.cache_type_v)
+    kv = est.bytes_full if profile.swa_full else est.bytes_swa
+    need = kv + info.file_size
+    if need > total_memory:
+        return LaunchCheck(
+            f"The KV cache for a context of {profile.ctx:,} tokens needs about {human_bytes(kv)}, plus "
+            f"{human_bytes(info.file_size)} for the model, but this machine has {human_bytes(total_memory)} "
+            "of memory. Lower the context (--ctx) or the number of slots, or use a quantized KV cache.")
+    warnings = []
+    if need > available_memory:
+        warnings.append(
+            f"llama-server will need about {human_bytes(need)} (model and KV cache) and only "
+            f"{human_bytes(available_memory)} of memory is free now: the system may slow down or stop it.")
+    if info.context_length and profile.ctx_per_slot > info.context_length:
+        warnings.append(
+            f"Each slot's context ({profile.ctx_per_slot:,} tokens) is beyond what {model.display_name} was "
+            f"trained on ({info.context_length:,}): replies may degrade past that length.")
+    return LaunchCheck(None, tuple(warnings))

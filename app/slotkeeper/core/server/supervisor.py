@@ -213,6 +213,7 @@ class Supervisor:
 
     def log_tail(self, n: int = LOG_TAIL_ON_FAILURE) -> list[str]:
         if self.tailer:
+            self.tailer.poll()  # catch up first: a server that just exited wrote its last words now
             return self.tailer.lines(n)
         try:
             return self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
