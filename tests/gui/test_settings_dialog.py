@@ -113,7 +113,8 @@ def test_missing_model_file_is_reported(qtbot, engine, make_dialog, tmp_path):
                     timeout=10_000)
 
 
-def test_exposure_warning(qtbot, make_dialog):
+def test_exposure_warning(qtbot, make_dialog, monkeypatch):
+    monkeypatch.delenv("LLAMA_API_KEY", raising=False)  # llama-server's own way to get a key
     server = make_dialog().server_tab
     assert not server.row_shown(server.exposure_note)
     server.host.setText("0.0.0.0")

@@ -27,7 +27,8 @@ from slotkeeper.core.settings import (
 from slotkeeper.core.units import human_bytes
 
 
-def test_exposure_needs_a_key_beyond_loopback():
+def test_exposure_needs_a_key_beyond_loopback(monkeypatch):
+    monkeypatch.delenv("LLAMA_API_KEY", raising=False)  # llama-server's own way to get a key
     assert exposes_without_key("0.0.0.0", ())
     assert not exposes_without_key("0.0.0.0", ("--api-key", "s3cret"))
     assert not exposes_without_key("0.0.0.0", ("--api-key-file=k.txt",))
