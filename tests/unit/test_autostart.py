@@ -262,3 +262,16 @@ def test_winreg_is_imported_only_when_used() -> None:
     auto = autostart_for(system="win32")  # constructing must not import winreg
     with pytest.raises(ImportError):
         auto.is_enabled()
+
+
+def test_the_login_command_keeps_a_custom_data_folder(tmp_path: Path) -> None:
+    from slotkeeper.core.autostart import default_data_dir
+
+    custom = tmp_path / "my-data"
+    cmd = default_command(frozen=False, system="linux", data_dir=custom)
+    assert cmd == [sys.executable, "-m", "slotkeeper", "--data-dir", str(custom.resolve())]
+    # the platform's own folder needs no option (and stays right if the user moves their home)
+    assert default_command(frozen=False, system="linux", data_dir=default_data_dir()) == [
+        sys.executable, "-m", "slotkeeper"]
+    assert default_command(executable="/opt/Slotkeeper", frozen=True, data_dir=custom)[1:] == [
+        "--data-dir", str(custom.resolve())]

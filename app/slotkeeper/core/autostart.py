@@ -20,6 +20,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import platformdirs
+
+from slotkeeper.core import paths
 from slotkeeper.core.fsutil import atomic_write_text
 
 __all__ = [
@@ -41,9 +44,11 @@ RUN_KEY_PATH = r"Software\Microsoft\Windows\CurrentVersion\Run"
 
 
 def default_command(
-    executable: str | None = None, frozen: bool | None = None, system: str | None = None
+    executable: str | None = None, frozen: bool | None = None, system: str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
 ) -> list[str]:
-    """The command line that starts this same Slotkeeper (the tray app) again.
+    """The command line that starts this same Slotkeeper (the tray app) again, on the same data
+    folder (``data_dir``: passed on when it is not the platform's default one).
 
     A frozen build (PyInstaller) is its own executable. From a Python install, the package is
     run as a module with the interpreter that runs us now, so the venv is kept. On Windows
@@ -52,13 +57,22 @@ def default_command(
     executable = sys.executable if executable is None else executable
     frozen = bool(getattr(sys, "frozen", False)) if frozen is None else frozen
     if frozen:
-        return [executable]
-    if (system or sys.platform).lower().startswith("win"):
-        exe = Path(executable)
-        windowless = exe.with_name("pythonw.exe")
-        if exe.name.lower() == "python.exe" and windowless.is_file():
-            executable = str(windowless)
-    return [executable, "-m", "slotkeeper"]
+        command = [executable]
+    else:
+        if (system or sys.platform).lower().startswith("win"):
+            exe = Path(executable)
+            windowless = exe.with_name("pythonw.exe")
+            if exe.name.lower() == "python.exe" and windowless.is_file():
+                executable = str(windowless)
+        command = [executable, "-m", "slotkeeper"]
+    if data_dir is not None and Path(data_dir).resolve() != default_data_dir().resolve():
+        command += ["--data-dir", str(Path(data_dir).resolve())]
+    return command
+
+
+def default_data_dir() -> Path:
+    """The data folder Slotkeeper uses without --data-dir or $SLOTKEEPER_HOME."""
+    return Path(platformdirs.user_data_dir(paths.APP_NAME, appauthor=False))
 
 
 class Autostart(ABC):
