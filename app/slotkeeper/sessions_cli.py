@@ -9,7 +9,7 @@ import sys
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.services.sessions import SessionInUse, SessionsService
 from slotkeeper.core.sessions.compat import swa_mode
-from slotkeeper.core.sessions.entries import SessionEntry
+from slotkeeper.core.sessions.entries import SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.in_slots import read_in_slots
 from slotkeeper.core.sessions.naming import InvalidSessionId
 from slotkeeper.core.sessions.sidecar import SidecarError
@@ -17,8 +17,11 @@ from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.settings import SettingsError, load_settings
 from slotkeeper.core.units import human_bytes
 
+UNMANAGED_NOTE = ("not Slotkeeper's: they do not count towards the budget and are never deleted "
+                  "automatically")
 
-def _print_table(entries: list[SessionEntry], unmanaged_count: int, total: int) -> None:
+
+def _print_table(entries: list[SessionEntry], unmanaged: list[UnmanagedFile], total: int) -> None:
     if not entries:
         print("No saved sessions.")
     for e in entries:
@@ -28,10 +31,20 @@ def _print_table(entries: list[SessionEntry], unmanaged_count: int, total: int) 
         if s is None:
             print(f"{flag} {e.id:<12}  {'?':>8}  {human_bytes(e.size_bytes):>10}  (unreadable){status}")
             continue
-        print(f"{flag} {e.id:<12}  {s.n_tokens:>8}  {human_bytes(s.size_bytes):>10}  {s.last_used_at[:19]}  "
+        print(f"{flag} {e.id:<12}  {s.n_tokens:>8}  {human_bytes(e.size_bytes):>10}  {s.last_used_at[:19]}  "
               f"{swa_mode(s):<26}  {s.title[:50]}{status}")
-    extra = f", {unmanaged_count} unmanaged file(s)" if unmanaged_count else ""
-    print(f"{len(entries)} session(s), {human_bytes(total)} on disk{extra}  (* = pinned)")
+    print(f"{len(entries)} session(s), {human_bytes(total)} on disk  (* = pinned)")
+    _print_unmanaged(unmanaged)
+
+
+def _print_unmanaged(unmanaged: list[UnmanagedFile] | tuple[UnmanagedFile, ...]) -> None:
+    if not unmanaged:
+        return
+    size = human_bytes(sum(u.size_bytes for u in unmanaged))
+    print(f"{len(unmanaged)} unmanaged file(s), {size}, {UNMANAGED_NOTE}:")
+    for u in unmanaged:
+        what = human_bytes(u.size_bytes) if u.kind == "file" else u.kind
+        print(f"  {u.name!r:<40}  {what}")
 
 
 def _show(entry: SessionEntry) -> None:
@@ -58,7 +71,7 @@ def run_sessions_command(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps([e.to_json() for e in listing.sessions], indent=2))
             else:
-                _print_table(listing.sessions, len(listing.unmanaged), listing.total_bytes)
+                _print_table(listing.sessions, listing.unmanaged, listing.total_bytes)
             return 0
         if args.action == "show":
             entry = service.get(args.id)
@@ -103,7 +116,8 @@ def _prune(args: argparse.Namespace, service: SessionsService) -> int:
     print(f"{'would free' if args.dry_run else 'freed'} {human_bytes(plan.bytes_freed)} "
           f"({plan.bytes_freed} bytes); budget {human_bytes(plan.budget)}")
     if plan.over_budget_after:
-        print("still over budget: the rest is pinned or unmanaged", file=sys.stderr)
+        print("still over budget: the rest is pinned or loaded in a slot", file=sys.stderr)
+    _print_unmanaged(outcome.unmanaged)
     if outcome.result is None:
         return 0
     for sid, err in outcome.result.failed:

@@ -144,6 +144,7 @@ def test_a_kv_file_that_is_not_a_regular_file(home, tmp_path, kind):
     listing = within(10, store.listing, [kv] if kind == "fifo" else [])
     bad = next(e for e in listing.sessions if e.id == BAD)
     assert bad.status == "corrupt" and what in bad.problems[0], bad.problems
+    assert bad.size_bytes == 0  # a link's target is never measured either
     entry = within(10, lambda: store.verify(BAD), [kv] if kind == "fifo" else [])
     assert what in " ".join(entry.problems)
     assert_cli_lists(paths, BAD)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.pruner import (
     PruneCandidate,
     PruneError,
@@ -109,18 +110,29 @@ def test_everything_pinned_is_over_budget_after() -> None:
     assert result.over_budget_after
 
 
-def test_unmanaged_bytes_count_but_are_never_deleted() -> None:
+# Files Slotkeeper did not write never cause a session to be pruned (they used to count towards
+# the budget, so a local user who made llama-server write junk files got every real conversation
+# pruned): the plan reports them and leaves them out of the usage it prunes to.
+def test_unmanaged_bytes_never_cause_a_deletion() -> None:
     sessions = [session("a", day=1), session("b", day=2)]
     result = plan(sessions, budget_bytes=25 * MB, unmanaged_bytes=10 * MB)
-    assert ids(result) == ["a"]
-    assert (result.bytes_before, result.bytes_after) == (30 * MB, 20 * MB)
+    assert ids(result) == []
+    assert (result.bytes_before, result.bytes_after, result.unmanaged_bytes) == (20 * MB, 20 * MB, 10 * MB)
+    assert not result.over_budget_after
 
 
-def test_unmanaged_bytes_alone_over_budget() -> None:
-    result = plan([session("a")], budget_bytes=5 * MB, unmanaged_bytes=8 * MB)
-    assert ids(result) == ["a"]
-    assert result.bytes_after == 8 * MB
-    assert result.over_budget_after
+def test_unmanaged_bytes_alone_over_budget_prune_nothing() -> None:
+    result = plan([session("a", size=1 * MB)], budget_bytes=5 * MB, unmanaged_bytes=10**15)
+    assert ids(result) == []
+    assert result.bytes_after == 1 * MB
+    assert not result.over_budget_after
+
+
+def test_sessions_over_budget_are_pruned_as_if_unmanaged_files_were_not_there() -> None:
+    sessions = [session("a", day=1), session("b", day=2), session("c", day=3)]
+    with_junk = plan(sessions, 15 * MB, unmanaged_bytes=10**15)
+    assert ids(with_junk) == ["a", "b"]
+    assert with_junk == dataclasses.replace(plan(sessions, 15 * MB), unmanaged_bytes=10**15)
 
 
 def test_no_sessions() -> None:
@@ -166,19 +178,24 @@ def test_rejects_duplicate_ids_and_negative_sizes_and_bad_times() -> None:
         plan([bad_time], budget_bytes=0)
 
 
-def test_from_sidecar() -> None:
+# Sizes come from the file system, not the sidecar (a sidecar claiming 10 TB made the next save
+# prune every real session): a candidate is built from a listed entry, sized by its KV file.
+def test_from_entry_takes_the_size_on_disk_not_the_sidecars_claim() -> None:
     sidecar = Sidecar(
         id="0123456789ab", kv_file="0123456789ab.kv", title="T", preview="", model_path="m",
         model_sha256="0" * 64, arch="llama", swa=False, swa_full=False, flash_attn=True,
         cache_type_k="f16", cache_type_v="f16", n_parallel=1, kv_unified=False,
-        n_ctx_slot=4096, n_tokens=10, tokens_digest="0" * 16, size_bytes=1234,
+        n_ctx_slot=4096, n_tokens=10, tokens_digest="0" * 16, size_bytes=10 * 10**12,
         content_hash="xxh3_128:" + "0" * 32, llama_build="b1",
         created_at="2026-11-01T00:00:00Z", last_used_at="2026-11-02T00:00:00Z", pinned=True,
     )  # fmt: skip
-    assert PruneCandidate.from_sidecar(sidecar) == PruneCandidate(
+    entry = SessionEntry(sidecar.id, sidecar, None, [], size_bytes=1234)
+    assert PruneCandidate.from_entry(entry) == PruneCandidate(
         id="0123456789ab", title="T", size_bytes=1234, last_used_at="2026-11-02T00:00:00Z",
         pinned=True, created_at="2026-11-01T00:00:00Z",
     )  # fmt: skip
+    with pytest.raises(ValueError, match="cannot be read"):
+        PruneCandidate.from_entry(SessionEntry("x", None, None, ["unreadable"]))
 
 
 # --- apply --------------------------------------------------------------------------
@@ -259,7 +276,8 @@ def test_plan_invariants(case: tuple[list[PruneCandidate], set[str], int, int]) 
 
     assert len(set(deleted)) == len(deleted)
     assert not any(c.pinned or c.id in protected for c in result.delete)
-    assert result.bytes_before == sum(s.size_bytes for s in sessions) + unmanaged
+    assert result.bytes_before == sum(s.size_bytes for s in sessions)  # unmanaged bytes never count
+    assert result.unmanaged_bytes == unmanaged
     assert result.bytes_freed == sum(c.size_bytes for c in result.delete)
     assert result.bytes_after == result.bytes_before - result.bytes_freed
     assert result.over_budget_after == (result.bytes_after > budget)

@@ -2,8 +2,10 @@
 
 The desktop app (through the engine), `slotkeeper serve` and `slotkeeper sessions ...` all use
 this, so "never delete a session loaded in a slot" and "prune least recently used first, never a
-pinned one" are written once. ``in_slots`` says which sessions a running engine holds right now:
-the engine passes its own live set, the CLI reads the set a running engine published.
+pinned one" are written once. Only saved sessions count towards the budget, sized by their KV
+files on disk; files in the folder that are not Slotkeeper's are reported, never counted.
+``in_slots`` says which sessions a running engine holds right now: the engine passes its own
+live set, the CLI reads the set a running engine published.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from slotkeeper.core.sessions import pruner
-from slotkeeper.core.sessions.entries import Listing, SessionEntry
+from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.naming import validate_session_id
 from slotkeeper.core.sessions.sidecar import Sidecar
 from slotkeeper.core.sessions.store import SessionStore
@@ -34,6 +36,8 @@ class SessionInUse(Exception):
 class PruneOutcome:
     plan: pruner.PrunePlan
     result: pruner.PruneResult | None  # None for a dry run
+    # Files in the folder that are not Slotkeeper's: shown, never counted, never deleted.
+    unmanaged: tuple[UnmanagedFile, ...] = ()
 
 
 class SessionsService:
@@ -68,15 +72,21 @@ class SessionsService:
 
     def plan_prune(self, budget: int | None = None) -> pruner.PrunePlan:
         """What a prune to ``budget`` (default: the setting) would delete; nothing is deleted."""
+        return self._plan(budget)[0]
+
+    def _plan(self, budget: int | None) -> tuple[pruner.PrunePlan, Listing]:
+        # Managed sessions only, sized on disk: files that are not ours never cause a prune.
         listing = self.store.listing()
-        cands = [pruner.PruneCandidate.from_sidecar(e.sidecar) for e in listing.sessions if e.sidecar]
-        return pruner.plan(cands, self._budget() if budget is None else budget,
+        cands = [pruner.PruneCandidate.from_entry(e) for e in listing.sessions if e.sidecar]
+        plan = pruner.plan(cands, self._budget() if budget is None else budget,
                            protected_ids=self.in_slots(), unmanaged_bytes=listing.unmanaged_bytes)
+        return plan, listing
 
     def prune(self, budget: int | None = None, dry_run: bool = False) -> PruneOutcome:
-        plan = self.plan_prune(budget)
+        plan, listing = self._plan(budget)
+        unmanaged = tuple(listing.unmanaged)
         if dry_run or not plan.delete:
-            return PruneOutcome(plan, None if dry_run else pruner.PruneResult())
+            return PruneOutcome(plan, None if dry_run else pruner.PruneResult(), unmanaged)
         in_slots = self.in_slots()
 
         def delete(session_id: str) -> None:
@@ -85,4 +95,4 @@ class SessionsService:
                 raise SessionInUse(session_id)
             self.store.delete(session_id)
 
-        return PruneOutcome(plan, pruner.apply(plan, delete))
+        return PruneOutcome(plan, pruner.apply(plan, delete), unmanaged)

@@ -20,26 +20,21 @@ class SessionEntry:
     sidecar: Sidecar | None  # None when the sidecar itself cannot be read
     kv_path: Path | None
     problems: list[str] = field(default_factory=list)
+    # The KV file's size on disk (lstat; 0 when missing or not a regular file). Never the
+    # sidecar's size_bytes: that is what was saved, checked against this, and a sidecar may lie.
+    size_bytes: int = 0
 
     @property
     def status(self) -> str:
         return "corrupt" if self.problems else "ok"
-
-    @property
-    def size_bytes(self) -> int:
-        if self.sidecar is not None:
-            return self.sidecar.size_bytes
-        try:
-            return self.kv_path.stat().st_size if self.kv_path else 0
-        except OSError:
-            return 0
 
     def to_json(self) -> dict[str, Any]:
         """The stable shape of `sessions list --json` (users' scripts rely on these names)."""
         data = self.sidecar.to_json() if self.sidecar is not None else {}
         base: dict[str, Any] = {k: data.get(k) for k in LIST_KEYS}
         if self.sidecar is None:
-            base.update(id=self.id, size_bytes=self.size_bytes, pinned=False)
+            base.update(id=self.id, pinned=False)
+        base["size_bytes"] = self.size_bytes  # on disk, as budgets count it
         base["status"] = self.status
         base["problems"] = list(self.problems)
         return base
@@ -61,8 +56,15 @@ class Listing:
 
     @property
     def total_bytes(self) -> int:
-        return sum(e.size_bytes for e in self.sessions) + self.unmanaged_bytes
+        """The saved sessions' KV files on disk: what counts towards the budget. Files that are
+        not Slotkeeper's (``unmanaged``) are reported apart and never count."""
+        return sum(e.size_bytes for e in self.sessions)
 
     @property
     def unmanaged_bytes(self) -> int:
         return sum(u.size_bytes for u in self.unmanaged)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Everything in the folder: sessions and other files."""
+        return self.total_bytes + self.unmanaged_bytes

@@ -5,8 +5,11 @@ before anything is touched, and ``apply`` deletes exactly that plan.
 
 Rules: least recently used first; never a pinned session; never a protected one (the
 caller passes the sessions currently loaded in a slot, whose files may be rewritten at
-any moment). Bytes that are not ours to delete (``unmanaged_bytes``, e.g. stray files
-in the save directory) count toward usage but are never deleted.
+any moment). Sizes are the KV files' sizes on disk (``SessionEntry.size_bytes``), never
+what a sidecar claims. Only saved sessions count towards the budget: files Slotkeeper did
+not write (``unmanaged_bytes``, e.g. junk a local user made llama-server write into the
+folder) are reported on the plan but never cause a session to be pruned, and are never
+deleted.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .sidecar import Sidecar, parse_utc
+from .entries import SessionEntry
+from .sidecar import parse_utc
 
 __all__ = ["PruneCandidate", "PruneError", "PrunePlan", "PruneResult", "apply", "plan"]
 
@@ -37,11 +41,15 @@ class PruneCandidate:
     created_at: str = ""  # tie-break between equal last_used_at; "" sorts first
 
     @classmethod
-    def from_sidecar(cls, sidecar: Sidecar) -> PruneCandidate:
+    def from_entry(cls, entry: SessionEntry) -> PruneCandidate:
+        """A listed session, sized by its KV file on disk (``entry.size_bytes``)."""
+        sidecar = entry.sidecar
+        if sidecar is None:
+            raise ValueError(f"session {entry.id}: its sidecar cannot be read")
         return cls(
-            id=sidecar.id,
+            id=entry.id,
             title=sidecar.title,
-            size_bytes=sidecar.size_bytes,
+            size_bytes=entry.size_bytes,
             last_used_at=sidecar.last_used_at,
             pinned=sidecar.pinned,
             created_at=sidecar.created_at,
@@ -52,8 +60,9 @@ class PruneCandidate:
 class PrunePlan:
     """What a prune would delete, and the usage before and after.
 
-    ``over_budget_after`` is True when deleting everything allowed still leaves usage
-    above the budget (pinned, protected and unmanaged bytes alone exceed it).
+    Usage counts saved sessions only. ``over_budget_after`` is True when deleting everything
+    allowed still leaves usage above the budget (pinned and protected sessions alone exceed
+    it). ``unmanaged_bytes`` is for the reader: files that are not ours, outside the count.
     """
 
     delete: list[PruneCandidate]
@@ -62,6 +71,7 @@ class PrunePlan:
     bytes_after: int
     budget: int
     over_budget_after: bool
+    unmanaged_bytes: int = 0
 
 
 @dataclass
@@ -91,10 +101,14 @@ def plan(
     protected_ids: AbstractSet[str] = frozenset(),
     unmanaged_bytes: int = 0,
 ) -> PrunePlan:
-    """Choose the least recently used deletable sessions until usage fits the budget."""
+    """Choose the least recently used deletable sessions until the sessions fit the budget.
+
+    ``unmanaged_bytes`` (files that are not ours) is recorded on the plan, never counted: a
+    local user who fills the folder with junk must not get real conversations pruned.
+    """
     sessions = list(sessions)
     _check_inputs(sessions, budget_bytes, unmanaged_bytes)
-    bytes_before = sum(s.size_bytes for s in sessions) + unmanaged_bytes
+    bytes_before = sum(s.size_bytes for s in sessions)
     deletable = sorted(
         (s for s in sessions if not s.pinned and s.id not in protected_ids),
         key=_least_recently_used_first,
@@ -113,6 +127,7 @@ def plan(
         bytes_after=usage,
         budget=budget_bytes,
         over_budget_after=usage > budget_bytes,
+        unmanaged_bytes=unmanaged_bytes,
     )
 
 

@@ -102,7 +102,7 @@ class SessionStore:
             problems.append(kv_problem)
         elif size != sc.size_bytes and not sc.corrupt:
             problems.append(f"KV file is {size} bytes; {sc.size_bytes} were saved")
-        return SessionEntry(sc.id if sc.id == sid else sid, sc, kv, problems)
+        return SessionEntry(sc.id if sc.id == sid else sid, sc, kv, problems, size)
 
     def listing(self) -> Listing:
         with self.exclusive():
