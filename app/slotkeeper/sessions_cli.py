@@ -63,9 +63,10 @@ def sessions_service(paths) -> SessionsService:
 
 
 def run_sessions_command(args: argparse.Namespace) -> int:
-    paths = app_paths(args.data_dir).ensure()
-    service = sessions_service(paths)
     try:
+        # Refuses (UnsafeFolder, an OSError) a data or sessions folder other users could write to.
+        paths = app_paths(args.data_dir).ensure()
+        service = sessions_service(paths)
         if args.action == "list":
             listing = service.listing()
             if args.json:

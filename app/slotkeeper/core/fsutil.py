@@ -16,6 +16,78 @@ _SAFE_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_
                     | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
 
 
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+class UnsafeFolder(OSError):
+    """A folder Slotkeeper must not use as it is: another user's, writable by others, a link."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def check_private_folder(path: Path, what: str, *, follow_symlink: bool) -> os.stat_result:
+    """Refuse a folder other users could have put files in, with what to do about it.
+
+    A symbolic link is refused unless ``follow_symlink`` (then its target is checked). On POSIX
+    the folder must belong to this user and not be writable by group or others; Windows has no
+    such modes, so there only the link and the folder itself are checked.
+    """
+    path = Path(path)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        if not follow_symlink:
+            raise UnsafeFolder(errno.ELOOP, (
+                f"the {what} {path} is a symbolic link (to {os.readlink(path)}); Slotkeeper only uses a "
+                f"real folder there: remove the link, or choose another folder with --data-dir"))
+        st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFolder(errno.ENOTDIR, f"the {what} {path} is a {file_kind(st.st_mode)}, not a folder")
+    if not hasattr(os, "geteuid"):
+        return st
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise UnsafeFolder(errno.EPERM, (
+            f"the {what} {path} belongs to {_owner(st.st_uid)}, not to you ({_owner(me)}): another user "
+            f"could have put files there. Use a folder of your own (--data-dir or $SLOTKEEPER_HOME)"))
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = " and ".join(w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "other users"))
+                           if st.st_mode & bit)
+        raise UnsafeFolder(errno.EPERM, (
+            f"the {what} {path} can be written by {who} (mode {stat.S_IMODE(st.st_mode):04o}), who could "
+            f"have put files there. Fix: chmod 700 '{path}', or choose another folder with --data-dir"))
+    return st
+
+
+def ensure_private_folder(path: Path, what: str) -> None:
+    """Create ``path`` 0700 if it is missing, then check it (never a symbolic link, see
+    ``check_private_folder``); read and search bits for group and others are taken away."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    st = check_private_folder(path, what, follow_symlink=False)
+    if hasattr(os, "geteuid") and stat.S_IMODE(st.st_mode) & 0o077:
+        # Ours, a real folder, writable by nobody else: only read access is taken away. Not through
+        # a link (checked just now; only we can write its parent, the private data folder).
+        try:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700, **_no_follow())
+        except OSError:
+            pass  # e.g. a read-only file system: reading stays possible
+
+
+def _no_follow() -> dict[str, bool]:
+    return {"follow_symlinks": False} if os.chmod in os.supports_follow_symlinks else {}
+
+
 class UnsafeFile(OSError):
     """A file Slotkeeper will not read as it is (its message needs no errno in front)."""
 
@@ -91,15 +163,26 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def fsync_file(path: Path) -> None:
-    with open(path, "rb+") as fh:
-        os.fsync(fh.fileno())
+def fsync_private(path: Path, mode: int = PRIVATE_FILE_MODE) -> None:
+    """fsync a regular file and make it ``mode`` (0600: llama-server writes with the umask),
+    never through a symbolic link."""
+    fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(Path(path), st.st_mode)
+        if hasattr(os, "fchmod") and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
-    """``path`` ends up as the old file or the whole new one: temp file, fsync, rename, fsync dir."""
+def atomic_write_text(path: Path, text: str, mode: int = PRIVATE_FILE_MODE) -> None:
+    """``path`` ends up as the old file or the whole new one: temp file, fsync, rename, fsync dir.
+    Private (0600) unless told otherwise; a missing folder is created 0700."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.fsutil import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, atomic_write_text
 
 __all__ = ["HISTORY_VERSION", "RequestHistory", "RequestRecord"]
 
@@ -124,8 +124,12 @@ class RequestHistory:
         with self._lock:
             if self._line_count is None:
                 self._line_count = self._count_lines()
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "ab+") as fh:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                         PRIVATE_FILE_MODE)
+            if hasattr(os, "fchmod") and os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, PRIVATE_FILE_MODE)  # a file an older version made 0644
+            with os.fdopen(fd, "ab+") as fh:
                 fh.write((_separator(fh) + line).encode("utf-8"))
             self._line_count += 1
             if self._line_count > 2 * self.max_records:
@@ -171,5 +175,5 @@ class RequestHistory:
 
     def _compact(self) -> None:
         records = self._read(self.max_records)
-        atomic_write_text(self.path, "".join(_encode(r) for r in records), mode=0o644)
+        atomic_write_text(self.path, "".join(_encode(r) for r in records))  # 0600
         self._line_count = len(records)

@@ -2,6 +2,11 @@
 
 By default the platform's own folders (platformdirs). ``SLOTKEEPER_HOME`` or ``--data-dir``
 moves *every* file the app writes under one folder, which is what the tests use.
+
+Folders are created 0700, and ``ensure()`` refuses (``UnsafeFolder``) a data folder or a sessions
+folder that another user owns or that group or others can write (anyone who can put a file in
+the sessions folder can have it restored into the model's context), and a sessions folder that
+is a symbolic link. Windows has no such modes: there only the link is refused.
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+
+from slotkeeper.core.fsutil import PRIVATE_DIR_MODE, UnsafeFolder, check_private_folder, ensure_private_folder
+
+__all__ = ["APP_NAME", "HOME_ENV", "AppPaths", "UnsafeFolder", "app_paths"]
 
 APP_NAME = "slotkeeper"
 HOME_ENV = "SLOTKEEPER_HOME"
@@ -62,13 +71,19 @@ class AppPaths:
         return self.data_dir / "history.jsonl"
 
     def ensure(self) -> AppPaths:
-        for d in (self.data_dir, self.config_dir, self.log_dir, self.cache_dir, self.state_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        self.sessions_dir.mkdir(mode=0o700, exist_ok=True)
-        try:
-            os.chmod(self.sessions_dir, 0o700)
-        except OSError:
-            pass
+        """Create the folders (0700) and check the private ones (``check_private``)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        check_private_folder(self.data_dir, "data folder", follow_symlink=True)
+        for d in (self.config_dir, self.log_dir, self.cache_dir, self.state_dir):
+            d.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        ensure_private_folder(self.sessions_dir, "sessions folder")
+        return self
+
+    def check_private(self) -> AppPaths:
+        """Raise UnsafeFolder unless the data folder (a link to a folder of ours is fine) and the
+        sessions folder (never a link) are this user's own and writable by nobody else."""
+        check_private_folder(self.data_dir, "data folder", follow_symlink=True)
+        check_private_folder(self.sessions_dir, "sessions folder", follow_symlink=False)
         return self
 
 

@@ -1,7 +1,8 @@
 """The safe save protocol, after llama-server has written a slot to ``incoming-<rand>.kv``.
 
 1. Check ``n_written > 0`` and that it equals the file size (a failed write can answer 200 with
-   ``n_written: 0``); read the token list from the file header; hash and fsync the file.
+   ``n_written: 0``); read the token list from the file header; hash the file, make it 0600
+   (llama-server writes with the umask) and fsync it.
 2. Lineage against saved sessions of the same model: tokens that extend a session update it;
    tokens diverging inside one fork a new session with ``parent``; anything else is new.
    Continuing a pinned session forks it (a pin is a snapshot).
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slotkeeper.core.fsutil import NotARegularFile, fsync_dir, fsync_file, regular_size
+from slotkeeper.core.fsutil import NotARegularFile, fsync_dir, fsync_private, regular_size
 from slotkeeper.core.sessions import kvfile, lineage
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import SessionEntry
@@ -141,7 +142,7 @@ def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> _Incom
     if header.n_tokens == 0:
         return None
     content_hash = content_hash_file(path)
-    fsync_file(path)
+    fsync_private(path)  # 0600 before it becomes a session: llama-server writes with the umask
     fault_point("after_hash")
     return _Incoming(path, header.tokens, size, content_hash)
 

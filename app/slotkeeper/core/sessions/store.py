@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from slotkeeper.core.fsutil import NotARegularFile, file_kind, fsync_dir, regular_size
+from slotkeeper.core.fsutil import NotARegularFile, ensure_private_folder, file_kind, fsync_dir, regular_size
 from slotkeeper.core.sessions import kvfile
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.folder_lock import FolderLock
@@ -64,13 +64,19 @@ def unlink_quietly(path: Path) -> None:
 
 class SessionStore:
     def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.dir = Path(directory)
+        self.ensure_folder()
         self.lock = FolderLock(self.dir / LOCK_NAME)
         # Token lists by KV file name: a KV file is never rewritten under the same name, so the
         # list read once stays true while the file's size and mtime do.
         self._tokens: dict[str, tuple[int, int, list[int]]] = {}
         self._tokens_lock = threading.Lock()
+
+    def ensure_folder(self) -> None:
+        """Create the folder again (0700) if it was deleted, and check that it is still private:
+        UnsafeFolder if it became a symbolic link, another user's, or writable by others. Call it
+        before asking llama-server to save: it cannot write into a missing folder."""
+        ensure_private_folder(self.dir, "sessions folder")
 
     @contextmanager
     def exclusive(self):
