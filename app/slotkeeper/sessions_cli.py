@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.services.sessions import SessionInUse, SessionsService
 from slotkeeper.core.sessions.compat import swa_mode
 from slotkeeper.core.sessions.entries import SessionEntry, UnmanagedFile
+from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_SECONDS
 from slotkeeper.core.sessions.in_slots import read_in_slots
 from slotkeeper.core.sessions.naming import InvalidSessionId
 from slotkeeper.core.sessions.sidecar import SidecarError
@@ -56,17 +58,37 @@ def _show(entry: SessionEntry) -> None:
         print(f"{key:<{width}}  {value}")
 
 
-def sessions_service(paths) -> SessionsService:
+def sessions_service(paths, timeout: float = LOCK_TIMEOUT_SECONDS) -> SessionsService:
     """The same rules as the app: a running engine's in-slot sessions are kept, the budget is the setting."""
-    return SessionsService(SessionStore(paths.sessions_dir), in_slots=lambda: read_in_slots(paths.in_slots_file),
+    store = SessionStore(paths.sessions_dir, lock_timeout=timeout)
+    return SessionsService(store, in_slots=lambda: read_in_slots(paths.in_slots_file),
                            budget=lambda: load_settings(paths.settings_file).budget_bytes)
+
+
+def lock_timeout() -> float:
+    """How long to wait for the folder lock: $SLOTKEEPER_LOCK_TIMEOUT seconds, default 30."""
+    text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not text:
+        return LOCK_TIMEOUT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{LOCK_TIMEOUT_ENV}={text!r} is not a number of seconds above 0")
+    return seconds
 
 
 def run_sessions_command(args: argparse.Namespace) -> int:
     try:
+        timeout = lock_timeout()
+    except ValueError as exc:
+        print(f"slotkeeper: {exc}", file=sys.stderr)
+        return 2
+    try:
         # Refuses (UnsafeFolder, an OSError) a data or sessions folder other users could write to.
         paths = app_paths(args.data_dir).ensure()
-        service = sessions_service(paths)
+        service = sessions_service(paths, timeout)
         if args.action == "list":
             listing = service.listing()
             if args.json:

@@ -24,7 +24,7 @@ from pathlib import Path
 from slotkeeper.core.fsutil import NotARegularFile, ensure_private_folder, file_kind, fsync_dir, regular_size
 from slotkeeper.core.sessions import kvfile
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
-from slotkeeper.core.sessions.folder_lock import FolderLock
+from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
 from slotkeeper.core.sessions.naming import (
     INCOMING_PREFIX,
     LOCK_NAME,
@@ -63,10 +63,10 @@ def unlink_quietly(path: Path) -> None:
 
 
 class SessionStore:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> None:
         self.dir = Path(directory)
         self.ensure_folder()
-        self.lock = FolderLock(self.dir / LOCK_NAME)
+        self.lock = FolderLock(self.dir / LOCK_NAME, lock_timeout)
         # Token lists by KV file name: a KV file is never rewritten under the same name, so the
         # list read once stays true while the file's size and mtime do.
         self._tokens: dict[str, tuple[int, int, list[int]]] = {}
@@ -79,9 +79,10 @@ class SessionStore:
         ensure_private_folder(self.dir, "sessions folder")
 
     @contextmanager
-    def exclusive(self):
-        """Exclusive use of the folder (threads and processes); see ``folder_lock``."""
-        with self.lock.held():
+    def exclusive(self, reading: bool = False):
+        """Exclusive use of the folder (threads and processes); see ``folder_lock``. ``reading``:
+        a read-only folder is read without the lock (a write raises FolderReadOnly)."""
+        with self.lock.held(reading):
             yield
 
     # -- reading --------------------------------------------------------------------------
@@ -111,7 +112,7 @@ class SessionStore:
         return SessionEntry(sc.id if sc.id == sid else sid, sc, kv, problems, size)
 
     def listing(self) -> Listing:
-        with self.exclusive():
+        with self.exclusive(reading=True):
             names = sorted(os.listdir(self.dir)) if self.dir.exists() else []
             entries: list[SessionEntry] = []
             claimed: set[str] = set()
@@ -236,7 +237,10 @@ class SessionStore:
             return entry
         problems = self.integrity_problems(entry)
         if problems:
-            self.mark_corrupt(session_id, problems[0])
+            try:
+                self.mark_corrupt(session_id, problems[0])
+            except FolderReadOnly:  # found, but it cannot be recorded: say so all the same
+                return replace(entry, problems=list(dict.fromkeys(entry.problems + problems)))
             return self.get(session_id)
         return entry
 
