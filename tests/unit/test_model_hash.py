@@ -1,4 +1,4 @@
-"""Model SHA-256 cache: hashed once, reused while unchanged, invalidated by size/mtime."""
+"""Model SHA-256 cache: hashed once, reused while unchanged, invalidated by size, mtime, inode or ctime."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,47 @@ def test_concurrent_hashes_of_different_files_all_stored(
     fresh = ModelHashCache(cache.cache_file)
     for p in paths:
         assert fresh.cached(p) == expected(p)
+
+
+def other_bytes_same_size(model: Path) -> bytes:
+    data = model.read_bytes()
+    return bytes(b ^ 0xFF for b in data[:64]) + data[64:]
+
+
+def test_another_model_copied_over_with_cp_p_is_hashed_again(cache: ModelHashCache, model: Path) -> None:
+    """`cp -p other model`: the same file (inode), the same size, the old mtime put back."""
+    old = cache.compute(model)
+    st = model.stat()
+    time.sleep(0.05)  # past the file system clock's tick, as any real copy of a model is
+    with model.open("r+b") as fh:  # in place, as cp does
+        fh.write(other_bytes_same_size(model))
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = model.stat()
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+    assert cache.cached(model) is None
+    assert cache.compute(model) == expected(model) != old
+
+
+def test_another_model_moved_into_place_is_hashed_again(cache: ModelHashCache, model: Path) -> None:
+    """A file of the same size and mtime renamed over the model: another inode."""
+    old = cache.compute(model)
+    st = model.stat()
+    other = model.with_name("other.gguf")
+    other.write_bytes(other_bytes_same_size(model))
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, model)
+    assert cache.cached(model) is None
+    assert cache.compute(model) == expected(model) != old
+
+
+def test_entries_without_inode_and_ctime_are_misses(cache: ModelHashCache, model: Path) -> None:
+    sha = cache.compute(model)
+    data = json.loads(cache.cache_file.read_text())
+    (entry,) = data["entries"].values()
+    assert {"size", "mtime_ns", "ino", "ctime_ns", "sha256"} <= entry.keys()
+    for key in ("ino", "ctime_ns"):
+        del entry[key]
+    cache.cache_file.write_text(json.dumps(data))  # as an older Slotkeeper wrote it
+    assert cache.cached(model) is None
+    assert cache.compute(model) == sha
+    assert cache.cached(model) == sha

@@ -2,9 +2,12 @@
 
 A saved KV state is only valid for the exact model that produced it, and llama-server's save
 files carry no model identity, so sessions record the model's SHA-256. Hashing a 20 GB model
-takes a minute or more, so the result is cached by (resolved path, size, mtime_ns): the next
-start reads it back without touching the model, and any change to the file (a re-download,
-an in-place edit) changes size or mtime and forces a fresh hash.
+takes a minute or more, so the result is cached by (resolved path, size, mtime_ns, inode,
+ctime_ns): the next start reads it back without touching the model. Size and mtime alone are
+not enough: `cp -p other.gguf model.gguf` writes another model of the same size into the same
+file and puts the old mtime back. It cannot put the ctime back (the kernel sets it on every
+write and every utime), and a file moved into place has another inode. Entries written before
+inode and ctime were recorded simply miss, and the model is hashed again once.
 
 The cache is a small JSON file, rewritten atomically (fsutil.atomic_write_text: temp file,
 fsync, os.replace) under a lock, so concurrent hashing threads and a crash mid-write never
@@ -43,16 +46,22 @@ class _FileKey:
     path: str  # resolved, so two spellings of one file share an entry
     size: int
     mtime_ns: int
+    ino: int
+    ctime_ns: int
 
     @classmethod
     def of(cls, path: str | Path) -> _FileKey:
         resolved = Path(path).resolve()
         st = resolved.stat()
-        return cls(str(resolved), st.st_size, st.st_mtime_ns)
+        return cls(str(resolved), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+    def fields(self) -> dict[str, int]:
+        """What an entry of the cache file records about the file (all must match for a hit)."""
+        return {"size": self.size, "mtime_ns": self.mtime_ns, "ino": self.ino, "ctime_ns": self.ctime_ns}
 
 
 class ModelHashCache:
-    """Model SHA-256s cached in ``cache_file`` (JSON), keyed by path, size and mtime."""
+    """Model SHA-256s cached in ``cache_file`` (JSON), keyed by path, size, mtime, inode and ctime."""
 
     def __init__(self, cache_file: str | Path) -> None:
         self.cache_file = Path(cache_file)
@@ -71,7 +80,7 @@ class ModelHashCache:
             return None
         with self._lock:
             entry = self._load().get(key.path)
-        if entry and entry.get("size") == key.size and entry.get("mtime_ns") == key.mtime_ns:
+        if isinstance(entry, dict) and all(entry.get(k) == v for k, v in key.fields().items()):
             sha = entry.get("sha256")
             return sha if isinstance(sha, str) else None
         return None
@@ -140,7 +149,7 @@ class ModelHashCache:
         with self._lock:
             # Re-read under the lock so entries written by other threads are kept.
             entries = self._load()
-            entries[key.path] = {"size": key.size, "mtime_ns": key.mtime_ns, "sha256": sha}
+            entries[key.path] = {**key.fields(), "sha256": sha}
             self._write({"schema_version": _SCHEMA_VERSION, "entries": entries})
 
     def _write(self, data: dict[str, Any]) -> None:
