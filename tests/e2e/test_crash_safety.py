@@ -123,7 +123,9 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
 def test_full_disk_gives_a_clear_error_and_keeps_the_previous_version(llama_model, server_bin, port, tmp_path, monkeypatch):
     small = tmp_path / "small"
     small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(small)], capture_output=True).returncode:
+    # mode=0700: a tmpfs root is 1777 by default, and a data folder others can write to is refused.
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k,mode=0700", "tmpfs", str(small)],
+                      capture_output=True).returncode:
         pytest.skip("mounting a small tmpfs needs root")
     try:
         monkeypatch.setenv("SLOTKEEPER_HOME", str(small))
