@@ -167,3 +167,13 @@ def test_other_files_are_listed_as_what_they_are_and_never_followed(home):
                      "notes.txt": ("file", 4), "subdir": ("directory", 0)}
     assert [e.status for e in listing.sessions] == ["ok", "ok"]
     assert_cli_lists(paths, GOOD)
+
+
+def test_sweeping_goes_past_what_it_cannot_remove(home):
+    _paths, store, _sc = home
+    (store.dir / "incoming-0000000000000000.kv").mkdir()  # a directory where a leftover file would be
+    (store.dir / "incoming-ffffffffffffffff.kv").write_bytes(b"half a save")
+    (store.dir / "dddddddddddd.00000000.kv").write_bytes(b"a first save that died before its sidecar")
+    removed = store.sweep()
+    assert sorted(removed) == ["dddddddddddd.00000000.kv", "incoming-ffffffffffffffff.kv"]
+    assert (store.dir / "incoming-0000000000000000.kv").is_dir()

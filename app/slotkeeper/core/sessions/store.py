@@ -190,7 +190,11 @@ class SessionStore:
                 elif m:
                     leftover = True  # a first save that died before its sidecar was written
                 if leftover:
-                    unlink_quietly(path)
+                    try:
+                        unlink_quietly(path)  # a link itself, never its target
+                    except OSError as exc:  # e.g. a directory of that name: one bad file stops nothing
+                        log.warning("could not remove %s from the sessions folder: %s", name, exc)
+                        continue
                     removed.append(name)
         if removed:
             log.info("removed leftovers of interrupted saves: %s", ", ".join(removed))
