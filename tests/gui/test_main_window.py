@@ -58,9 +58,7 @@ def test_pages_report_to_the_status_bar(qtbot, window, bridge, engine):
     assert window.activity_label.text() == ""
 
 
-def test_shortcuts_into_the_pages(window):
-    assert window.slots_panel is window.slots_page.slots_panel
-    assert window.sessions_model is window.sessions_page.sessions_model
+def test_one_page_per_tab(window):
     assert isinstance(window.server_page, ServerPage) and isinstance(window.sessions_page, SessionsPage)
 
 

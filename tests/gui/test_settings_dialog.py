@@ -73,7 +73,6 @@ def test_tabs(make_dialog):
     d = make_dialog()
     assert [d.tabs.tabText(i) for i in range(d.tabs.count())] == ["Server", "Sessions", "Disk budget"]
     assert [d.tabs.widget(i) for i in range(d.tabs.count())] == list(d.form_tabs)
-    assert d.preview_title is d.disk_tab.preview_title
 
 
 def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dialog):

@@ -13,13 +13,11 @@ from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QTabWidget, QWid
 from slotkeeper.core import events as ev
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
-from slotkeeper.gui.gauges import SlotsPanel
 from slotkeeper.gui.notifications import ERROR, WARNING
 from slotkeeper.gui.pages.history_page import HistoryPage
 from slotkeeper.gui.pages.server_page import ServerPage
 from slotkeeper.gui.pages.sessions_page import SessionsPage
 from slotkeeper.gui.pages.slots_page import SlotsPage
-from slotkeeper.gui.sessions_model import SessionsTableModel
 
 TABS = ("server", "slots", "history", "sessions")
 STATUS_MS = 10_000
@@ -57,14 +55,6 @@ class MainWindow(QMainWindow):
         bridge.on(ev.ActivityChanged, self._on_activity)
 
     # Shortcuts into the pages for callers that only know the window (the desktop scenario).
-    @property
-    def slots_panel(self) -> SlotsPanel:
-        return self.slots_page.slots_panel
-
-    @property
-    def sessions_model(self) -> SessionsTableModel:
-        return self.sessions_page.sessions_model
-
     # -- building -------------------------------------------------------------------------
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")

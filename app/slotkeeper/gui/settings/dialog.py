@@ -90,11 +90,6 @@ class SettingsDialog(QDialog):
     def form_tabs(self) -> tuple[FormTab, ...]:
         return (self.server_tab, self.sessions_tab, self.disk_tab)
 
-    @property
-    def preview_title(self) -> QLabel:
-        """What the budget would delete (the desktop scenario waits for it)."""
-        return self.disk_tab.preview_title
-
     # -- the fields -----------------------------------------------------------------------
     def settings(self) -> Settings:
         """The settings the fields describe; SettingsError / ValueError say what is wrong."""
