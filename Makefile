@@ -35,6 +35,19 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check app tests bench
 	$(BIN)/python -m pytest
 
+# Opt-in: the desktop scenario 20 times in a row; every launch and quit must exit cleanly.
+.PHONY: stress-desktop
+stress-desktop: export SLOTKEEPER_REQUIRE_SERVER = 1
+stress-desktop: $(VENV)/.installed-test
+	bash tests/system-deps.sh
+	SLOTKEEPER_DESKTOP_ROUNDS=20 $(BIN)/python -m pytest tests/desktop -q
+
+# Opt-in, about 10 minutes (SLOTKEEPER_SOAK_SECONDS): four chat clients on four slots while
+# llama-server and Slotkeeper are killed, then proof that no idle conversation was lost.
+.PHONY: soak
+soak: $(VENV)/.installed-test
+	SLOTKEEPER_SOAK=1 SLOTKEEPER_REQUIRE_SERVER=1 $(BIN)/python -m pytest tests/soak -s -q
+
 clean:
 	rm -rf $(VENV) build dist .pytest_cache
 

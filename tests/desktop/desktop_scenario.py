@@ -24,7 +24,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from slotkeeper.cli import build_parser, load_run_settings
-from slotkeeper.gui.application import SlotkeeperApp
+from slotkeeper.gui.application import SlotkeeperApp, run_gui
 
 TURNS = [
     "Hello there, I would like to talk about the weather in the mountains this week.",
@@ -51,9 +51,10 @@ def conversation(url: str) -> list[dict]:
 
 
 class Scenario:
-    def __init__(self, phase: str, result_path: Path, shots: Path, sk: SlotkeeperApp) -> None:
+    def __init__(self, phase: str, result_path: Path, shots: Path, sk: SlotkeeperApp, result: dict) -> None:
         self.phase, self.result_path, self.shots, self.sk = phase, result_path, shots, sk
-        self.result: dict = {"phase": phase, "steps": []}
+        self.result = result
+        result.update(phase=phase, steps=[])
         self.gen = self.run()
 
     # A generator drives the scenario: each `yield condition` waits (in the event loop) until
@@ -98,7 +99,7 @@ class Scenario:
         return (lambda: time.monotonic() >= until, seconds + 5, f"{seconds} s")
 
     def gauge(self):
-        gauges = self.sk.window.slots_panel.gauges
+        gauges = self.sk.window.slots_page.slots_panel.gauges
         return gauges[0].figures if gauges else None
 
     def in_thread(self, fn):
@@ -143,13 +144,13 @@ class Scenario:
             yield self.pause(0.3)
             self.shot("main-window-slots.png")
             sk.window.show_tab("Sessions")
-            yield (lambda: sk.window.sessions_model.rowCount() == 1, 20, "the sessions table")
+            yield (lambda: sk.window.sessions_page.sessions_model.rowCount() == 1, 20, "the sessions table")
             self.shot("main-window-sessions.png")
             sk.open_settings()
             yield (lambda: sk.settings_dialog is not None and sk.settings_dialog.isVisible(), 10, "settings")
             dialog = sk.settings_dialog
             dialog.tabs.setCurrentIndex(2)  # "Disk budget": usage and what a prune would delete
-            yield (lambda: not dialog.preview_title.text().startswith("Working out"), 20, "the prune preview")
+            yield (lambda: not dialog.disk_tab.preview_title.text().startswith("Working out"), 20, "the prune preview")
             yield self.pause(0.3)
             self.shot("settings.png")
             dialog.reject()
@@ -194,16 +195,17 @@ def main() -> int:
     argv = sys.argv[sys.argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
     paths, service, settings = load_run_settings(args, [])
-    app = QApplication(sys.argv[:1])
-    app.setQuitOnLastWindowClosed(False)
-    sk = SlotkeeperApp(paths, settings, service, start_now=True, first_run=False)
-    sk.finished.connect(app.quit)
-    scenario = Scenario(phase, result_path, shots, sk)
-    QTimer.singleShot(0, scenario.start)
-    code = app.exec()
-    scenario.result["exit_code"] = code
-    scenario.result["done"] = sk.done
-    scenario.save()
+    result: dict = {"done": False}
+
+    def started(sk: SlotkeeperApp) -> None:
+        # The app as users run it (run_gui: its exit path included), driven from inside.
+        scenario = Scenario(phase, result_path, shots, sk, result)
+        sk.finished.connect(lambda: result.update(done=sk.done))
+        QTimer.singleShot(0, scenario.start)
+
+    code = run_gui(None, paths, service, settings, start_now=True, first_run=False, on_started=started)
+    result["exit_code"] = code
+    Path(result_path).write_text(json.dumps(result, indent=2, default=str))
     return code
 
 

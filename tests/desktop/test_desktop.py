@@ -48,7 +48,13 @@ def run_phase(phase, env, home, shots, model, server_bin, port):
     return data
 
 
-def test_tray_gauge_quit_saves_relaunch_restores(desktop, tmp_path, llama_model, server_bin, port):
+# `make stress-desktop` runs the whole scenario (two launches and quits) this many times in a row:
+# the app must exit cleanly (code 0, no abort at exit) every time.
+ROUNDS = int(os.environ.get("SLOTKEEPER_DESKTOP_ROUNDS", "1"))
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_tray_gauge_quit_saves_relaunch_restores(desktop, tmp_path, llama_model, server_bin, port, round_):
     home = tmp_path / "home"
     shots = tmp_path / "shots"
     shots.mkdir()

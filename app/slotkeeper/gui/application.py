@@ -8,6 +8,7 @@ background job while a progress dialog shows what is being saved, then leaves th
 from __future__ import annotations
 
 import argparse
+import gc
 import getpass
 import hashlib
 import logging
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSystemTrayIcon
 
@@ -299,10 +300,13 @@ def _install_signal_handlers(on_signal: Callable[[], None]) -> Callable[[], None
 
 
 def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsService, settings: Settings,
-            start_now: bool = False) -> int:
+            start_now: bool = False, first_run: bool = True,
+            on_started: Callable[[SlotkeeperApp], None] | None = None) -> int:
     """Run the desktop app until Quit. ``settings`` are this run's (saved + command line);
-    ``start_now`` starts the server at once (a model was given on the command line).
+    ``start_now`` starts the server at once (a model was given on the command line);
+    ``on_started(app)`` runs once everything is built (the desktop test drives the app from it).
     Returns the process exit code: 0, also when another instance was asked to show itself."""
+    owned = QApplication.instance() is None  # ours to shut down (a test's shared one is not)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("slotkeeper")
     app.setApplicationDisplayName(APP_DISPLAY_NAME)
@@ -310,7 +314,20 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsS
     app.setDesktopFileName("slotkeeper")
     app.setWindowIcon(icons.app_icon())
     app.setQuitOnLastWindowClosed(False)
+    code = _run(app, args, paths, service, settings, start_now, first_run, on_started)
+    # Every Qt object of ours is deleted in _run; their Python wrappers go now, while Python is
+    # whole. Left to the interpreter's final collection, PySide wrappers can crash the process at
+    # exit ("bool_dealloc"), which a user sees as "Slotkeeper quit unexpectedly".
+    gc.collect()
+    if owned:
+        app.shutdown()
+        gc.collect()
+    return code
 
+
+def _run(app: QApplication, args: argparse.Namespace | None, paths: AppPaths, service: SettingsService,
+         settings: Settings, start_now: bool, first_run: bool,
+         on_started: Callable[[SlotkeeperApp], None] | None) -> int:
     instance = SingleInstance(instance_key(paths))
     if instance.notify_running():
         log.info("Slotkeeper is already running for %s; asked it to show its window", paths.data_dir)
@@ -319,7 +336,8 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsS
     hide_dock_icon()
 
     try:
-        sk = SlotkeeperApp(paths, settings, service, resume_id=getattr(args, "resume", None), start_now=start_now)
+        sk = SlotkeeperApp(paths, settings, service, resume_id=getattr(args, "resume", None), start_now=start_now,
+                           first_run=first_run)
     except EngineError as exc:  # e.g. `slotkeeper serve` already uses this data folder
         log.error("%s", exc)
         QMessageBox.critical(None, APP_DISPLAY_NAME, f"Slotkeeper cannot start: {exc}.")
@@ -340,6 +358,8 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsS
             sk.done = True
 
     app.aboutToQuit.connect(on_about_to_quit)
+    if on_started is not None:
+        on_started(sk)
     restore_signals = _install_signal_handlers(sk.request_quit)
     tick = QTimer()
     tick.timeout.connect(lambda: None)
@@ -353,5 +373,7 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsS
         if not sk.done:
             on_about_to_quit()
         instance.close()
-        sk.deleteLater()
+        for obj in (sk, instance, tick):
+            obj.deleteLater()
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
     return int(code)

@@ -1,0 +1,28 @@
+"""The Qt binding itself: defects of a PySide6 release that would crash the app are caught here."""
+
+from __future__ import annotations
+
+import sys
+
+from PySide6.QtCore import QObject, Signal
+
+
+class _Emitter(QObject):
+    flag = Signal(bool)
+    anything = Signal(object)
+    outcome = Signal(int, bool, object)  # the shape of JobRunner's delivery signal
+
+
+def test_emitting_bools_keeps_their_reference_counts(qtbot):
+    # PySide6 6.12.0 dropped a reference to True/False on every emit with a bool argument; after
+    # enough emits (each background job emits one) the interpreter aborted at exit with
+    # "Fatal Python error: bool_dealloc". pyproject.toml excludes that release.
+    e = _Emitter()
+    e.flag.connect(lambda _v: None)
+    before = sys.getrefcount(True), sys.getrefcount(False)
+    for _ in range(50):
+        e.flag.emit(True)
+        e.flag.emit(False)
+        e.anything.emit(True)
+        e.outcome.emit(1, False, None)
+    assert (sys.getrefcount(True), sys.getrefcount(False)) == before
