@@ -48,12 +48,6 @@ stress-desktop: $(VENV)/.installed-test
 soak: $(VENV)/.installed-test
 	SLOTKEEPER_SOAK=1 SLOTKEEPER_REQUIRE_SERVER=1 $(BIN)/python -m pytest tests/soak -s -q
 
-# Opt-in, about 10 minutes (SLOTKEEPER_SOAK_SECONDS): four chat clients on four slots while
-# llama-server and Slotkeeper are killed, then proof that no idle conversation was lost.
-.PHONY: soak
-soak: $(VENV)/.installed-test
-	SLOTKEEPER_SOAK=1 SLOTKEEPER_REQUIRE_SERVER=1 $(BIN)/python -m pytest tests/soak -s -q
-
 clean:
 	rm -rf $(VENV) build dist .pytest_cache
 
