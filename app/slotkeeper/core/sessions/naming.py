@@ -59,3 +59,8 @@ def new_incoming_name() -> str:
 def is_hidden_or_in_progress(name: str) -> bool:
     """Files a watcher or a listing can ignore: saves in progress, the lock, temporary files."""
     return name.startswith((INCOMING_PREFIX, "."))
+
+
+def owns_kv_file(session_id: str, kv_file: str) -> bool:
+    """A session's KV file is named after it (``<id>.<gen>.kv``); one saved under another id is not its."""
+    return kv_file.startswith(f"{session_id}.")

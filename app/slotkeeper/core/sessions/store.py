@@ -31,6 +31,7 @@ from slotkeeper.core.sessions.naming import (
     OWN_KV_RE,
     SIDECAR_NAME_RE,
     InvalidSessionId,
+    owns_kv_file,
     sidecar_name,
     validate_session_id,
 )
@@ -102,6 +103,9 @@ class SessionStore:
         problems: list[str] = []
         if sc.id != sid:
             problems.append(f"sidecar {sidecar_path.name} claims id {sc.id}")
+        if not owns_kv_file(sid, sc.kv_file):
+            # A sidecar copied under another name: the file is another session's (or no one's).
+            problems.append(f"its KV file {sc.kv_file} belongs to another session")
         if sc.corrupt:
             problems.append(f"damaged: {sc.corrupt['reason']}")
         size, kv_problem = kv_file_state(kv)
@@ -225,7 +229,9 @@ class SessionStore:
         validate_session_id(session_id)
         with self.exclusive():
             entry = self.get(session_id)
-            kv_names = {entry.sidecar.kv_file} if entry.sidecar else set()
+            # Only this session's own files: a sidecar copied under another id must not take
+            # another session's conversation with it.
+            kv_names = {entry.sidecar.kv_file} if entry.sidecar and owns_kv_file(session_id, entry.sidecar.kv_file) else set()
             kv_names |= {n for n in os.listdir(self.dir) if (m := OWN_KV_RE.match(n)) and m.group(1) == session_id}
             unlink_quietly(self.sidecar_path(session_id))  # sidecar first: a half-deleted session is a leftover
             fsync_dir(self.dir)
