@@ -382,11 +382,14 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
 def _data_folder_problem(data_dir: str | None) -> str | None:
     """Why the data folder cannot be used (created where missing), in words; None when it can."""
+    from slotkeeper.core.fsutil import UnsafeFolder
     from slotkeeper.core.paths import app_paths
 
     paths = app_paths(data_dir)
     try:
         paths.ensure()
+    except UnsafeFolder as exc:  # says which folder, why and what to do
+        return str(exc)
     except OSError as exc:
         where = exc.filename or paths.data_dir
         if isinstance(exc, FileExistsError):

@@ -594,6 +594,10 @@ class Engine:
         self._set_slot(slot, state="restoring")
         http = self._client()
         try:
+            try:
+                await self.loop.run_io(self.store.ensure_folder)
+            except OSError as exc:
+                raise RestoreRefused(session_id, [str(exc)]) from exc
             entry = await self.loop.run_io(check_restorable, self.store, session_id, facts)
             assert entry.sidecar is not None
             try:
@@ -669,6 +673,7 @@ class Engine:
     async def _write_session(self, http: LlamaClient, ctx: SaveContext, slot: int, current_id: str | None,
                              timeout: float) -> SaveOutcome:
         """llama-server writes the slot; the save protocol turns the file into a session. Raises."""
+        await self.loop.run_io(self.store.ensure_folder)  # recreated if deleted; still private
         name = new_incoming_name()
         try:
             result = await self.loop.run_io(http.save_slot, slot, name, timeout)
