@@ -99,3 +99,11 @@ def test_verify_reports_on_the_status_line(qtbot, page, bridge, sessions_dir):
     assert messages == ["Verifying…"]
     qtbot.waitUntil(lambda: len(messages) == 2, timeout=10_000)
     assert messages[1] == "“Epsilon” verified: size and content hash match"
+
+
+def test_files_that_are_not_slotkeepers_are_shown_but_not_counted(qtbot, page, bridge, sessions_dir):
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Alpha", size=4096)
+    (sessions_dir / "junk1.bin").write_bytes(b"\0" * 10_000_000)  # e.g. written through llama-server's API
+    qtbot.waitUntil(lambda: "not counted" in page.usage_label.text(), timeout=10_000)
+    assert "1 other file(s), 9.5 MiB" in page.usage_label.text()
+    assert "4.0 KiB of 20.0 GiB budget" in page.usage_bar.format(), "the budget counts conversations only"

@@ -149,7 +149,8 @@ class SessionsPage(QWidget):
         self.usage_bar.setStyleSheet(OVER_BUDGET_STYLE if over else "")
         extra = []
         if listing.unmanaged:
-            extra.append(f"{len(listing.unmanaged)} other file(s), {human_bytes(listing.unmanaged_bytes)}")
+            extra.append(f"{len(listing.unmanaged)} other file(s), {human_bytes(listing.unmanaged_bytes)}, "
+                         "not Slotkeeper's: not counted")
         if over:
             extra.append("over budget: pinned or in-use sessions cannot be pruned")
         self.usage_label.setText("; ".join(extra))

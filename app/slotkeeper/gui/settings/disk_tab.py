@@ -160,7 +160,8 @@ class DiskTab(FormTab):
         n = len(listing.sessions)
         text = f"{human_bytes(listing.total_bytes)} in {n} saved conversation{'s' if n != 1 else ''}"
         if listing.unmanaged:
-            text += f" (and {human_bytes(listing.unmanaged_bytes)} in other files there)"
+            text += (f" (and {human_bytes(listing.unmanaged_bytes)} in other files there, which are not "
+                     "Slotkeeper's and do not count)")
         self.usage_note.setText(text)
         self._preview_timer.start()
 
@@ -186,7 +187,7 @@ class DiskTab(FormTab):
                     self.preview_list.addItem(f"{c.title} — {human_bytes(c.size_bytes)}")
             if plan.over_budget_after:
                 self.preview_title.setText(self.preview_title.text() + "\nStill over budget afterwards: "
-                                           "pinned conversations and other files alone exceed it.")
+                                           "pinned conversations and the ones in a slot alone exceed it.")
 
         def failed(exc: BaseException) -> None:
             if not self.closing and seq == self._preview_seq:
