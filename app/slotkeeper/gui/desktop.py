@@ -23,12 +23,16 @@ def _frozen() -> bool:
     return bool(getattr(sys, "frozen", False))
 
 
-def _start_detached(argv: list[str]) -> None:
+def _start_detached(argv: list[str]) -> bool:
     kwargs: dict = {"env": child_environment(), "stdin": subprocess.DEVNULL,
                     "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     if os.name != "nt":
         kwargs["start_new_session"] = True
-    subprocess.Popen(argv, **kwargs)  # noqa: S603 - a fixed opener and our own URL/path
+    try:
+        subprocess.Popen(argv, **kwargs)  # noqa: S603 - a fixed opener and our own URL/path
+    except OSError:  # no such opener on this system
+        return False
+    return True
 
 
 def _opener() -> list[str]:
@@ -39,20 +43,28 @@ def _opener() -> list[str]:
     return ["xdg-open"]
 
 
-def open_url(url: str) -> None:
+def open_url(url: str) -> bool:
+    """Open ``url`` in the user's browser; False when nothing could be started to open it."""
     if _frozen():
-        _start_detached([*_opener(), url])
-    else:
-        QDesktopServices.openUrl(QUrl(url))
+        return _start_detached([*_opener(), url])
+    return bool(QDesktopServices.openUrl(QUrl(url)))
 
 
-def reveal_in_file_manager(path: Path) -> None:
-    """Open the folder holding ``path`` with the file selected where the platform allows."""
+def reveal_in_file_manager(path: Path) -> bool:
+    """Open the folder holding ``path`` with the file selected where the platform allows;
+    False when no file manager could be started."""
     if sys.platform == "darwin":
-        _start_detached(["open", "-R", str(path)])
-    elif os.name == "nt":
-        _start_detached(["explorer", "/select,", str(path)])
-    elif _frozen():
-        _start_detached(["xdg-open", str(path.parent)])
-    else:
-        QDesktopServices.openUrl(QUrl.fromLocalFile(str(path.parent)))
+        return _start_detached(["open", "-R", str(path)])
+    if os.name == "nt":
+        return _start_detached(["explorer", "/select,", str(path)])
+    if _frozen():
+        return _start_detached(["xdg-open", str(path.parent)])
+    return bool(QDesktopServices.openUrl(QUrl.fromLocalFile(str(path.parent))))
+
+
+def no_browser_message(url: str) -> str:
+    return f"No web browser could be started here; open {url} yourself (the address is on the clipboard)."
+
+
+def no_file_manager_message(path: Path) -> str:
+    return f"No file manager could be started here; the file is {path} (the path is on the clipboard)."

@@ -19,7 +19,7 @@ from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
-from slotkeeper.gui.desktop import open_url
+from slotkeeper.gui.desktop import no_browser_message, open_url
 from slotkeeper.gui.notifications import ERROR, WARNING
 from slotkeeper.gui.sessions_model import relative_time
 
@@ -205,7 +205,10 @@ class TrayController(QObject):
             b.stop_server(save=True)
 
     def open_chat(self) -> None:
-        open_url(self.bridge.base_url)
+        url = self.bridge.base_url
+        if not open_url(url):
+            QGuiApplication.clipboard().setText(url)
+            self.show_message("Open chat in browser", no_browser_message(url), WARNING)
 
     def copy_address(self) -> None:
         QGuiApplication.clipboard().setText(api_address(self.bridge.base_url))

@@ -21,7 +21,7 @@ from slotkeeper.core import events as ev
 from slotkeeper.core.server.state import STOPPED_STATES, ServerState
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge, initial_log
-from slotkeeper.gui.desktop import open_url
+from slotkeeper.gui.desktop import no_browser_message, open_url
 from slotkeeper.gui.log_view import LogView
 from slotkeeper.gui.tray import api_address
 
@@ -136,7 +136,7 @@ class ServerPage(QWidget):
         self.restart_action.setToolTip("Saves every changed conversation, then restarts llama-server")
         self.restart_action.triggered.connect(bridge.restart_server)
         self.open_chat_action = QAction("Open chat in browser", self)
-        self.open_chat_action.triggered.connect(lambda: open_url(bridge.base_url))
+        self.open_chat_action.triggered.connect(self.open_chat)
         self.copy_action = QAction("Copy API address", self)
         self.copy_action.triggered.connect(self.copy_address)
         buttons = QHBoxLayout()
@@ -263,6 +263,12 @@ class ServerPage(QWidget):
             self.uptime_label.setText(format_duration(time.time() - started_at))
         else:
             self.uptime_label.setText("—")
+
+    def open_chat(self) -> None:
+        url = self.bridge.base_url
+        if not open_url(url):
+            QGuiApplication.clipboard().setText(url)
+            self.statusMessage.emit(no_browser_message(url))
 
     def copy_address(self) -> None:
         address = api_address(self.bridge.base_url)

@@ -4,6 +4,7 @@ them: resume, pin, delete (after asking), verify, show in the file manager."""
 from __future__ import annotations
 
 from PySide6.QtCore import QItemSelectionModel, Qt, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -24,7 +25,7 @@ from slotkeeper.core.server.state import STOPPED_STATES
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge
-from slotkeeper.gui.desktop import reveal_in_file_manager
+from slotkeeper.gui.desktop import no_file_manager_message, reveal_in_file_manager
 from slotkeeper.gui.sessions_model import COLUMN, ENTRY_ROLE, SessionsFilterProxy, SessionsTableModel
 
 OVER_BUDGET_STYLE = "QProgressBar::chunk { background: #dc2626; }"
@@ -255,4 +256,7 @@ class SessionsPage(QWidget):
         entry = self.current_entry()
         if entry is None:
             return
-        reveal_in_file_manager(self.bridge.session_file(entry))
+        path = self.bridge.session_file(entry)
+        if not reveal_in_file_manager(path):
+            QGuiApplication.clipboard().setText(str(path))
+            self.statusMessage.emit(no_file_manager_message(path))
