@@ -128,3 +128,23 @@ def test_sigterm_quits_like_quit(qtbot, paths):
                    start_now=False)
     assert code == 0
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+
+
+def test_quit_says_when_conversations_could_not_be_saved(qtbot, paths, monkeypatch):
+    from slotkeeper.core.views import SavesReport
+
+    app = SlotkeeperApp(paths, Settings().with_profile(model_path=DEMO_MODEL), tray_available=False)
+    qtbot.addWidget(app.window)
+
+    async def close_async(save=True, timeout=0.0):
+        return SavesReport(unsaved=(0, 1))  # as when the disk is full at Quit
+
+    monkeypatch.setattr(app.engine, "close_async", close_async)
+    app.request_quit()
+    qtbot.waitUntil(lambda: app.unsaved_box is not None and app.unsaved_box.isVisible(), timeout=10_000)
+    assert "2 conversations could not be saved" in app.unsaved_box.text()
+    assert not app.done, "Quit waits until the person has seen it (or the notice times out)"
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.unsaved_box.accept()
+    assert app.done and app.exit_code == 1
+    app.deleteLater()

@@ -26,6 +26,7 @@ from slotkeeper.core.events import ActivityChanged
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings
+from slotkeeper.core.views import SavesReport
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.first_run import FirstRunDialog
@@ -39,7 +40,8 @@ log = logging.getLogger(__name__)
 APP_DISPLAY_NAME = "Slotkeeper"
 SHOW_MESSAGE = b"show\n"
 CONNECT_TIMEOUT_MS = 1000
-SIGNAL_TICK_MS = 200  # lets Python run its signal handlers while Qt's loop is in C++
+SIGNAL_TICK_MS = 200
+UNSAVED_NOTICE_MS = 30_000  # how long the "could not be saved" notice waits before Quit goes on  # lets Python run its signal handlers while Qt's loop is in C++
 
 
 # -- one instance per data folder -----------------------------------------------------------
@@ -158,6 +160,8 @@ class SlotkeeperApp(QObject):
         self.progress: QProgressDialog | None = None
         self.quitting = False
         self.done = False
+        self.exit_code = 0  # 1 when conversations could not be saved at Quit
+        self.unsaved_box: QMessageBox | None = None
         if tray_available is None:
             tray_available = QSystemTrayIcon.isSystemTrayAvailable()
         if tray_available:
@@ -256,11 +260,34 @@ class SlotkeeperApp(QObject):
             self.progress.setValue(total)
             self.progress.setLabelText("Stopping llama-server…")
 
-    def _finish(self) -> None:
+    def _finish(self, report: SavesReport) -> None:
         if self.progress is not None:
             self.progress.close()
             self.progress.deleteLater()
             self.progress = None
+        if not report.ok:
+            self.exit_code = 1
+            self._say_unsaved(report)
+            return
+        self._done()
+
+    def _say_unsaved(self, report: SavesReport) -> None:
+        """Changed conversations could not be saved before the server stopped: say so before leaving
+        (the box closes itself after a while, so a logout is not held up)."""
+        n = len(report.unsaved)
+        box = QMessageBox(QMessageBox.Icon.Warning, APP_DISPLAY_NAME,
+                          f"{n} conversation{'s' if n != 1 else ''} could not be saved before llama-server "
+                          "stopped, and will have to be read again from the start next time.",
+                          QMessageBox.StandardButton.Ok)
+        box.setInformativeText("The reason is in the notifications and in the log (Server tab).")
+        box.setWindowIcon(icons.app_icon())
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.finished.connect(lambda _r: self._done())
+        QTimer.singleShot(UNSAVED_NOTICE_MS, box, box.accept)
+        self.unsaved_box = box
+        box.open()
+
+    def _done(self) -> None:
         self.done = True
         self.dispose()
         self.finished.emit()
@@ -343,7 +370,7 @@ def _run(app: QApplication, args: argparse.Namespace | None, paths: AppPaths, se
         QMessageBox.critical(None, APP_DISPLAY_NAME, f"Slotkeeper cannot start: {exc}.")
         return 1
     instance.showRequested.connect(lambda: sk.show_window())
-    sk.finished.connect(app.quit)
+    sk.finished.connect(lambda: app.exit(sk.exit_code))
 
     def on_about_to_quit() -> None:
         # Quit from outside our menu (the desktop session ending): still save before leaving.

@@ -31,7 +31,7 @@ from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.sessions.naming import is_hidden_or_in_progress, sidecar_name
 from slotkeeper.core.settings import Settings
-from slotkeeper.core.views import Activity, SlotView
+from slotkeeper.core.views import Activity, SavesReport, SlotView
 from slotkeeper.gui.jobs import JobRunner, describe_error
 
 log = logging.getLogger(__name__)
@@ -395,13 +395,14 @@ class EngineBridge(QObject):
         self.apply_settings(self.settings.with_profile(model_path=model_path))
 
     # -- shutdown -------------------------------------------------------------------------
-    def shutdown(self, on_done: Callable[[], None]) -> None:
-        """Quit: save every changed slot, stop the server, end the engine loop; then ``on_done``."""
+    def shutdown(self, on_done: Callable[[SavesReport], None]) -> None:
+        """Quit: save every changed slot, stop the server, end the engine loop; then
+        ``on_done(report)`` with what could not be saved."""
         self.quitting = True
 
-        def finished(_: Any = None) -> None:
+        def finished(report: SavesReport | None = None) -> None:
             self.engine.dispose()
-            on_done()
+            on_done(report or SavesReport())
 
         def failed(exc: BaseException) -> None:
             log.error("stopping on quit failed: %s", exc)
@@ -411,7 +412,7 @@ class EngineBridge(QObject):
         try:
             future = self.engine.post(self.engine.close_async(True))
         except RuntimeError:  # already shut down
-            on_done()
+            on_done(SavesReport())
             return
         self.jobs.watch(future, on_success=finished, on_failure=failed,
                         description="Saving conversations and stopping llama-server")
