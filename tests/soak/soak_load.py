@@ -7,12 +7,15 @@ Timeline (wall clock, so the figures line up with serve's log):
   until a second after it was closed (llama-server stops generating when it notices).
 - ``down``: from each kill until Slotkeeper says ``ready`` again (after a llama-server crash:
   restarted and slots restored; after Slotkeeper's own death: the new `serve` adopted the server).
+  Killing llama-server also wipes what its slots held and Slotkeeper had not saved yet.
 
 A conversation state "had an idle pause" when all of these hold:
 
 1. the last request before the pause succeeded (a complete reply, not a cancelled stream, not a
    request that failed in an outage): clients pause only then;
 2. the pause lies inside one up period: no outage from its start until a second after its end;
+   and llama-server was not killed between that request and the pause (a client may pause twice
+   in a row: a crash between the two pauses took the state with it, unless it was saved before);
 3. the autosave policy had to save it within the pause. A slot is saved once it has been idle
    ``--idle-save`` seconds, but while another slot generates the save waits (``autosave.py``:
    a save stalls llama-server's task loop), up to a minute. So the pause must contain a stretch
@@ -23,8 +26,8 @@ A conversation state "had an idle pause" when all of these hold:
    A pause longer than the longest wait (``MAX_DEFER_SECONDS``) qualifies whatever the others did.
 
 A pause that misses one of these is counted but not required on disk; the figures say how many.
-The state each client leaves its slot in when the load stops (last request complete) must be on
-disk too: SIGTERM saves every changed slot.
+The state each client leaves its slot in when the load stops (last request complete, llama-server
+not killed since) must be on disk too: SIGTERM saves every changed slot.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class State:
     finish: str  # finish_reason of the last reply
     last_piece: str  # the last reply's last token, as text
     n_tokens: int  # prompt + reply tokens of the last request
+    created: float  # when the request that led to this state was sent
     start: float
     end: float
 
@@ -131,17 +135,17 @@ class Timeline:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.busy: list[tuple[float, float]] = []
-        self.down: list[list[float | None]] = []  # [start, end or None while down]
+        self.down: list[list] = []  # [start, end or None while down, llama-server's slots wiped]
         self.events: list[tuple[float, str]] = []
 
     def add_busy(self, start: float, end: float) -> None:
         with self.lock:
             self.busy.append((start, end))
 
-    def outage_begins(self, what: str) -> float:
+    def outage_begins(self, what: str, wipes_slots: bool) -> float:
         t = now()
         with self.lock:
-            self.down.append([t, None])
+            self.down.append([t, None, wipes_slots])
             self.events.append((t, what))
         return t
 
@@ -154,7 +158,12 @@ class Timeline:
 
     def up_throughout(self, start: float, end: float) -> bool:
         with self.lock:
-            return not any(a <= end and (b is None or b >= start) for a, b in self.down)
+            return not any(a <= end and (b is None or b >= start) for a, b, _ in self.down)
+
+    def slots_kept(self, start: float, end: float) -> bool:
+        """llama-server was not killed between ``start`` and ``end``."""
+        with self.lock:
+            return not any(wiped and start <= a <= end for a, _, wiped in self.down)
 
     def quiet_gap(self, start: float, end: float) -> float:
         """The longest stretch of [start, end] with no request in flight on any slot."""
@@ -183,10 +192,12 @@ class Timeline:
 
     def must_be_saved(self, s: State) -> str | None:
         """None when the state had an idle pause the engine had to save; otherwise why not."""
-        if s.kind == "shutdown":
-            return None if self.up_throughout(s.start, s.end) else "outage"
-        if not self.up_throughout(s.start, s.end + AFTER_PAUSE_UP):
+        if not self.up_throughout(s.start, s.end + (AFTER_PAUSE_UP if s.kind == "pause" else 0.0)):
             return "outage"
+        if not self.slots_kept(s.created, s.end):
+            return "llama-server killed since the last request"
+        if s.kind == "shutdown":
+            return None
         if s.end - s.start >= IDLE_SAVE + MAX_DEFER_SECONDS + POLL_SLACK + END_SLACK:
             return None  # saved even if the other slots never rested
         if self.quiet_gap(s.start + IDLE_SAVE + POLL_SLACK, s.end - END_SLACK) < QUIET_NEEDED:
@@ -331,7 +342,7 @@ class Cluster:
 
     def kill_llama_server(self) -> None:
         pid = llama_server_pid(self.data_dir)
-        t = self.timeline.outage_begins(f"SIGKILL llama-server pid {pid}")
+        t = self.timeline.outage_begins(f"SIGKILL llama-server pid {pid}", wipes_slots=True)
         os.kill(pid, signal.SIGKILL)
         self.kills["llama-server"] += 1
         self.serve.wait_ready(t, 180)  # the supervisor restarted it and restored the slots
@@ -342,7 +353,7 @@ class Cluster:
 
     def kill_slotkeeper(self) -> None:
         pid = llama_server_pid(self.data_dir)
-        self.timeline.outage_begins(f"SIGKILL slotkeeper serve pid {self.serve.proc.pid}")
+        self.timeline.outage_begins(f"SIGKILL slotkeeper serve pid {self.serve.proc.pid}", wipes_slots=False)
         self.serve.kill()
         self.kills["slotkeeper"] += 1
         assert process_alive(pid), "llama-server died with Slotkeeper"
@@ -399,6 +410,7 @@ class ChatClient(threading.Thread):
         self.conv = ""
         self.last_ok = False  # the last request gave a complete reply
         self.last_meta = ("", "", 0)  # finish_reason, last token text, tokens in the slot
+        self.last_sent = 0.0  # when the last request that succeeded was sent
         self.final: State | None = None
 
     # -- the user ---------------------------------------------------------------------------
@@ -496,7 +508,7 @@ class ChatClient(threading.Thread):
     def state(self, kind: str, start: float, end: float) -> State:
         finish, piece, n_tokens = self.last_meta
         return State(kind, self.n, self.conv, tuple(copy.deepcopy(self.messages)), finish, piece, n_tokens,
-                     start, end)
+                     self.last_sent, start, end)
 
     # -- the wire ---------------------------------------------------------------------------
     def post(self, body: dict, cancel_after: int | None = None) -> dict | None:
@@ -518,6 +530,7 @@ class ChatClient(threading.Thread):
                 status, out, end = None, type(exc).__name__, now()
             self.timeline.add_busy(start, end)
             if status == 200:
+                self.last_sent = start
                 return out
             if status is None or status in OUTAGE_STATUSES:  # the server is restarting: wait and retry
                 self.last_ok = False

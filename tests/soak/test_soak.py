@@ -262,7 +262,8 @@ def write_record(path, t0: float, timeline: Timeline, states) -> None:
     record = {
         "seed": SEED, "t0": t0,
         "events": [{"at": t - t0, "what": what} for t, what in timeline.events],
-        "states": [{"kind": s.kind, "conv": s.conv, "slot": s.client, "start": s.start - t0, "end": s.end - t0,
+        "states": [{"kind": s.kind, "conv": s.conv, "slot": s.client, "created": s.created - t0,
+                    "start": s.start - t0, "end": s.end - t0,
                     "verdict": timeline.must_be_saved(s) or "required", "finish": s.finish,
                     "messages": list(s.messages)} for s in states],
     }
