@@ -298,3 +298,17 @@ def test_candidate_order_only_breaks_ties(
         )
     }
     assert len(verdicts) == 1
+
+
+def test_a_short_conversation_is_not_updated_by_another_with_the_same_system_prompt():
+    system = list(range(1000, 1040))  # a 40-token system prompt both chats share
+    first = system + [3, 900, 13, 901, 4, 13, 3, 902, 13, 903]  # "hi" and a 2-token reply
+    second = system + [3, 900, 13, 950, 951, 952, 953, 4, 13, 3]  # another question
+    # Without the prompt length the tail slack takes the second for the first, continued:
+    assert classify(second, [("X", first)]).kind == "update"
+    # With it (the first's prompt ended at 48 tokens), they are two conversations:
+    m = classify(second, [("X", first, 48)])
+    assert m.kind == "fork" and m.session_id == "X"
+    # A re-rendered reply (a difference after the prompt) is still the same conversation:
+    rerendered = first[:48] + [904, 905, 4, 13, 3]
+    assert classify(rerendered, [("X", first, 48)]).kind == "update"

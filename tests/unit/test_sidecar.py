@@ -165,7 +165,9 @@ def test_rewriting_stored_v1_file_is_byte_identical_but_for_the_optional_default
 def test_loads_stored_v1_file_with_kv_args() -> None:
     loaded = load_sidecar(DATA / "sidecar_v1_kv_args.json")
     assert loaded.kv_args == ["--lora", "/home/ada/adapters/rust-tutor.gguf", "--rope-freq-scale", "0.5"]
-    assert loaded == dataclasses.replace(load_sidecar(DATA / "sidecar_v1.json"), kv_args=loaded.kv_args)
+    assert loaded.n_prompt == 1201
+    assert loaded == dataclasses.replace(load_sidecar(DATA / "sidecar_v1.json"), kv_args=loaded.kv_args,
+                                         n_prompt=loaded.n_prompt)
 
 
 @pytest.mark.skipif(SCHEMA_VERSION != 1, reason="a schema bump rewrites what its migrations change")

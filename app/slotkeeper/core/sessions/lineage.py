@@ -70,14 +70,16 @@ def _common_prefix(a: TokenArray, b: TokenArray) -> int:
 
 def classify(
     new_tokens: Sequence[int],
-    candidates: Iterable[tuple[str, Sequence[int]]],
+    candidates: Iterable[tuple[str, Sequence[int]] | tuple[str, Sequence[int], int | None]],
     tail_slack: int = DEFAULT_TAIL_SLACK,
     min_fork_prefix: int = DEFAULT_MIN_FORK_PREFIX,
 ) -> Match:
     """Decide whether ``new_tokens`` update, fork from, or are unrelated to a session.
 
-    ``candidates`` are (session_id, tokens), most recently used first; that order breaks
-    ties. Token lists may be lists or numpy int64 arrays; arrays skip a conversion that
+    ``candidates`` are (session_id, tokens) or (session_id, tokens, n_prompt), most recently
+    used first; that order breaks ties. ``n_prompt`` (the saved slot's last prompt length, when
+    known) narrows the tail slack to the reply after that prompt: two conversations that differ
+    in their last user message are never one update, however short they are. Token lists may be lists or numpy int64 arrays; arrays skip a conversion that
     costs ~5 ms per 130k-token list, so a caller holding many sessions should cache
     them as arrays.
 
@@ -91,12 +93,13 @@ def classify(
     best_update: Match | None = None
     best_fork: Match | None = None
     longest_shared = 0
-    for session_id, tokens in candidates:
+    for session_id, tokens, *rest in candidates:
+        n_prompt = rest[0] if rest else None
         saved = _as_array(tokens)
         shared = _common_prefix(new, saved)
         longest_shared = max(longest_shared, shared)
         # Strict ">" keeps the earlier (more recent) candidate on ties.
-        if _is_update(shared, len(new), len(saved), tail_slack, min_fork_prefix):
+        if _is_update(shared, len(new), len(saved), tail_slack, min_fork_prefix, n_prompt):
             if best_update is None or shared > best_update.common_prefix:
                 best_update = Match("update", session_id, shared)
         elif shared >= min_fork_prefix and (best_fork is None or shared > best_fork.common_prefix):
@@ -104,11 +107,14 @@ def classify(
     return best_update or best_fork or Match("new", None, longest_shared)
 
 
-def _is_update(shared: int, n_new: int, n_saved: int, tail_slack: int, min_prefix: int) -> bool:
+def _is_update(shared: int, n_new: int, n_saved: int, tail_slack: int, min_prefix: int,
+               n_prompt: int | None = None) -> bool:
     if shared == n_saved:
         return True  # new tokens equal or extend the saved ones
     if shared == n_new:
         return False  # strict prefix, shorter: a rollback; the saved session holds more
+    if n_prompt is not None and shared < n_prompt:
+        return False  # diverged inside the saved prompt: another turn, not a re-rendered reply
     # Diverged before the end of the saved tokens: an update only if that is within the
     # re-rendered tail, and only if what matched is substantial. Without the second
     # rule, any two conversations sharing a chat header would "update" a session

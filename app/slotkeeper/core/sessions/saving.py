@@ -110,6 +110,7 @@ def save_incoming(
     describe: Describe,
     current_id: str | None = None,
     save_ms: float = 0.0,
+    n_prompt: int | None = None,
 ) -> SaveOutcome:
     """Turn the file llama-server just wrote into a session (steps 1-4); the incoming file is
     gone afterwards whatever happens. Raises SaveError."""
@@ -119,7 +120,7 @@ def save_incoming(
         incoming = _check(store, path, n_written, slot)
         if incoming is None:
             return SaveOutcome("empty", None)
-        return _commit(store, incoming, ctx, describe, current_id, save_ms)
+        return _commit(store, incoming, ctx, describe, current_id, save_ms, n_prompt)
     except (kvfile.KvFileError, OSError) as exc:
         raise SaveError(f"saving slot {slot} failed: {exc}") from exc
     finally:
@@ -167,7 +168,7 @@ def _candidates(store: SessionStore, model_sha256: str, prefer: str | None) -> l
 def _classify(store: SessionStore, tokens: list[int], model_sha256: str,
               current_id: str | None) -> tuple[str, SessionEntry | None]:
     candidates = _candidates(store, model_sha256, current_id)
-    match = lineage.classify(tokens, [(e.id, t) for e, t in candidates])
+    match = lineage.classify(tokens, [(e.id, t, e.sidecar.n_prompt if e.sidecar else None) for e, t in candidates])
     previous = next((e for e, _ in candidates if e.id == match.session_id), None)
     return _refine(match.kind, previous, tokens)
 
@@ -183,7 +184,7 @@ def _refine(kind: str, previous: SessionEntry | None, tokens: list[int]) -> tupl
 
 
 def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Describe,
-            current_id: str | None, save_ms: float) -> SaveOutcome:
+            current_id: str | None, save_ms: float, n_prompt: int | None) -> SaveOutcome:
     facts = ctx.facts
     kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id)
     described = None if kind == "unchanged" else describe(inc.tokens)
@@ -223,6 +224,7 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             n_tokens=len(inc.tokens), tokens_digest=tokens_digest(inc.tokens), size_bytes=inc.size,
             content_hash=inc.content_hash, llama_build=ctx.llama_build, created_at=created,
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
+            n_prompt=n_prompt if n_prompt is not None and n_prompt <= len(inc.tokens) else None,
             last_restore=last_restore,
         )  # fmt: skip
         write_sidecar_atomic(store.sidecar_path(sid), sidecar)

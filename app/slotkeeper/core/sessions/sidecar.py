@@ -64,7 +64,7 @@ SCHEMA_VERSION = 1
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 # Keys added after schema 1 without a bump, and what a file written before them means.
-OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": []}
+OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None}
 
 SESSION_ID_BYTES = 6  # 12 hex characters: plenty for one user's sessions
 _ID_RE = SESSION_ID_RE  # the one id pattern (naming), also what the store accepts as an id
@@ -290,6 +290,10 @@ class Sidecar:
     # Extra llama-server arguments that change what the KV cache means (LoRA adapters, RoPE
     # scaling, control vectors ...). Optional key: files written before it read as "none".
     kv_args: list[str] = field(default_factory=list)
+    # Tokens of the last request's prompt when the slot was saved (its reply follows): lineage
+    # lets a later save differ from this one only after it (a re-rendered reply), never inside
+    # the prompt. Optional key: unknown for files written before it.
+    n_prompt: int | None = None
     schema_version: int = SCHEMA_VERSION
     # Keys written by a newer Slotkeeper of the same schema; written back untouched.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -335,6 +339,7 @@ class Sidecar:
             last_restore=None if last_restore is None else RestoreRecord.from_json(last_restore),
             corrupt=_corrupt_mark(d),
             kv_args=_str_list(d, "kv_args"),
+            n_prompt=_optional_int(d, "n_prompt", "") if "n_prompt" in d else None,
             extra=_unknown_keys(d, SIDECAR_KEYS),
         )
 

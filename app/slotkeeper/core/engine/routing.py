@@ -1,0 +1,123 @@
+"""Which slot a completion request goes to, and what must happen to it first. Pure: no I/O.
+
+The front door knows every request's tokens and what every slot holds, and the sessions index
+knows which saved conversation shares the longest prefix with it. The rules:
+
+- The request goes to the slot holding the longest prefix of it, so a conversation continues
+  where its cache is. If that slot is busy with a request of the same conversation (more than
+  half the prompt), the request waits for it rather than re-reading everything elsewhere.
+- A saved session that offers a longer prefix than any free slot, by more tokens than the
+  restore costs in prefill time (the break-even), is restored into a free slot first. Sessions
+  whose model cannot roll back inside restored state (sliding-window with --swa-full, recurrent
+  and hybrid models) are restored only when the request extends them exactly; sliding-window
+  sessions saved without --swa-full never help and are not offered at all (the engine filters).
+- A slot is taken for another conversation preferring an empty one, then one whose content is
+  saved, least recently used first; a slot with unsaved changes is saved first ("save before
+  evict"): a conversation is never lost because another took its slot.
+- A slot whose restored state cannot be rolled back correctly is erased first when the request
+  would roll back inside it, so llama-server recomputes: never a reply that differs from a
+  cold server's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# A request waits for the busy slot holding its conversation when that slot holds more than this
+# share of its prompt; otherwise it goes to another slot at once.
+WAIT_FOR_OWN_SLOT_SHARE = 0.5
+# A request that shares at most this share of its prompt with a slot's different conversation goes
+# to an empty slot when there is one, rather than evicting that conversation for a small reuse.
+KEEP_WARM_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class SlotOption:
+    slot: int
+    prefix: int  # tokens of the request this slot holds (common prefix)
+    held: int  # tokens the slot holds in all (0 = empty)
+    n_prompt: int  # its last request's prompt length (a reply follows it)
+    busy: bool  # a request runs on it (or Slotkeeper acts on it)
+    changed: bool  # it holds changes not saved yet
+    last_used: float  # monotonic time of its last request
+    fragile_until: int = 0  # restored tokens a rollback must not go inside (0 = none)
+
+
+@dataclass(frozen=True)
+class SessionOption:
+    id: str
+    prefix: int  # tokens of the request it holds (common prefix)
+    n_tokens: int
+    exact_only: bool  # restorable only when the request extends it entirely
+
+
+@dataclass(frozen=True)
+class Route:
+    slot: int
+    expected_prefix: int  # tokens the request should find in the cache
+    save_first: bool = False  # the slot holds another conversation's unsaved changes
+    restore: str | None = None  # a session to restore into the slot first
+    erase_first: bool = False  # roll back inside fragile restored state: recompute from scratch
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Wait:
+    slot: int  # the busy slot that holds this conversation
+    reason: str
+
+
+def route(n_request: int, slots: Sequence[SlotOption], session: SessionOption | None = None,
+          break_even_tokens: int = 0) -> Route | Wait | None:
+    """Where the request goes; ``Wait`` while its own slot is busy; None when every slot is busy."""
+    if not slots:
+        return None
+    best = max(slots, key=lambda s: (s.prefix, not s.busy, -s.slot))
+    if best.busy and best.prefix > WAIT_FOR_OWN_SLOT_SHARE * n_request:
+        return Wait(best.slot, f"slot {best.slot} holds this conversation and is busy")
+    free = [s for s in slots if not s.busy]
+    if not free:
+        return None
+    own = max(free, key=lambda s: (s.prefix, -s.slot))
+
+    if session is not None and _worth_restoring(session, own.prefix, n_request, break_even_tokens):
+        target = _evict_choice(free)
+        return Route(target.slot, session.prefix, save_first=_loses_changes(target, 0),
+                     restore=session.id, reason=f"restored session {session.id} ({session.prefix} tokens)")
+
+    continues = own.prefix >= own.n_prompt and own.held > 0
+    if own.prefix > 0 and not continues and own.prefix <= KEEP_WARM_SHARE * n_request:
+        # Another conversation that only shares a start (a system prompt) with this slot's: an
+        # empty slot keeps both warm.
+        empty = [s for s in free if s.held == 0]
+        if empty:
+            return Route(empty[0].slot, 0, reason="a new conversation (an empty slot keeps the other warm)")
+    if own.prefix > 0:
+        if own.fragile_until and own.prefix < own.fragile_until:
+            return Route(own.slot, 0, save_first=_loses_changes(own, own.prefix), erase_first=True,
+                         reason="the request rolls back inside restored state that cannot be rolled back correctly")
+        return Route(own.slot, own.prefix, save_first=_loses_changes(own, own.prefix),
+                     reason=f"slot {own.slot} holds {own.prefix} tokens of it")
+    target = _evict_choice(free)
+    return Route(target.slot, 0, save_first=_loses_changes(target, 0), reason="a new conversation")
+
+
+def _worth_restoring(session: SessionOption, slot_prefix: int, n_request: int, break_even: int) -> bool:
+    if session.prefix <= slot_prefix:
+        return False
+    if session.exact_only and not (session.prefix == session.n_tokens and n_request >= session.n_tokens):
+        return False
+    return session.prefix - slot_prefix > break_even
+
+
+def _loses_changes(slot: SlotOption, prefix: int) -> bool:
+    """Running a request that shares ``prefix`` tokens with the slot overwrites what the slot holds
+    beyond them; that loses something only when it is unsaved and not just the last reply, which
+    the next prompt renders again (a prompt that reaches past the slot's last prompt continues it)."""
+    return slot.changed and slot.held > 0 and prefix < slot.n_prompt
+
+
+def _evict_choice(free: Sequence[SlotOption]) -> SlotOption:
+    """Empty first, then saved (least recently used), then changed (least recently used)."""
+    return min(free, key=lambda s: (s.held > 0, s.changed, s.last_used, s.slot))

@@ -1,0 +1,63 @@
+"""Routing a request to a slot, without a server: prefixes, waiting, restores, eviction, recompute."""
+
+from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, Wait, route
+
+
+def slot(i, prefix=0, held=0, n_prompt=0, busy=False, changed=False, used=0.0, fragile=0):
+    return SlotOption(i, prefix, held, n_prompt, busy, changed, used, fragile)
+
+
+def test_a_continuation_goes_to_the_slot_that_holds_it():
+    r = route(500, [slot(0), slot(1, prefix=480, held=490, n_prompt=400, changed=True)])
+    assert isinstance(r, Route) and r.slot == 1 and r.expected_prefix == 480
+    assert not r.save_first and not r.restore and not r.erase_first
+
+
+def test_a_busy_own_slot_is_waited_for_but_a_small_shared_start_is_not():
+    assert isinstance(route(500, [slot(0), slot(1, prefix=480, held=490, n_prompt=400, busy=True)]), Wait)
+    r = route(500, [slot(0), slot(1, prefix=40, held=490, n_prompt=400, busy=True)])
+    assert isinstance(r, Route) and r.slot == 0
+    assert route(500, [slot(0, busy=True), slot(1, busy=True)]) is None
+
+
+def test_another_conversation_takes_an_empty_slot_before_evicting_one():
+    r = route(300, [slot(0, prefix=40, held=400, n_prompt=350, changed=True), slot(1)])
+    assert r.slot == 1 and not r.save_first
+
+
+def test_evicting_a_changed_conversation_saves_it_first():
+    r = route(300, [slot(0, prefix=40, held=400, n_prompt=350, changed=True, used=5.0)])
+    assert r.slot == 0 and r.save_first and r.expected_prefix == 40
+    # saved already: nothing to save
+    assert not route(300, [slot(0, prefix=40, held=400, n_prompt=350, changed=False)]).save_first
+    # least recently used goes first, a saved one before a changed one
+    r = route(100, [slot(0, held=10, n_prompt=5, changed=True, used=1.0), slot(1, held=10, n_prompt=5, used=9.0)])
+    assert r.slot == 1 and not r.save_first
+
+
+def test_an_edit_inside_the_last_prompt_is_an_eviction_of_the_unsaved_turn():
+    # The slot's last prompt was 400 tokens; the request diverges at 350 (an edited message).
+    r = route(420, [slot(0, prefix=350, held=410, n_prompt=400, changed=True)])
+    assert r.slot == 0 and r.save_first and r.expected_prefix == 350
+    # Diverging only inside the reply (a re-rendered answer) continues the conversation.
+    assert not route(420, [slot(0, prefix=405, held=410, n_prompt=400, changed=True)]).save_first
+
+
+def test_a_saved_session_is_restored_when_it_beats_the_slots_by_the_break_even():
+    s = SessionOption("abc", prefix=900, n_tokens=950, exact_only=False)
+    r = route(1000, [slot(0, prefix=40, held=300, n_prompt=280, changed=True)], s, break_even_tokens=100)
+    assert r.restore == "abc" and r.slot == 0 and r.save_first and r.expected_prefix == 900
+    assert route(1000, [slot(0, prefix=850, held=860, n_prompt=850)], s, break_even_tokens=100).restore is None
+
+
+def test_fragile_sessions_are_restored_only_for_an_exact_continuation():
+    s = SessionOption("swa", prefix=900, n_tokens=950, exact_only=True)
+    assert route(1000, [slot(0)], s).restore is None  # diverges inside it: a restore would be wrong
+    s = SessionOption("swa", prefix=950, n_tokens=950, exact_only=True)
+    assert route(1000, [slot(0)], s).restore == "swa"
+
+
+def test_rolling_back_inside_fragile_restored_state_recomputes():
+    r = route(700, [slot(0, prefix=600, held=950, n_prompt=950, fragile=950)])
+    assert r.erase_first and r.expected_prefix == 0
+    assert not route(1000, [slot(0, prefix=950, held=960, n_prompt=950, fragile=950)]).erase_first
