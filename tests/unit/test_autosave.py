@@ -78,3 +78,15 @@ def test_a_change_seen_during_a_save_keeps_the_slot_changed():
     again = p.watch(0).generation
     p.mark_saved(0, "s", again)
     assert not p.watch(0).changed
+
+
+def test_behind_the_front_door_only_requests_mark_a_slot_changed():
+    p = AutosavePolicy(idle_save_seconds=0, changes_from_polls=False)
+    p.observe([slot(0, task=1, busy=True)], now=0)
+    p.observe([slot(0, task=1)], now=1)
+    assert p.changed_slots() == []  # a late poll of a request already accounted for
+    p.request_done(0, now=2)
+    assert p.due(2) == [0]
+    p.mark_saved(0, "s", p.watch(0).generation)
+    p.observe([slot(0, task=7)], now=3)  # the poll after the save sees the task: nothing new
+    assert p.due(4) == []

@@ -55,11 +55,12 @@ def test_invalid_profiles_are_refused(bad, match):
 
 def test_optional_flags_only_when_the_build_knows_them():
     old = build_argv(("x",), ServerProfile(), "m", "s", supported_flags=frozenset())
-    assert "--no-cache-idle-slots" not in old and "--log-verbosity" not in old
+    assert "--no-cache-idle-slots" not in old and "--cache-ram" not in old
     new = build_argv(("x",), ServerProfile(), "m", "s",
-                     supported_flags=frozenset({"--no-cache-idle-slots", "--log-verbosity", "--no-kv-unified"}))
+                     supported_flags=frozenset({"--no-cache-idle-slots", "--cache-ram", "--no-kv-unified"}))
     assert "--no-cache-idle-slots" in new and "--no-kv-unified" in new
-    assert new[new.index("--log-verbosity") + 1] == "4"
+    assert new[new.index("--cache-ram") + 1] == "0"  # Slotkeeper keeps conversations that leave a slot
+    assert "--log-verbosity" not in new  # the figures come from the responses, not the log
 
 
 def test_probe_flags_reads_the_real_help(server_bin):
@@ -86,14 +87,14 @@ def test_extra_args_cannot_undo_what_slotkeeper_relies_on(flag):
 def test_the_api_key_goes_in_the_environment_never_on_the_command_line():
     from slotkeeper.core.server.command import launch_environment, without_api_key
 
-    extra = ("-t", "4", "--api-key", "s3cret", "--api-key=other", "--alias", "x")
+    extra = ("-t", "4", "--api-key", "s3cret", "--api-key=other", "--api-key-file", "k.txt", "--alias", "x")
     argv = build_argv(("x",), ServerProfile(extra_args=extra), "m", "s")
-    assert "s3cret" not in " ".join(argv) and "other" not in " ".join(argv)
+    assert "s3cret" not in " ".join(argv) and "other" not in " ".join(argv) and "k.txt" not in argv
     assert argv[-4:] == ["-t", "4", "--alias", "x"]
     assert without_api_key(extra) == ("-t", "4", "--alias", "x")
-    env = launch_environment(extra, environ={"PATH": "/bin"})
-    assert env == {"PATH": "/bin", "LLAMA_API_KEY": "s3cret"}
-    assert launch_environment(("-t", "4"), environ={"PATH": "/bin"}) is None  # inherit ours as is
+    # llama-server gets the private key only Slotkeeper knows; the user's key guards the front door
+    env = launch_environment("private-key", environ={"PATH": "/bin", "LLAMA_API_KEY": "users"})
+    assert env == {"PATH": "/bin", "LLAMA_API_KEY": "private-key"}
 
 
 def test_slotkeeper_finds_the_key_wherever_llama_server_does(tmp_path):

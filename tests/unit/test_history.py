@@ -52,6 +52,8 @@ def test_line_format_is_versioned_json(path: Path) -> None:
         "cache_n": 3,
         "prompt_n": 100,
         "prompt_ms": 12.5,
+        "source": "",
+        "saved_ms": 0.0,
     }
 
 
@@ -167,3 +169,11 @@ def test_concurrent_appends_with_compaction(path: Path) -> None:
 def test_max_records_must_be_positive(path: Path) -> None:
     with pytest.raises(ValueError):
         RequestHistory(path, max_records=0)
+
+
+def test_records_without_the_cache_source_still_read(path: Path) -> None:
+    old = {"v": HISTORY_VERSION, "at": 1.0, "slot": 0, "n_prompt": 10, "cache_n": 5, "prompt_n": 5, "prompt_ms": 1.0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(old) + "\n")
+    [r] = RequestHistory(path).load()
+    assert r.source == "" and r.saved_ms == 0.0

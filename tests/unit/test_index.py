@@ -1,6 +1,5 @@
 """The sessions index: the longest saved prefix of a prompt, kept true to the folder and on disk."""
 
-import time
 
 from slotkeeper.core.sessions.index import BLOCK, TokenIndex
 

@@ -312,3 +312,14 @@ def test_a_short_conversation_is_not_updated_by_another_with_the_same_system_pro
     # A re-rendered reply (a difference after the prompt) is still the same conversation:
     rerendered = first[:48] + [904, 905, 4, 13, 3]
     assert classify(rerendered, [("X", first, 48)]).kind == "update"
+
+
+def test_a_replayed_prompt_inside_a_longer_session_is_contained():
+    saved = list(range(100, 400))
+    replay = saved[:120] + [7, 8, 9, 10, 11]  # a prompt the session holds, then a reply tokenized anew
+    m = classify(replay, [("S", saved, 290)], new_n_prompt=120)
+    assert m.kind == "contained" and m.session_id == "S"
+    # without the prompt length (models that restore only exact continuations) it is a fork
+    assert classify(replay, [("S", saved, 290)]).kind == "fork"
+    # a prompt that leaves the session is not contained
+    assert classify(saved[:100] + [1] * 25, [("S", saved, 290)], new_n_prompt=120).kind == "fork"

@@ -34,6 +34,7 @@ class SlotWatch:
     idle_since: float | None = None
     session_id: str | None = None  # the saved session whose tokens this slot holds
     busy_with: str | None = None  # "saving" / "restoring" while Slotkeeper acts on the slot
+    in_request: bool = False  # a request through the front door runs on it
     generation: int = 0  # counts the changes seen; a save clears ``changed`` only if none came since
     failures: int = 0  # saves that failed in a row
     retry_at: float | None = None  # no save attempt before this (after a failure)
@@ -44,9 +45,14 @@ class SlotWatch:
 
 
 class AutosavePolicy:
-    def __init__(self, idle_save_seconds: float, max_defer_seconds: float = MAX_DEFER_SECONDS) -> None:
+    def __init__(self, idle_save_seconds: float, max_defer_seconds: float = MAX_DEFER_SECONDS,
+                 changes_from_polls: bool = True) -> None:
+        """``changes_from_polls``: a poll that sees a task run marks its slot changed. False when
+        every request comes through the front door, which says so itself (``request_done``): a
+        poll can only be late, and a late one would mark a slot changed again right after its save."""
         self.idle_save_seconds = max(0.0, float(idle_save_seconds))
         self.max_defer_seconds = max_defer_seconds
+        self.changes_from_polls = changes_from_polls
         self.slots: dict[int, SlotWatch] = {}
 
     def watch(self, slot: int) -> SlotWatch:
@@ -64,11 +70,13 @@ class AutosavePolicy:
                     w.touch()
                 w.idle_since = None if info.is_processing else now
             elif info.is_processing:
-                w.touch()
+                if self.changes_from_polls:
+                    w.touch()
                 w.idle_since = None
             elif w.processing or new_task:
                 # The turn ended (or a whole short request ran between two polls).
-                w.touch()
+                if self.changes_from_polls:
+                    w.touch()
                 w.idle_since = now
                 ended.append(info.id)
             w.processing = info.is_processing
@@ -76,10 +84,10 @@ class AutosavePolicy:
         return ended
 
     def due(self, now: float) -> list[int]:
-        anyone_busy = any(w.processing for w in self.slots.values())
+        anyone_busy = any(w.processing or w.in_request for w in self.slots.values())
         out = []
         for w in self.slots.values():
-            if not w.changed or w.processing or w.idle_since is None or w.busy_with:
+            if not w.changed or w.processing or w.idle_since is None or w.busy_with or w.in_request:
                 continue
             if w.retry_at is not None and now < w.retry_at:
                 continue
@@ -101,6 +109,12 @@ class AutosavePolicy:
         w.failures, w.retry_at = 0, None
         if session_id is not None:
             w.session_id = session_id
+
+    def request_done(self, slot: int, now: float) -> None:
+        """A request through the front door finished on ``slot``: its turn ended now."""
+        w = self.watch(slot)
+        w.touch()
+        w.idle_since = now
 
     def save_failed(self, slot: int, now: float) -> float:
         """Back off: returns the seconds until the next attempt."""

@@ -203,3 +203,8 @@ class LlamaClient:
             n_read=int(d.get("n_read", 0)),
             restore_ms=float((d.get("timings") or {}).get("restore_ms", 0.0)),
         )
+
+    def erase_slot(self, slot: int, timeout: float | None = None) -> int:
+        """Empty the slot's cache (the next request is computed from scratch)."""
+        d = self._slot_action(slot, "erase", None, timeout)
+        return int(d.get("n_erased", 0))

@@ -77,6 +77,16 @@ class SlotsChanged(Event):
 
 
 @dataclass(frozen=True)
+class SlotRecomputed(Event):
+    """A slot was emptied so llama-server recomputes a request from scratch: reusing its restored
+    state would have given a different answer than a cold server."""
+
+    slot: int
+    session_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class RequestDone(Event):
     slot: int
     task: int
@@ -85,6 +95,8 @@ class RequestDone(Event):
     prompt_n: int
     prompt_ms: float
     at: float  # unix time
+    source: str = ""  # where the cache came from: slot, restored, ram, recomputed, none
+    saved_ms: float = 0.0  # prefill time the cached tokens saved
 
 
 # -- sessions --------------------------------------------------------------------------------

@@ -42,6 +42,11 @@ class RequestRecord:
     cache_n: int
     prompt_n: int
     prompt_ms: float
+    # Where the cache came from: "slot" (it was there), "restored" (from disk for this request),
+    # "ram" (llama-server's own prompt cache), "recomputed" (erased to stay correct), "none";
+    # "" for records written before Slotkeeper served the requests itself.
+    source: str = ""
+    saved_ms: float = 0.0  # prefill time the cached tokens saved, at the measured prefill rate
 
     @property
     def cache_share(self) -> float:
@@ -66,6 +71,8 @@ class RequestRecord:
             cache_n=_int(data, "cache_n"),
             prompt_n=_int(data, "prompt_n"),
             prompt_ms=_number(data, "prompt_ms"),
+            source=str(data.get("source", "")),
+            saved_ms=_number(data, "saved_ms") if "saved_ms" in data else 0.0,
         )
 
 

@@ -63,6 +63,16 @@ class AppPaths:
         return self.state_dir / "in-slots.json"
 
     @property
+    def private_address_file(self) -> Path:
+        """llama-server's private port and key (0600)."""
+        return self.state_dir / "private.json"
+
+    @property
+    def sessions_index_file(self) -> Path:
+        """The sessions' token-block index (rebuilt from the sessions folder when missing)."""
+        return self.cache_dir / "sessions-index.json"
+
+    @property
     def hash_cache_file(self) -> Path:
         return self.cache_dir / "model-hashes.json"
 

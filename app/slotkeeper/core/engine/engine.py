@@ -35,6 +35,7 @@ from slotkeeper.core import datalock, modelgen
 from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.engine.errors import EngineError
+from slotkeeper.core.engine.frontdesk import UNKNOWN, Figures, FrontDesk, FrontDeskError, restore_mode
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.model import (
     LLAMA_BUILD_FALLBACK,
@@ -61,9 +62,11 @@ from slotkeeper.core.events import (
     SessionRestored,
     SessionSaved,
     SessionsPruned,
+    SlotRecomputed,
     SlotsChanged,
     WarningRaised,
 )
+from slotkeeper.core.frontdoor import FrontDoor
 from slotkeeper.core.history import RequestHistory, RequestRecord
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
@@ -76,17 +79,19 @@ from slotkeeper.core.server.command import (
     without_api_key,
 )
 from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server, probe_flags
-from slotkeeper.core.server.logparse import RequestFigures, SlotLogParser
+from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
 from slotkeeper.core.server.state import ServerState
-from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError
+from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
+from slotkeeper.core.sessions.index import TokenIndex, write_index
+from slotkeeper.core.sessions.lineage import common_prefix_len
 from slotkeeper.core.sessions.naming import new_incoming_name
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
 from slotkeeper.core.sessions.saving import SaveContext, SaveError, SaveOutcome, save_incoming, server_refused
 from slotkeeper.core.sessions.sidecar import parse_utc
-from slotkeeper.core.sessions.store import SessionStore, unlink_quietly
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.sessions.titles import title_and_preview
 from slotkeeper.core.settings import ServerProfile, Settings, SettingsError, connect_url
 from slotkeeper.core.views import Activity, RestoreSummary, SavesReport, SaveSummary, SlotView
@@ -100,6 +105,7 @@ SLOT_ACTION_TIMEOUT_SECONDS = 600.0  # a busy slot defers the action until it is
 LAUNCH_ATTEMPTS = 3
 HASH_PROGRESS_SECONDS = 0.5
 LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
+INDEX_WRITE_DELAY_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,8 @@ class Engine:
         self.events = events or EventBus()
         self.store = SessionStore(paths.sessions_dir)
         self.sessions = SessionsService(self.store, in_slots=lambda: self._snapshot.in_slots,
-                                        budget=lambda: self._snapshot.settings.budget_bytes)
+                                        budget=lambda: self._snapshot.settings.budget_bytes,
+                                        on_deleted=lambda sid: self.loop.call_soon(self._index_forget, sid))
         self.hashes = ModelHashCache(paths.hash_cache_file)
         self.history = RequestHistory(paths.history_file)
         self.supervisor = Supervisor(
@@ -173,7 +180,7 @@ class Engine:
         self._resume_id: str | None = None
         self._crashed = False
         self._closed = False
-        self._policy = AutosavePolicy(settings.idle_save_seconds)
+        self._policy = AutosavePolicy(settings.idle_save_seconds, changes_from_polls=False)
         self._slots = SlotTable()
         self._slot_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._activity = Activity()
@@ -185,11 +192,15 @@ class Engine:
         self._hashing: asyncio.Future[str] | None = None
         self._published_in_slots: frozenset[str] | None = None
         self._swept: asyncio.Future[Any] | None = None
-        self._parser = SlotLogParser(on_done=self._on_request_done, on_progress=self._on_request_progress)
+        self._private: PrivateAddress | None = None  # llama-server's own port and key
+        self._serving = asyncio.Event()  # set while the server is ready for requests
+        self._index_dirty = False
+        self.index = TokenIndex()  # saved sessions by their token blocks (for routing)
+        self.desk = FrontDesk(self)
+        self.front = FrontDoor(self.desk, upstream=self._upstream, user_key=self._user_key)
         self._snapshot = EngineSnapshot(settings=settings)
 
         self._unsubscribe = self.events.subscribe(self._from_supervisor, ServerStateChanged)
-        self.supervisor.add_log_listener(self._from_log)
         if own_thread:
             self.loop.start_thread()
 
@@ -297,7 +308,6 @@ class Engine:
     def dispose(self) -> None:
         """End the engine loop (after ``close_async``); from any thread but the loop's."""
         self._unsubscribe()
-        self.supervisor.remove_log_listener(self._from_log)
         self.loop.close()
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:
@@ -306,7 +316,6 @@ class Engine:
             return self.loop.run(main)
         finally:
             self._unsubscribe()
-            self.supervisor.remove_log_listener(self._from_log)
 
     def restore(self, session_id: str, slot: int | None = None) -> RestoreSummary | None:
         return self._call(self.restore_async(session_id, slot))
@@ -327,6 +336,16 @@ class Engine:
             log.info("not starting llama-server: Slotkeeper is quitting")
             return
         await self._sweep_once()
+        if not self.front.running:
+            profile = self._settings.profile
+            try:
+                await self.front.start(profile.host, profile.port)
+            except OSError as exc:
+                who = await self.loop.run_io(port_user, profile.host, profile.port)
+                what = (f"Port {profile.port} on {profile.host} is already in use by {who}" if who
+                        else f"Cannot listen on {profile.host} port {profile.port}: {exc.strerror or exc}")
+                raise EngineError(f"{what}. Choose another port in Settings (or --port); Slotkeeper does not "
+                                  "stop programs it did not start.") from exc
         self.ready.clear()
         self._ready = False
         self._facts = None  # facts describe one running server; a new launch works them out again
@@ -336,16 +355,34 @@ class Engine:
         self.supervisor.start()
 
     async def _sweep_once(self) -> None:
+        """Tidy the sessions folder and bring the sessions index up to date, once."""
         if self._swept is None:
-            self._swept = asyncio.ensure_future(self.loop.run_io(self.store.sweep))
+            self._swept = asyncio.ensure_future(self.loop.run_io(self._open_folder))
         try:
-            await asyncio.shield(self._swept)
+            self.index = await asyncio.shield(self._swept)
         except OSError as exc:
             log.warning("could not tidy the sessions folder: %s", exc)
 
-    async def stop_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
+    def _open_folder(self) -> TokenIndex:  # an I/O thread
+        self.store.sweep()
+        index = TokenIndex.load(self.paths.sessions_index_file)
+        listing = self.store.listing()
+        entries = {e.id: e for e in listing.sessions if e.sidecar is not None and not e.problems}
+        read = index.sync(((e.id, e.sidecar.model_sha256, e.sidecar.kv_file, e.size_bytes,
+                            e.kv_path.lstat().st_mtime_ns) for e in entries.values()),
+                          lambda sid: self.store.tokens(entries[sid]))
+        if read or len(index) != len(entries):
+            index.save(self.paths.sessions_index_file)
+        return index
+
+    async def stop_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
+                         keep_front_door: bool = False) -> SavesReport:
         """Save every changed slot (with progress), then stop the server. The report says which
-        changed slots could not be saved (their conversations are lost when the server stops)."""
+        changed slots could not be saved (their conversations are lost when the server stops).
+        The front door closes first, unless the server is only restarting (then requests wait)."""
+        if not keep_front_door:
+            await self.front.stop()
+        self._serving.clear()
         self._stop_poller()
         if self._after_ready is not None and not self._after_ready.done():
             self._after_ready.cancel()
@@ -371,7 +408,7 @@ class Engine:
 
     async def restart_async(self, resume_id: str | None = None) -> None:
         """Save changed slots, stop, and start again with the current settings."""
-        await self.stop_async(save=True)
+        await self.stop_async(save=True, keep_front_door=True)
         await self.start_async(resume_id)
 
     async def update_settings_async(self, settings: Settings) -> None:
@@ -399,9 +436,13 @@ class Engine:
             model = await self.loop.run_io(resolve_model, profile.model_path, self.paths.models_dir)
             binary = await self.loop.run_io(locate_server, profile.server_bin)
             flags = await self.loop.run_io(probe_flags, binary)
-            argv = build_argv(binary.argv_prefix, profile, model.path, self.paths.sessions_dir,
+            private = await self.loop.run_io(self._private_address)
+            # llama-server listens privately; the front door has the user's host and port.
+            server_profile = replace(profile, host=LOOPBACK, port=private.port,
+                                     extra_args=without_api_key(profile.extra_args))
+            argv = build_argv(binary.argv_prefix, server_profile, model.path, self.paths.sessions_dir,
                               supported_flags=flags)
-        except (EngineError, ServerBinaryNotFound, CommandError, SettingsError) as exc:
+        except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
             raise SupervisorError(str(exc)) from exc
         memory = psutil.virtual_memory()
         check = check_launch(model, profile, memory.total, memory.available)
@@ -409,6 +450,8 @@ class Engine:
             raise SupervisorError(check.refusal)
         self._model = model
         self._launched = profile
+        self._private = private
+        self._close_http()  # a client of the previous address
         self._start_hashing(model.path)
         if model.is_demo:
             self.events.emit(NoticeRaised(modelgen.DEMO_NOTICE))
@@ -418,8 +461,22 @@ class Engine:
         self._publish()
         record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args)).to_json(),
                   "model_path": str(model.path)}
-        return LaunchSpec(tuple(argv), profile.host, profile.port, env=launch_environment(profile.extra_args),
-                          record=record)
+        return LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)
+
+    def _private_address(self) -> PrivateAddress:  # an I/O thread, while the supervisor waits
+        leftover = self.supervisor.leftover_port()
+        return private_address(self.paths.private_address_file,
+                               lambda port: port != leftover and port_user(LOOPBACK, port) is not None)
+
+    def _upstream(self) -> tuple[str, str]:
+        """llama-server's private base URL and key (the front door's way in)."""
+        private = self._private
+        if private is None:
+            return ("http://127.0.0.1:1", "")
+        return (private.url, private.key)
+
+    def _user_key(self) -> str | None:
+        return server_api_key(self._running_profile().extra_args)
 
     def _on_server_state(self, event: ServerStateChanged) -> None:
         self._server_state = event.state
@@ -430,6 +487,7 @@ class Engine:
             self._after_ready = self.loop.spawn(self._after_server_ready(), "launch restores")
         else:
             self.ready.clear()
+            self._serving.clear()
             self._ready = False
             self._swa_note = None
             if event.state in (ServerState.CRASHED, ServerState.STOPPED, ServerState.FAILED) and self._after_ready:
@@ -445,9 +503,6 @@ class Engine:
                 self._close_http()
                 self._publish_slots()
         self._publish()
-
-    def _from_log(self, line: str) -> None:  # the log tailer's thread
-        self.loop.call_soon(self._parser.feed, line)
 
     # -- launch ---------------------------------------------------------------------------
     def _start_hashing(self, path: Path) -> None:
@@ -494,6 +549,7 @@ class Engine:
         if api_ok:
             self._start_poller()
         self._ready = True
+        self._serving.set()
         self._swa_note = swa_note(self._model, self._running_profile())
         self.ready.set()
         self._publish()
@@ -522,13 +578,17 @@ class Engine:
         assert facts is not None
         n_slots = facts.n_parallel
         if self.supervisor.adopted:
-            return []  # its slots already hold what they held; the poller saves changes
+            # Its slots hold what they held (not known here): another conversation saves them first.
+            self.desk.reset(n_slots, unknown=True)
+            self._slots.reset(n_slots, facts.n_ctx_slot)
+            return []
         after_crash = None
         if self._crashed:
             after_crash = {w.slot: w.session_id for w in self._policy.slots.values() if w.session_id}
-        self._policy = AutosavePolicy(self._settings.idle_save_seconds)
+        self._policy = AutosavePolicy(self._settings.idle_save_seconds, changes_from_polls=False)
         self._crashed = False
         self._slots.reset(n_slots, facts.n_ctx_slot)
+        self.desk.reset(n_slots)
         http = self._client()
         candidates: list[LaunchCandidate] = []
         if after_crash is None:
@@ -606,8 +666,10 @@ class Engine:
             except ServerError as exc:
                 # A failed restore leaves the slot empty.
                 w.session_id, w.changed = None, False
+                self.desk.erased(slot)
                 self._set_slot(slot, session_id=None, n_tokens=0)
                 raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
+            tokens = await self.loop.run_io(self.store.tokens, entry)
             sc = await self.loop.run_io(record_restore, self.store, session_id, slot, result.n_restored)
         except RestoreRefused as exc:
             self.events.emit(SessionRefused(session_id, slot, tuple(exc.reasons)))
@@ -616,6 +678,7 @@ class Engine:
             w.busy_with = None
             self._set_slot(slot, state="idle")
         self._policy.mark_restored(slot, session_id)
+        self.desk.restored(slot, tokens, result.restore_ms, result.n_read)
         self._slots.pending[slot] = PendingReuse(session_id, result.n_restored, sc.swa, sc.swa_full)
         self._set_slot(slot, session_id=session_id, n_tokens=result.n_restored, warning=None)
         summary = RestoreSummary(session_id, slot, result.n_restored, result.restore_ms, sc.title)
@@ -625,9 +688,9 @@ class Engine:
     def _free_slot(self, n_slots: int) -> int:
         views = [self._slots.view(i) for i in range(n_slots)]
         for v in views:
-            if not v.session_id and not v.running and not self._policy.watch(v.id).changed:
+            if not v.session_id and not self.desk.content(v.id).busy and not self._policy.watch(v.id).changed:
                 return v.id
-        idle = [v for v in views if not v.running]
+        idle = [v for v in views if not self.desk.content(v.id).busy]
         if not idle:
             raise EngineError("every slot is busy; try again when a reply has finished")
         return min(idle, key=lambda v: v.id).id
@@ -651,7 +714,10 @@ class Engine:
         self._set_slot(slot, state="saving")
         ctx = SaveContext(facts, model.info.arch, self._llama_build)
         try:
-            outcome = await self._write_session(self._client(), ctx, slot, w.session_id, timeout)
+            n_prompt = self.desk.content(slot).n_prompt
+            known = 0 < n_prompt < UNKNOWN and restore_mode(facts) == "any"
+            outcome = await self._write_session(self._client(), ctx, slot, w.session_id, timeout,
+                                                n_prompt if known else None)
         except Exception as exc:  # whatever went wrong, the engine and its poller carry on
             self._save_failed(slot, describe_save_error(slot, exc))
             return None
@@ -662,6 +728,7 @@ class Engine:
         self._policy.mark_saved(slot, sid, generation)
         self._set_slot(slot, session_id=sid)
         summary = save_summary(slot, reason, outcome)
+        self._index_saved(outcome)
         self.events.emit(SessionSaved(summary))
         if outcome.kind in ("new", "update", "fork"):
             note = swa_note(self._model, self._running_profile())
@@ -671,7 +738,7 @@ class Engine:
         return summary
 
     async def _write_session(self, http: LlamaClient, ctx: SaveContext, slot: int, current_id: str | None,
-                             timeout: float) -> SaveOutcome:
+                             timeout: float, n_prompt: int | None = None) -> SaveOutcome:
         """llama-server writes the slot; the save protocol turns the file into a session. Raises."""
         await self.loop.run_io(self.store.ensure_folder)  # recreated if deleted; still private
         name = new_incoming_name()
@@ -681,7 +748,7 @@ class Engine:
             await self.loop.run_io(unlink_quietly, self.store.dir / name)
             raise server_refused(self.store, slot, exc.message) from exc
         return await self.loop.run_io(save_incoming, self.store, name, result.n_written, slot, ctx,
-                                      lambda tokens: describe(http, tokens), current_id, result.save_ms)
+                                      lambda tokens: describe(http, tokens), current_id, result.save_ms, n_prompt)
 
     def _save_leftover(self, record: dict[str, Any]) -> None:
         """The supervisor found a server an earlier run left running with other settings (Slotkeeper
@@ -702,7 +769,8 @@ class Engine:
                 f"conversations: what it ran with is not known ({exc})"))
             return
         url = connect_url(str(record.get("host", profile.host)), int(record.get("port", profile.port)))
-        with LlamaClient(url, timeout=10.0, api_key=server_api_key(self._running_profile().extra_args),
+        _url, key = self._upstream()  # a server we left runs on the private address we keep
+        with LlamaClient(url, timeout=10.0, api_key=key or None,
                          slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS) as http:
             try:
                 sha = await self.loop.run_io(self.hashes.compute, model.path)
@@ -765,6 +833,8 @@ class Engine:
             self.events.emit(WarningRaised(f"could not keep the saved sessions under the budget: {exc}"))
             return
         result = outcome.result
+        for sid in (result.deleted if result else []):
+            self._index_forget(sid)
         if result and result.deleted:
             freed = sum(c.size_bytes for c in outcome.plan.delete if c.id in result.deleted)
             self.events.emit(SessionsPruned(tuple(result.deleted), freed))
@@ -807,34 +877,139 @@ class Engine:
             self._idle_saves.discard(slot)
 
     # -- per-request figures from the server log ------------------------------------------
-    def _on_request_progress(self, fig: RequestFigures) -> None:
-        self._set_slot(fig.slot, running=True, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n)
+    # -- the front desk's hooks (on the loop) ----------------------------------------------
+    def facts_now(self) -> ServerFacts | None:
+        return self._facts
 
-    def _on_request_done(self, fig: RequestFigures) -> None:
+    def slot_watch(self, slot: int):
+        return self._policy.watch(slot)
+
+    def slot_lock(self, slot: int) -> asyncio.Lock:
+        return self._slot_locks[slot]
+
+    async def wait_serving(self, timeout: float) -> None:
+        """Until the server takes requests; FrontDeskError when it is stopped or does not come."""
+        deadline = time.monotonic() + timeout
+        while not self._serving.is_set():
+            state = self.supervisor.state
+            if self._closed or state in (ServerState.STOPPED, ServerState.FAILED):
+                why = f": {self.supervisor.message}" if state is ServerState.FAILED and self.supervisor.message else ""
+                raise FrontDeskError(503, f"llama-server is not running{why}")
+            if time.monotonic() > deadline:
+                raise FrontDeskError(503, "llama-server is not ready yet; try again shortly")
+            try:
+                await asyncio.wait_for(self._serving.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    async def save_before_switching(self, slot: int) -> SaveSummary | None:
+        """Save what ``slot`` holds before another conversation takes it (its lock is held)."""
+        return await self._save_locked(slot, "before switching conversations")
+
+    async def restore_for_request(self, session_id: str, slot: int) -> RestoreSummary | None:
+        facts = self._facts
+        if facts is None:
+            return None
+        return await self._restore_locked(session_id, slot, facts)
+
+    async def recompute(self, slot: int, reason: str) -> None:
+        """Empty ``slot`` so llama-server computes the request from scratch (its lock is held)."""
+        try:
+            await self.loop.run_io(self._client().erase_slot, slot)
+        except (ServerError, ServerUnavailable) as exc:
+            log.warning("could not erase slot %s: %s", slot, exc)
+        self.desk.erased(slot)
+        session_id = self._policy.watch(slot).session_id
+        log.info("slot %s recomputed: %s", slot, reason)
+        self.events.emit(SlotRecomputed(slot, session_id, reason))
+        pending = self._slots.pending.pop(slot, None)
+        if pending is not None:  # the restore was not used, on purpose: say why
+            why = f"recomputed: {reason}"
+            self.loop.in_background(record_reuse, self.store, pending.session_id, 0, 0, False, why,
+                                    what="recording the restore's reuse")
+            self.events.emit(RestoreReused(slot, pending.session_id, 0, 0, pending.n_restored, False, why))
+
+    async def best_saved_prefix(self, tokens) -> tuple[str, int, int] | None:
+        """The saved session sharing the longest prefix with ``tokens``: (id, tokens shared,
+        its length), when it is healthy and compatible with the running server."""
+        facts = self._facts
+        if facts is None:
+            return None
+        for hit in self.index.longest_prefix(tokens, facts.model_sha256, limit=2):
+            try:
+                entry = await self.loop.run_io(self.store.get, hit.session_id)
+                if entry.problems or entry.sidecar is None or check_compatible(entry.sidecar, facts):
+                    continue
+                saved = await self.loop.run_io(self.store.tokens, entry)
+            except (OSError, SessionNotFound, ValueError):
+                self.index.remove(hit.session_id)  # gone or changed behind our back
+                continue
+            return hit.session_id, common_prefix_len(tokens, saved), len(saved)
+        return None
+
+    def _index_saved(self, outcome: SaveOutcome) -> None:
+        sc = outcome.sidecar
+        if sc is None or outcome.tokens is None:
+            return
+        self.index.add_tokens(sc.id, sc.model_sha256, sc.kv_file, sc.size_bytes, outcome.kv_mtime_ns, outcome.tokens)
+        self._index_changed()
+
+    def _index_forget(self, session_id: str) -> None:
+        if session_id in self.index:
+            self.index.remove(session_id)
+            self._index_changed()
+
+    def _index_changed(self) -> None:
+        """Keep the index on disk too, a moment after the last change (one write for a burst)."""
+        if self._index_dirty:
+            return
+        self._index_dirty = True
+
+        async def write_later() -> None:
+            await asyncio.sleep(INDEX_WRITE_DELAY_SECONDS)
+            self._index_dirty = False
+            data = self.index.to_json()
+            self.loop.in_background(write_index, self.paths.sessions_index_file, data, what="saving the sessions index")
+
+        self.loop.spawn(write_later(), "saving the sessions index")
+
+    def session_size(self, session_id: str) -> int:
+        entry = self.index.get(session_id)
+        return entry.size if entry else 0
+
+    def request_done(self, slot: int, held: int, fig: Figures | None) -> None:
+        """A request through the front door finished on ``slot``, which holds ``held`` tokens now."""
+        now = time.monotonic()
+        self._policy.request_done(slot, now)
+        if fig is None:
+            self._set_slot(slot, running=False, n_tokens=held)
+            return
         at = time.time()
-        self._set_slot(fig.slot, running=False, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
-                       n_tokens=fig.n_tokens_after)
-        record = RequestRecord(at=at, slot=fig.slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n,
-                               prompt_n=fig.prompt_n, prompt_ms=fig.prompt_ms)
+        self._set_slot(slot, running=False, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
+                       n_tokens=held)
+        record = RequestRecord(at=at, slot=slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
+                               prompt_ms=fig.prompt_ms, source=fig.source, saved_ms=fig.saved_ms)
         self.loop.in_background(self.history.append, record, what="recording the request history")
-        self.events.emit(RequestDone(fig.slot, fig.task, fig.n_prompt, fig.cache_n, fig.prompt_n, fig.prompt_ms, at))
-        pending = self._slots.pending.pop(fig.slot, None)
+        self.events.emit(RequestDone(slot, 0, fig.n_prompt, fig.cache_n, fig.prompt_n, fig.prompt_ms, at,
+                                     fig.source, fig.saved_ms))
+        pending = self._slots.pending.pop(slot, None)
         if pending is not None:
             verdict = judge_reuse(pending, fig.cache_n)
             if verdict.reason and (not verdict.effective or verdict.warn):
-                self._set_slot(fig.slot, warning=verdict.reason)
+                self._set_slot(slot, warning=verdict.reason)
             if verdict.warn:
                 self.events.emit(WarningRaised(verdict.reason or ""))
             self.loop.in_background(record_reuse, self.store, pending.session_id, fig.cache_n, fig.n_prompt,
                                     verdict.effective, verdict.reason, what="recording the restore's reuse")
-            self.events.emit(RestoreReused(fig.slot, pending.session_id, fig.cache_n, fig.n_prompt,
+            self.events.emit(RestoreReused(slot, pending.session_id, fig.cache_n, fig.n_prompt,
                                            pending.n_restored, verdict.effective, verdict.reason))
 
     # -- publishing -----------------------------------------------------------------------
     def _client(self) -> LlamaClient:
+        """Slotkeeper's own client of llama-server (its private address and key)."""
         if self._http is None:
-            self._http = LlamaClient(self._running_profile().base_url, timeout=10.0,
-                                     api_key=server_api_key(self._running_profile().extra_args),
+            url, key = self._upstream()
+            self._http = LlamaClient(url, timeout=10.0, api_key=key or None,
                                      slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS)
         return self._http
 

@@ -17,12 +17,13 @@ from slotkeeper.core.settings import ServerProfile
 # - --metrics for the /metrics counters; --slot-save-path enables the save/restore actions.
 # - --no-cache-idle-slots and --no-kv-unified, when the build knows them, are belt and braces
 #   for the same reason.
-# - --log-verbosity 4 makes the server log each request's prompt size and cached tokens per
-#   slot, the one per-slot, per-request source of cache reuse (see logparse.py).
+# - --cache-ram 0: Slotkeeper keeps conversations that leave a slot on disk and brings them back
+#   itself, so a slot holds what Slotkeeper thinks it holds (llama-server's RAM prompt cache
+#   would swap slot contents behind its back; see docs/ARCHITECTURE.md for the measurement).
 OPTIONAL_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--no-kv-unified",),
     ("--no-cache-idle-slots",),
-    ("--log-verbosity", "4"),
+    ("--cache-ram", "0"),
 )
 OWNED_FLAGS = frozenset(
     {
@@ -31,7 +32,7 @@ OWNED_FLAGS = frozenset(
         "--swa-full", "--no-swa-full", "--slot-save-path", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified",
         # These would undo what the flags above are for: idle slots cleared before they are
         # saved, or no /slots to watch them by.
-        "--cache-idle-slots", "--no-cache-idle-slots", "--no-slots", "--slots",
+        "--cache-idle-slots", "--no-cache-idle-slots", "--no-slots", "--slots", "--cache-ram", "-cram",
     }
 )
 
@@ -97,18 +98,19 @@ def is_loopback(host: str) -> bool:
 
 
 def without_api_key(extra_args: tuple[str, ...]) -> tuple[str, ...]:
-    """The extra arguments minus ``--api-key KEY``: llama-server gets the key through its
-    environment (``LLAMA_API_KEY``), so it never shows in ``ps``, logs or state files."""
+    """The extra arguments minus ``--api-key KEY`` and ``--api-key-file FILE``: the user's key
+    guards Slotkeeper's front door; llama-server gets a private key through its environment
+    (``LLAMA_API_KEY``), so no key shows in ``ps``, logs or state files."""
     out: list[str] = []
     skip = False
     for arg in extra_args:
         if skip:
             skip = False
             continue
-        if arg == "--api-key":
+        if arg in API_KEY_FLAGS:
             skip = True
             continue
-        if arg.startswith("--api-key="):
+        if arg.startswith(tuple(f + "=" for f in API_KEY_FLAGS)):
             continue
         out.append(arg)
     return tuple(out)
@@ -133,12 +135,9 @@ def server_api_key(extra_args: tuple[str, ...], environ: Mapping[str, str] | Non
     return env.get("LLAMA_API_KEY") or None
 
 
-def launch_environment(extra_args: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
-    """llama-server's environment when the profile has ``--api-key`` (None: inherit ours)."""
-    key = api_key_from_args(extra_args)
-    if not key:
-        return None
-    return {**(os.environ if environ is None else environ), "LLAMA_API_KEY": key}
+def launch_environment(private_key: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """llama-server's environment: ours, with the private key only Slotkeeper knows."""
+    return {**(os.environ if environ is None else environ), "LLAMA_API_KEY": private_key}
 
 
 def exposes_without_key(host: str, extra_args: tuple[str, ...], environ: Mapping[str, str] | None = None) -> bool:

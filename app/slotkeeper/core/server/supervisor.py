@@ -444,6 +444,16 @@ class Supervisor:
         except FileNotFoundError:
             pass
 
+    def leftover_port(self) -> int | None:
+        """The port of a server an earlier run left running (still alive), if any."""
+        found = self._our_leftover()
+        if found is None:
+            return None
+        try:
+            return int(found[1]["port"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
     def _our_leftover(self) -> tuple[psutil.Process, dict] | None:
         try:
             data = json.loads(self.state_file.read_text(encoding="utf-8"))

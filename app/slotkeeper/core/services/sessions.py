@@ -42,10 +42,13 @@ class PruneOutcome:
 
 class SessionsService:
     def __init__(self, store: SessionStore, in_slots: Callable[[], AbstractSet[str]],
-                 budget: Callable[[], int]) -> None:
+                 budget: Callable[[], int], on_deleted: Callable[[str], None] | None = None) -> None:
+        """``on_deleted(id)`` is told of every session this service deletes (the engine keeps its
+        sessions index with it)."""
         self.store = store
         self._in_slots = in_slots
         self._budget = budget
+        self._on_deleted = on_deleted
 
     def listing(self) -> Listing:
         return self.store.listing()
@@ -65,7 +68,7 @@ class SessionsService:
         validate_session_id(session_id)
         if session_id in self.in_slots():
             raise SessionInUse(session_id)
-        self.store.delete(session_id)
+        self._delete(session_id)
 
     def verify(self, session_id: str) -> SessionEntry:
         return self.store.verify(session_id)
@@ -93,6 +96,11 @@ class SessionsService:
             # The slots may have changed since the plan: check again right before each delete.
             if session_id in in_slots or session_id in self.in_slots():
                 raise SessionInUse(session_id)
-            self.store.delete(session_id)
+            self._delete(session_id)
 
         return PruneOutcome(plan, pruner.apply(plan, delete), unmanaged)
+
+    def _delete(self, session_id: str) -> None:
+        self.store.delete(session_id)
+        if self._on_deleted is not None:
+            self._on_deleted(session_id)

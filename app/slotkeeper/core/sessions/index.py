@@ -146,7 +146,7 @@ class TokenIndex:
             for s in self._sessions.values()}}
 
     def save(self, path: Path) -> None:
-        atomic_write_text(path, json.dumps(self.to_json()))
+        write_index(path, self.to_json())
 
     @classmethod
     def load(cls, path: Path) -> TokenIndex:
@@ -167,3 +167,8 @@ class TokenIndex:
             log.info("rebuilding the sessions index (%s)", exc)
             return cls()
         return index
+
+
+def write_index(path: Path, data: dict) -> None:
+    """Write an index's JSON (``TokenIndex.to_json``), atomically."""
+    atomic_write_text(path, json.dumps(data))

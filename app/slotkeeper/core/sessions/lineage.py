@@ -27,7 +27,7 @@ import numpy as np
 
 __all__ = ["Match", "MatchKind", "classify", "common_prefix_len"]
 
-MatchKind = Literal["update", "fork", "new"]
+MatchKind = Literal["update", "contained", "fork", "new"]
 
 DEFAULT_TAIL_SLACK = 8
 DEFAULT_MIN_FORK_PREFIX = 32
@@ -73,6 +73,7 @@ def classify(
     candidates: Iterable[tuple[str, Sequence[int]] | tuple[str, Sequence[int], int | None]],
     tail_slack: int = DEFAULT_TAIL_SLACK,
     min_fork_prefix: int = DEFAULT_MIN_FORK_PREFIX,
+    new_n_prompt: int | None = None,
 ) -> Match:
     """Decide whether ``new_tokens`` update, fork from, or are unrelated to a session.
 
@@ -86,12 +87,20 @@ def classify(
     An update beats a fork even when the fork candidate shares more tokens: the updated
     session already holds everything the new tokens repeat, so no data is lost and no
     near-duplicate file is created.
+
+    "contained": the new tokens' prompt (``new_n_prompt``, given only for models whose restored
+    state may be rolled back) is part of a longer saved session, and what follows it is a reply
+    that session holds in its re-rendered form: nothing new to keep (a client that replays a
+    conversation turn by turn). Without ``new_n_prompt`` a strict prefix is a fork, so models that
+    restore only exact continuations keep an exact copy.
     """
     if tail_slack < 0 or min_fork_prefix < 0:
         raise ValueError("tail_slack and min_fork_prefix must not be negative")
     new = _as_array(new_tokens)
     best_update: Match | None = None
+    best_contained: Match | None = None
     best_fork: Match | None = None
+    contained_at = None if new_n_prompt is None else min(new_n_prompt, len(new))
     longest_shared = 0
     for session_id, tokens, *rest in candidates:
         n_prompt = rest[0] if rest else None
@@ -102,9 +111,12 @@ def classify(
         if _is_update(shared, len(new), len(saved), tail_slack, min_fork_prefix, n_prompt):
             if best_update is None or shared > best_update.common_prefix:
                 best_update = Match("update", session_id, shared)
+        elif contained_at is not None and shared >= contained_at and len(saved) > shared and shared >= min_fork_prefix:
+            if best_contained is None or shared > best_contained.common_prefix:
+                best_contained = Match("contained", session_id, shared)
         elif shared >= min_fork_prefix and (best_fork is None or shared > best_fork.common_prefix):
             best_fork = Match("fork", session_id, shared)
-    return best_update or best_fork or Match("new", None, longest_shared)
+    return best_update or best_contained or best_fork or Match("new", None, longest_shared)
 
 
 def _is_update(shared: int, n_new: int, n_saved: int, tail_slack: int, min_prefix: int,

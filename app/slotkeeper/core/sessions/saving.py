@@ -72,10 +72,12 @@ class SaveContext:
 
 @dataclass
 class SaveOutcome:
-    kind: str  # "new", "update", "fork", "unchanged", "empty"
+    kind: str  # "new", "update", "fork", "unchanged", "contained" (in a longer session), "empty"
     sidecar: Sidecar | None
     n_tokens: int = 0
     save_ms: float = 0.0
+    tokens: list[int] | None = None  # what the session holds now, when it changed (for the sessions index)
+    kv_mtime_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,10 @@ def _candidates(store: SessionStore, model_sha256: str, prefer: str | None) -> l
 
 
 def _classify(store: SessionStore, tokens: list[int], model_sha256: str,
-              current_id: str | None) -> tuple[str, SessionEntry | None]:
+              current_id: str | None, n_prompt: int | None = None) -> tuple[str, SessionEntry | None]:
     candidates = _candidates(store, model_sha256, current_id)
-    match = lineage.classify(tokens, [(e.id, t, e.sidecar.n_prompt if e.sidecar else None) for e, t in candidates])
+    match = lineage.classify(tokens, [(e.id, t, e.sidecar.n_prompt if e.sidecar else None) for e, t in candidates],
+                             new_n_prompt=n_prompt)
     previous = next((e for e, _ in candidates if e.id == match.session_id), None)
     return _refine(match.kind, previous, tokens)
 
@@ -186,8 +189,8 @@ def _refine(kind: str, previous: SessionEntry | None, tokens: list[int]) -> tupl
 def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Describe,
             current_id: str | None, save_ms: float, n_prompt: int | None) -> SaveOutcome:
     facts = ctx.facts
-    kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id)
-    described = None if kind == "unchanged" else describe(inc.tokens)
+    kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id, n_prompt)
+    described = None if kind in ("unchanged", "contained") else describe(inc.tokens)
     with store.exclusive():
         if previous is not None:
             try:
@@ -196,13 +199,14 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
                 fresh = None
             if fresh is None or fresh.sidecar is None or fresh.sidecar.kv_file != previous.sidecar.kv_file:
                 # Changed while we were away (another save, a delete): decide again, now under the lock.
-                kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id)
-            else:
+                kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id, n_prompt)
+            elif kind != "contained":
                 kind, previous = _refine(kind if kind != "unchanged" else "update", fresh, inc.tokens)
         now = format_utc(utc_now())
-        if kind == "unchanged" and previous is not None:
+        if kind in ("unchanged", "contained") and previous is not None:
+            # Nothing new to keep: the session holds it already. It was used now.
             sc = store.update(previous.id, lambda s: replace(s, last_used_at=now))
-            return SaveOutcome("unchanged", sc, len(inc.tokens), save_ms)
+            return SaveOutcome(kind, sc, len(inc.tokens), save_ms)
         title, preview = described if described is not None else describe(inc.tokens)
         if kind == "update" and previous is not None:
             sc0 = previous.sidecar
@@ -232,4 +236,11 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
         if kind == "update" and previous is not None and previous.sidecar.kv_file != final_name:
             unlink_quietly(store.dir / previous.sidecar.kv_file)
             store.forget_tokens(previous.sidecar.kv_file)
-    return SaveOutcome(kind, sidecar, len(inc.tokens), save_ms)
+    return SaveOutcome(kind, sidecar, len(inc.tokens), save_ms, inc.tokens, _mtime_ns(store.dir / final_name))
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mtime_ns
+    except OSError:
+        return 0

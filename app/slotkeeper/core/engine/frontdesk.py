@@ -1,0 +1,274 @@
+"""Requests through the front door, on the engine loop: which slot, what must happen to it first
+(save, restore, erase), and what the request did.
+
+``admit`` routes a request (``routing.route``) with what the engine knows: the tokens every slot
+holds, the sessions index, whether a slot's restored state may be rolled back, and the measured
+prefill and restore rates (the break-even of a restore). It leases the slot until ``finish``,
+which records what the slot holds now, the per-request figures (from the response's ``timings``)
+and where the cache came from. Everything here is engine state: it runs on the engine loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
+from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.lineage import common_prefix_len
+
+if TYPE_CHECKING:
+    from slotkeeper.core.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+MAX_WAITING = 64  # requests queued for a slot; beyond, llama-server's own queue takes them
+WAIT_STEP_SECONDS = 1.0
+READY_WAIT_SECONDS = 600.0  # a request that arrives while the server starts waits this long
+DEFAULT_PREFILL_TOKENS_PER_MS = 0.5  # until measured on this machine and model
+DEFAULT_RESTORE_BYTES_PER_MS = 1_000_000.0  # ~1 GB/s, until measured
+RESTORE_OVERHEAD_MS = 20.0
+RATE_WEIGHT = 0.2  # exponential moving average of the measured rates
+UNKNOWN = 1 << 30  # a slot's length when what it holds is not known
+
+
+class FrontDeskError(Exception):
+    """A request the front door answers itself (``status``), with words a client can show."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def restore_mode(facts: ServerFacts | None) -> str:
+    """How a restored state of this model behaves: "any" rollback is correct (full attention),
+    "exact" continuation only (sliding-window layers with --swa-full keep only a window of old
+    cells), or "never" useful (sliding-window without --swa-full re-reads everything)."""
+    if facts is None or not facts.swa:
+        return "any"
+    return "exact" if facts.swa_full else "never"
+
+
+@dataclass
+class SlotContent:
+    """What a slot holds, as far as the engine knows."""
+
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    n_prompt: int = 0  # the last request's prompt (its reply follows it in the slot)
+    held: int = 0  # tokens the slot holds in all
+    fragile_until: int = 0  # restored tokens that must not be rolled back into (exact-only models)
+    busy: bool = False  # a request runs on it
+    last_used: float = 0.0
+
+
+@dataclass
+class Ticket:
+    slot: int | None  # None: llama-server picks (our queue is full)
+    tokens: np.ndarray | None  # the request's prompt tokens, when known
+    expected_prefix: int = 0
+    source: str = "none"  # where the cache is expected to come from
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One request's prompt processing, from llama-server's ``timings``."""
+
+    n_prompt: int
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    source: str  # slot, restored, ram, recomputed, none
+    saved_ms: float  # prefill time the cached tokens saved
+
+
+@dataclass
+class Outcome:
+    """What came back: ``processed`` once llama-server worked on the prompt."""
+
+    status: int
+    processed: bool
+    timings: dict[str, Any] | None = None
+
+
+class FrontDesk:
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+        self.contents: dict[int, SlotContent] = {}
+        self._route_lock = asyncio.Lock()
+        self._freed: asyncio.Future[None] | None = None
+        self._waiting = 0
+        self.prefill_tokens_per_ms = DEFAULT_PREFILL_TOKENS_PER_MS
+        self.restore_bytes_per_ms = DEFAULT_RESTORE_BYTES_PER_MS
+
+    # -- what the slots hold --------------------------------------------------------------
+    def reset(self, n_slots: int, unknown: bool = False) -> None:
+        """New slots: empty, or (``unknown``, a server an earlier run left) holding something
+        whose tokens are not known, which another conversation saves before taking it."""
+        self.contents = {i: SlotContent(n_prompt=UNKNOWN, held=UNKNOWN) if unknown else SlotContent()
+                         for i in range(n_slots)}
+
+    def content(self, slot: int) -> SlotContent:
+        return self.contents.setdefault(slot, SlotContent())
+
+    def restored(self, slot: int, tokens: Sequence[int] | np.ndarray, restore_ms: float, n_read: int) -> None:
+        """A session was restored into ``slot``: it holds exactly its tokens now."""
+        arr = np.asarray(tokens, dtype=np.int64)
+        fragile = len(arr) if restore_mode(self.e.facts_now()) == "exact" else 0
+        c = self.content(slot)
+        c.tokens, c.n_prompt, c.held, c.fragile_until = arr, len(arr), len(arr), fragile
+        if restore_ms > 0 and n_read > 0:
+            self.restore_bytes_per_ms = _ema(self.restore_bytes_per_ms, n_read / restore_ms)
+
+    def erased(self, slot: int) -> None:
+        c = self.content(slot)
+        c.tokens, c.n_prompt, c.held, c.fragile_until = np.zeros(0, dtype=np.int64), 0, 0, 0
+
+    def break_even_tokens(self, size_bytes: int) -> int:
+        """Prefill tokens that take as long as restoring a file of ``size_bytes``."""
+        restore_ms = RESTORE_OVERHEAD_MS + size_bytes / self.restore_bytes_per_ms
+        return int(restore_ms * self.prefill_tokens_per_ms)
+
+    # -- admitting a request --------------------------------------------------------------
+    async def admit(self, tokens: np.ndarray | None, pinned_slot: int | None = None) -> Ticket:
+        """Route a request and prepare its slot; the slot is leased until ``finish``."""
+        await self.e.wait_serving(READY_WAIT_SECONDS)
+        n_slots = len(self.contents)
+        if n_slots == 0:
+            raise FrontDeskError(503, "llama-server has no slots ready yet; try again shortly")
+        if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
+            raise FrontDeskError(400, f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
+        session = await self._session_option(tokens) if tokens is not None and pinned_slot is None else None
+        queued = False
+        while True:
+            async with self._route_lock:
+                decision = route(len(tokens) if tokens is not None else 0, self._slot_options(tokens, pinned_slot),
+                                 session, self.break_even_tokens(session_size(self.e, session)))
+                if isinstance(decision, Route):
+                    self._lease(decision.slot)
+                    break
+                if self._waiting >= MAX_WAITING and not queued:
+                    return Ticket(None, tokens)  # llama-server queues it: its usual behaviour
+            queued = True
+            self._waiting += 1
+            try:
+                await self._wait_freed()
+            finally:
+                self._waiting -= 1
+            await self.e.wait_serving(READY_WAIT_SECONDS)
+        try:
+            return await self._prepare(decision, tokens)
+        except BaseException:
+            self._release(decision.slot)
+            raise
+
+    async def _prepare(self, r: Route, tokens: np.ndarray | None) -> Ticket:
+        e = self.e
+        ticket = Ticket(r.slot, tokens, r.expected_prefix, "slot" if r.expected_prefix else "none")
+        async with e.slot_lock(r.slot):
+            if r.save_first and await e.save_before_switching(r.slot) is None:
+                raise FrontDeskError(503, f"slot {r.slot} holds a conversation that could not be saved, so it "
+                                          "was not replaced (see Slotkeeper's messages)")
+            if r.restore:
+                summary = await e.restore_for_request(r.restore, r.slot)
+                if summary is None:
+                    ticket.expected_prefix, ticket.source = 0, "none"
+                else:
+                    ticket.source = "restored"
+            if r.erase_first:
+                await e.recompute(r.slot, r.reason)
+                ticket.source = "recomputed"
+        log.debug("request -> slot %s: %s", r.slot, r.reason)
+        return ticket
+
+    def _slot_options(self, tokens: np.ndarray | None, pinned: int | None) -> list[SlotOption]:
+        out = []
+        for i, c in self.contents.items():
+            if pinned is not None and i != pinned:
+                continue
+            w = self.e.slot_watch(i)
+            prefix = common_prefix_len(tokens, c.tokens) if tokens is not None and c.held else 0
+            out.append(SlotOption(i, prefix, c.held, c.n_prompt, c.busy or w.busy_with is not None,
+                                  w.changed, c.last_used, c.fragile_until))
+        return out
+
+    async def _session_option(self, tokens: np.ndarray) -> SessionOption | None:
+        mode = restore_mode(self.e.facts_now())
+        if mode == "never":
+            return None
+        hit = await self.e.best_saved_prefix(tokens)
+        if hit is None:
+            return None
+        sid, prefix, n_tokens = hit
+        return SessionOption(sid, prefix, n_tokens, exact_only=mode == "exact")
+
+    def _lease(self, slot: int) -> None:
+        c = self.content(slot)
+        c.busy = True
+        self.e.slot_watch(slot).in_request = True
+
+    def _release(self, slot: int) -> None:
+        c = self.content(slot)
+        c.busy = False
+        c.last_used = time.monotonic()
+        self.e.slot_watch(slot).in_request = False
+        if self._freed is not None and not self._freed.done():
+            self._freed.set_result(None)
+        self._freed = None
+
+    async def _wait_freed(self) -> None:
+        if self._freed is None:
+            self._freed = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._freed), WAIT_STEP_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+
+    # -- when it is done ------------------------------------------------------------------
+    def finish(self, ticket: Ticket, outcome: Outcome) -> None:
+        """Record what the request did (called once, also when the client went away)."""
+        if ticket.slot is None:
+            return
+        slot = ticket.slot
+        self._release(slot)
+        if not outcome.processed:
+            return  # refused before the prompt was touched: the slot holds what it held
+        t = outcome.timings or {}
+        c = self.content(slot)
+        tokens = ticket.tokens if ticket.tokens is not None else np.zeros(0, dtype=np.int64)
+        predicted = int(t.get("predicted_n") or 0)
+        if c.fragile_until and common_prefix_len(tokens, c.tokens) < c.fragile_until:
+            c.fragile_until = 0  # recomputed from scratch: nothing restored is left in it
+        c.tokens, c.n_prompt = tokens, len(tokens)
+        c.held = len(tokens) + max(predicted - 1, 0)
+        if outcome.timings is None:  # cut short (the client went away): what it did is not known
+            self.e.request_done(slot, c.held, None)
+            return
+        cache_n, prompt_n = int(t.get("cache_n") or 0), int(t.get("prompt_n") or 0)
+        prompt_ms = float(t.get("prompt_ms") or 0.0)
+        if prompt_n >= 64 and prompt_ms > 0:
+            self.prefill_tokens_per_ms = _ema(self.prefill_tokens_per_ms, prompt_n / prompt_ms)
+        source = ticket.source
+        if cache_n == 0 and source in ("slot", "restored"):
+            source = "none"
+        elif cache_n > 0 and source in ("none", "recomputed"):
+            source = "ram"  # llama-server found it in its own prompt cache
+        saved_ms = cache_n / self.prefill_tokens_per_ms if cache_n else 0.0
+        self.e.request_done(slot, c.held, Figures(cache_n + prompt_n, cache_n, prompt_n, prompt_ms, source, saved_ms))
+
+
+def session_size(engine: Engine, session: SessionOption | None) -> int:
+    if session is None:
+        return 0
+    return engine.session_size(session.id)
+
+
+def _ema(old: float, new: float) -> float:
+    return (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
