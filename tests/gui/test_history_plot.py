@@ -60,3 +60,13 @@ def test_many_records_show_only_what_fits(qtbot):
     plot.grab()
     assert 0 < len(plot._bars) < 1000
     assert plot._bars[-1][1].at == plot.points[-1].at  # the newest is always shown
+
+
+def test_where_the_cache_came_from_and_the_time_it_saved(qtbot):
+    from slotkeeper.core.history import RequestRecord
+
+    plot = HistoryPlot()
+    qtbot.addWidget(plot)
+    plot.set_records([RequestRecord(1.0, 0, 1000, 900, 100, 50.0, "restored", 1800.0),
+                      RequestRecord(2.0, 0, 1100, 1000, 100, 50.0, "slot", 2000.0)])
+    assert plot.summary().endswith("; 3.8 s of prefill saved")

@@ -8,7 +8,8 @@ from gui_helpers import emit_from_thread
 from slotkeeper.core import events as ev
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import ServerProfile
-from slotkeeper.gui.pages.server_page import ServerPage, describe_flags, format_duration
+from slotkeeper.core.units import human_duration as format_duration
+from slotkeeper.gui.pages.server_page import ServerPage, describe_flags
 
 
 @pytest.fixture
@@ -73,7 +74,7 @@ def test_uptime_ticks_only_while_shown(page):
 
 
 def test_helpers():
-    assert format_duration(59) == "59 s"
+    assert format_duration(59) == "59 s" and format_duration(2.25) == "2.2 s"
     assert format_duration(3_725) == "1 h 2 min"
     assert format_duration(90_000) == "1 d 1 h 0 min"
     text = describe_flags(ServerProfile(ctx=8192, parallel=2, flash_attn=True, swa_full=True, extra_args=("-t", "8")))

@@ -45,7 +45,8 @@ def test_rows_and_columns(qtbot, store):
     model = SessionsTableModel()
     model.set_listing(store.listing(), None)
     assert model.rowCount() == 4
-    assert model.columnCount() == 10
+    assert model.columnCount() == 11
+    assert model.headerData(1, Qt.Orientation.Horizontal, D) == "Where"
     assert model.headerData(0, Qt.Orientation.Horizontal, D) == "Title"
     rows = {model.entry(r).id: r for r in range(model.rowCount())}
     a, b, c, d = (rows[k] for k in ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc", "dddddddddddd"))

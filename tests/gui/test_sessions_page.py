@@ -107,3 +107,28 @@ def test_files_that_are_not_slotkeepers_are_shown_but_not_counted(qtbot, page, b
     qtbot.waitUntil(lambda: "not counted" in page.usage_label.text(), timeout=10_000)
     assert "1 other file(s), 9.5 MiB" in page.usage_label.text()
     assert "4.0 KiB of 20.0 GiB budget" in page.usage_bar.format(), "the budget counts conversations only"
+
+
+def test_the_table_says_where_each_conversation_is(qtbot, page, bridge, engine, sessions_dir):
+    from gui_helpers import emit_from_thread
+
+    from slotkeeper.core import events as ev
+    from slotkeeper.core.server.state import ServerState
+    from slotkeeper.core.views import SlotView
+    from slotkeeper.gui.sessions_model import COLUMN
+
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Alpha")
+    make_session(sessions_dir, "bbbbbbbbbbbb", title="Beta")
+    wait_rows(qtbot, page, 2)
+
+    def where(sid):
+        row = page.sessions_model.row_of(sid)
+        return page.sessions_model.index(row, COLUMN["where"]).data()
+
+    assert where("aaaaaaaaaaaa") == "on disk"
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged((SlotView(0, session_id="bbbbbbbbbbbb"), SlotView(1))))
+    assert where("bbbbbbbbbbbb") == "slot 0" and where("aaaaaaaaaaaa") == "on disk"
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STOPPED))
+    assert where("bbbbbbbbbbbb") == "on disk"

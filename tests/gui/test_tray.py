@@ -107,3 +107,12 @@ def test_copy_address_and_start(qtbot, tray, bridge, engine, monkeypatch):
     monkeypatch.setattr(bridge, "start_server", lambda resume_id=None: started.append(resume_id))
     tray.start_stop_action.trigger()
     assert started == [None]
+
+
+def test_the_tooltip_says_how_much_time_the_cache_saved(qtbot, tray, bridge, engine):
+    from gui_helpers import emit_from_thread
+
+    assert "Time saved" not in tray.tooltip()
+    with qtbot.waitSignal(bridge.historyLoaded):
+        emit_from_thread(engine, ev.RequestDone(0, 0, 5000, 4900, 100, 80.0, 1.0, "restored", 125_000.0))
+    assert "Time saved by the cache: 2 min 5 s" in tray.tooltip()

@@ -53,3 +53,20 @@ def parse_size(text: str | int) -> int:
     if "." in number and power == 0:
         raise ValueError(f"not a size: {text!r} (a plain byte count must be a whole number)")
     return int(round(value))
+
+
+def human_duration(seconds: float) -> str:
+    """"59 s", "3 min 20 s", "1 h 2 min", "1 d 1 h 0 min"; a fraction under 10 s keeps one decimal."""
+    if 0 < seconds < 10 and seconds != int(seconds):
+        return f"{seconds:.1f} s"
+    seconds = int(max(0, seconds))
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if d:
+        return f"{d} d {h} h {m} min"
+    if h:
+        return f"{h} h {m} min"
+    if m:
+        return f"{m} min {s} s"
+    return f"{s} s"

@@ -291,7 +291,8 @@ class EngineBridge(QObject):
 
     def _append_history(self, event: ev.RequestDone) -> None:
         record = RequestRecord(at=event.at, slot=event.slot, n_prompt=event.n_prompt, cache_n=event.cache_n,
-                               prompt_n=event.prompt_n, prompt_ms=event.prompt_ms)
+                               prompt_n=event.prompt_n, prompt_ms=event.prompt_ms, source=event.source,
+                               saved_ms=event.saved_ms)
         self.history = [*self.history, record][-HISTORY_SHOWN:]
         self.historyLoaded.emit(self.history)
 

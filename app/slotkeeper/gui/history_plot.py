@@ -17,9 +17,14 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
+from slotkeeper.core.units import human_duration
 from slotkeeper.gui.gauges import CACHE_COLOUR, PROCESSED_COLOUR
 
 SHARE_COLOUR = QColor("#ea580c")
+# Where a request's cache came from (history records since Slotkeeper serves the requests).
+SOURCES = {"slot": ", already in the slot", "restored": ", restored from disk for it",
+           "ram": ", from llama-server's RAM cache", "recomputed": ", recomputed (a restore would have been wrong)",
+           "none": ""}
 MIN_BAR_PX = 3.0
 MAX_BAR_PX = 28.0
 
@@ -31,6 +36,8 @@ class PlotPoint:
     n_prompt: int
     cache_n: int
     prompt_ms: float
+    source: str = ""
+    saved_ms: float = 0.0
 
     @property
     def share(self) -> float:
@@ -43,7 +50,8 @@ class PlotPoint:
         if n_prompt == 0:
             n_prompt = cache_n + int(getattr(r, "prompt_n", 0) or 0)
         return cls(float(getattr(r, "at", 0.0) or 0.0), int(getattr(r, "slot", 0) or 0),
-                   n_prompt, cache_n, float(getattr(r, "prompt_ms", 0.0) or 0.0))
+                   n_prompt, cache_n, float(getattr(r, "prompt_ms", 0.0) or 0.0),
+                   str(getattr(r, "source", "") or ""), float(getattr(r, "saved_ms", 0.0) or 0.0))
 
 
 def nice_ceiling(value: float) -> float:
@@ -89,8 +97,11 @@ class HistoryPlot(QWidget):
         total = sum(p.n_prompt for p in self.points)
         cached = sum(p.cache_n for p in self.points)
         share = cached / total if total else 0.0
-        return (f"{len(self.points)} requests, {total:,} prompt tokens, "
-                f"{round(100 * share)}% served from cache")
+        text = f"{len(self.points)} requests, {total:,} prompt tokens, {round(100 * share)}% served from cache"
+        saved = sum(p.saved_ms for p in self.points)
+        if saved:
+            text += f"; {human_duration(saved / 1000)} of prefill saved"
+        return text
 
     # -- painting -------------------------------------------------------------------------
     def _visible(self, plot_w: float) -> list[PlotPoint]:
@@ -215,7 +226,9 @@ class HistoryPlot(QWidget):
                 QToolTip.showText(
                     e.globalPos(),
                     f"{when}, slot {pt.slot}\n{pt.n_prompt:,} prompt tokens, {pt.cache_n:,} from cache "
-                    f"({round(100 * pt.share)}%)\nprompt processed in {pt.prompt_ms:,.0f} ms",
+                    f"({round(100 * pt.share)}%){SOURCES.get(pt.source, '')}\n"
+                    f"prompt processed in {pt.prompt_ms:,.0f} ms"
+                    + (f"; the cache saved about {human_duration(pt.saved_ms / 1000)}" if pt.saved_ms else ""),
                     self,
                 )
             return True

@@ -31,6 +31,7 @@ RESTORABLE_ROLE = Qt.ItemDataRole.UserRole + 5
 
 COLUMNS = (
     ("title", "Title"),
+    ("where", "Where"),
     ("model", "Model"),
     ("tokens", "Tokens"),
     ("size", "Size"),
@@ -78,6 +79,7 @@ class SessionsTableModel(QAbstractTableModel):
         self._reasons: list[list[str] | None] = []
         self._facts: ServerFacts | None = None
         self._clock = clock
+        self._in_slot: dict[str, int] = {}  # session id -> the slot holding it now
         self.total_bytes = 0
         self.unmanaged_bytes = 0
 
@@ -96,6 +98,20 @@ class SessionsTableModel(QAbstractTableModel):
         self._reasons = [compat_reasons(e, facts) for e in self._entries]
         if self._entries:
             self.dataChanged.emit(self.index(0, 0), self.index(len(self._entries) - 1, len(COLUMNS) - 1))
+
+    def set_slots(self, views) -> None:
+        """Which slot holds which session now (from the engine's slot views)."""
+        in_slot = {v.session_id: v.id for v in views if v.session_id}
+        if in_slot == self._in_slot:
+            return
+        self._in_slot = in_slot
+        if self._entries:
+            col = COLUMN["where"]
+            self.dataChanged.emit(self.index(0, col), self.index(len(self._entries) - 1, col))
+
+    def where(self, session_id: str) -> str:
+        slot = self._in_slot.get(session_id)
+        return "on disk" if slot is None else f"slot {slot}"
 
     @property
     def facts(self) -> ServerFacts | None:
@@ -178,6 +194,8 @@ class SessionsTableModel(QAbstractTableModel):
             return "yes" if not reasons else "no"
         if key == "size":
             return human_bytes(entry.size_bytes)
+        if key == "where":
+            return self.where(entry.id)
         if sc is None:
             return ""
         if key == "model":
@@ -207,6 +225,11 @@ class SessionsTableModel(QAbstractTableModel):
             return "Cannot be resumed into the running server:\n• " + "\n• ".join(reasons)
         if key == "status":
             return "\n".join(entry.problems) if entry.problems else "Sidecar and KV file look complete."
+        if key == "where":
+            if entry.id in self._in_slot:
+                return (f"In slot {self._in_slot[entry.id]} of the running server: the next request of this "
+                        "conversation continues from there.")
+            return "Saved on disk: a request that continues it brings it back into a slot first."
         if sc is None:
             return "\n".join(entry.problems) or None
         if key == "title":

@@ -16,7 +16,7 @@ from slotkeeper.core import events as ev
 from slotkeeper.core.engine.resume import resume_verdict
 from slotkeeper.core.server.state import STOPPED_STATES, ServerState
 from slotkeeper.core.sessions.sidecar import parse_utc
-from slotkeeper.core.units import human_bytes
+from slotkeeper.core.units import human_bytes, human_duration
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import no_browser_message, open_url
@@ -82,6 +82,7 @@ class TrayController(QObject):
         for signal in (bridge.sessionsListed, bridge.settingsChanged):
             signal.connect(self._on_change)
         bridge.on(ev.SlotsChanged, self._on_slots)
+        bridge.historyLoaded.connect(self._on_slots)  # the time saved in the tooltip
         self.resume_menu.aboutToShow.connect(self.rebuild_resume_menu)
         self.refresh()
 
@@ -161,6 +162,9 @@ class TrayController(QObject):
         if b.listing is not None:
             n = len(b.listing.sessions)
             lines.append(f"Saved: {n} conversation{'s' if n != 1 else ''}, {human_bytes(b.listing.total_bytes)}")
+        saved_ms = sum(r.saved_ms for r in b.history)
+        if saved_ms:
+            lines.append(f"Time saved by the cache: {human_duration(saved_ms / 1000)}")
         return "\n".join(lines)
 
     # -- resume ---------------------------------------------------------------------------

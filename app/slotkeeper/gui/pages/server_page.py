@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.server.state import STOPPED_STATES, ServerState
+from slotkeeper.core.units import human_duration
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge, initial_log
 from slotkeeper.gui.desktop import no_browser_message, open_url
@@ -38,20 +39,6 @@ WARNING_BOX_STYLE = (
     "QLabel { background: #fef3c7; color: #78350f; border: 1px solid #f59e0b; "
     "border-radius: 4px; padding: 6px; }"
 )
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    d, rem = divmod(seconds, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    if d:
-        return f"{d} d {h} h {m} min"
-    if h:
-        return f"{h} h {m} min"
-    if m:
-        return f"{m} min {s} s"
-    return f"{s} s"
 
 
 def describe_flags(profile) -> str:
@@ -260,7 +247,7 @@ class ServerPage(QWidget):
     def _update_uptime(self) -> None:
         started_at = self.bridge.snapshot.started_at
         if self.bridge.state is ServerState.READY and started_at:
-            self.uptime_label.setText(format_duration(time.time() - started_at))
+            self.uptime_label.setText(human_duration(int(time.time() - started_at)))
         else:
             self.uptime_label.setText("—")
 

@@ -42,6 +42,8 @@ class SessionsPage(QWidget):
         # Whether the selected conversation can be resumed depends on the server and the model.
         for event_type in (ev.ServerStateChanged, ev.EngineReady, ev.ActivityChanged):
             bridge.on(event_type, self._update_buttons)
+        bridge.on(ev.SlotsChanged, self._on_slots)
+        bridge.on(ev.ServerStateChanged, self._on_slots)
         bridge.sessionsListed.connect(self._on_listing)
         bridge.settingsChanged.connect(self._on_settings_changed)
         bridge.sessionVerified.connect(self._on_verified)
@@ -244,6 +246,9 @@ class SessionsPage(QWidget):
         for e in self.selected_entries():
             self.bridge.verify_session(e.id)
         self.statusMessage.emit("Verifying…")
+
+    def _on_slots(self, _event=None) -> None:
+        self.sessions_model.set_slots(self.bridge.slots)
 
     def _on_verified(self, entry: SessionEntry) -> None:
         title = entry.sidecar.title if entry.sidecar else entry.id

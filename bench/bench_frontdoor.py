@@ -1,0 +1,255 @@
+"""The front door, measured side by side with raw llama-server in one run (the ~200 MB bench model).
+
+    .venv/bin/python bench/bench_frontdoor.py [--conversations 8] [--turns 4] [--restart-after 2]
+                                              [--first-tokens 800] [--seed 7] [--overhead-requests 200]
+
+1. A trace: N conversations x T turns in a seeded random order, one slot, replayed against
+   Slotkeeper's front door and against raw llama-server with its default flags (so with its own
+   RAM prompt cache), both restarted after turn R. Each turn sends the whole conversation and
+   measures the time to the first streamed token. Prints total prefilled tokens and total time to
+   first token for both, the ratio, and the same for the turns after the restart.
+2. The same trace with Slotkeeper's llama-server left to its own RAM cache too (--cache-ram on,
+   the choice Slotkeeper did not make), for the record.
+3. Overhead: a request whose prefix is already in the slot, sent alternately straight to
+   llama-server and through the front door: the median added latency. And a stream's tokens per
+   second both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+
+from slotkeeper.core.engine import Engine  # noqa: E402
+from slotkeeper.core.modelgen import write_model  # noqa: E402
+from slotkeeper.core.paths import app_paths  # noqa: E402
+from slotkeeper.core.server.locate import locate_server  # noqa: E402
+from slotkeeper.core.server.state import ServerState  # noqa: E402
+from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
+
+WORDS = ("river mountain garden window letter candle summer harbour violin meadow lantern orchard thunder "
+         "pebble falcon ribbon compass cellar willow saddle").split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def text(seed: int, n: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def trace(conversations: int, turns: int, seed: int) -> list[tuple[int, int]]:
+    """(conversation, turn) in a random order that keeps each conversation's turns in order."""
+    rng = random.Random(seed)
+    left = {c: 0 for c in range(conversations)}
+    order = []
+    while any(t < turns for t in left.values()):
+        c = rng.choice([c for c, t in left.items() if t < turns])
+        order.append((c, left[c]))
+        left[c] += 1
+    return order
+
+
+def first_token(url: str, messages: list[dict], headers: dict | None = None) -> tuple[float, dict]:
+    """Seconds to the first streamed token, and the request's timings."""
+    body = {"messages": messages, "max_tokens": 8, "stream": True, "temperature": 0, "seed": 1}
+    t0 = time.perf_counter()
+    ttft = None
+    timings: dict = {}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if ttft is None and any(c.get("delta", {}).get("content") for c in d.get("choices", [])):
+                ttft = time.perf_counter() - t0
+            timings = d.get("timings", timings)
+    return (ttft if ttft is not None else time.perf_counter() - t0), timings
+
+
+def replay(order, send, restart, restart_after: int, first_tokens: int, seed: int) -> dict:
+    """Send the trace through ``send(messages) -> (ttft, timings)``; ``restart()`` after turn R."""
+    history: dict[int, list[dict]] = {}
+    totals = {"ttft": 0.0, "prefilled": 0, "cached": 0, "ttft_after": 0.0, "prefilled_after": 0}
+    restarted = False
+    for c, t in order:
+        if t == restart_after and not restarted:
+            restart()
+            restarted = True
+        msgs = history.setdefault(c, [{"role": "system", "content": f"You are assistant number {c}."}])
+        msgs.append({"role": "user", "content": text(seed * 100 + c * 10 + t, first_tokens if t == 0 else 30)})
+        ttft, timings = send(msgs)
+        msgs.append({"role": "assistant", "content": text(seed * 1000 + c * 10 + t, 12)})  # a scripted reply
+        totals["ttft"] += ttft
+        totals["prefilled"] += timings.get("prompt_n", 0)
+        totals["cached"] += timings.get("cache_n", 0)
+        if restarted:
+            totals["ttft_after"] += ttft
+            totals["prefilled_after"] += timings.get("prompt_n", 0)
+    return totals
+
+
+class RawServer:
+    """llama-server with its default flags, started and restarted by hand."""
+
+    def __init__(self, binary: list[str], model: Path, ctx: int, extra: list[str]) -> None:
+        self.argv = [*binary, "-m", str(model), "-c", str(ctx), "-np", "1", *extra]
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([*self.argv, "--port", str(port)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("llama-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+            self.proc = None
+
+
+def slotkeeper(model: Path, ctx: int, home: Path, extra: tuple[str, ...] = ()) -> Engine:
+    os.environ["SLOTKEEPER_HOME"] = str(home)
+    settings = Settings(profile=ServerProfile(model_path=str(model), port=free_port(), ctx=ctx, extra_args=extra),
+                        idle_save_seconds=10.0)
+    engine = Engine(app_paths(), settings)
+    engine.start()
+    assert engine.wait_ready(300) is ServerState.READY, engine.supervisor.message
+    return engine
+
+
+def restart(engine: Engine) -> None:
+    engine.restart()
+    assert engine.wait_ready(300) is ServerState.READY
+
+
+def overhead(engine: Engine, n: int) -> tuple[float, float, float, float]:
+    """Median ms straight to llama-server and through the front door (prefix already in the slot),
+    and a stream's tokens per second both ways."""
+    private, key = engine._upstream()
+    direct_h = {"Authorization": f"Bearer {key}"}
+    body = {"prompt": text(5, 300), "n_predict": 1, "temperature": 0, "id_slot": 0}
+    direct, front = [], []
+    with httpx.Client(timeout=60) as c:
+        c.post(f"{engine.base_url}/completion", json=body)
+        for i in range(n):
+            for url, h, out in ((private, direct_h, direct), (engine.base_url, {}, front))[:: 1 if i % 2 else -1]:
+                t0 = time.perf_counter()
+                c.post(f"{url}/completion", json=body, headers=h).raise_for_status()
+                out.append((time.perf_counter() - t0) * 1000)
+
+    def stream_rate(url: str, h: dict) -> float:
+        rates = []
+        for _ in range(5):
+            times = []
+            with httpx.stream("POST", f"{url}/completion", headers=h, timeout=120, json={
+                    "prompt": text(6, 50), "n_predict": 200, "stream": True, "temperature": 0, "ignore_eos": True,
+                    "id_slot": 0}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        times.append(time.perf_counter())
+            rates.append((len(times) - 1) / (times[-1] - times[0]))
+        return statistics.median(rates)
+
+    return statistics.median(direct), statistics.median(front), stream_rate(private, direct_h), \
+        stream_rate(engine.base_url, {})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conversations", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--restart-after", type=int, default=2)
+    ap.add_argument("--first-tokens", type=int, default=800, help="words in each conversation's first message")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--overhead-requests", type=int, default=200)
+    ap.add_argument("--model", help="GGUF to use (default: the generated ~200 MB bench model)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="slotkeeper-bench-"))
+    model = Path(args.model) if args.model else write_model(work / "bench.gguf", "bench")
+    server_bin = locate_server(None)
+    ctx = 16384
+    order = trace(args.conversations, args.turns, args.seed)
+    print(f"trace: {args.conversations} conversations x {args.turns} turns, one slot, restart after turn "
+          f"{args.restart_after}, seed {args.seed}")
+
+    raw = RawServer(list(server_bin.argv_prefix), model, ctx, [])
+    raw.start()
+
+    def raw_restart() -> None:
+        raw.stop()
+        raw.start()
+
+    try:
+        r = replay(order, lambda m: first_token(raw.url, m), raw_restart, args.restart_after, args.first_tokens,
+                   args.seed)
+    finally:
+        raw.stop()
+
+    results = {}
+    for name, extra in (("slotkeeper", ()), ("slotkeeper + llama-server RAM cache", ("--cache-ram", "8192"))):
+        home = work / name.replace(" ", "-")
+        if extra:  # the choice Slotkeeper did not make: allowed here only for the measurement
+            import slotkeeper.core.server.command as command
+
+            command.OWNED_FLAGS = command.OWNED_FLAGS - {"--cache-ram"}
+            command.OPTIONAL_FLAGS = tuple(f for f in command.OPTIONAL_FLAGS if f[0] != "--cache-ram")
+        engine = slotkeeper(model, ctx, home, extra)
+        try:
+            results[name] = replay(order, lambda m, e=engine: first_token(e.base_url, m),
+                                   lambda e=engine: restart(e), args.restart_after, args.first_tokens, args.seed)
+            if not extra:
+                over = overhead(engine, args.overhead_requests)
+        finally:
+            engine.close(save=False)
+
+    def row(name: str, t: dict) -> None:
+        print(f"{name:<38} prefilled {t['prefilled']:>7,} tokens  time to first token {t['ttft']:7.2f} s   "
+              f"after the restart: {t['prefilled_after']:>7,} tokens {t['ttft_after']:7.2f} s")
+
+    row("raw llama-server (default flags)", r)
+    for name, t in results.items():
+        row(name, t)
+    s = results["slotkeeper"]
+    print(f"Slotkeeper vs raw llama-server: {r['ttft'] / s['ttft']:.1f}x less total time to first token "
+          f"({r['prefilled'] / max(1, s['prefilled']):.1f}x fewer tokens prefilled); after the restart "
+          f"{r['ttft_after'] / s['ttft_after']:.1f}x")
+    d, f, sd, sf = over
+    print(f"front door overhead, prefix already in the slot: direct {d:.2f} ms, through the front door {f:.2f} ms "
+          f"(median of {args.overhead_requests}): +{f - d:.2f} ms")
+    print(f"streaming: {sd:.1f} tokens/s direct, {sf:.1f} through the front door ({100 * (sf / sd - 1):+.1f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
