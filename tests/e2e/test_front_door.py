@@ -82,6 +82,51 @@ def test_four_conversations_on_one_slot_survive_switching_and_a_restart(llama_mo
         engine2.stop()
 
 
+def test_a_conversation_that_keeps_to_its_slot_is_not_tokenized_until_another_needs_the_slot(
+        llama_model, server_bin, port):
+    """The next turn of the conversation a slot holds goes straight to it (no template rendering
+    and tokenizing on the way in); the figures come from the response. When another
+    conversation needs the slot, the first one's tokens are learnt, it is saved before it is
+    evicted, and its next turn comes back from disk."""
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600, ctx=4096)
+    events = EventLog(engine)
+    tokenized: list[str] = []
+    real = engine.front._prompt_tokens
+
+    async def counting(path, body):
+        tokenized.append(body["messages"][-1]["content"][:20])
+        return await real(path, body)
+
+    engine.front._prompt_tokens = counting
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        url = engine.base_url
+        a, first = turn(url, [{"role": "system", "content": "You are assistant A."}], long_message(1))
+        a, second = turn(url, a, "Tell me more.")
+        a, third = turn(url, a, "And then?")
+        assert len(tokenized) == 1, tokenized  # only the first turn, which found no slot holding it
+        done = wait_until(lambda: len(events.of(ev.RequestDone)) == 3 and events.of(ev.RequestDone),
+                          what="three requests recorded (after their answers went out)")
+        assert [d.source for d in done] == ["none", "slot", "slot"]
+        for d, r in zip(done, (first, second, third)):
+            t = r["timings"]
+            assert (d.n_prompt, d.cache_n, d.prompt_n) == (t["cache_n"] + t["prompt_n"], t["cache_n"], t["prompt_n"])
+        assert reused(third) >= 0.9
+        assert engine.snapshot.slots[0].n_tokens >= done[-1].n_prompt
+
+        b, _ = turn(url, [{"role": "system", "content": "You are assistant B."}], long_message(2))
+        assert len(tokenized) == 3, tokenized  # B's prompt, and A's last turn, learnt for the route
+        [saved] = [s for s in events.of(ev.SessionSaved) if s.reason == "before switching conversations"]
+        assert saved.n_tokens >= done[-1].n_prompt  # A as its last turn left it, reply included
+        a, back = turn(url, a, "Back to you, A.")
+        assert reused(back) >= 0.8, back["timings"]
+        last = wait_until(lambda: len(events.of(ev.RequestDone)) == 5 and events.of(ev.RequestDone)[-1])
+        assert last.source == "restored", events.of(ev.RequestDone)
+    finally:
+        engine.stop(save=False)
+
+
 def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_server(gemma2_model, server_bin, port):
     """--swa-full: llama-server's save keeps only a window of old sliding-layer cells, yet after a
     restore it rolls back into them. The front door recomputes instead; the answer is a cold one."""

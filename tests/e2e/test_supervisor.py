@@ -95,7 +95,7 @@ def test_port_in_use_is_reported_and_nothing_is_killed(llama_model, server_bin, 
         with pytest.raises(EngineError) as refused:
             engine.start()
         assert f"Port {port}" in str(refused.value) and "already in use" in str(refused.value)
-        assert "python" in str(refused.value)  # who holds it
+        assert f"by {psutil.Process().name()} (pid {os.getpid()})" in str(refused.value)  # who holds it
         assert engine.supervisor.state is ServerState.STOPPED  # nothing was started
         assert other.poll() is None
         holder.getsockname()  # still ours

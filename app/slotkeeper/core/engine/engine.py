@@ -36,6 +36,7 @@ from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.frontdesk import UNKNOWN, Figures, FrontDesk, FrontDeskError, restore_mode
+from slotkeeper.core.engine.frontdoor import FrontDoor
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.model import (
     LLAMA_BUILD_FALLBACK,
@@ -66,7 +67,6 @@ from slotkeeper.core.events import (
     SlotsChanged,
     WarningRaised,
 )
-from slotkeeper.core.frontdoor import FrontDoor
 from slotkeeper.core.history import RequestHistory, RequestRecord
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
@@ -887,6 +887,10 @@ class Engine:
     def slot_lock(self, slot: int) -> asyncio.Lock:
         return self._slot_locks[slot]
 
+    def serving_now(self) -> bool:
+        """The server takes requests right now (on the loop: no waiting)."""
+        return self._serving.is_set() and not self._closed
+
     async def wait_serving(self, timeout: float) -> None:
         """Until the server takes requests; FrontDeskError when it is stopped or does not come."""
         deadline = time.monotonic() + timeout
@@ -929,13 +933,16 @@ class Engine:
                                     what="recording the restore's reuse")
             self.events.emit(RestoreReused(slot, pending.session_id, 0, 0, pending.n_restored, False, why))
 
-    async def best_saved_prefix(self, tokens) -> tuple[str, int, int] | None:
+    async def best_saved_prefix(self, tokens, beat: int = 0) -> tuple[str, int, int] | None:
         """The saved session sharing the longest prefix with ``tokens``: (id, tokens shared,
-        its length), when it is healthy and compatible with the running server."""
+        its length), when it is healthy and compatible with the running server. None at once
+        (nothing read from disk) when no session can share more than ``beat`` tokens."""
         facts = self._facts
         if facts is None:
             return None
         for hit in self.index.longest_prefix(tokens, facts.model_sha256, limit=2):
+            if min(len(tokens), hit.at_most) <= beat:
+                return None
             try:
                 entry = await self.loop.run_io(self.store.get, hit.session_id)
                 if entry.problems or entry.sidecar is None or check_compatible(entry.sidecar, facts):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,51 @@ DEFAULT_RESTORE_BYTES_PER_MS = 1_000_000.0  # ~1 GB/s, until measured
 RESTORE_OVERHEAD_MS = 20.0
 RATE_WEIGHT = 0.2  # exponential moving average of the measured rates
 UNKNOWN = 1 << 30  # a slot's length when what it holds is not known
+# Request fields that change how a reply is sampled, not the prompt: two requests that differ
+# only in these (and in a longer conversation) render the same prompt prefix.
+SAMPLING_FIELDS = frozenset({
+    "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n_predict", "temperature",
+    "dynatemp_range", "dynatemp_exponent", "top_p", "top_k", "min_p", "typical_p", "top_n_sigma", "seed", "stop",
+    "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "penalty_last_n", "logprobs",
+    "top_logprobs", "n_probs", "post_sampling_probs", "id_slot", "cache_prompt", "timings_per_token",
+    "return_progress", "return_tokens", "user", "logit_bias", "mirostat", "mirostat_tau", "mirostat_eta",
+    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+    "xtc_probability", "xtc_threshold", "samplers", "n", "ignore_eos", "t_max_predict_ms", "grammar", "n_keep",
+    "n_indent", "n_discard", "n_cmpl", "lora", "speculative.n_max", "speculative.n_min", "speculative.p_min"})
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """A request as far as its prompt goes: the growing part (the chat's ``messages``, a text
+    ``prompt``) and everything else that shapes the prompt (tools, template options...)."""
+
+    path_kind: str  # "chat" or "text"
+    growing: tuple[Any, ...] | str
+    fixed: dict[str, Any]
+
+    def continues(self, before: RequestShape) -> bool:
+        """This request's prompt starts with all of ``before``'s (a next turn, a longer text)."""
+        if self.path_kind != before.path_kind or self.fixed != before.fixed:
+            return False
+        if isinstance(self.growing, str):
+            return isinstance(before.growing, str) and self.growing.startswith(before.growing)
+        n = len(before.growing)
+        return len(self.growing) >= n and self.growing[:n] == before.growing
+
+    @property
+    def length(self) -> int:
+        return len(self.growing)
+
+
+def request_shape(path_kind: str, body: dict[str, Any]) -> RequestShape | None:
+    """The shape of a chat (``messages``) or text-completion (string ``prompt``) request."""
+    key = "messages" if path_kind == "chat" else "prompt"
+    growing = body.get(key)
+    if path_kind == "chat" and isinstance(growing, list) and growing:
+        growing = tuple(growing)
+    elif not (path_kind == "text" and isinstance(growing, str) and growing):
+        return None
+    return RequestShape(path_kind, growing, {k: v for k, v in body.items() if k != key and k not in SAMPLING_FIELDS})
 
 
 class FrontDeskError(Exception):
@@ -66,6 +111,14 @@ class SlotContent:
     fragile_until: int = 0  # restored tokens that must not be rolled back into (exact-only models)
     busy: bool = False  # a request runs on it
     last_used: float = 0.0
+    shape: RequestShape | None = None  # the last request, while the slot holds its prompt and nothing else
+    # ``tokens`` may lag one fast request behind: ``learn`` gives the real ones when routing needs them
+    learn: Callable[[], Awaitable[np.ndarray | None]] | None = None
+    learning: asyncio.Future[np.ndarray | None] | None = None
+
+    def forget(self) -> None:
+        """What it holds now comes from elsewhere (a restore, an erase): no lagging tokens."""
+        self.shape, self.learn, self.learning = None, None, None
 
 
 @dataclass
@@ -75,6 +128,7 @@ class Ticket:
     expected_prefix: int = 0
     source: str = "none"  # where the cache is expected to come from
     started: float = field(default_factory=time.monotonic)
+    shape: RequestShape | None = None
 
 
 @dataclass(frozen=True)
@@ -124,12 +178,14 @@ class FrontDesk:
         fragile = len(arr) if restore_mode(self.e.facts_now()) == "exact" else 0
         c = self.content(slot)
         c.tokens, c.n_prompt, c.held, c.fragile_until = arr, len(arr), len(arr), fragile
+        c.forget()
         if restore_ms > 0 and n_read > 0:
             self.restore_bytes_per_ms = _ema(self.restore_bytes_per_ms, n_read / restore_ms)
 
     def erased(self, slot: int) -> None:
         c = self.content(slot)
         c.tokens, c.n_prompt, c.held, c.fragile_until = np.zeros(0, dtype=np.int64), 0, 0, 0
+        c.forget()
 
     def break_even_tokens(self, size_bytes: int) -> int:
         """Prefill tokens that take as long as restoring a file of ``size_bytes``."""
@@ -145,7 +201,12 @@ class FrontDesk:
             raise FrontDeskError(503, "llama-server has no slots ready yet; try again shortly")
         if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
             raise FrontDeskError(400, f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
-        session = await self._session_option(tokens) if tokens is not None and pinned_slot is None else None
+        await self._learn_lagging()
+        session = None
+        if tokens is not None and pinned_slot is None:
+            # Only a session that beats every idle slot by the break-even could be chosen.
+            beat = max((o.prefix for o in self._slot_options(tokens, None) if not o.busy), default=0)
+            session = await self._session_option(tokens, beat + self.break_even_tokens(0))
         queued = False
         while True:
             async with self._route_lock:
@@ -168,6 +229,51 @@ class FrontDesk:
         except BaseException:
             self._release(decision.slot)
             raise
+
+    async def _learn_lagging(self) -> None:
+        """Bring every slot's tokens up to date (the full route compares them)."""
+        waits = []
+        for c in self.contents.values():
+            if c.learn is not None:
+                if c.learning is None:
+                    c.learning = asyncio.ensure_future(c.learn())
+                waits.append((c, c.learning))
+        for c, fut in waits:
+            try:
+                tokens = await asyncio.shield(fut)
+            except Exception as exc:  # noqa: BLE001 - not knowing them only costs a reuse
+                log.debug("could not learn a slot's tokens: %s", exc)
+                tokens = None
+            if c.learning is fut:  # not replaced by a newer request meanwhile
+                c.tokens = tokens if tokens is not None else np.zeros(0, dtype=np.int64)
+                c.learn = c.learning = None
+
+    def admit_continuation(self, shape: RequestShape | None, pinned_slot: int | None = None) -> Ticket | None:
+        """The fast way in, without the prompt's tokens: a request that continues the last request
+        of an idle slot (the next turn of the conversation that slot holds) goes straight to it.
+
+        Nothing needs doing first there (no save, no restore) and no other slot or saved session
+        holds more of that conversation than the slot it last ran on. Slots with restored tokens
+        of an exact-only model are left to the full route, which checks for a rollback. None:
+        take the full route (``admit``); the caller learns the tokens later (``finish``)."""
+        if shape is None or not self.e.serving_now() or self._route_lock.locked():
+            return None
+        best: int | None = None
+        for i, c in self.contents.items():
+            if c.shape is None or c.busy or c.fragile_until or c.held >= UNKNOWN:
+                continue
+            if pinned_slot is not None and i != pinned_slot:
+                continue
+            if self.e.slot_watch(i).busy_with is not None or not shape.continues(c.shape):
+                continue
+            if best is None or c.shape.length > self.contents[best].shape.length:  # type: ignore[union-attr]
+                best = i
+        if best is None:
+            return None
+        self._lease(best)
+        c = self.contents[best]
+        log.debug("request -> slot %s: continues its last request", best)
+        return Ticket(best, None, c.held, "slot", shape=shape)
 
     async def _prepare(self, r: Route, tokens: np.ndarray | None) -> Ticket:
         e = self.e
@@ -199,11 +305,11 @@ class FrontDesk:
                                   w.changed, c.last_used, c.fragile_until))
         return out
 
-    async def _session_option(self, tokens: np.ndarray) -> SessionOption | None:
+    async def _session_option(self, tokens: np.ndarray, beat: int) -> SessionOption | None:
         mode = restore_mode(self.e.facts_now())
         if mode == "never":
             return None
-        hit = await self.e.best_saved_prefix(tokens)
+        hit = await self.e.best_saved_prefix(tokens, beat)
         if hit is None:
             return None
         sid, prefix, n_tokens = hit
@@ -232,8 +338,13 @@ class FrontDesk:
             pass
 
     # -- when it is done ------------------------------------------------------------------
-    def finish(self, ticket: Ticket, outcome: Outcome) -> None:
-        """Record what the request did (called once, also when the client went away)."""
+    def finish(self, ticket: Ticket, outcome: Outcome,
+               learn: Callable[[], Awaitable[np.ndarray | None]] | None = None) -> None:
+        """Record what the request did (called once, also when the client went away).
+
+        A request that came in the fast way has no tokens yet: ``learn`` finds them when a full
+        route needs them (a conversation that keeps to its slot never needs them); its figures
+        come from the response's ``timings``."""
         if ticket.slot is None:
             return
         slot = ticket.slot
@@ -242,16 +353,22 @@ class FrontDesk:
             return  # refused before the prompt was touched: the slot holds what it held
         t = outcome.timings or {}
         c = self.content(slot)
-        tokens = ticket.tokens if ticket.tokens is not None else np.zeros(0, dtype=np.int64)
         predicted = int(t.get("predicted_n") or 0)
-        if c.fragile_until and common_prefix_len(tokens, c.tokens) < c.fragile_until:
-            c.fragile_until = 0  # recomputed from scratch: nothing restored is left in it
-        c.tokens, c.n_prompt = tokens, len(tokens)
-        c.held = len(tokens) + max(predicted - 1, 0)
+        cache_n, prompt_n = int(t.get("cache_n") or 0), int(t.get("prompt_n") or 0)
+        if ticket.tokens is None and learn is not None and outcome.timings is not None:
+            c.n_prompt = cache_n + prompt_n
+            c.learn, c.learning = learn, None
+        else:
+            tokens = ticket.tokens if ticket.tokens is not None else np.zeros(0, dtype=np.int64)
+            if c.fragile_until and common_prefix_len(tokens, c.tokens) < c.fragile_until:
+                c.fragile_until = 0  # recomputed from scratch: nothing restored is left in it
+            c.tokens, c.n_prompt = tokens, len(tokens)
+            c.learn = c.learning = None
+        c.held = c.n_prompt + max(predicted - 1, 0)
+        c.shape = ticket.shape if outcome.timings is not None and c.n_prompt else None
         if outcome.timings is None:  # cut short (the client went away): what it did is not known
             self.e.request_done(slot, c.held, None)
             return
-        cache_n, prompt_n = int(t.get("cache_n") or 0), int(t.get("prompt_n") or 0)
         prompt_ms = float(t.get("prompt_ms") or 0.0)
         if prompt_n >= 64 and prompt_ms > 0:
             self.prefill_tokens_per_ms = _ema(self.prefill_tokens_per_ms, prompt_n / prompt_ms)
@@ -261,7 +378,7 @@ class FrontDesk:
         elif cache_n > 0 and source in ("none", "recomputed"):
             source = "ram"  # llama-server found it in its own prompt cache
         saved_ms = cache_n / self.prefill_tokens_per_ms if cache_n else 0.0
-        self.e.request_done(slot, c.held, Figures(cache_n + prompt_n, cache_n, prompt_n, prompt_ms, source, saved_ms))
+        self.e.request_done(slot, c.held, Figures(c.n_prompt, cache_n, prompt_n, prompt_ms, source, saved_ms))
 
 
 def session_size(engine: Engine, session: SessionOption | None) -> int:

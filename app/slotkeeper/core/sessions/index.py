@@ -49,6 +49,11 @@ class PrefixHit:
     n_blocks: int  # whole blocks shared with the prompt
 
     @property
+    def at_most(self) -> int:
+        """The most tokens it can share: the next block differs."""
+        return (self.n_blocks + 1) * BLOCK - 1
+
+    @property
     def n_tokens(self) -> int:
         return self.n_blocks * BLOCK
 

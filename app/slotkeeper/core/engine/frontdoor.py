@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
+import orjson
 from aiohttp import web
 
-from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket
+from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.frontdesk import FrontDesk
@@ -165,38 +166,50 @@ class FrontDoor:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("not an object")
-        except ValueError:
+        body = parse_object(raw)
+        if body is None:
             return await self._pass(request, raw)  # llama-server says what is wrong with it
+        path = request.path
         pinned = body.get("id_slot")
         pinned = pinned if isinstance(pinned, int) and not isinstance(pinned, bool) and pinned >= 0 else None
-        tokens = await self._prompt_tokens(request.path, body)
-        try:
-            ticket = await self.desk.admit(tokens, pinned)
-        except FrontDeskError as exc:
-            return error_response(exc.status, exc.message, "unavailable_error" if exc.status == 503 else
-                                  "invalid_request_error")
+        kind = "chat" if path in CHAT_PATHS else "text" if path in COMPLETION_PATHS else None
+        shape = request_shape(kind, body) if kind else None
+        ticket = self.desk.admit_continuation(shape, pinned)  # the next turn of what a slot holds
+        fast = ticket is not None
+        if ticket is None:
+            tokens = await self._prompt_tokens(path, body)
+            try:
+                ticket = await self.desk.admit(tokens, pinned)
+            except FrontDeskError as exc:
+                return error_response(exc.status, exc.message, "unavailable_error" if exc.status == 503 else
+                                      "invalid_request_error")
+            ticket.shape = shape
         outcome = Outcome(status=0, processed=False)
         try:
-            if ticket.slot is not None:
-                body["id_slot"] = ticket.slot
-            return await self._forward(request, body, ticket, outcome)
+            return await self._forward(request, with_slot(raw, body, ticket.slot), ticket, outcome)
         finally:
-            self.desk.finish(ticket, outcome)
+            if not fast:
+                self.desk.finish(ticket, outcome)
+            elif outcome.timings is not None or not outcome.processed:
+                self.desk.finish(ticket, outcome, learn=lambda: self._prompt_tokens(path, body))
+            else:  # cut short: what the slot holds is known only from the tokens
+                asyncio.ensure_future(self._prompt_tokens(path, body)).add_done_callback(
+                    lambda f: self._finish_tokenized(ticket, outcome, f))
 
-    async def _forward(self, request: web.Request, body: dict[str, Any], ticket: Ticket,
+    def _finish_tokenized(self, ticket: Ticket, outcome: Outcome, f: asyncio.Future[np.ndarray | None]) -> None:
+        ticket.tokens = None if f.cancelled() or f.exception() is not None else f.result()
+        self.desk.finish(ticket, outcome)
+
+    async def _forward(self, request: web.Request, data: bytes, ticket: Ticket,
                        outcome: Outcome) -> web.StreamResponse:
+        """Send the request on and the answer back; the client has all of it before ``finish``."""
         url, _key = self._upstream()
         assert self._session is not None
         headers = self._headers(request)
         headers["Content-Type"] = "application/json"
         sse = SseTimings()
         try:
-            async with self._session.post(url + request.path_qs, data=json.dumps(body).encode(),
-                                          headers=headers) as up:
+            async with self._session.post(url + request.path_qs, data=data, headers=headers) as up:
                 outcome.status = up.status
                 if up.content_type == "text/event-stream":
                     outcome.processed = up.status == 200
@@ -204,12 +217,15 @@ class FrontDoor:
                         return await self._relay(request, up, sse.feed)
                     finally:
                         outcome.timings = sse.timings
-                data = await up.read()
+                body = await up.read()
                 outcome.processed = up.status == 200
                 if outcome.processed:
-                    outcome.timings = timings_of(data)
-                return web.Response(body=data, status=up.status,
+                    outcome.timings = timings_of(body)
+                resp = web.Response(body=body, status=up.status,
                                     headers={k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP})
+                await resp.prepare(request)
+                await resp.write_eof()
+                return resp
         except aiohttp.ClientConnectionError:
             outcome.processed = ticket.slot is not None  # the server may have worked on it before it went
             return error_response(503, "llama-server went away during the request (it is being restarted)",
@@ -225,11 +241,11 @@ class FrontDoor:
                 async with self._session.post(url + "/apply-template", json=body, headers=headers) as r:
                     if r.status != 200:
                         return None
-                    prompt: Any = (await r.json()).get("prompt")
+                    prompt: Any = orjson.loads(await r.read()).get("prompt")
             elif path in COMPLETION_PATHS:
                 prompt = body.get("prompt")
-                if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                    return np.asarray(prompt, dtype=np.int64)
+                if isinstance(prompt, list) and prompt:
+                    return token_list(prompt)
             else:
                 return None
             if not isinstance(prompt, str):
@@ -238,19 +254,64 @@ class FrontDoor:
                                           json={"content": prompt, "add_special": True, "parse_special": True}) as r:
                 if r.status != 200:
                     return None
-                return np.asarray((await r.json()).get("tokens", []), dtype=np.int64)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                return np.asarray(orjson.loads(await r.read()).get("tokens", []), dtype=np.int64)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as exc:
             log.debug("could not tokenize the request: %s", exc)
             return None
 
 
-def timings_of(data: bytes) -> dict[str, Any] | None:
+def parse_object(raw: bytes) -> dict[str, Any] | None:
+    """A request body that is a JSON object, or None (then llama-server answers it as it would)."""
     try:
-        d = json.loads(data)
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:  # orjson refuses what JSON allows but it does not (integers past 64 bits)
+            body = json.loads(raw)
+        except ValueError:
+            return None
+    return body if isinstance(body, dict) else None
+
+
+def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
+    """The request body to send on, with ``id_slot`` set to the slot the front desk chose.
+
+    The client's bytes are kept as they are and the field is put in front, unless the client
+    named a slot itself (then the body is written anew, so the key appears once)."""
+    if slot is None:
+        return raw
+    if "id_slot" not in body:
+        start = raw.find(b"{")
+        return b'{"id_slot":%d,' % slot + raw[start + 1:] if body else b'{"id_slot":%d}' % slot
+    return orjson.dumps({**body, "id_slot": slot})
+
+
+def token_list(prompt: list[Any]) -> np.ndarray | None:
+    """A prompt given as token ids, or None when it is anything else (text pieces, mixed)."""
+    try:
+        arr = np.asarray(prompt)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        return None
+    return arr.astype(np.int64, copy=False)
+
+
+def timings_of(data: bytes) -> dict[str, Any] | None:
+    """The ``timings`` object of a response (it comes last: only that part is read)."""
+    at = data.rfind(b'"timings"')
+    if at < 0:
+        return None
+    start = data.find(b"{", at)
+    if start < 0:
+        return None
+    try:
+        t, _end = _DECODER.raw_decode(data[start:].decode("utf-8", "replace"))
     except ValueError:
         return None
-    t = d.get("timings") if isinstance(d, dict) else None
-    return t if isinstance(t, dict) else None
+    return t if isinstance(t, dict) and "prompt_n" in t else None
+
+
+_DECODER = json.JSONDecoder()
 
 
 class SseTimings:

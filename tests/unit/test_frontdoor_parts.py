@@ -1,0 +1,68 @@
+"""The front door's byte-level helpers: what goes upstream and what is read back.
+
+The end-to-end behaviour is in tests/e2e/test_front_door.py; these pin the edges that a real
+server rarely produces (a body that names its own slot, numbers past 64 bits, a reply whose
+text mentions "timings", a stream split in the middle of an event).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from slotkeeper.core.engine.frontdoor import SseTimings, parse_object, timings_of, token_list, with_slot
+
+
+def test_the_slot_goes_in_front_and_the_clients_bytes_stay_as_they_were():
+    raw = b'  {"prompt": "caf\\u00e9 \xc3\xa9", "n_predict": 4}'
+    body = parse_object(raw)
+    sent = with_slot(raw, body, 2)
+    assert json.loads(sent) == {"id_slot": 2, "prompt": "café é", "n_predict": 4}
+    assert sent.endswith(b'"prompt": "caf\\u00e9 \xc3\xa9", "n_predict": 4}')
+
+
+def test_a_body_that_names_a_slot_is_written_anew_with_the_key_once():
+    raw = b'{"id_slot": 0, "prompt": "x"}'
+    sent = with_slot(raw, parse_object(raw), 3)
+    assert sent.count(b"id_slot") == 1
+    assert json.loads(sent) == {"id_slot": 3, "prompt": "x"}
+
+
+def test_an_empty_object_and_no_slot():
+    assert json.loads(with_slot(b"{}", {}, 1)) == {"id_slot": 1}
+    assert with_slot(b'{"a": 1}', {"a": 1}, None) == b'{"a": 1}'
+
+
+def test_only_json_objects_are_routed():
+    assert parse_object(b"[1, 2]") is None
+    assert parse_object(b"{nope") is None
+    assert parse_object(b'{"seed": 123456789012345678901234567890}').keys() == {"seed"}  # past 64 bits
+
+
+def test_token_prompts_are_recognised_and_mixed_ones_are_not():
+    assert token_list([1, 2, 3]).tolist() == [1, 2, 3]
+    assert token_list([1, "two", 3]) is None
+    assert token_list([1.5, 2]) is None
+    assert token_list([[1, 2], [3, 4]]) is None  # several prompts in one request
+    assert token_list([1, [2, 3]]) is None
+
+
+def test_timings_are_read_from_the_timings_key_not_from_the_reply_text():
+    data = json.dumps({"content": 'the "timings" were {"prompt_n": 999}',
+                       "timings": {"prompt_n": 12, "cache_n": 30, "prompt_ms": 4.5}}).encode()
+    assert timings_of(data) == {"prompt_n": 12, "cache_n": 30, "prompt_ms": 4.5}
+    assert timings_of(b'{"content": "no figures"}') is None
+    assert timings_of(b'{"timings": "broken') is None
+
+
+def test_stream_timings_survive_any_split():
+    events = [b'data: {"content": "a"}\n\n', b'data: {"content": "b", "timings": {"prompt_n": 7, "cache_n": 1}}\n\n',
+              b"data: [DONE]\n\n"]
+    stream = b"".join(events)
+    for cut in range(1, len(stream)):
+        sse = SseTimings()
+        sse.feed(stream[:cut])
+        sse.feed(stream[cut:])
+        assert sse.timings == {"prompt_n": 7, "cache_n": 1}, cut
+    assert np.array_equal(token_list(np.arange(3).tolist()), np.arange(3))
