@@ -5,14 +5,18 @@
 
 1. A trace: N conversations x T turns in a seeded random order, one slot, replayed against
    Slotkeeper's front door and against raw llama-server with its default flags (so with its own
-   RAM prompt cache), both restarted after turn R. Each turn sends the whole conversation and
-   measures the time to the first streamed token. Prints total prefilled tokens and total time to
-   first token for both, the ratio, and the same for the turns after the restart.
+   RAM prompt cache), both restarted when the first conversation reaches turn R. Each turn sends
+   the whole conversation and measures the time to the first streamed token. Prints total
+   prefilled tokens and total time to first token for both, the ratio, the same for the turns
+   after the restart, and the least any cache could prefill (every conversation's first turn is
+   new to any server, and so is each turn's new text): what is above it was re-read.
 2. The same trace with Slotkeeper's llama-server left to its own RAM cache too (--cache-ram on,
    the choice Slotkeeper did not make), for the record.
-3. Overhead: a request whose prefix is already in the slot, sent alternately straight to
-   llama-server and through the front door: the median added latency. And a stream's tokens per
-   second both ways.
+3. Overhead, with `slotkeeper serve` in its own process as a user runs it: a request whose
+   prefix is already in the slot (a chat turn, a text prompt, a token prompt), sent in turn
+   straight to llama-server, through the front door and through a bare aiohttp relay that does
+   nothing else (the floor for any proxy in Python on this machine): the median added latency.
+   And a stream's tokens per second straight and through the front door.
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ def first_token(url: str, messages: list[dict], headers: dict | None = None) -> 
 def replay(order, send, restart, restart_after: int, first_tokens: int, seed: int) -> dict:
     """Send the trace through ``send(messages) -> (ttft, timings)``; ``restart()`` after turn R."""
     history: dict[int, list[dict]] = {}
-    totals = {"ttft": 0.0, "prefilled": 0, "cached": 0, "ttft_after": 0.0, "prefilled_after": 0}
+    totals = {"ttft": 0.0, "prefilled": 0, "cached": 0, "ttft_after": 0.0, "prefilled_after": 0, "least": 0}
+    last_prompt: dict[int, int] = {}
     restarted = False
     for c, t in order:
         if t == restart_after and not restarted:
@@ -102,6 +107,9 @@ def replay(order, send, restart, restart_after: int, first_tokens: int, seed: in
         totals["ttft"] += ttft
         totals["prefilled"] += timings.get("prompt_n", 0)
         totals["cached"] += timings.get("cache_n", 0)
+        n_prompt = timings.get("prompt_n", 0) + timings.get("cache_n", 0)
+        totals["least"] += max(n_prompt - last_prompt.get(c, 0), 0)
+        last_prompt[c] = n_prompt
         if restarted:
             totals["ttft_after"] += ttft
             totals["prefilled_after"] += timings.get("prompt_n", 0)
@@ -153,36 +161,104 @@ def restart(engine: Engine) -> None:
     assert engine.wait_ready(300) is ServerState.READY
 
 
-def overhead(engine: Engine, n: int) -> tuple[float, float, float, float]:
-    """Median ms straight to llama-server and through the front door (prefix already in the slot),
-    and a stream's tokens per second both ways."""
-    private, key = engine._upstream()
-    direct_h = {"Authorization": f"Bearer {key}"}
-    body = {"prompt": text(5, 300), "n_predict": 1, "temperature": 0, "id_slot": 0}
-    direct, front = [], []
-    with httpx.Client(timeout=60) as c:
-        c.post(f"{engine.base_url}/completion", json=body)
-        for i in range(n):
-            for url, h, out in ((private, direct_h, direct), (engine.base_url, {}, front))[:: 1 if i % 2 else -1]:
-                t0 = time.perf_counter()
-                c.post(f"{url}/completion", json=body, headers=h).raise_for_status()
-                out.append((time.perf_counter() - t0) * 1000)
+RELAY = """
+import asyncio, sys
+import aiohttp
+from aiohttp import web
 
-    def stream_rate(url: str, h: dict) -> float:
-        rates = []
-        for _ in range(5):
-            times = []
+async def main(port, upstream, key):
+    session = aiohttp.ClientSession(auto_decompress=False)
+    async def relay(request):
+        body = await request.read()
+        async with session.post(upstream + request.path_qs, data=body, headers={
+                "Authorization": "Bearer " + key, "Content-Type": "application/json"}) as up:
+            return web.Response(body=await up.read(), status=up.status, content_type=up.content_type)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", relay)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main(int(sys.argv[1]), sys.argv[2], sys.argv[3]))
+"""
+
+
+def serve(model: Path, ctx: int, home: Path) -> tuple[subprocess.Popen, str, str, str]:
+    """``slotkeeper serve`` in its own process, as a user runs it: (process, front door URL,
+    llama-server's private URL, its key)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model",
+                             str(model), "--port", str(port), "--ctx", str(ctx), "--parallel", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "app")})
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("ready"):
+            break
+    else:
+        raise RuntimeError("slotkeeper serve did not start")
+    private = json.loads(next(home.rglob("private.json")).read_text())
+    return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{private['port']}", private["key"]
+
+
+def overhead(model: Path, ctx: int, home: Path, n: int) -> dict:
+    """Requests whose prefix is already in the slot, sent in turn straight to llama-server,
+    through the front door (``slotkeeper serve`` in its own process) and through a bare aiohttp
+    relay that does nothing else (the floor any proxy in Python pays here): median ms of each,
+    per kind of request. And a stream's tokens per second straight and through the front door,
+    as the client sees them and as llama-server reports them."""
+    proc, front, private, key = serve(model, ctx, home)
+    relay_port = free_port()
+    relay = subprocess.Popen([sys.executable, "-c", RELAY, str(relay_port), private, key], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert relay.stdout is not None and relay.stdout.readline().startswith("ready")
+        direct_h = {"Authorization": f"Bearer {key}"}
+        targets = (("direct", private, direct_h), ("front door", front, {}),
+                   ("bare relay", f"http://127.0.0.1:{relay_port}", {}))
+        kinds = {
+            "chat turn": ("/v1/chat/completions", {"messages": [{"role": "user", "content": text(5, 300)}],
+                                                    "max_tokens": 1, "temperature": 0}),
+            "text prompt": ("/completion", {"prompt": text(6, 300), "n_predict": 1, "temperature": 0}),
+            "token prompt": ("/completion", {"prompt": list(range(100, 700)), "n_predict": 1, "temperature": 0}),
+        }
+        out: dict = {}
+        with httpx.Client(timeout=60) as c:
+            for kind, (path, body) in kinds.items():
+                c.post(f"{front}{path}", json=body).raise_for_status()  # into the slot
+                times: dict[str, list[float]] = {name: [] for name, _u, _h in targets}
+                for i in range(n):
+                    for name, url, h in targets[i % 3:] + targets[:i % 3]:  # each goes first in turn
+                        t0 = time.perf_counter()
+                        c.post(f"{url}{path}", json=body, headers=h).raise_for_status()
+                        times[name].append((time.perf_counter() - t0) * 1000)
+                out[kind] = {name: statistics.median(v) for name, v in times.items()}
+
+        def stream(url: str, h: dict) -> tuple[float, float]:
+            stamps, server = [], 0.0
             with httpx.stream("POST", f"{url}/completion", headers=h, timeout=120, json={
-                    "prompt": text(6, 50), "n_predict": 200, "stream": True, "temperature": 0, "ignore_eos": True,
-                    "id_slot": 0}) as r:
+                    "prompt": text(6, 50), "n_predict": 200, "stream": True, "temperature": 0,
+                    "ignore_eos": True}) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
-                        times.append(time.perf_counter())
-            rates.append((len(times) - 1) / (times[-1] - times[0]))
-        return statistics.median(rates)
+                        stamps.append(time.perf_counter())
+                        if '"timings"' in line:
+                            server = json.loads(line[6:])["timings"]["predicted_per_second"]
+            return (len(stamps) - 1) / (stamps[-1] - stamps[0]), server
 
-    return statistics.median(direct), statistics.median(front), stream_rate(private, direct_h), \
-        stream_rate(engine.base_url, {})
+        rates: dict[str, list[tuple[float, float]]] = {"direct": [], "front door": []}
+        for i in range(10):
+            for name, url, h in targets[:2][:: 1 if i % 2 else -1]:
+                rates[name].append(stream(url, h))
+        for name, v in rates.items():
+            out[f"stream {name}"] = (statistics.median(c for c, _s in v), statistics.median(s for _c, s in v))
+        return out
+    finally:
+        relay.kill()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
 
 
 def main() -> int:
@@ -228,8 +304,6 @@ def main() -> int:
         try:
             results[name] = replay(order, lambda m, e=engine: first_token(e.base_url, m),
                                    lambda e=engine: restart(e), args.restart_after, args.first_tokens, args.seed)
-            if not extra:
-                over = overhead(engine, args.overhead_requests)
         finally:
             engine.close(save=False)
 
@@ -244,10 +318,20 @@ def main() -> int:
     print(f"Slotkeeper vs raw llama-server: {r['ttft'] / s['ttft']:.1f}x less total time to first token "
           f"({r['prefilled'] / max(1, s['prefilled']):.1f}x fewer tokens prefilled); after the restart "
           f"{r['ttft_after'] / s['ttft_after']:.1f}x")
-    d, f, sd, sf = over
-    print(f"front door overhead, prefix already in the slot: direct {d:.2f} ms, through the front door {f:.2f} ms "
-          f"(median of {args.overhead_requests}): +{f - d:.2f} ms")
-    print(f"streaming: {sd:.1f} tokens/s direct, {sf:.1f} through the front door ({100 * (sf / sd - 1):+.1f}%)")
+    least = r["least"]
+    print(f"least any cache could prefill (each conversation's first turn, then each turn's new text): "
+          f"{least:,} tokens; re-read on top of it: raw {r['prefilled'] - least:,}, "
+          f"Slotkeeper {s['prefilled'] - least:,}")
+    over = overhead(model, ctx, work / "overhead", args.overhead_requests)
+    print(f"front door overhead, prefix already in the slot (median of {args.overhead_requests}; "
+          "slotkeeper serve in its own process):")
+    for kind in ("chat turn", "text prompt", "token prompt"):
+        o = over[kind]
+        print(f"  {kind:<13} direct {o['direct']:6.2f} ms   front door +{o['front door'] - o['direct']:.2f} ms   "
+              f"(a bare aiohttp relay: +{o['bare relay'] - o['direct']:.2f} ms)")
+    (dc, ds), (fc, fs) = over["stream direct"], over["stream front door"]
+    print(f"streaming: {dc:.1f} tokens/s direct, {fc:.1f} through the front door ({100 * (fc / dc - 1):+.1f}%); "
+          f"llama-server's own figure {ds:.1f} vs {fs:.1f} ({100 * (fs / ds - 1):+.1f}%)")
     return 0
 
 
