@@ -222,11 +222,15 @@ def test_kvfile_reads_the_image_session(saved: Saved) -> None:
     header = read_tokens(saved.slots / "image.bin")
     assert header.blob_layout == "server"
     assert header.n_media == 1
-    # The image holds IMAGE_TOKENS positions in the token list, each written as -1.
+    # The image holds IMAGE_TOKENS positions in the token list (written as -1 by the
+    # server); kvfile names them all by one pseudo-token derived from the image's chunk.
     tokens = np.array(header.tokens)
-    assert int((tokens == -1).sum()) == IMAGE_TOKENS
-    first = int(np.argmax(tokens == -1))
-    assert header.tokens[first : first + IMAGE_TOKENS] == [-1] * IMAGE_TOKENS
+    assert int((tokens < 0).sum()) == IMAGE_TOKENS
+    first = int(np.argmax(tokens < 0))
+    image = header.tokens[first]
+    assert image < -1
+    assert header.tokens[first : first + IMAGE_TOKENS] == [image] * IMAGE_TOKENS
+    assert len(header.text_tokens) == len(header.tokens) - IMAGE_TOKENS
 
     starts, chunks = _media_section(saved.slots / "image.bin")
     assert starts == [first]

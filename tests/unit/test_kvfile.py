@@ -91,11 +91,74 @@ def test_reads_the_plain_layout_of_older_servers(tmp_path: Path) -> None:
     assert header.header_bytes == 12 + 12
 
 
-def test_media_chunks_are_counted_not_parsed(tmp_path: Path) -> None:
-    words = _token_blob([10, 11], n_media=1, media_words=[42, 43])
+def _media_blob(tokens: list[int], chunks: list[tuple[int, bytes]]) -> list[int]:
+    """The server layout with media: tokens (-1 at media positions), n_media, the starts,
+    then each chunk as u32 size + bytes, padded with zeros to a whole word."""
+    raw = struct.pack("<i2I", -1, 1, len(tokens)) + struct.pack(f"<{len(tokens)}i", *tokens)
+    raw += struct.pack(f"<{1 + len(chunks)}I", len(chunks), *(start for start, _ in chunks))
+    for _, data in chunks:
+        raw += struct.pack("<I", len(data)) + data
+    raw += b"\0" * (-len(raw) % 4)
+    return list(struct.unpack(f"<{len(raw) // 4}i", raw))
+
+
+def test_media_positions_become_one_pseudo_token_per_chunk(tmp_path: Path) -> None:
+    words = _media_blob([10, -1, -1, -1, 11, -1, -1, 12], [(1, b"image A, 3 bytes"), (5, b"image B!")])
     header = read_tokens(_write_fake_save(tmp_path / "a.kv", [], words=words))
-    assert header.tokens == [10, 11]
-    assert header.n_media == 1
+    assert header.n_media == 2
+    a, b = header.tokens[1], header.tokens[5]
+    assert header.tokens == [10, a, a, a, 11, b, b, 12]
+    assert a < -1 and b < -1 and a != b  # never a real id, never the bare placeholder
+    assert header.text_tokens == [10, 11, 12]
+
+
+def test_the_same_image_gives_the_same_pseudo_token_and_another_image_another(tmp_path: Path) -> None:
+    one = read_tokens(_write_fake_save(tmp_path / "1.kv", [], words=_media_blob([5, -1, -1], [(1, b"sha-one")])))
+    same = read_tokens(_write_fake_save(tmp_path / "2.kv", [], words=_media_blob([5, -1, -1], [(1, b"sha-one")])))
+    other = read_tokens(_write_fake_save(tmp_path / "3.kv", [], words=_media_blob([5, -1, -1], [(1, b"sha-two")])))
+    assert one.tokens == same.tokens
+    assert one.tokens != other.tokens
+
+
+def test_adjacent_media_chunks_are_told_apart(tmp_path: Path) -> None:
+    words = _media_blob([-1, -1, -1, -1], [(0, b"first"), (2, b"second")])
+    tokens = read_tokens(_write_fake_save(tmp_path / "a.kv", [], words=words)).tokens
+    assert tokens[0] == tokens[1] != tokens[2] == tokens[3]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "chunks", "message"),
+    [
+        ([1, -1, -1], [(0, b"x")], "starts at 0, not at a media position"),
+        ([1, -1, 2, -1], [(1, b"x")], "media positions no media chunk accounts for"),
+        ([1, -1], [(1, b"x"), (1, b"y"), (1, b"z")], "has room for fewer"),
+    ],
+)
+def test_media_that_does_not_add_up_is_refused(
+    tmp_path: Path, tokens: list[int], chunks: list[tuple[int, bytes]], message: str
+) -> None:
+    path = _write_fake_save(tmp_path / "a.kv", [], words=_media_blob(tokens, chunks))
+    with pytest.raises(KvFileError, match=message):
+        read_tokens(path)
+
+
+def test_a_cut_off_media_chunk_is_refused(tmp_path: Path) -> None:
+    words = _media_blob([1, -1], [(1, b"a long chunk of media bytes")])
+    path = _write_fake_save(tmp_path / "a.kv", [], words=words[:-3])
+    with pytest.raises(KvFileError, match="cut off"):
+        read_tokens(path)
+
+
+def test_bytes_after_the_media_chunks_are_refused(tmp_path: Path) -> None:
+    path = _write_fake_save(tmp_path / "a.kv", [], words=[*_media_blob([1, -1], [(1, b"abcd")]), 7])
+    with pytest.raises(KvFileError, match="unexplained bytes after its media"):
+        read_tokens(path)
+
+
+def test_negative_ids_without_media_are_refused(tmp_path: Path) -> None:
+    path = _write_fake_save(tmp_path / "a.kv", [1, -1, 2])
+    with pytest.raises(KvFileError, match="negative id but no media"):
+        read_tokens(path)
 
 
 def test_path_may_be_a_string(tmp_path: Path) -> None:

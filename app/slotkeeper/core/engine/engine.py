@@ -1093,9 +1093,11 @@ def exposure_notes(profile: ServerProfile) -> list[str]:
 
 
 def describe(http: LlamaClient, tokens: list[int]) -> tuple[str, str]:
-    """Title and preview of a conversation (a title is nice to have; a save never fails for it)."""
+    """Title and preview of a conversation (a title is nice to have; a save never fails for it).
+
+    Media positions (negative pseudo-tokens, see kvfile) are left out: they are not token ids."""
     try:
-        text = http.detokenize(tokens)
+        text = http.detokenize([t for t in tokens if t >= 0])
     except Exception as exc:
         log.warning("could not detokenize for a title: %s", exc)
         return f"Conversation of {len(tokens)} tokens", ""

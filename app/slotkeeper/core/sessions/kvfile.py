@@ -18,11 +18,19 @@ exactly that (``n_words`` token ids). Current builds store their own serializati
 the slot's tokens in it instead, measured as::
 
     i32  -1          marker (never a valid token id, so it tells the two layouts apart)
-    u32  1           blob format/chunk count; only 1 is known
+    u32  1           blob version; only 1 is known
     u32  n_tokens
-    i32  tokens[n_tokens]
+    i32  tokens[n_tokens]   -1 at every position an image or audio clip takes
     u32  n_media     media chunks (images/audio); 0 for text-only slots
-    ...              media data, if n_media > 0 (layout unknown: not parsed)
+    u32  start[n_media]     where each chunk's positions begin in the token list
+    per chunk: u32 size, then size bytes (mtmd's own serialization, which names the
+                     image by the SHA-256 of its bytes); chunks are not word-aligned
+    0-3 zero bytes   padding to a whole word
+
+(tools/server/server-common.cpp ``server_tokens::serialize``, llama.cpp b11434.) Media
+positions are returned as a negative pseudo-token derived from the chunk's bytes, the same
+for every position of one chunk: no real token id is negative, so a request's tokens never
+match into an image, and two saves holding different images never compare equal.
 
 Both layouts are read. Everything is checked against the file size before anything
 large is read, so a damaged header cannot make us allocate gigabytes. The file has no
@@ -34,6 +42,7 @@ adjust once it has been checked against more real files.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from dataclasses import dataclass
@@ -87,6 +96,11 @@ class KvFileHeader:
     kv_state_bytes: int = 0
     n_media: int = 0
     blob_layout: str = "server"
+
+    @property
+    def text_tokens(self) -> list[int]:
+        """The token ids without the media positions (what ``/detokenize`` accepts)."""
+        return [t for t in self.tokens if t >= 0]
 
 
 def is_slot_save_file(path: str | os.PathLike[str]) -> bool:
@@ -198,9 +212,59 @@ def _parse_word_blob(name: str, words: np.ndarray) -> tuple[list[int], int, str]
         raise KvFileError(
             f"{name}: token blob has {trailing_words} unexplained words after the tokens"
         )
-    if n_media and not trailing_words:
+    tokens = words[3:n_media_index].astype(np.int64)
+    if n_media == 0:
+        if len(tokens) and int(tokens.min()) < 0:
+            raise KvFileError(f"{name}: token list holds a negative id but no media chunks")
+        return tokens.tolist(), 0, "server"
+    if not trailing_words:
         raise KvFileError(f"{name}: token blob lists {n_media} media chunks but holds no data")
-    return words[3:n_media_index].tolist(), n_media, "server"
+    media = words[n_media_index + 1:].tobytes()
+    return _with_media_ids(name, tokens, n_media, media), n_media, "server"
+
+
+def _with_media_ids(name: str, tokens: np.ndarray, n_media: int, media: bytes) -> list[int]:
+    """The token list with each media chunk's -1 run replaced by that chunk's pseudo-token."""
+    if n_media > len(tokens) or len(media) < _WORD * n_media:
+        raise KvFileError(f"{name}: token blob lists {n_media} media chunks but has room for fewer")
+    starts = np.frombuffer(media, dtype="<u4", count=n_media).astype(np.int64)
+    pos = _WORD * n_media
+    chunks: list[bytes] = []
+    for _ in range(n_media):
+        if pos + _WORD > len(media):
+            raise KvFileError(f"{name}: media chunk {len(chunks) + 1} of {n_media} is cut off")
+        (size,) = _U32.unpack_from(media, pos)
+        if size == 0 or pos + _WORD + size > len(media):
+            raise KvFileError(f"{name}: media chunk {len(chunks) + 1} of {n_media} is cut off")
+        chunks.append(media[pos + _WORD:pos + _WORD + size])
+        pos += _WORD + size
+    if len(media) - pos >= _WORD or any(media[pos:]):
+        raise KvFileError(f"{name}: token blob has unexplained bytes after its media chunks")
+
+    placeholder = tokens < 0
+    out = tokens.copy()
+    covered = np.zeros(len(tokens), dtype=bool)
+    bounds = [*starts.tolist(), len(tokens)]
+    order = np.argsort(starts, kind="stable")
+    for k in order:
+        start = int(starts[k])
+        nxt = min((b for b in bounds if b > start), default=len(tokens))
+        if start >= len(tokens) or not placeholder[start]:
+            raise KvFileError(f"{name}: media chunk {int(k) + 1} starts at {start}, not at a media position")
+        end = start
+        while end < nxt and placeholder[end]:
+            end += 1
+        out[start:end] = _media_token(chunks[int(k)])
+        covered[start:end] = True
+    if not np.array_equal(covered, placeholder):
+        raise KvFileError(f"{name}: token list holds media positions no media chunk accounts for")
+    return out.tolist()
+
+
+def _media_token(chunk: bytes) -> int:
+    """A negative pseudo-token naming one media chunk (never -1, never a real token id)."""
+    digest = int.from_bytes(hashlib.blake2b(chunk, digest_size=4).digest(), "little")
+    return -2 - digest % (2**31 - 2)
 
 
 def _describe(versions: frozenset[int]) -> str:
