@@ -58,6 +58,7 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
     m = g.add_mutually_exclusive_group()
     m.add_argument("--model", metavar="PATH", help="GGUF model to serve")
     m.add_argument("--demo", action="store_true", help="serve the embedded demo model (random weights: it answers with gibberish)")
+    g.add_argument("--mmproj", metavar="PATH", help="multimodal projector (mmproj GGUF) for a model that reads images")
     g.add_argument("--server-bin", metavar="PATH", help="llama-server binary to run (default: found automatically)")
     g.add_argument("--host", help="address to bind (default 127.0.0.1)")
     g.add_argument("--port", type=_port, help="port to listen on")
@@ -183,6 +184,8 @@ def run_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         out["profile.model_path"] = DEMO_MODEL
     elif getattr(args, "model", None):
         out["profile.model_path"] = args.model
+    if getattr(args, "mmproj", None):
+        out["profile.mmproj_path"] = args.mmproj
     for name in ("server_bin", "host", "port", "ctx", "parallel", "flash_attn", "cache_type_k", "cache_type_v",
                  "swa_full"):
         if getattr(args, name, None) is not None:

@@ -171,12 +171,33 @@ def test_loads_stored_v1_file_with_kv_args() -> None:
 
 
 @pytest.mark.skipif(SCHEMA_VERSION != 1, reason="a schema bump rewrites what its migrations change")
-def test_rewriting_stored_v1_file_with_kv_args_is_byte_identical(tmp_path: Path) -> None:
-    # Written by this code with every optional key set, so no default fills anything in.
-    stored_path = DATA / "sidecar_v1_kv_args.json"
-    assert OPTIONAL_DEFAULTS.keys() <= json.loads(stored_path.read_text(encoding="utf-8")).keys()
+@pytest.mark.parametrize("name", ["sidecar_v1_kv_args.json", "sidecar_v1_media.json"])
+def test_rewriting_stored_v1_files_with_optional_keys_is_byte_identical_but_for_later_keys(
+    tmp_path: Path, name: str
+) -> None:
+    # Written by this code with the optional keys of its day set; keys added later come after
+    # them at their defaults, and nothing else changes.
+    stored_path = DATA / name
+    stored = json.loads(stored_path.read_text(encoding="utf-8"))
+    assert _as_written(stored) == stored_path.read_bytes()
     write_sidecar_atomic(tmp_path / "s.json", load_sidecar(stored_path))
-    assert (tmp_path / "s.json").read_bytes() == stored_path.read_bytes()
+    added = {k: v for k, v in OPTIONAL_DEFAULTS.items() if k not in stored}
+    assert (tmp_path / "s.json").read_bytes() == _as_written({**stored, **added})
+
+
+def test_loads_stored_v1_file_with_media() -> None:
+    loaded = load_sidecar(DATA / "sidecar_v1_media.json")
+    assert (loaded.n_media, loaded.mmproj_sha256) == (2, "9" * 64)
+    assert not ({"n_media", "mmproj_sha256"} - json.loads((DATA / "sidecar_v1_media.json").read_text()).keys())
+    plain = load_sidecar(DATA / "sidecar_v1.json")
+    assert (plain.n_media, plain.mmproj_sha256) == (0, None)  # files before the keys hold text only
+
+
+@pytest.mark.parametrize("bad", [{"n_media": -1}, {"n_media": True}, {"mmproj_sha256": "abc"}, {"mmproj_sha256": 5}])
+def test_media_keys_are_type_checked(bad: dict) -> None:
+    stored = json.loads((DATA / "sidecar_v1_media.json").read_text(encoding="utf-8"))
+    with pytest.raises(SidecarError):
+        Sidecar.from_json({**stored, **bad})
 
 
 # --- strict validation -------------------------------------------------------------
@@ -618,3 +639,25 @@ def test_restore_record_explains_effective_with_the_engines_rule() -> None:
     doc = " ".join((RestoreRecord.__doc__ or "").split())
     assert "cache_n >= EFFECTIVE_REUSE_SHARE * n_restored" in doc
     assert f"the share being {EFFECTIVE_REUSE_SHARE}" in doc
+
+
+# --- images: the projector decides ---------------------------------------------
+
+SHA_PROJ, SHA_PROJ_B = "c" * 64, "d" * 64
+
+
+def test_a_text_session_restores_with_or_without_a_projector() -> None:
+    sc = make_sidecar(mmproj_sha256=SHA_PROJ)  # saved with a projector loaded, no image in it
+    assert check_compatible(sc, make_facts()) == []
+    assert check_compatible(sc, make_facts(mmproj_sha256=SHA_PROJ_B)) == []
+    assert check_compatible(make_sidecar(), make_facts(mmproj_sha256=SHA_PROJ)) == []
+
+
+def test_an_image_session_needs_the_projector_that_read_its_images() -> None:
+    sc = make_sidecar(n_media=1, mmproj_sha256=SHA_PROJ)
+    assert check_compatible(sc, make_facts(mmproj_sha256=SHA_PROJ)) == []
+    (without,) = check_compatible(sc, make_facts())
+    assert without == "holds 1 image; the server runs without a projector (--mmproj)"
+    (other,) = check_compatible(sc, make_facts(mmproj_sha256=SHA_PROJ_B))
+    assert other.startswith("holds 1 image read by another projector (sha256 cccccccc")
+    assert "dddddddd" in other

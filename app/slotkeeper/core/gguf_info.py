@@ -36,6 +36,7 @@ __all__ = [
     "format_model_info",
     "kv_estimate",
     "model_info_json",
+    "read_architecture",
     "read_model_info",
 ]
 
@@ -270,6 +271,14 @@ def read_model_info(path: str | Path) -> ModelInfo:
     file_size = _check_file(path)
     reader = _open_reader(path)
     return _model_info_from_fields(path, file_size, _Fields(reader, path))
+
+
+def read_architecture(path: str | Path) -> str:
+    """A GGUF file's ``general.architecture`` (``clip`` for a multimodal projector), read from the
+    header alone; ModelFileError with a user-facing message when the file cannot be read."""
+    path = Path(path)
+    _check_file(path)
+    return str(_Fields(_open_reader(path), path).require("general.architecture"))
 
 
 _GGUF_MAGIC = b"GGUF"

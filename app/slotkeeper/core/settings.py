@@ -40,6 +40,8 @@ class ServerProfile:
     swa_full: bool = False
     extra_args: tuple[str, ...] = ()
     server_bin: str | None = None
+    # A multimodal projector (--mmproj) for models that read images or audio; None: text only.
+    mmproj_path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

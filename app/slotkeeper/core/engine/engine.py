@@ -45,6 +45,7 @@ from slotkeeper.core.engine.model import (
     llama_build_tag,
     profile_model_name,
     resolve_model,
+    resolve_projector,
     server_facts,
     swa_note,
 )
@@ -434,6 +435,7 @@ class Engine:
         profile = self._settings.profile
         try:
             model = await self.loop.run_io(resolve_model, profile.model_path, self.paths.models_dir)
+            await self.loop.run_io(resolve_projector, profile.mmproj_path)  # a clear refusal, before llama-server's
             binary = await self.loop.run_io(locate_server, profile.server_bin)
             flags = await self.loop.run_io(probe_flags, binary)
             private = await self.loop.run_io(self._private_address)
@@ -567,11 +569,17 @@ class Engine:
             except Exception as exc:  # retried (and reported) just below
                 log.warning("hashing %s failed: %s", model.path, exc)
         sha = await self.loop.run_io(self.hashes.compute, model.path)
+        profile = self._running_profile()
+        mmproj_sha = await self.loop.run_io(self._projector_sha256, profile)
         self._set_activity(Activity())
         http = self._client()
         props = await self.loop.run_io(http.props)
         self._llama_build = llama_build_tag(props.build_info)
-        return server_facts(model, sha, props, self._running_profile())
+        return server_facts(model, sha, props, profile, mmproj_sha)
+
+    def _projector_sha256(self, profile: ServerProfile) -> str | None:  # an I/O thread
+        path = resolve_projector(profile.mmproj_path)
+        return None if path is None else self.hashes.compute(path)
 
     async def _launch_restores(self) -> list[RestoreSummary]:
         facts = self._facts
@@ -774,13 +782,14 @@ class Engine:
                          slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS) as http:
             try:
                 sha = await self.loop.run_io(self.hashes.compute, model.path)
+                mmproj_sha = await self.loop.run_io(self._projector_sha256, profile)
                 props = await self.loop.run_io(http.props)
                 used = [info.id for info in await self.loop.run_io(http.slots) if info.id_task is not None]
             except Exception as exc:
                 self.events.emit(WarningRaised(f"could not save the conversations of the llama-server an earlier "
                                                f"Slotkeeper left running: {describe_save_error(None, exc)}"))
                 return
-            ctx = SaveContext(server_facts(model, sha, props, profile), model.info.arch,
+            ctx = SaveContext(server_facts(model, sha, props, profile, mmproj_sha), model.info.arch,
                               llama_build_tag(props.build_info))
             for slot in used:
                 try:

@@ -15,6 +15,7 @@ from slotkeeper.core.units import human_bytes
 
 DEMO_MODEL = ":demo:"  # the profile's model_path value that means "the embedded demo model"
 LLAMA_BUILD_FALLBACK = "unknown"
+PROJECTOR_ARCH = "clip"  # general.architecture of every mmproj GGUF llama.cpp reads
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,28 @@ def resolve_model(model_path: str | None, models_dir: Path) -> ModelChoice:
     is_demo = model_path == DEMO_MODEL
     path = modelgen.ensure_demo_model(models_dir) if is_demo else Path(model_path).expanduser()
     try:
+        if not is_demo and gguf_info.read_architecture(path) == PROJECTOR_ARCH:
+            raise EngineError(f"{path.name} is a multimodal projector (mmproj), not a language model: choose "
+                              "the language model as the model and this file as its projector (--mmproj).")
         info = gguf_info.read_model_info(path)
     except gguf_info.ModelFileError as exc:
         raise EngineError(str(exc)) from exc
     return ModelChoice(path.resolve(), info, is_demo)
+
+
+def resolve_projector(mmproj_path: str | None) -> Path | None:
+    """The projector a profile names, checked to be one (reads the GGUF header); None: text only."""
+    if not mmproj_path:
+        return None
+    path = Path(mmproj_path).expanduser()
+    try:
+        arch = gguf_info.read_architecture(path)
+    except gguf_info.ModelFileError as exc:
+        raise EngineError(f"The projector (--mmproj): {exc}") from exc
+    if arch != PROJECTOR_ARCH:
+        raise EngineError(f"{path.name} is not a multimodal projector (its architecture is {arch}); "
+                          "--mmproj takes the mmproj GGUF that comes with a vision model.")
+    return path.resolve()
 
 
 def profile_model_name(model_path: str | None) -> str:
@@ -79,13 +98,14 @@ def llama_build_tag(build_info: str) -> str:
         return build_info or LLAMA_BUILD_FALLBACK
 
 
-def server_facts(model: ModelChoice, model_sha256: str, props: Props, profile: ServerProfile) -> ServerFacts:
+def server_facts(model: ModelChoice, model_sha256: str, props: Props, profile: ServerProfile,
+                 mmproj_sha256: str | None = None) -> ServerFacts:
     """What the running server does to a KV file, from the profile it was launched with and /props."""
     return ServerFacts(
         model_sha256=model_sha256, model_path=str(model.path), flash_attn=profile.flash_attn,
         cache_type_k=profile.cache_type_k, cache_type_v=profile.cache_type_v, swa_full=profile.swa_full,
         n_parallel=props.total_slots, n_ctx_slot=props.n_ctx_slot,
-        swa=model.info.has_swa, kv_args=kv_affecting_args(profile.extra_args),
+        swa=model.info.has_swa, kv_args=kv_affecting_args(profile.extra_args), mmproj_sha256=mmproj_sha256,
     )  # fmt: skip
 
 

@@ -33,6 +33,8 @@ OWNED_FLAGS = frozenset(
         # These would undo what the flags above are for: idle slots cleared before they are
         # saved, or no /slots to watch them by.
         "--cache-idle-slots", "--no-cache-idle-slots", "--no-slots", "--slots", "--cache-ram", "-cram",
+        # The projector is a setting: its hash goes into every sidecar that holds images.
+        "-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--mmproj-auto", "--no-mmproj-auto",
     }
 )
 
@@ -181,6 +183,8 @@ def build_argv(
     ]
     if profile.swa_full:
         argv.append("--swa-full")
+    if profile.mmproj_path:
+        argv.extend(["--mmproj", str(Path(profile.mmproj_path).expanduser())])
     for flag in OPTIONAL_FLAGS:
         if flag[0] in supported_flags:
             argv.extend(flag)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from slotkeeper.core.sessions.sidecar import Sidecar
 
-__all__ = ["ServerFacts", "check_compatible", "model_file_name", "swa_mode"]
+__all__ = ["ServerFacts", "check_compatible", "media_mismatch", "model_file_name", "swa_mode"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class ServerFacts:
     n_ctx_slot: int
     swa: bool
     kv_args: tuple[str, ...] = ()
+    mmproj_sha256: str | None = None  # the projector llama-server runs with (--mmproj), if any
 
 
 def check_compatible(sidecar: Sidecar, facts: ServerFacts) -> list[str]:
@@ -53,6 +54,9 @@ def check_compatible(sidecar: Sidecar, facts: ServerFacts) -> list[str]:
     ):
         if saved != running:
             reasons.append(f"saved with {which} cache type {saved}; the server uses {running}")
+    media = media_mismatch(sidecar, facts)
+    if media:
+        reasons.append(media)
     if sidecar.kv_unified:
         # Slotkeeper always runs llama-server with a per-slot cache (an explicit --parallel);
         # a file saved from a unified one (by another tool) has another stream layout.
@@ -96,6 +100,24 @@ def _model_mismatch(sidecar: Sidecar, facts: ServerFacts) -> str | None:
         f"saved for a different model ({saved_name}, sha256 "
         f"{_short_hash(sidecar.model_sha256)}); the server runs {running}"
     )
+
+
+def media_mismatch(sidecar: Sidecar, facts: ServerFacts) -> str | None:
+    """A session holding images or audio needs the projector that read them. llama-server refuses
+    such a file without a projector (and empties the slot doing so); with another projector of the
+    same shape it restores it and reuses image cells that projector never computed (measured in
+    tests/e2e/test_mmproj_server.py), so the projector's hash decides. Text-only sessions restore
+    with or without a projector."""
+    if not sidecar.n_media:
+        return None
+    items = f"{sidecar.n_media} image{'s' if sidecar.n_media != 1 else ''}"
+    if facts.mmproj_sha256 is None:
+        return f"holds {items}; the server runs without a projector (--mmproj)"
+    if sidecar.mmproj_sha256 != facts.mmproj_sha256:
+        saved = _short_hash(sidecar.mmproj_sha256) if sidecar.mmproj_sha256 else "unknown"
+        return (f"holds {items} read by another projector (sha256 {saved}); "
+                f"the server runs {_short_hash(facts.mmproj_sha256)}")
+    return None
 
 
 def model_file_name(model_path: str) -> str:

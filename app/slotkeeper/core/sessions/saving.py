@@ -24,7 +24,7 @@ from pathlib import Path
 
 from slotkeeper.core.fsutil import NotARegularFile, fsync_dir, fsync_private, regular_size
 from slotkeeper.core.sessions import kvfile, lineage
-from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.compat import ServerFacts, media_mismatch
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.naming import new_kv_name
 from slotkeeper.core.sessions.sidecar import (
@@ -86,6 +86,7 @@ class _Incoming:
     tokens: list[int]
     size: int
     content_hash: str
+    n_media: int = 0
 
 
 def space_hint(directory: Path) -> str:
@@ -147,16 +148,17 @@ def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> _Incom
     content_hash = content_hash_file(path)
     fsync_private(path)  # 0600 before it becomes a session: llama-server writes with the umask
     fault_point("after_hash")
-    return _Incoming(path, header.tokens, size, content_hash)
+    return _Incoming(path, header.tokens, size, content_hash, header.n_media)
 
 
-def _candidates(store: SessionStore, model_sha256: str, prefer: str | None) -> list[tuple[SessionEntry, list[int]]]:
+def _candidates(store: SessionStore, facts: ServerFacts, prefer: str | None) -> list[tuple[SessionEntry, list[int]]]:
     out = []
     for entry in store.sessions():  # most recently used first
         sc = entry.sidecar
         # A session marked corrupt is still a candidate when its token list reads: a good
-        # save of the same conversation then replaces it (and clears the mark).
-        if sc is None or sc.model_sha256 != model_sha256:
+        # save of the same conversation then replaces it (and clears the mark). One whose images
+        # another projector read is not: this save must not overwrite what only that one restores.
+        if sc is None or sc.model_sha256 != facts.model_sha256 or media_mismatch(sc, facts):
             continue
         try:
             out.append((entry, store.tokens(entry)))
@@ -167,9 +169,9 @@ def _candidates(store: SessionStore, model_sha256: str, prefer: str | None) -> l
     return out
 
 
-def _classify(store: SessionStore, tokens: list[int], model_sha256: str,
+def _classify(store: SessionStore, tokens: list[int], facts: ServerFacts,
               current_id: str | None, n_prompt: int | None = None) -> tuple[str, SessionEntry | None]:
-    candidates = _candidates(store, model_sha256, current_id)
+    candidates = _candidates(store, facts, current_id)
     match = lineage.classify(tokens, [(e.id, t, e.sidecar.n_prompt if e.sidecar else None) for e, t in candidates],
                              new_n_prompt=n_prompt)
     previous = next((e for e, _ in candidates if e.id == match.session_id), None)
@@ -189,7 +191,7 @@ def _refine(kind: str, previous: SessionEntry | None, tokens: list[int]) -> tupl
 def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Describe,
             current_id: str | None, save_ms: float, n_prompt: int | None) -> SaveOutcome:
     facts = ctx.facts
-    kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id, n_prompt)
+    kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
     described = None if kind in ("unchanged", "contained") else describe(inc.tokens)
     with store.exclusive():
         if previous is not None:
@@ -199,7 +201,7 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
                 fresh = None
             if fresh is None or fresh.sidecar is None or fresh.sidecar.kv_file != previous.sidecar.kv_file:
                 # Changed while we were away (another save, a delete): decide again, now under the lock.
-                kind, previous = _classify(store, inc.tokens, facts.model_sha256, current_id, n_prompt)
+                kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
             elif kind != "contained":
                 kind, previous = _refine(kind if kind != "unchanged" else "update", fresh, inc.tokens)
         now = format_utc(utc_now())
@@ -229,7 +231,7 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             content_hash=inc.content_hash, llama_build=ctx.llama_build, created_at=created,
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
             n_prompt=n_prompt if n_prompt is not None and n_prompt <= len(inc.tokens) else None,
-            last_restore=last_restore,
+            last_restore=last_restore, n_media=inc.n_media, mmproj_sha256=facts.mmproj_sha256,
         )  # fmt: skip
         write_sidecar_atomic(store.sidecar_path(sid), sidecar)
         fault_point("after_sidecar")

@@ -64,7 +64,7 @@ SCHEMA_VERSION = 1
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 # Keys added after schema 1 without a bump, and what a file written before them means.
-OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None}
+OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None, "n_media": 0, "mmproj_sha256": None}
 
 SESSION_ID_BYTES = 6  # 12 hex characters: plenty for one user's sessions
 _ID_RE = SESSION_ID_RE  # the one id pattern (naming), also what the store accepts as an id
@@ -294,6 +294,10 @@ class Sidecar:
     # lets a later save differ from this one only after it (a re-rendered reply), never inside
     # the prompt. Optional key: unknown for files written before it.
     n_prompt: int | None = None
+    # Images/audio clips among the tokens, and the projector (--mmproj) that read them. Optional
+    # keys: files written before them hold text only.
+    n_media: int = 0
+    mmproj_sha256: str | None = None
     schema_version: int = SCHEMA_VERSION
     # Keys written by a newer Slotkeeper of the same schema; written back untouched.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -340,6 +344,9 @@ class Sidecar:
             corrupt=_corrupt_mark(d),
             kv_args=_str_list(d, "kv_args"),
             n_prompt=_optional_int(d, "n_prompt", "") if "n_prompt" in d else None,
+            n_media=_int(d, "n_media", 0) if "n_media" in d else 0,
+            mmproj_sha256=(None if d.get("mmproj_sha256") is None
+                           else _matching(d, "mmproj_sha256", _SHA256_RE, "64 lowercase hex digits")),
             extra=_unknown_keys(d, SIDECAR_KEYS),
         )
 
