@@ -108,3 +108,15 @@ def test_slotkeeper_finds_the_key_wherever_llama_server_does(tmp_path):
     assert server_api_key((), environ={"LLAMA_API_KEY": "env"}) == "env"
     assert server_api_key((), environ={}) is None
     assert server_api_key(("--api-key-file", str(tmp_path / "missing")), environ={}) is None
+
+
+def test_the_projector_setting_becomes_mmproj_and_extra_args_cannot_name_another(tmp_path) -> None:
+    from slotkeeper.core.server.command import CommandError, build_argv
+    from slotkeeper.core.settings import ServerProfile
+
+    argv = build_argv(["llama-server"], ServerProfile(mmproj_path="~/models/mmproj-x.gguf"), "m.gguf", tmp_path)
+    i = argv.index("--mmproj")
+    assert argv[i + 1].endswith("models/mmproj-x.gguf") and "~" not in argv[i + 1]
+    assert "--mmproj" not in build_argv(["llama-server"], ServerProfile(), "m.gguf", tmp_path)
+    with pytest.raises(CommandError, match="--mmproj"):
+        build_argv(["llama-server"], ServerProfile(extra_args=("--mmproj", "p.gguf")), "m.gguf", tmp_path)

@@ -295,3 +295,18 @@ def test_missing_and_unreadable_roots(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file.txt"
     not_a_dir.write_text("x")
     assert find_models([("a", tmp_path / "nope"), ("b", not_a_dir)]) == []
+
+
+def test_projectors_beside_a_model_best_match_first(tmp_path: Path) -> None:
+    model = tmp_path / "gemma-3-4b-it-Q4_K_M.gguf"
+    model.write_bytes(b"GGUF")
+    for name in ("mmproj-other-model-f16.gguf", "mmproj-gemma-3-4b-it-f16.gguf", "mmproj-notes.txt",
+                 "unrelated.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    (tmp_path / "mmproj-folder.gguf").mkdir()  # not a file
+    assert [p.name for p in discovery.projectors_beside(model)] == [
+        "mmproj-gemma-3-4b-it-f16.gguf", "mmproj-other-model-f16.gguf"]
+
+
+def test_projectors_beside_a_model_in_a_missing_folder_is_empty(tmp_path: Path) -> None:
+    assert discovery.projectors_beside(tmp_path / "gone" / "m.gguf") == []

@@ -300,6 +300,23 @@ def _examine(path: Path, source: str, seen: set[str], read_arch: bool) -> FoundM
     return FoundModel(path, size, arch, name, source, error or read_error)
 
 
+def projectors_beside(model_path: str | Path) -> list[Path]:
+    """The multimodal projectors (``mmproj*.gguf``) in a model's folder, the way the stores keep
+    them: Hugging Face snapshots, LM Studio and llama.cpp's cache put a vision model's projector
+    next to it. Best match first (a name sharing the model's stem), then by name; never raises."""
+    model = Path(model_path)
+    try:
+        found = [p for p in model.parent.iterdir()
+                 if _is_mmproj(p.name) and p.suffix.lower() == ".gguf" and p.is_file()]
+    except OSError:
+        return []
+    name = model.stem.lower()  # "gemma-3-4b-it-q4_k_m" -> "gemma-3-4b-it"
+    for cut in ("-q", ".q", "-iq", "-f16", "-bf16", "-f32"):  # the quantization is not the model's name
+        if cut in name:
+            name = name[: name.index(cut)]
+    return sorted(found, key=lambda p: (name not in p.name.lower(), p.name.lower()))
+
+
 def _is_mmproj(filename: str) -> bool:
     # The same name test llama.cpp uses to tell projectors from models (common/download.cpp).
     return "mmproj" in filename.lower()
