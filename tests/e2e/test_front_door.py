@@ -229,8 +229,8 @@ def test_a_hybrid_models_restored_state_serves_exact_continuations_and_recompute
         assert [r.id for r in events.of(ev.SessionRestored)] == [entry.id]
         t = ask(engine.base_url, continuation)["timings"]
         assert t["cache_n"] >= len(saved) - 1 and t["prompt_n"] <= 41, t
-        [done] = events.of(ev.RequestDone)
-        assert done.source == "restored"
+        [done] = wait_until(lambda: events.of(ev.RequestDone), what="the request's figures")
+        assert done.source == "slot"  # restored at launch, so already in the slot
         wait_until(lambda: events.of(ev.RestoreReused), what="the restore's verdict")
         [verdict] = events.of(ev.RestoreReused)
         assert verdict.effective is True
@@ -249,7 +249,7 @@ def test_a_hybrid_models_restored_state_serves_exact_continuations_and_recompute
         [recomputed] = events.of(ev.SlotRecomputed)
         assert recomputed.session_id == entry.id and "restored state" in recomputed.reason
         assert answer["timings"]["cache_n"] == 0
-        [done] = events.of(ev.RequestDone)
+        [done] = wait_until(lambda: events.of(ev.RequestDone), what="the request's figures")
         assert done.source == "recomputed"
         wait_until(lambda: events.of(ev.RestoreReused), what="the restore's verdict")
         [verdict] = events.of(ev.RestoreReused)
