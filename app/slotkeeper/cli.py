@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--cache-type-k", default="f16", metavar="T")
     info.add_argument("--cache-type-v", default="f16", metavar="T")
     info.add_argument("--unified", action="store_true", help="unified KV cache (-kvu)")
+    info.add_argument("--flash-attn", type=_on_off, default=False, metavar="on|off",
+                      help="flash attention (default off, as Slotkeeper runs llama-server)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     _add_global_options(info)
 
@@ -334,6 +336,8 @@ class ServeLog:
                 log.warning("session %s not restored: %s", sid, "; ".join(reasons))
             case ev.RestoreReused(effective=True, slot=slot, cache_n=cache_n):
                 log.info("slot %s reused %s cached tokens after the restore", slot, cache_n)
+            case ev.RestoreReused(effective=None, id=sid, reason=reason):
+                log.info("restore of %s %s", sid, reason)
             case ev.RestoreReused(id=sid, reason=reason):
                 log.warning("restore of %s was ineffective: %s", sid, reason)
             case ev.ServerLoading(elapsed=elapsed, detail=detail):
@@ -377,6 +381,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
             type_k=args.cache_type_k,
             type_v=args.cache_type_v,
             unified=args.unified,
+            flash_attn=args.flash_attn,
         )
     except (gguf_info.ModelFileError, ValueError) as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)

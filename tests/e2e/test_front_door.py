@@ -13,7 +13,9 @@ import pytest
 from e2e_helpers import EventLog, make_engine, wait_until
 
 from slotkeeper.core import events as ev
+from slotkeeper.core.modelgen import write_model
 from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.sessions.kvfile import read_tokens
 
 pytestmark = pytest.mark.e2e
 
@@ -127,10 +129,12 @@ def test_a_conversation_that_keeps_to_its_slot_is_not_tokenized_until_another_ne
         engine.stop(save=False)
 
 
-def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_server(gemma2_model, server_bin, port):
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_server(kind, models_dir, server_bin, port):
     """--swa-full: llama-server's save keeps only a window of old sliding-layer cells, yet after a
     restore it rolls back into them. The front door recomputes instead; the answer is a cold one."""
-    engine = make_engine(gemma2_model, server_bin, port, swa_full=True, idle_save=3600)
+    model = write_model(models_dir / f"tiny-{kind}.gguf", kind)
+    engine = make_engine(model, server_bin, port, swa_full=True, idle_save=3600)
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
@@ -152,7 +156,7 @@ def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_serve
         r.raise_for_status()
         return [p["logprob"] for p in r.json()["completion_probabilities"][0]["top_logprobs"]]
 
-    engine = make_engine(gemma2_model, server_bin, port, swa_full=True, idle_save=3600)
+    engine = make_engine(model, server_bin, port, swa_full=True, idle_save=3600)
     events = EventLog(engine)
     engine.start()
     try:
@@ -178,6 +182,95 @@ def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_serve
         engine.stop(save=False)
     assert max(abs(a - b) for a, b in zip(restored_answer, cold)) <= 1e-5
     assert max(abs(a - b) for a, b in zip(unguarded, cold)) > 1e-5, "the unguarded rollback differs"
+
+
+def test_a_hybrid_models_restored_state_serves_exact_continuations_and_recomputes_rollbacks(
+        models_dir, server_bin, port):
+    """qwen35 (gated delta net + attention): a save file holds no checkpoints of the recurrent state,
+    so a restored state can only be continued exactly. The next turn of the saved conversation reuses
+    it; a request that rolls back inside it is computed from scratch (the slot erased first), answers
+    like a cold server and is recorded as recomputed, not as a restore that failed."""
+    model = write_model(models_dir / "tiny-qwen35.gguf", "qwen35")
+    engine = make_engine(model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        url = engine.base_url
+        tokens = httpx.post(f"{url}/tokenize", json={"content": long_message(5, 400)}).json()["tokens"]
+        prompt = tokens[:600]
+        assert httpx.post(f"{url}/completion", timeout=120,
+                          json={"prompt": prompt, "n_predict": 8, "temperature": 0}).status_code == 200
+        summary = engine.save_slot(0)
+        assert summary.kind == "new"
+        entry = engine.sessions.listing().sessions[0]
+        assert entry.sidecar.restore_mode == "exact"
+        saved = read_tokens(engine.store.dir / entry.sidecar.kv_file).tokens
+    finally:
+        engine.stop(save=False)
+    assert saved[:600] == prompt and len(saved) > 600
+    continuation = saved + tokens[600:640]
+    rollback = prompt[:-8] + tokens[600:660]  # an edited last message: diverges inside the saved tokens
+
+    def ask(base: str, prompt_tokens: list[int]) -> dict:
+        r = httpx.post(f"{base}/completion", timeout=120,
+                       json={"prompt": prompt_tokens, "n_predict": 1, "n_probs": 8, "temperature": 0})
+        r.raise_for_status()
+        return r.json()
+
+    def top(response: dict) -> list[float]:
+        return [p["logprob"] for p in response["completion_probabilities"][0]["top_logprobs"]]
+
+    # A restart restores the session; the next turn of that very conversation reuses all of it.
+    engine = make_engine(model, server_bin, port, idle_save=3600)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert [r.id for r in events.of(ev.SessionRestored)] == [entry.id]
+        t = ask(engine.base_url, continuation)["timings"]
+        assert t["cache_n"] >= len(saved) - 1 and t["prompt_n"] <= 41, t
+        [done] = wait_until(lambda: events.of(ev.RequestDone), what="the request's figures")
+        assert done.source == "slot"  # restored at launch, so already in the slot
+        wait_until(lambda: events.of(ev.RestoreReused), what="the restore's verdict")
+        [verdict] = events.of(ev.RestoreReused)
+        assert verdict.effective is True
+        assert not events.of(ev.SlotRecomputed)
+    finally:
+        engine.stop(save=False)
+
+    # Another restart; this time the next request rolls back inside the restored state.
+    engine = make_engine(model, server_bin, port, idle_save=3600)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert [r.id for r in events.of(ev.SessionRestored)] == [entry.id]
+        answer = ask(engine.base_url, rollback)
+        [recomputed] = events.of(ev.SlotRecomputed)
+        assert recomputed.session_id == entry.id and "restored state" in recomputed.reason
+        assert answer["timings"]["cache_n"] == 0
+        [done] = wait_until(lambda: events.of(ev.RequestDone), what="the request's figures")
+        assert done.source == "recomputed"
+        wait_until(lambda: events.of(ev.RestoreReused), what="the restore's verdict")
+        [verdict] = events.of(ev.RestoreReused)
+        assert verdict.effective is None and verdict.reason.startswith("not judged"), verdict
+        assert not [e for e in events.of(ev.WarningRaised) if "restor" in e.message]  # nothing to warn about
+        wait_until(lambda: [r for r in engine.history.load() if r.source == "recomputed"],
+                   what="the history to record the recompute")
+        wait_until(lambda: (engine.store.get(entry.id).sidecar.last_restore or None)
+                   and engine.store.get(entry.id).sidecar.last_restore.reason, what="the sidecar's record")
+        record = engine.store.get(entry.id).sidecar.last_restore
+        assert record.effective is None and "recomputed" in record.reason
+        # The same rollback straight to llama-server after a cold start of the slot.
+        url, key = engine._upstream()
+        raw = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        raw.post("/slots/0", params={"action": "erase"})
+        cold = raw.post("/completion", json={"prompt": rollback, "n_predict": 1, "n_probs": 8, "temperature": 0,
+                                             "id_slot": 0}).json()
+    finally:
+        engine.stop(save=False)
+    assert cold["timings"]["cache_n"] == 0
+    assert max(abs(a - b) for a, b in zip(top(answer), top(cold))) <= 1e-5
 
 
 def test_streaming_cancellation_errors_and_every_endpoint(llama_model, server_bin, port):

@@ -100,7 +100,7 @@ def _chat(base: str) -> dict:
     return response.json()
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "qwen3", "gemma3", "gpt-oss", "qwen35"])
 def test_generated_model_chats(run_server, tmp_path: Path, kind: str) -> None:  # type: ignore[no-untyped-def]
     model = write_model(tmp_path / f"{kind}.gguf", kind)
     base, log_file = run_server(model)
@@ -110,7 +110,7 @@ def test_generated_model_chats(run_server, tmp_path: Path, kind: str) -> None:  
     assert body["choices"][0]["message"]["role"] == "assistant"
 
     log = log_file.read_text(errors="replace")
-    if kind == "gemma2":
+    if kind in ("gemma2", "gemma3", "gpt-oss"):
         assert "SWA" in log
         # window 128 + ubatch 512, padded to 256 cells
         assert re.search(r"creating\s+SWA KV cache, size = 768 cells", log), _tail(log_file)

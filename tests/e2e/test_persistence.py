@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
@@ -112,27 +113,45 @@ def test_restore_reuse_is_measured_per_slot_with_two_slots_busy(llama_model, ser
     assert not events.of(ev.SaveFailed)
 
 
-@pytest.mark.parametrize("swa_full", [False, True])
-def test_gemma2_swa_warning_and_effectiveness(gemma2_model, server_bin, port, swa_full):
-    engine = make_engine(gemma2_model, server_bin, port, swa_full=swa_full)
+def test_gemma2_without_swa_full_is_not_saved_and_says_why(gemma2_model, server_bin, port):
+    """Restore mode "never": a restored sliding-window state without --swa-full is re-read from the
+    start, so the engine does not keep saving conversations that cannot help; it says so once."""
+    engine = make_engine(gemma2_model, server_bin, port)
     events = EventLog(engine)
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
         warned = [w.message for w in events.of(ev.WarningRaised)]
-        if swa_full:
-            assert not warned
-        else:
-            assert any("--swa-full" in w and "more KV memory" in w for w in warned), warned
+        assert len([w for w in warned if "--swa-full" in w]) == 1, warned
+        [note] = [w for w in warned if "--swa-full" in w]
+        assert "does not save" in note and "more KV memory" in note
+        converse(engine.base_url, [" ".join(USER_TURNS * 12), USER_TURNS[1]])
+        time.sleep(1.0)  # five idle-save periods
+        assert engine.store.sessions() == []
+    finally:
+        engine.stop()  # nor at shutdown
+    assert engine.store.sessions() == []
+    assert not events.of(ev.SaveFailed)
+    assert len([w for w in events.of(ev.WarningRaised) if "--swa-full" in w.message]) == 1
+
+
+def test_gemma2_swa_full_restore_is_effective(gemma2_model, server_bin, port):
+    engine = make_engine(gemma2_model, server_bin, port, swa_full=True)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert not [w.message for w in events.of(ev.WarningRaised)]
         # Longer than the sliding layers' cache (window 128 + ubatch 512, rounded to 768 cells),
         # so the saved file lacks the early cells of those layers.
         long_turn = " ".join(USER_TURNS * 12)
         history, _ = converse(engine.base_url, [long_turn, USER_TURNS[1]])
         [saved] = wait_until(lambda: engine.store.sessions(), what="save")
-        assert saved.sidecar.n_tokens > 900 and saved.sidecar.swa and saved.sidecar.swa_full is swa_full
+        assert saved.sidecar.n_tokens > 900 and saved.sidecar.swa and saved.sidecar.swa_full
+        assert saved.sidecar.restore_mode == "exact"
     finally:
         engine.stop()
-    engine = make_engine(gemma2_model, server_bin, port, swa_full=swa_full)
+    engine = make_engine(gemma2_model, server_bin, port, swa_full=True)
     events = EventLog(engine)
     engine.start()
     try:
@@ -144,11 +163,7 @@ def test_gemma2_swa_warning_and_effectiveness(gemma2_model, server_bin, port, sw
     finally:
         engine.stop()
     rec = engine.store.sessions()[0].sidecar.last_restore
-    if swa_full:
-        assert reuse.effective and rec.effective is True
-    else:
-        assert not reuse.effective and rec.effective is False
-        assert "--swa-full" in rec.reason
+    assert reuse.effective and rec.effective is True
 
 
 def test_resume_restores_the_chosen_session_into_slot_0(llama_model, server_bin, port):
@@ -196,7 +211,8 @@ def test_swa_full_rollback_inside_restored_tokens_is_recomputed(gemma2_model, se
         [recomputed] = events.of(ev.SlotRecomputed)
         assert recomputed.slot == 0 and "rolls back inside restored state" in recomputed.reason
         [reuse] = wait_until(lambda: events.of(ev.RestoreReused), what="reuse judgement")
-        assert not reuse.effective and reuse.reason.startswith("recomputed")
+        # Not the restore's failure: "not judged", and why.
+        assert reuse.effective is None and reuse.reason.startswith("not judged: recomputed")
     finally:
         engine.stop(save=False)
 

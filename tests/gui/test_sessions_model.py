@@ -30,9 +30,10 @@ def store(tmp_path):
     make_session(d, "aaaaaaaaaaaa", title="Rust borrow checker", age_hours=2, size=4096,
                  flash_attn=True, cache_type_k="q8_0", cache_type_v="q8_0")
     make_session(d, "bbbbbbbbbbbb", title="Gemma chat", age_hours=30, size=8192, pinned=True,
-                 swa=True, swa_full=True, model_path="/m/gemma-2-9b.gguf", arch="gemma2")
+                 swa=True, swa_full=True, model_path="/m/gemma-2-9b.gguf", arch="gemma2", restore_mode="exact")
     make_session(d, "cccccccccccc", title="Old Gemma chat", age_hours=0.01, size=1024,
-                 swa=True, swa_full=False, model_sha256=OTHER_SHA, model_path="C:\\models\\other.gguf")
+                 swa=True, swa_full=False, model_sha256=OTHER_SHA, model_path="C:\\models\\other.gguf",
+                 restore_mode="never")
     (d / "dddddddddddd.json").write_text("{not json")
     return SessionStore(d)
 
@@ -45,7 +46,7 @@ def test_rows_and_columns(qtbot, store):
     model = SessionsTableModel()
     model.set_listing(store.listing(), None)
     assert model.rowCount() == 4
-    assert model.columnCount() == 11
+    assert model.columnCount() == 12
     assert model.headerData(1, Qt.Orientation.Horizontal, D) == "Where"
     assert model.headerData(0, Qt.Orientation.Horizontal, D) == "Title"
     rows = {model.entry(r).id: r for r in range(model.rowCount())}
@@ -60,6 +61,10 @@ def test_rows_and_columns(qtbot, store):
     assert cell(model, b, "swa") == "sliding window + swa-full"
     assert cell(model, c, "swa") == "sliding window"
     assert "re-reads the whole conversation" in cell(model, c, "swa", T)
+    assert cell(model, a, "restore") == "works"
+    assert cell(model, b, "restore") == "exact continuation only"
+    assert cell(model, c, "restore") == "never helps"
+    assert "computed from scratch" in cell(model, b, "restore", T)
     assert cell(model, a, "last_used") == "2 h ago"
     assert cell(model, c, "last_used") == "just now"
     assert cell(model, b, "pinned") == "pinned"

@@ -103,16 +103,36 @@ def test_slot_views_are_replaced_never_changed():
 
 
 def test_reuse_rules():
-    full = PendingReuse("s", 1000, swa=False, swa_full=False)
+    full = PendingReuse("s", 1000, "works")
     assert judge_reuse(full, 1000) == judge_reuse(full, int(EFFECTIVE_REUSE_SHARE * 1000))
     assert judge_reuse(full, 1000).effective and judge_reuse(full, 1000).reason is None
     low = judge_reuse(full, 10)
-    assert not low.effective and "reused 10 of 1000" in low.reason and not low.warn
-    swa = judge_reuse(PendingReuse("s", 1000, swa=True, swa_full=False), 0)
-    assert not swa.effective and "--swa-full" in swa.reason
-    rollback = judge_reuse(PendingReuse("s", 1000, swa=True, swa_full=True), 900)
+    assert low.effective is False and "reused 10 of the 1000" in low.reason and not low.warn
+    swa = judge_reuse(PendingReuse("s", 1000, "never"), 0)
+    assert swa.effective is False and "--swa-full" in swa.reason
+    # Only known-length rollbacks are recomputed by the front desk; an unknown one is warned about.
+    rollback = judge_reuse(PendingReuse("s", 1000, "exact"), 900)
     assert rollback.effective and rollback.warn and "rolled back" in rollback.reason
-    assert not judge_reuse(PendingReuse("s", 1000, swa=True, swa_full=True), 1000).warn
+    assert not judge_reuse(PendingReuse("s", 1000, "exact"), 1000).warn
+
+
+def test_reuse_is_judged_against_what_the_restore_mode_allows():
+    # Full attention: a next request that is another conversation is not the restore's failure.
+    other_chat = judge_reuse(PendingReuse("s", 1000, "works"), 40, shared=40)
+    assert other_chat.effective is None and other_chat.reason.startswith("not judged") and not other_chat.warn
+    # ... an edit late in the conversation still reuses what it shares: judged on that.
+    edit = judge_reuse(PendingReuse("s", 1000, "works"), 880, shared=900)
+    assert edit.effective is True and edit.reason is None
+    dropped = judge_reuse(PendingReuse("s", 1000, "works"), 0, shared=900)
+    assert dropped.effective is False and "900 restored tokens it could have" in dropped.reason
+    # Exact-only (hybrid, sliding window with --swa-full): a rollback cannot reuse anything.
+    for mode in ("exact", "unknown"):
+        rolled = judge_reuse(PendingReuse("s", 1000, mode), 0, shared=990)
+        assert rolled.effective is None and "rolled back" in rolled.reason and not rolled.warn
+        exact = judge_reuse(PendingReuse("s", 1000, mode), 998, shared=1000)
+        assert exact.effective is True and not exact.warn
+        lost = judge_reuse(PendingReuse("s", 1000, mode), 0, shared=1000)
+        assert lost.effective is False
 
 
 # -- can it be resumed? -----------------------------------------------------------------------

@@ -553,3 +553,151 @@ def test_parse_size(text: str | int, n: int) -> None:
 def test_parse_size_rejects_bad_input(bad: str | int) -> None:
     with pytest.raises(ValueError, match="size"):
         parse_size(bad)
+
+
+# --- families (llama.cpp b11434): MLA, MoE, hybrid, recurrent, unknown ---------------------
+
+
+def test_deepseek2_mla_caches_only_the_latent(tmp_path: Path) -> None:
+    # DeepSeek-V2-Lite as convert_hf_to_gguf writes it for MLA: one KV "head" whose K is the
+    # compressed latent (kv_lora_rank 512 + 64 RoPE dims = 576) and no V in the cache.
+    def extra(w: gguf.GGUFWriter) -> None:
+        w.add_kv_lora_rank(512)
+        w.add_uint32("deepseek2.attention.key_length_mla", 192)
+        w.add_uint32("deepseek2.attention.value_length_mla", 128)
+        w.add_rope_dimension_count(64)
+        w.add_expert_count(64)
+        w.add_expert_used_count(6)
+
+    info = read_model_info(write_meta_gguf(tmp_path / "dsv2.gguf", "deepseek2", n_layers=27, n_embd=2048,
+                                           n_head=16, n_head_kv=1, key_length=576, value_length=512,
+                                           extra=extra))
+    assert info.mla and info.family == "MLA" and info.kv_lora_rank == 512 and info.n_expert == 64
+    est = kv_estimate(info, 4096, flash_attn=False)
+    assert est.bytes_full == 27 * 4096 * 576 * 2  # K only, f16
+    assert est.recurrent_bytes == 0
+    text = format_model_info(info, est)
+    assert "kv_lora_rank 512 + 64 RoPE dims" in text and "64 experts, 6 per token" in text
+    assert info.restore_mode() == "works"
+
+
+def test_deepseek2_without_mla_keys_is_plain_attention(tmp_path: Path) -> None:
+    info = read_model_info(write_meta_gguf(tmp_path / "old.gguf", "deepseek2", n_layers=2, n_embd=256,
+                                           n_head=4, n_head_kv=4, key_length=48, value_length=32))
+    assert not info.mla
+    assert kv_estimate(info, 256).bytes_full == 2 * 256 * 4 * (48 + 32) * 2
+
+
+def _qwen35_keys(w: gguf.GGUFWriter) -> None:
+    w.add_ssm_conv_kernel(4)
+    w.add_ssm_state_size(128)
+    w.add_ssm_group_count(16)
+    w.add_ssm_time_step_rank(32)
+    w.add_ssm_inner_size(4096)
+    w.add_full_attention_interval(4)
+
+
+def test_qwen35_hybrid_layers_and_state(tmp_path: Path) -> None:
+    # Qwen3.5-9B's shape: 32 layers, every 4th full attention (4 KV heads of 256).
+    info = read_model_info(write_meta_gguf(tmp_path / "q35.gguf", "qwen35", n_layers=32, n_embd=4096,
+                                           n_head=16, n_head_kv=4, key_length=256, value_length=256,
+                                           extra=_qwen35_keys))
+    assert info.memory == "hybrid" and info.family == "hybrid"
+    assert [il for il in range(32) if info.layer_has_kv(il)] == [3, 7, 11, 15, 19, 23, 27, 31]
+    assert info.n_recurrent_layers == 24
+    est = kv_estimate(info, 8192, n_parallel=2, flash_attn=True)
+    assert est.bytes_full == 8 * 8192 * 4 * 256 * 2 * 2
+    # per layer: conv (4-1) * (4096 + 2*16*128) + state 128 * 4096 f32 values; one state per slot
+    per_layer = (3 * (4096 + 2 * 16 * 128) + 128 * 4096) * 4
+    assert est.recurrent_bytes == 2 * 24 * per_layer
+    assert info.restore_mode() == info.restore_mode(True) == "exact"
+    text = format_model_info(info, est)
+    assert "24 recurrent layers (0, 1, 2, 4, ..., 30) (gated delta net)" in text
+    assert "8 attention layers (3, 7, 11, 15, ..., 31)" in text
+    assert "exact continuation only" in text and "Recurrent state" in text
+    assert "full attention on every layer" not in text
+    data = model_info_json(info, est)
+    assert data["attention_layers"] == [3, 7, 11, 15, 19, 23, 27, 31]
+    assert data["kv"]["recurrent_bytes"] == est.recurrent_bytes and data["restore_mode"] == "exact"
+
+
+def test_recurrent_layers_listed_in_the_gguf_win(tmp_path: Path) -> None:
+    def extra(w: gguf.GGUFWriter) -> None:
+        _qwen35_keys(w)
+        w.add_array("qwen3next.attention.recurrent_layers", [True, False, True, True])
+
+    info = read_model_info(write_meta_gguf(tmp_path / "q3n.gguf", "qwen3next", n_layers=4, n_embd=256,
+                                           n_head=4, n_head_kv=2, extra=extra))
+    assert [info.layer_has_kv(il) for il in range(4)] == [False, True, False, False]
+
+
+def test_granite_hybrid_attention_layers_are_those_with_kv_heads(tmp_path: Path) -> None:
+    def extra(w: gguf.GGUFWriter) -> None:
+        w.add_ssm_conv_kernel(4)
+        w.add_ssm_state_size(128)
+        w.add_ssm_group_count(1)
+        w.add_ssm_time_step_rank(48)
+        w.add_ssm_inner_size(3072)
+
+    kv = [0, 0, 0, 0, 0, 8, 0, 0, 0, 0]
+    info = read_model_info(write_meta_gguf(tmp_path / "g4.gguf", "granitehybrid", n_layers=10, n_embd=1536,
+                                           n_head=12, n_head_kv=kv, extra=extra))
+    assert [il for il in range(10) if info.layer_has_kv(il)] == [5]
+    est = kv_estimate(info, 4096)
+    assert est.bytes_full == 4096 * 8 * 128 * 2 * 2
+    assert est.recurrent_bytes == 9 * (3 * (3072 + 2 * 128) + 128 * 3072) * 4
+
+
+def test_lfm2_short_convolution_state(tmp_path: Path) -> None:
+    def extra(w: gguf.GGUFWriter) -> None:
+        w.add_uint32("lfm2.shortconv.l_cache", 3)
+
+    kv = [0, 0, 8, 0, 0, 8]
+    info = read_model_info(write_meta_gguf(tmp_path / "lfm2.gguf", "lfm2", n_layers=6, n_embd=1024,
+                                           n_head=16, n_head_kv=kv, extra=extra))
+    assert info.recurrent_what == "short convolution" and not info.has_swa
+    est = kv_estimate(info, 2048)
+    assert est.recurrent_bytes == 4 * 1024 * 2 * 4
+    assert est.bytes_full == 2 * 2048 * 8 * 64 * 2 * 2
+
+
+def test_mamba_is_all_recurrent(tmp_path: Path) -> None:
+    def extra(w: gguf.GGUFWriter) -> None:
+        w.add_ssm_conv_kernel(4)
+        w.add_ssm_state_size(16)
+        w.add_ssm_time_step_rank(48)
+        w.add_ssm_inner_size(1536)
+
+    info = read_model_info(write_meta_gguf(tmp_path / "mamba.gguf", "mamba", n_layers=24, n_embd=768,
+                                           n_head=0, n_head_kv=0, extra=extra))
+    est = kv_estimate(info, 2048, n_parallel=3)
+    assert info.memory == "recurrent" and est.bytes_full == 0
+    assert est.recurrent_bytes == 3 * 24 * (3 * 1536 + 16 * 1536) * 4
+    assert "no per-token KV cache" in format_model_info(info, est)
+
+
+def test_unknown_architecture_is_reported_not_guessed(tmp_path: Path) -> None:
+    info = read_model_info(write_meta_gguf(tmp_path / "x.gguf", "brand-new-arch", n_layers=4, n_embd=128,
+                                           n_head=4, n_head_kv=2))
+    est = kv_estimate(info, 2048)
+    assert info.memory == "unknown" and not est.known
+    assert info.restore_mode() == "unknown"
+    text = format_model_info(info, est)
+    assert "does not know the architecture 'brand-new-arch'" in text
+    assert "full attention" not in text
+    assert model_info_json(info, est)["kv"]["bytes_default"] is None
+
+
+def test_without_flash_attention_v_rows_are_padded_to_the_widest_layer(tmp_path: Path) -> None:
+    # gemma4-style: sliding layers have smaller heads than the global ones.
+    def extra(w: gguf.GGUFWriter) -> None:
+        w.add_uint32("gemma4.attention.key_length_swa", 64)
+        w.add_uint32("gemma4.attention.value_length_swa", 64)
+
+    info = read_model_info(write_meta_gguf(tmp_path / "g4.gguf", "gemma4", n_layers=2, n_embd=256, n_head=4,
+                                           n_head_kv=1, key_length=128, value_length=128, sliding_window=128,
+                                           pattern=[True, False], extra=extra))
+    on = kv_estimate(info, 1024, flash_attn=True)
+    off = kv_estimate(info, 1024, flash_attn=False)
+    assert on.bytes_full == 1024 * ((64 + 64) + (128 + 128)) * 2
+    assert off.bytes_full == 1024 * ((64 + 128) + (128 + 128)) * 2

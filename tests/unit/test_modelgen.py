@@ -165,3 +165,26 @@ def test_ensure_demo_model_replaces_a_damaged_file(tmp_path: Path) -> None:
 
 def test_demo_notice() -> None:
     assert "random weights" in DEMO_NOTICE and "gibberish" in DEMO_NOTICE
+
+
+@pytest.mark.parametrize(
+    ("kind", "family", "slides", "kv_layers", "recurrent"),
+    [
+        ("qwen3", "full attention", [], [0, 1, 2, 3], []),
+        ("gemma3", "sliding window", [0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5], []),
+        ("gpt-oss", "sliding window", [0, 2], [0, 1, 2, 3], []),
+        ("qwen35", "hybrid", [], [3], [0, 1, 2]),
+    ],
+)
+def test_family_kinds(tmp_path: Path, kind: str, family: str, slides: list[int], kv_layers: list[int],
+                      recurrent: list[int]) -> None:
+    path = write_model(tmp_path / f"{kind}.gguf", kind, seed=3)
+    assert path.read_bytes() == write_model(tmp_path / "again.gguf", kind, seed=3).read_bytes()
+    info = read_model_info(path)
+    assert info.family == family and info.context_length == 2048
+    assert [il for il in range(info.n_layers) if info.layer_slides(il)] == slides
+    assert [il for il in range(info.n_layers) if info.layer_has_kv(il)] == kv_layers
+    assert [il for il, r in enumerate(info.recurrent_layers) if r] == recurrent
+    assert info.file_size < 4_000_000
+    if kind == "gpt-oss":
+        assert (info.n_expert, info.n_expert_used) == (4, 2)

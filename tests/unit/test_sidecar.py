@@ -171,7 +171,7 @@ def test_loads_stored_v1_file_with_kv_args() -> None:
 
 
 @pytest.mark.skipif(SCHEMA_VERSION != 1, reason="a schema bump rewrites what its migrations change")
-@pytest.mark.parametrize("name", ["sidecar_v1_kv_args.json", "sidecar_v1_media.json"])
+@pytest.mark.parametrize("name", ["sidecar_v1_kv_args.json"])
 def test_rewriting_stored_v1_files_with_optional_keys_is_byte_identical_but_for_later_keys(
     tmp_path: Path, name: str
 ) -> None:
@@ -185,19 +185,58 @@ def test_rewriting_stored_v1_files_with_optional_keys_is_byte_identical_but_for_
     assert (tmp_path / "s.json").read_bytes() == _as_written({**stored, **added})
 
 
-def test_loads_stored_v1_file_with_media() -> None:
-    loaded = load_sidecar(DATA / "sidecar_v1_media.json")
+def test_loads_stored_v2_file_with_media() -> None:
+    loaded = load_sidecar(DATA / "sidecar_v2_media.json")
     assert (loaded.n_media, loaded.mmproj_sha256) == (2, "9" * 64)
-    assert not ({"n_media", "mmproj_sha256"} - json.loads((DATA / "sidecar_v1_media.json").read_text()).keys())
     plain = load_sidecar(DATA / "sidecar_v1.json")
     assert (plain.n_media, plain.mmproj_sha256) == (0, None)  # files before the keys hold text only
 
 
 @pytest.mark.parametrize("bad", [{"n_media": -1}, {"n_media": True}, {"mmproj_sha256": "abc"}, {"mmproj_sha256": 5}])
 def test_media_keys_are_type_checked(bad: dict) -> None:
-    stored = json.loads((DATA / "sidecar_v1_media.json").read_text(encoding="utf-8"))
+    stored = json.loads((DATA / "sidecar_v2_media.json").read_text(encoding="utf-8"))
     with pytest.raises(SidecarError):
         Sidecar.from_json({**stored, **bad})
+
+
+def test_v1_files_migrate_to_a_restore_mode_from_their_architecture() -> None:
+    # The released v1 file is a full-attention qwen3 session: restores work.
+    assert load_sidecar(DATA / "sidecar_v1.json").restore_mode == "works"
+    stored = json.loads((DATA / "sidecar_v1.json").read_text(encoding="utf-8"))
+    for arch, swa, swa_full, mode in [
+        ("qwen35", False, False, "exact"),  # hybrid: no checkpoints in a save file
+        ("granitehybrid", False, False, "exact"),
+        ("mamba", False, False, "exact"),
+        ("gemma3", True, False, "never"),  # sliding window without --swa-full
+        ("gemma3", True, True, "exact"),
+        ("deepseek2", False, False, "works"),  # MLA
+        ("some-future-arch", False, False, "unknown"),
+    ]:
+        migrated = Sidecar.from_json({**stored, "arch": arch, "swa": swa, "swa_full": swa_full})
+        assert (arch, migrated.restore_mode, migrated.schema_version) == (arch, mode, 2)
+
+
+def test_loads_stored_v2_file() -> None:
+    loaded = load_sidecar(DATA / "sidecar_v2.json")
+    assert (loaded.arch, loaded.restore_mode, loaded.schema_version) == ("qwen35", "exact", 2)
+    assert loaded.last_restore is not None and loaded.last_restore.effective is None
+    assert loaded.last_restore.reason and loaded.last_restore.reason.startswith("not judged")
+    assert loaded.extra == {}
+
+
+@pytest.mark.skipif(SCHEMA_VERSION != 2, reason="a schema bump rewrites what its migrations change")
+@pytest.mark.parametrize("name", ["sidecar_v2.json", "sidecar_v2_media.json"])
+def test_rewriting_stored_v2_file_is_byte_identical(tmp_path: Path, name: str) -> None:
+    stored_path = DATA / name
+    write_sidecar_atomic(tmp_path / "s.json", load_sidecar(stored_path))
+    assert (tmp_path / "s.json").read_bytes() == stored_path.read_bytes()
+
+
+def test_v2_needs_a_restore_mode() -> None:
+    d = valid_json()
+    del d["restore_mode"]
+    with pytest.raises(SidecarError, match="restore_mode: missing"):
+        Sidecar.from_json(d)
 
 
 # --- strict validation -------------------------------------------------------------
@@ -291,7 +330,7 @@ def test_newer_schema_is_refused_with_a_clear_message() -> None:
     with pytest.raises(SidecarError) as excinfo:
         Sidecar.from_json(valid_json(schema_version=7))
     assert (
-        str(excinfo.value) == "saved by a newer Slotkeeper (schema 7); this version reads up to 1"
+        str(excinfo.value) == f"saved by a newer Slotkeeper (schema 7); this version reads up to {SCHEMA_VERSION}"
     )
 
 
@@ -353,7 +392,7 @@ def test_migrations_chain_over_several_versions(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setitem(MIGRATIONS, 1, step(1))
     monkeypatch.setitem(MIGRATIONS, 2, step(2))
-    result = migrate(valid_json())
+    result = migrate(valid_json(schema_version=1))
     assert steps == [1, 2]
     assert result["schema_version"] == 3 and result["added_in_2"] and result["added_in_3"]
 

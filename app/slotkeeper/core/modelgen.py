@@ -10,6 +10,18 @@ Kinds:
     gemma2        4 layers x 128 embd, sliding window 128 on even layers, context 8192
     bench         8 layers x 1024 embd, full attention, ~190 MB, context 16384; its prefill
                   is slow enough (hundreds of tokens/s on 2 cores) to measure cache reuse
+
+One tiny model per family (128 embd, 4 query / 2 KV heads of 32 dims, context 2048), so the
+tests prove each family's memory and restore rules against the real llama-server:
+    qwen3         4 layers, full attention with Q/K norms
+    gemma3        6 layers: 5 sliding (window 128) + 1 global, Q/K norms, post norms
+    gpt-oss       4 layers alternating sliding (window 128) and full, attention sinks, MoE
+                  (4 experts, 2 per token)
+    qwen35        hybrid: 3 recurrent gated-delta-net layers then 1 gated attention layer
+                  (full_attention_interval 4), plain FFN
+
+The tensors each architecture needs are the ones llama.cpp b11434's loader requires
+(src/models/qwen3.cpp, gemma3.cpp, openai-moe.cpp, qwen35.cpp ``load_arch_tensors``).
 """
 
 from __future__ import annotations
@@ -58,6 +70,8 @@ class _Shape:
     context_length: int
     seed_offset: int = 0  # mixed into the seed so "llama-alt" differs from "llama"
     sliding_window: int | None = None
+    n_expert: int = 0  # MoE (gpt-oss): experts per layer and experts used per token
+    n_expert_used: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -91,7 +105,21 @@ _KINDS: dict[str, _Shape] = {
         sliding_window=128,
     ),
     "bench": _Shape("llama", "Slotkeeper bench (random weights)", 8, 1024, 16, 8, 2816, 16384),
+    "qwen3": _Shape("qwen3", "Slotkeeper test qwen3 (random weights)", 4, 128, 4, 2, 256, 2048),
+    "gemma3": _Shape("gemma3", "Slotkeeper test gemma3 (random weights)", 6, 128, 4, 2, 256, 2048,
+                     sliding_window=128),
+    "gpt-oss": _Shape("gpt-oss", "Slotkeeper test gpt-oss (random weights)", 4, 128, 4, 2, 128, 2048,
+                      sliding_window=128, n_expert=4, n_expert_used=2),
+    "qwen35": _Shape("qwen35", "Slotkeeper test qwen35 hybrid (random weights)", 4, 128, 4, 2, 256, 2048),
 }
+# qwen35's gated delta net: key heads (ssm.group_count) x head dim (ssm.state_size), value heads
+# (ssm.time_step_rank) of the same dim, so ssm.inner_size = value heads x head dim.
+_GDN_CONV_KERNEL = 4
+_GDN_HEAD_DIM = 32
+_GDN_K_HEADS = 2
+_GDN_V_HEADS = 4
+_QWEN35_ATTENTION_INTERVAL = 4  # layers 0-2 recurrent, layer 3 attention
+
 MODEL_KINDS: tuple[str, ...] = tuple(_KINDS)
 
 _WEIGHT_STD = 0.02  # small enough that activations stay finite through every layer
@@ -216,6 +244,25 @@ def _add_hparams(writer: gguf.GGUFWriter, shape: _Shape) -> None:
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     if shape.arch == "llama":
         writer.add_rope_dimension_count(shape.head_dim)  # llama.cpp insists it equals head_dim
+    if shape.arch in ("qwen3", "gemma3", "gpt-oss", "qwen35"):
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
+    if shape.arch in ("gemma3", "gpt-oss"):
+        # gemma3: pattern 6 (5 sliding, 1 global); gpt-oss: pattern 2 (even layers slide).
+        writer.add_sliding_window(shape.sliding_window or 128)
+    if shape.n_expert:
+        writer.add_expert_count(shape.n_expert)
+        writer.add_expert_used_count(shape.n_expert_used)
+        writer.add_expert_feed_forward_length(shape.n_ff)
+    if shape.arch == "qwen35":
+        writer.add_rope_dimension_count(shape.head_dim)
+        writer.add_rope_dimension_sections([6, 5, 5, 0])  # interleaved M-RoPE; text uses one position
+        writer.add_ssm_conv_kernel(_GDN_CONV_KERNEL)
+        writer.add_ssm_state_size(_GDN_HEAD_DIM)
+        writer.add_ssm_group_count(_GDN_K_HEADS)
+        writer.add_ssm_time_step_rank(_GDN_V_HEADS)
+        writer.add_ssm_inner_size(_GDN_HEAD_DIM * _GDN_V_HEADS)
+        writer.add_full_attention_interval(_QWEN35_ATTENTION_INTERVAL)
     if shape.arch == "gemma2":
         writer.add_key_length(shape.head_dim)
         writer.add_value_length(shape.head_dim)
@@ -240,11 +287,25 @@ def _add_tensors(
         # conversion), so ones are a neutral norm for both architectures.
         writer.add_tensor(name, np.ones(shape.n_embd, dtype=np.float32))
 
+    def vector(name: str, n: int, value: float | None = None) -> None:
+        if value is None:
+            data = rng.standard_normal(n, dtype=np.float32) * _WEIGHT_STD
+        else:
+            data = np.full(n, value, dtype=np.float32)
+        writer.add_tensor(name, data)
+
     q_dim = shape.head_dim * shape.n_head
     kv_dim = shape.head_dim * shape.n_head_kv
     matrix("token_embd.weight", n_vocab, shape.n_embd)
     norm("output_norm.weight")
-    # No output.weight: llama ties it to token_embd, and gemma2 must not have one.
+    if shape.arch == "gpt-oss":
+        matrix("output.weight", n_vocab, shape.n_embd)  # gpt-oss requires its own output
+        _add_gpt_oss_layers(writer, shape, matrix, norm, vector, rng)
+        return
+    if shape.arch == "qwen35":
+        _add_qwen35_layers(writer, shape, matrix, norm, vector)
+        return
+    # No output.weight: llama, qwen3 and gemma3 tie it to token_embd; gemma2 must not have one.
     for il in range(shape.n_layers):
         blk = f"blk.{il}"
         norm(f"{blk}.attn_norm.weight")
@@ -252,14 +313,85 @@ def _add_tensors(
         matrix(f"{blk}.attn_k.weight", kv_dim, shape.n_embd)
         matrix(f"{blk}.attn_v.weight", kv_dim, shape.n_embd)
         matrix(f"{blk}.attn_output.weight", shape.n_embd, q_dim)
-        if shape.arch == "gemma2":
+        if shape.arch in ("qwen3", "gemma3"):
+            vector(f"{blk}.attn_q_norm.weight", shape.head_dim, 1.0)
+            vector(f"{blk}.attn_k_norm.weight", shape.head_dim, 1.0)
+        if shape.arch in ("gemma2", "gemma3"):
             norm(f"{blk}.post_attention_norm.weight")
         norm(f"{blk}.ffn_norm.weight")
         matrix(f"{blk}.ffn_gate.weight", shape.n_ff, shape.n_embd)
         matrix(f"{blk}.ffn_up.weight", shape.n_ff, shape.n_embd)
         matrix(f"{blk}.ffn_down.weight", shape.n_embd, shape.n_ff)
-        if shape.arch == "gemma2":
+        if shape.arch in ("gemma2", "gemma3"):
             norm(f"{blk}.post_ffw_norm.weight")
+
+
+def _add_gpt_oss_layers(writer: gguf.GGUFWriter, shape: _Shape, matrix, norm, vector,
+                        rng: np.random.Generator) -> None:
+    """gpt-oss blocks (src/models/openai-moe.cpp): attention with sinks and an output bias,
+    the post-attention norm before a MoE FFN with biased experts."""
+    q_dim = shape.head_dim * shape.n_head
+    kv_dim = shape.head_dim * shape.n_head_kv
+    n_exp, n_ff = shape.n_expert, shape.n_ff
+
+    def experts(name: str, rows: int, cols: int) -> None:
+        values = rng.standard_normal((n_exp, rows, cols), dtype=np.float32) * _WEIGHT_STD
+        writer.add_tensor(name, values.astype(np.float16))
+
+    for il in range(shape.n_layers):
+        blk = f"blk.{il}"
+        norm(f"{blk}.attn_norm.weight")
+        norm(f"{blk}.post_attention_norm.weight")
+        matrix(f"{blk}.attn_q.weight", q_dim, shape.n_embd)
+        matrix(f"{blk}.attn_k.weight", kv_dim, shape.n_embd)
+        matrix(f"{blk}.attn_v.weight", kv_dim, shape.n_embd)
+        matrix(f"{blk}.attn_output.weight", shape.n_embd, q_dim)
+        vector(f"{blk}.attn_output.bias", shape.n_embd, 0.0)
+        vector(f"{blk}.attn_sinks.weight", shape.n_head)
+        matrix(f"{blk}.ffn_gate_inp.weight", n_exp, shape.n_embd)
+        vector(f"{blk}.ffn_gate_inp.bias", n_exp, 0.0)
+        experts(f"{blk}.ffn_gate_exps.weight", n_ff, shape.n_embd)
+        experts(f"{blk}.ffn_up_exps.weight", n_ff, shape.n_embd)
+        experts(f"{blk}.ffn_down_exps.weight", shape.n_embd, n_ff)
+        writer.add_tensor(f"{blk}.ffn_gate_exps.bias", np.zeros((n_exp, n_ff), dtype=np.float32))
+        writer.add_tensor(f"{blk}.ffn_up_exps.bias", np.zeros((n_exp, n_ff), dtype=np.float32))
+        writer.add_tensor(f"{blk}.ffn_down_exps.bias", np.zeros((n_exp, shape.n_embd), dtype=np.float32))
+
+
+def _add_qwen35_layers(writer: gguf.GGUFWriter, shape: _Shape, matrix, norm, vector) -> None:
+    """qwen35 blocks (src/models/qwen35.cpp): gated delta net layers, then every 4th a gated
+    attention layer (its Q projection also yields the gate); a plain SiLU FFN after the
+    post-attention norm; no ffn_norm."""
+    q_dim = shape.head_dim * shape.n_head
+    kv_dim = shape.head_dim * shape.n_head_kv
+    key_dim = _GDN_HEAD_DIM * _GDN_K_HEADS
+    value_dim = _GDN_HEAD_DIM * _GDN_V_HEADS
+    conv_dim = 2 * key_dim + value_dim
+    for il in range(shape.n_layers):
+        blk = f"blk.{il}"
+        norm(f"{blk}.attn_norm.weight")
+        norm(f"{blk}.post_attention_norm.weight")
+        if (il + 1) % _QWEN35_ATTENTION_INTERVAL == 0:
+            matrix(f"{blk}.attn_q.weight", 2 * q_dim, shape.n_embd)  # query and gate
+            matrix(f"{blk}.attn_k.weight", kv_dim, shape.n_embd)
+            matrix(f"{blk}.attn_v.weight", kv_dim, shape.n_embd)
+            matrix(f"{blk}.attn_output.weight", shape.n_embd, q_dim)
+            vector(f"{blk}.attn_q_norm.weight", shape.head_dim, 1.0)
+            vector(f"{blk}.attn_k_norm.weight", shape.head_dim, 1.0)
+        else:
+            matrix(f"{blk}.attn_qkv.weight", conv_dim, shape.n_embd)
+            matrix(f"{blk}.attn_gate.weight", value_dim, shape.n_embd)
+            writer.add_tensor(f"{blk}.ssm_conv1d.weight",
+                              (np.ones((conv_dim, _GDN_CONV_KERNEL), dtype=np.float32) / _GDN_CONV_KERNEL))
+            vector(f"{blk}.ssm_dt.bias", _GDN_V_HEADS, 0.0)
+            vector(f"{blk}.ssm_a", _GDN_V_HEADS, -1.0)  # -exp(A_log): a decaying state
+            matrix(f"{blk}.ssm_beta.weight", _GDN_V_HEADS, shape.n_embd)
+            matrix(f"{blk}.ssm_alpha.weight", _GDN_V_HEADS, shape.n_embd)
+            vector(f"{blk}.ssm_norm.weight", _GDN_HEAD_DIM, 1.0)
+            matrix(f"{blk}.ssm_out.weight", shape.n_embd, value_dim)
+        matrix(f"{blk}.ffn_gate.weight", shape.n_ff, shape.n_embd)
+        matrix(f"{blk}.ffn_up.weight", shape.n_ff, shape.n_embd)
+        matrix(f"{blk}.ffn_down.weight", shape.n_embd, shape.n_ff)
 
 
 def _shape_for(kind: str) -> _Shape:

@@ -86,7 +86,7 @@ class Notifier(QObject):
             self.notify.emit("llama-server stopped", message or "It could not be started.", ERROR)
 
     def _on_reuse(self, event: ev.RestoreReused) -> None:
-        if event.effective:
+        if event.effective is not False:  # reused, or not judged (another conversation, a recompute)
             return
         title = self._title_of(event.id)
         self.notify.emit(

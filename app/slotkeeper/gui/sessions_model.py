@@ -18,6 +18,7 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
 from slotkeeper.core.engine.resume import compat_reasons
+from slotkeeper.core.families import describe_restore_mode, restore_mode_explanation
 from slotkeeper.core.sessions.compat import ServerFacts, model_file_name, swa_mode
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.sessions.sidecar import Sidecar, parse_utc
@@ -36,6 +37,7 @@ COLUMNS = (
     ("tokens", "Tokens"),
     ("size", "Size"),
     ("swa", "Attention"),
+    ("restore", "Restore"),
     ("cache", "FA / cache"),
     ("last_used", "Last used"),
     ("pinned", "Pinned"),
@@ -204,6 +206,8 @@ class SessionsTableModel(QAbstractTableModel):
             return f"{sc.n_tokens:,}"
         if key == "swa":
             return swa_mode(sc)
+        if key == "restore":
+            return describe_restore_mode(sc.restore_mode)
         if key == "cache":
             return cache_text(sc)
         if key == "last_used":
@@ -249,6 +253,8 @@ class SessionsTableModel(QAbstractTableModel):
                 return ("Saved without --swa-full: the sliding-window layers keep only the last window, "
                         "so resuming it re-reads the whole conversation.")
             return None
+        if key == "restore":
+            return restore_mode_explanation(sc.restore_mode)
         if key == "last_used":
             try:
                 return parse_utc(sc.last_used_at).astimezone().strftime("%Y-%m-%d %H:%M:%S")
@@ -267,7 +273,7 @@ class SessionsTableModel(QAbstractTableModel):
         if key == "status":
             return 0 if entry.problems else 1
         if sc is None:
-            return "" if key in ("title", "model", "swa", "cache", "last_used") else 0
+            return "" if key in ("title", "model", "swa", "restore", "cache", "last_used") else 0
         if key == "tokens":
             return sc.n_tokens
         if key == "pinned":

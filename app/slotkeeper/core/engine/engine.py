@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from slotkeeper.core import datalock, modelgen
+from slotkeeper.core import datalock, families, modelgen
 from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.engine.errors import EngineError
@@ -189,6 +189,7 @@ class Engine:
         self._poller: asyncio.Task[None] | None = None
         self._idle_saves: set[int] = set()
         self._swa_note: str | None = None
+        self._never_help_said = False
         self._after_ready: asyncio.Task[None] | None = None
         self._hashing: asyncio.Future[str] | None = None
         self._published_in_slots: frozenset[str] | None = None
@@ -603,7 +604,8 @@ class Engine:
             listing = await self.loop.run_io(self.store.listing)
             candidates = [
                 LaunchCandidate(e.id, parse_utc(e.sidecar.last_used_at).timestamp(),
-                                usable=not e.problems and not check_compatible(e.sidecar, facts))
+                                usable=not e.problems and not check_compatible(e.sidecar, facts)
+                                and facts.restore_mode != families.RESTORE_NEVER)
                 for e in listing.sessions if e.sidecar is not None
             ]
         used = {info.id for info in await self.loop.run_io(http.slots) if info.id_task is not None}
@@ -687,7 +689,7 @@ class Engine:
             self._set_slot(slot, state="idle")
         self._policy.mark_restored(slot, session_id)
         self.desk.restored(slot, tokens, result.restore_ms, result.n_read)
-        self._slots.pending[slot] = PendingReuse(session_id, result.n_restored, sc.swa, sc.swa_full)
+        self._slots.pending[slot] = PendingReuse(session_id, result.n_restored, sc.restore_mode)
         self._set_slot(slot, session_id=session_id, n_tokens=result.n_restored, warning=None)
         summary = RestoreSummary(session_id, slot, result.n_restored, result.restore_ms, sc.title)
         self.events.emit(SessionRestored(summary))
@@ -718,12 +720,17 @@ class Engine:
             return None
         w = self._policy.watch(slot)
         generation = w.generation
+        if reason != "manual" and self._saves_never_help():
+            # Nothing worth keeping: mark it as dealt with so it is not due again and again.
+            self._policy.mark_saved(slot, None, generation)
+            self._say_saves_never_help()
+            return None
         w.busy_with = "saving"
         self._set_slot(slot, state="saving")
         ctx = SaveContext(facts, model.info.arch, self._llama_build)
         try:
             n_prompt = self.desk.content(slot).n_prompt
-            known = 0 < n_prompt < UNKNOWN and restore_mode(facts) == "any"
+            known = 0 < n_prompt < UNKNOWN and restore_mode(facts) == families.RESTORE_WORKS
             outcome = await self._write_session(self._client(), ctx, slot, w.session_id, timeout,
                                                 n_prompt if known else None)
         except Exception as exc:  # whatever went wrong, the engine and its poller carry on
@@ -739,11 +746,19 @@ class Engine:
         self._index_saved(outcome)
         self.events.emit(SessionSaved(summary))
         if outcome.kind in ("new", "update", "fork"):
-            note = swa_note(self._model, self._running_profile())
-            if note:
-                self.events.emit(WarningRaised(note))
             await self._prune()
         return summary
+
+    def _saves_never_help(self) -> bool:
+        """This model and server cannot reuse a restored slot (sliding window without --swa-full)."""
+        facts = self._facts
+        return facts is not None and facts.restore_mode == families.RESTORE_NEVER
+
+    def _say_saves_never_help(self) -> None:
+        """The launch said why (``swa_note``, once) and how to change it; the log says it here."""
+        if not self._never_help_said:
+            self._never_help_said = True
+            log.info("not saving: restoring this model's conversations would not save any work")
 
     async def _write_session(self, http: LlamaClient, ctx: SaveContext, slot: int, current_id: str | None,
                              timeout: float, n_prompt: int | None = None) -> SaveOutcome:
@@ -807,7 +822,11 @@ class Engine:
     async def save_changed_slots_async(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
                                        reason: str = "shutdown") -> SavesReport:
         """Save every changed slot within ``timeout`` seconds in all: idle slots first, then the ones
-        still generating (llama-server holds a save until the slot is idle)."""
+        still generating (llama-server holds a save until the slot is idle). Nothing is saved for a
+        model whose restores never help."""
+        if self._saves_never_help():
+            self._say_saves_never_help()
+            return SavesReport()
         try:
             self._policy.observe(await self.loop.run_io(self._client().slots), time.monotonic())
         except (ServerUnavailable, ServerError) as exc:
@@ -915,9 +934,12 @@ class Engine:
             except asyncio.TimeoutError:
                 pass
 
-    async def save_before_switching(self, slot: int) -> SaveSummary | None:
-        """Save what ``slot`` holds before another conversation takes it (its lock is held)."""
-        return await self._save_locked(slot, "before switching conversations")
+    async def save_before_switching(self, slot: int) -> bool:
+        """Save what ``slot`` holds before another conversation takes it (its lock is held).
+        False: it could not be saved, so it must not be replaced."""
+        if self._saves_never_help():  # nothing worth keeping in it
+            return await self._save_locked(slot, "before switching conversations") is None
+        return await self._save_locked(slot, "before switching conversations") is not None
 
     async def restore_for_request(self, session_id: str, slot: int) -> RestoreSummary | None:
         facts = self._facts
@@ -936,11 +958,11 @@ class Engine:
         log.info("slot %s recomputed: %s", slot, reason)
         self.events.emit(SlotRecomputed(slot, session_id, reason))
         pending = self._slots.pending.pop(slot, None)
-        if pending is not None:  # the restore was not used, on purpose: say why
-            why = f"recomputed: {reason}"
-            self.loop.in_background(record_reuse, self.store, pending.session_id, 0, 0, False, why,
+        if pending is not None:  # the restore was not used, on purpose: not the restore's failure
+            why = f"not judged: recomputed because {reason}"
+            self.loop.in_background(record_reuse, self.store, pending.session_id, 0, 0, None, why,
                                     what="recording the restore's reuse")
-            self.events.emit(RestoreReused(slot, pending.session_id, 0, 0, pending.n_restored, False, why))
+            self.events.emit(RestoreReused(slot, pending.session_id, 0, 0, pending.n_restored, None, why))
 
     async def best_saved_prefix(self, tokens, beat: int = 0) -> tuple[str, int, int] | None:
         """The saved session sharing the longest prefix with ``tokens``: (id, tokens shared,
@@ -1010,7 +1032,7 @@ class Engine:
                                      fig.source, fig.saved_ms))
         pending = self._slots.pending.pop(slot, None)
         if pending is not None:
-            verdict = judge_reuse(pending, fig.cache_n)
+            verdict = judge_reuse(pending, fig.cache_n, fig.shared)
             if verdict.reason and (not verdict.effective or verdict.warn):
                 self._set_slot(slot, warning=verdict.reason)
             if verdict.warn:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from slotkeeper.core import families
 from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.lineage import common_prefix_len
@@ -93,12 +94,18 @@ class FrontDeskError(Exception):
 
 
 def restore_mode(facts: ServerFacts | None) -> str:
-    """How a restored state of this model behaves: "any" rollback is correct (full attention),
-    "exact" continuation only (sliding-window layers with --swa-full keep only a window of old
-    cells), or "never" useful (sliding-window without --swa-full re-reads everything)."""
-    if facts is None or not facts.swa:
-        return "any"
-    return "exact" if facts.swa_full else "never"
+    """How a restored state of the running model behaves (``core.families``): "works" (any
+    rollback is correct: full attention, MLA), "exact" continuation only (hybrid and recurrent
+    models, whose save holds no checkpoints; sliding-window layers with --swa-full, which keep
+    only a window of old cells), "never" useful (sliding window without --swa-full), or
+    "unknown" (treated as exact). From the model's facts, recorded in ``ServerFacts``."""
+    if facts is None:
+        return families.RESTORE_WORKS
+    return facts.restore_mode
+
+
+def exact_only(mode: str) -> bool:
+    return mode in families.EXACT_ONLY_MODES
 
 
 @dataclass
@@ -141,6 +148,7 @@ class Figures:
     prompt_ms: float
     source: str  # slot, restored, ram, recomputed, none
     saved_ms: float  # prefill time the cached tokens saved
+    shared: int | None = None  # prompt tokens in common with what the slot held before (None: not known)
 
 
 @dataclass
@@ -175,7 +183,7 @@ class FrontDesk:
     def restored(self, slot: int, tokens: Sequence[int] | np.ndarray, restore_ms: float, n_read: int) -> None:
         """A session was restored into ``slot``: it holds exactly its tokens now."""
         arr = np.asarray(tokens, dtype=np.int64)
-        fragile = len(arr) if restore_mode(self.e.facts_now()) == "exact" else 0
+        fragile = len(arr) if exact_only(restore_mode(self.e.facts_now())) else 0
         c = self.content(slot)
         c.tokens, c.n_prompt, c.held, c.fragile_until = arr, len(arr), len(arr), fragile
         c.forget()
@@ -279,7 +287,7 @@ class FrontDesk:
         e = self.e
         ticket = Ticket(r.slot, tokens, r.expected_prefix, "slot" if r.expected_prefix else "none")
         async with e.slot_lock(r.slot):
-            if r.save_first and await e.save_before_switching(r.slot) is None:
+            if r.save_first and not await e.save_before_switching(r.slot):
                 raise FrontDeskError(503, f"slot {r.slot} holds a conversation that could not be saved, so it "
                                           "was not replaced (see Slotkeeper's messages)")
             if r.restore:
@@ -307,13 +315,13 @@ class FrontDesk:
 
     async def _session_option(self, tokens: np.ndarray, beat: int) -> SessionOption | None:
         mode = restore_mode(self.e.facts_now())
-        if mode == "never":
+        if mode == families.RESTORE_NEVER:
             return None
         hit = await self.e.best_saved_prefix(tokens, beat)
         if hit is None:
             return None
         sid, prefix, n_tokens = hit
-        return SessionOption(sid, prefix, n_tokens, exact_only=mode == "exact")
+        return SessionOption(sid, prefix, n_tokens, exact_only=exact_only(mode))
 
     def _lease(self, slot: int) -> None:
         c = self.content(slot)
@@ -355,11 +363,14 @@ class FrontDesk:
         c = self.content(slot)
         predicted = int(t.get("predicted_n") or 0)
         cache_n, prompt_n = int(t.get("cache_n") or 0), int(t.get("prompt_n") or 0)
+        shared: int | None = None
         if ticket.tokens is None and learn is not None and outcome.timings is not None:
             c.n_prompt = cache_n + prompt_n
             c.learn, c.learning = learn, None
         else:
             tokens = ticket.tokens if ticket.tokens is not None else np.zeros(0, dtype=np.int64)
+            if ticket.tokens is not None and ticket.source != "recomputed":
+                shared = common_prefix_len(tokens, c.tokens)
             if c.fragile_until and common_prefix_len(tokens, c.tokens) < c.fragile_until:
                 c.fragile_until = 0  # recomputed from scratch: nothing restored is left in it
             c.tokens, c.n_prompt = tokens, len(tokens)
@@ -378,7 +389,7 @@ class FrontDesk:
         elif cache_n > 0 and source in ("none", "recomputed"):
             source = "ram"  # llama-server found it in its own prompt cache
         saved_ms = cache_n / self.prefill_tokens_per_ms if cache_n else 0.0
-        self.e.request_done(slot, c.held, Figures(c.n_prompt, cache_n, prompt_n, prompt_ms, source, saved_ms))
+        self.e.request_done(slot, c.held, Figures(c.n_prompt, cache_n, prompt_n, prompt_ms, source, saved_ms, shared))
 
 
 def session_size(engine: Engine, session: SessionOption | None) -> int:

@@ -80,9 +80,10 @@ def swa_note(model: ModelChoice | None, profile: ServerProfile) -> str | None:
     est = swa_kv_estimate(model.info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
     return (
         f"{model.path.name} uses sliding-window attention and the server runs without --swa-full: "
-        "saved sessions restore but the next request re-reads the whole conversation. "
-        f"Turning on --swa-full makes restores work and costs {human_bytes(est.swa_full_extra_bytes)} "
-        f"more KV memory at this context ({human_bytes(est.bytes_swa)} -> {human_bytes(est.bytes_full)})."
+        "a restored conversation would be re-read from the start, so Slotkeeper does not save or restore "
+        "this model's conversations. Turning on --swa-full makes restores work for the next turn of a "
+        f"saved conversation and costs {human_bytes(est.swa_full_extra_bytes)} more KV memory at this "
+        f"context ({human_bytes(est.bytes_swa)} -> {human_bytes(est.bytes_full)})."
     )
 
 
@@ -106,6 +107,7 @@ def server_facts(model: ModelChoice, model_sha256: str, props: Props, profile: S
         cache_type_k=profile.cache_type_k, cache_type_v=profile.cache_type_v, swa_full=profile.swa_full,
         n_parallel=props.total_slots, n_ctx_slot=props.n_ctx_slot,
         swa=model.info.has_swa, kv_args=kv_affecting_args(profile.extra_args), mmproj_sha256=mmproj_sha256,
+        restore_mode=model.info.restore_mode(profile.swa_full),
     )  # fmt: skip
 
 
@@ -136,8 +138,8 @@ def check_launch(model: ModelChoice, profile: ServerProfile, total_memory: int, 
     the model's training context is a warning."""
     info = model.info
     est = gguf_info.kv_estimate(info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
-                                type_v=profile.cache_type_v)
-    kv = est.bytes_full if profile.swa_full else est.bytes_swa
+                                type_v=profile.cache_type_v, flash_attn=profile.flash_attn)
+    kv = (est.bytes_full if profile.swa_full else est.bytes_swa) + est.recurrent_bytes
     need = kv + info.file_size
     if need > total_memory:
         return LaunchCheck(

@@ -2,7 +2,7 @@
 
 ``SlotTable`` holds one immutable ``SlotView`` per slot and replaces it on every change, so the
 tuple it hands out (``views()``) can go to any thread. ``judge_reuse`` is the rule for the first
-request after a restore.
+request after a restore, measured against what the session's restore mode allows.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from slotkeeper.core import families
 from slotkeeper.core.client import SlotInfo
 from slotkeeper.core.views import SlotView
 
@@ -23,33 +24,54 @@ class PendingReuse:
 
     session_id: str
     n_restored: int
-    swa: bool
-    swa_full: bool
+    mode: str = families.RESTORE_WORKS  # the restore mode of the session (core.families)
 
 
 @dataclass(frozen=True)
 class ReuseVerdict:
-    effective: bool
-    reason: str | None  # why it did not help, or why the reply may be off
+    effective: bool | None  # None: not judged (the request did not continue the restored conversation)
+    reason: str | None  # why it did not help, why it was not judged, or why the reply may be off
     warn: bool  # worth telling the user now, not just recording
 
 
-def judge_reuse(pending: PendingReuse, cache_n: int) -> ReuseVerdict:
-    effective = cache_n >= EFFECTIVE_REUSE_SHARE * pending.n_restored
-    if not effective:
-        if pending.swa and not pending.swa_full:
-            reason = ("sliding-window model without --swa-full: llama-server keeps only the last "
-                      "window of those layers, so it re-read the whole conversation")
+def reuse_allowed(mode: str, n_restored: int, shared: int | None) -> int:
+    """Restored tokens the next request could reuse under the restore mode: ``shared`` is how
+    many of them its prompt starts with (None: not known, so all of them)."""
+    if mode == families.RESTORE_NEVER:
+        return 0
+    if shared is None:
+        return n_restored
+    if mode in families.EXACT_ONLY_MODES:
+        return n_restored if shared >= n_restored else 0
+    return min(shared, n_restored)
+
+
+def judge_reuse(pending: PendingReuse, cache_n: int, shared: int | None = None) -> ReuseVerdict:
+    """Was the restore worth it, judged against what the restore mode allows: a next request that
+    is another conversation (or rolls back where the model cannot) is not the restore's fault."""
+    n = pending.n_restored
+    if pending.mode == families.RESTORE_NEVER:
+        if cache_n >= EFFECTIVE_REUSE_SHARE * n:
+            return ReuseVerdict(True, None, False)
+        return ReuseVerdict(False, "sliding-window model without --swa-full: llama-server keeps only the last "
+                                   "window of those layers, so it re-read the whole conversation", False)
+    allowed = reuse_allowed(pending.mode, n, shared)
+    if allowed < EFFECTIVE_REUSE_SHARE * n:
+        if pending.mode in families.EXACT_ONLY_MODES and shared is not None and shared > 0:
+            why = (f"not judged: the next request rolled back inside the restored conversation ({shared} of {n} "
+                   "tokens in common), which this model cannot do, so it was computed from scratch")
         else:
-            reason = (f"the next request reused {cache_n} of {pending.n_restored} restored tokens "
-                      "(a different conversation, or the server discarded the cache)")
-        return ReuseVerdict(False, reason, False)
-    if pending.swa and pending.swa_full and cache_n < pending.n_restored:
-        # Rolling back inside restored SWA state gives results that differ from a cold run.
-        reason = (f"this request rolled back inside the restored conversation ({cache_n} of "
-                  f"{pending.n_restored} tokens reused): with sliding-window layers the reply may be wrong; "
-                  "regenerate it if it looks off")
-        return ReuseVerdict(True, reason, True)
+            why = (f"not judged: the next request was another conversation ({shared or 0} of {n} restored "
+                   "tokens in common)")
+        return ReuseVerdict(None, why, False)
+    if cache_n < EFFECTIVE_REUSE_SHARE * allowed:
+        return ReuseVerdict(False, f"the next request reused {cache_n} of the {allowed} restored tokens it could "
+                                   "have (the server discarded the cache)", False)
+    if pending.mode in families.EXACT_ONLY_MODES and cache_n < n and shared is None:
+        # Rolled back inside a restored state that cannot roll back: the reply may differ from a cold run.
+        return ReuseVerdict(True, (f"this request rolled back inside the restored conversation ({cache_n} of {n} "
+                                   "tokens reused): this model cannot do that correctly, so the reply may be off; "
+                                   "regenerate it if it looks wrong"), True)
     return ReuseVerdict(True, None, False)
 
 

@@ -231,7 +231,8 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             content_hash=inc.content_hash, llama_build=ctx.llama_build, created_at=created,
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
             n_prompt=n_prompt if n_prompt is not None and n_prompt <= len(inc.tokens) else None,
-            last_restore=last_restore, n_media=inc.n_media, mmproj_sha256=facts.mmproj_sha256,
+            last_restore=last_restore, restore_mode=facts.restore_mode, n_media=inc.n_media,
+            mmproj_sha256=facts.mmproj_sha256,
         )  # fmt: skip
         write_sidecar_atomic(store.sidecar_path(sid), sidecar)
         fault_point("after_sidecar")

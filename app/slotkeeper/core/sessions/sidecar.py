@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from slotkeeper.core import families
 from slotkeeper.core.fsutil import UnsafeFile, atomic_write_text, open_regular
 from slotkeeper.core.sessions.naming import SESSION_ID_RE
 
@@ -49,19 +50,25 @@ __all__ = [
     "write_sidecar_atomic",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-# MIGRATIONS[n] takes a schema-n dict and returns a schema-(n + 1) dict. Empty until
-# schema 2 exists; the pattern will be:
-#
-#     def _v1_to_v2(d: dict) -> dict:
-#         d = dict(d)
-#         d["new_field"] = default_for_old_files
-#         d["schema_version"] = 2
-#         return d
-#
-#     MIGRATIONS[1] = _v1_to_v2
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 records the restore mode (``core.families``). A schema-1 file knew only its
+    architecture and whether it had sliding-window layers; that is enough to tell: hybrid and
+    recurrent architectures and sliding-window with --swa-full restore for an exact
+    continuation only, sliding-window without --swa-full never helps, the rest works."""
+    d = dict(d)
+    arch, swa, swa_full = d.get("arch"), d.get("swa"), d.get("swa_full")
+    if isinstance(arch, str) and isinstance(swa, bool) and isinstance(swa_full, bool):
+        d["restore_mode"] = families.arch_restore_mode(arch, swa, swa_full)
+    # else: leave it out; validation then names the malformed field
+    d["schema_version"] = 2
+    return d
+
+
+# MIGRATIONS[n] takes a schema-n dict and returns a schema-(n + 1) dict.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 # Keys added after schema 1 without a bump, and what a file written before them means.
 OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None, "n_media": 0, "mmproj_sha256": None}
@@ -221,9 +228,12 @@ class RestoreRecord:
     """The last restore of this session into a slot, and whether it paid off.
 
     ``effective`` stays None until the next request on that slot has been seen; then it
-    says whether the server reused at least half of the restored tokens
-    (``cache_n >= EFFECTIVE_REUSE_SHARE * n_restored``, the share being 0.5, in
-    ``core.engine``). A restore whose next request reused only a few tokens is not effective.
+    says whether the server reused at least half of the restored tokens that request could
+    reuse under the session's restore mode (``cache_n >= EFFECTIVE_REUSE_SHARE * n_restored``
+    when it continues the conversation, the share being 0.5, in ``core.engine``). A restore
+    whose next request reused only a few tokens is not effective. When the next request did
+    not continue the restored conversation (another chat, or a rollback an exact-only model
+    cannot do, which is recomputed), ``effective`` stays None and ``reason`` says "not judged".
     """
 
     at: str
@@ -294,6 +304,9 @@ class Sidecar:
     # lets a later save differ from this one only after it (a re-rendered reply), never inside
     # the prompt. Optional key: unknown for files written before it.
     n_prompt: int | None = None
+    # What a restore of it is good for (core.families: works, exact, never, unknown), from the
+    # model's family and the server's --swa-full when it was saved. Schema 2.
+    restore_mode: str = families.RESTORE_WORKS
     # Images/audio clips among the tokens, and the projector (--mmproj) that read them. Optional
     # keys: files written before them hold text only.
     n_media: int = 0
@@ -344,6 +357,7 @@ class Sidecar:
             corrupt=_corrupt_mark(d),
             kv_args=_str_list(d, "kv_args"),
             n_prompt=_optional_int(d, "n_prompt", "") if "n_prompt" in d else None,
+            restore_mode=_non_empty(d, "restore_mode"),
             n_media=_int(d, "n_media", 0) if "n_media" in d else 0,
             mmproj_sha256=(None if d.get("mmproj_sha256") is None
                            else _matching(d, "mmproj_sha256", _SHA256_RE, "64 lowercase hex digits")),
