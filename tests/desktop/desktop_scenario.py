@@ -163,6 +163,17 @@ class Scenario:
             yield self.pause(0.3)
             self.shot("tray-menu.png")
             self.note("menu", menu_items=[a.text() for a in tray.menu.actions() if a.text()])
+            # Hovering "Model" opens the Model submenu: recent and found models, the current one checked.
+            yield (lambda: tray.bridge.found_models is not None, 20, "the models found")
+            geo = tray.menu.actionGeometry(tray.model_menu.menuAction())
+            at = tray.menu.mapToGlobal(geo.center())
+            subprocess.run(["xdotool", "mousemove", str(int(at.x() * dpr)), str(int(at.y() * dpr))], check=True)
+            yield (lambda: tray.model_menu.isVisible(), 10, "the Model menu")
+            yield self.pause(0.4)
+            self.shot("tray-model-menu.png")
+            self.note("model-menu", model_menu_items=[a.text() for a in tray.model_menu.actions() if a.text()],
+                      model_menu_checked=[a.text() for a in tray.model_menu.model_actions() if a.isChecked()])
+            tray.model_menu.hide()
             tray.menu.hide()
             tray.quit_action.trigger()
             return

@@ -37,6 +37,14 @@ def desktop(tmp_path):
 
 def run_phase(phase, env, home, shots, model, server_bin, port):
     result = shots.parent / f"{phase}.json"
+    # The Model menu lists what discovery finds: a llama.cpp cache with one other model, and no
+    # Hugging Face cache of the machine's user.
+    cache = shots.parent / "llama-cache"
+    if not cache.exists():
+        from slotkeeper.core.modelgen import write_model
+
+        write_model(cache / "tiny-llama-alt.gguf", "llama-alt")
+    env = {**env, "LLAMA_CACHE": str(cache), "HF_HUB_CACHE": str(shots.parent / "hf-hub")}
     cmd = [sys.executable, str(SCENARIO), phase, str(result), str(shots), "--",
            "--model", str(model), "--server-bin", server_bin, "--port", str(port),
            "--ctx", "2048", "--data-dir", str(home), "--idle-save", "0.3"]
@@ -81,8 +89,10 @@ def test_tray_gauge_quit_saves_relaunch_restores(desktop, tmp_path, llama_model,
     [after] = SessionStore(home / "sessions").sessions()
     assert after.sidecar.last_restore.effective is True
 
+    assert "tiny-llama-alt" in " ".join(first["model_menu_items"])
+    assert first["model_menu_checked"] == [llama_model.name]
     for name in ("main-window-slots.png", "main-window-sessions.png", "settings.png", "tray-menu.png",
-                 "main-window-cache-hit.png", "main-window-history.png"):
+                 "tray-model-menu.png", "main-window-cache-hit.png", "main-window-history.png"):
         assert (shots / name).stat().st_size > 10_000, name
     keep = os.environ.get("SLOTKEEPER_SCREENSHOTS")
     if keep:

@@ -38,7 +38,7 @@ def test_the_server_menu_holds_the_server_pages_actions(window):
     server = window.server_page
     actions = [a for a in menus["Se&rver"].actions() if not a.isSeparator()]
     assert actions == [server.start_action, server.stop_action, server.restart_action,
-                       server.open_chat_action, server.copy_action]
+                       window.model_menu.menuAction(), server.open_chat_action, server.copy_action]
     with_settings = []
     window.settingsRequested.connect(lambda: with_settings.append(True))
     server.settingsRequested.emit()

@@ -22,9 +22,10 @@ def page(qtbot, bridge):
 
 def test_initial_state(page):
     assert page.state_label.text() == "Stopped"
-    assert page.state_message.text() == "Start the server to serve the model and resume saved conversations."
+    assert page.state_message.text().startswith("No model chosen yet. Choose a GGUF model")
     assert not page.start_action.isEnabled()  # no model chosen
-    assert page.start_action.toolTip() == "Choose a model in Settings first"
+    assert page.start_action.toolTip() == "No model chosen yet: use “Choose model…” first"
+    assert page.choose_model_button.isDefault()
     assert not page.start_button.isEnabled()
     assert not page.open_chat_action.isEnabled()
     assert page.uptime_label.text() == "—"

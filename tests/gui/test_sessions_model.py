@@ -92,6 +92,7 @@ def test_compatibility_with_the_running_server(qtbot, store):
     assert cell(model, b, "compat") == "no"
     assert "--swa-full" in cell(model, b, "compat", T)
     assert "different model" in cell(model, c, "compat", T)
+    assert cell(model, c, "compat") == "other model"  # resumed by switching to its model
     assert cell(model, c, "title", RESTORABLE_ROLE) is False
 
     changed = []

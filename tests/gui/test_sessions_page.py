@@ -36,8 +36,9 @@ def test_sessions_table_and_usage(qtbot, page, bridge, sessions_dir):
     assert page.select_session("bbbbbbbbbbbb")
     assert page.pin_button.text() == "Unpin"
     assert page.delete_button.isEnabled()
-    # server stopped and no model chosen: cannot resume
-    assert not page.resume_button.isEnabled()
+    # server stopped and no model chosen: resuming runs the model the conversation was made with
+    assert page.resume_button.isEnabled()
+    assert page.resume_button.text() == "Switch to Qwen3-8B-Q4_K_M.gguf to resume"
     assert page.select_session("aaaaaaaaaaaa")
     assert page.pin_button.text() == "Pin"
 

@@ -29,12 +29,12 @@ def listed(qtbot, bridge):
 def test_no_tray_offscreen_and_menu_still_works(qtbot, tray, bridge):
     assert tray.show() is False
     texts = [a.text() for a in tray.menu.actions() if a.text()]
-    assert texts[1] == "Start server"
+    assert texts[1] == "Choose a model to start…"  # no model yet
+    assert texts[2] == "Model"
     assert "Resume" in texts
     assert "Open chat in browser" in texts
     assert any(t.startswith("Copy API address") for t in texts)
     assert "Sessions…" in texts and "Settings…" in texts and texts[-1] == "Quit Slotkeeper"
-    assert not tray.start_stop_action.isEnabled()  # no model yet
     assert not tray.open_chat_action.isEnabled()
     assert tray.icon_state == "stopped"
 
@@ -75,15 +75,18 @@ def test_resume_menu_lists_the_ten_most_recent(qtbot, tray, bridge, engine, sess
 def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge, engine, sessions_dir, monkeypatch):
     make_session(sessions_dir, "aaaaaaaaaaaa", title="Same model", age_hours=1)
     make_session(sessions_dir, "bbbbbbbbbbbb", title="Other model", age_hours=2, model_sha256=OTHER_SHA)
+    make_session(sessions_dir, "cccccccccccc", title="Other cache", age_hours=3, flash_attn=not base_sidecar().flash_attn)
     listed(qtbot, bridge)
     facts = facts_for(base_sidecar())
     monkeypatch.setattr(type(bridge), "facts", property(lambda self: facts))
     bridge.state = ServerState.READY
     tray.rebuild_resume_menu()
-    same, other = tray.resume_menu.actions()
+    same, other, cache = tray.resume_menu.actions()
     assert same.isEnabled() and "restores into a free slot" in same.toolTip()
-    assert not other.isEnabled()
-    assert "different model" in other.toolTip()
+    assert not cache.isEnabled()
+    assert "flash attention" in cache.toolTip()
+    # another model's conversation is one action: switch to its model and resume it
+    assert other.isEnabled() and other.text().endswith("— switch to Qwen3-8B-Q4_K_M.gguf to resume")
 
     calls = []
     monkeypatch.setattr(bridge, "resume_session", lambda sid, slot=None: calls.append(sid))

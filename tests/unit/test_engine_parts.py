@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.resume import resume_verdict
 from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotTable, judge_reuse
 from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import SessionEntry
 
 
@@ -159,12 +161,36 @@ def test_resume_rules_for_every_face():
     assert not damaged.enabled and damaged.why.startswith("Damaged")
     stopped = resume_verdict(e, ServerState.STOPPED, None, True)
     assert stopped.enabled and stopped.starts_server
-    assert not resume_verdict(e, ServerState.FAILED, None, False).enabled  # no model to start
+    assert stopped.switch_to is None and stopped.label == "Resume"
+    # no model chosen: the session's own model is the one to start
+    first = resume_verdict(e, ServerState.FAILED, None, False)
+    assert first.enabled and first.starts_server and first.switch_to == sc.model_path
+    assert first.label == f"Switch to {Path(sc.model_path).name} to resume"
     assert resume_verdict(e, ServerState.STARTING, None, True).why == "Wait until the server is ready"
     ok = resume_verdict(e, ServerState.READY, facts, True)
     assert ok.enabled and not ok.starts_server and f"{sc.n_tokens:,} tokens" in ok.why
     other = resume_verdict(e, ServerState.READY, replace(facts, flash_attn=not sc.flash_attn), True)
-    assert not other.enabled and "flash attention" in other.why
+    assert not other.enabled and "flash attention" in other.why and other.switch_to is None
+
+
+def test_a_session_of_another_model_is_resumed_by_switching_to_it():
+    from dataclasses import replace
+
+    e = entry()
+    sc = e.sidecar
+    name = Path(sc.model_path).name
+    facts = ServerFacts(model_sha256="f" * 64, model_path="/models/other.gguf", flash_attn=sc.flash_attn,
+                        cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
+                        n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa)
+    running = resume_verdict(e, ServerState.READY, facts, True)
+    assert running.enabled and not running.starts_server and running.switch_to == sc.model_path
+    assert running.label == f"Switch to {name} to resume"
+    assert "saves changed conversations, restarts llama-server" in running.why
+    stopped = resume_verdict(e, ServerState.STOPPED, None, True, model_path="/models/other.gguf")
+    assert stopped.enabled and stopped.starts_server and stopped.switch_to == sc.model_path
+    same = resume_verdict(e, ServerState.STOPPED, None, True, model_path=sc.model_path)
+    assert same.switch_to is None and same.label == "Resume"
+    assert not resume_verdict(e, ServerState.STOPPING, replace(facts), True).enabled
 
 
 # -- before a launch --------------------------------------------------------------------------

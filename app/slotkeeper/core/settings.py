@@ -12,13 +12,14 @@ from typing import Any
 
 from slotkeeper.core.fsutil import atomic_write_text
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_PORT = 8789
 MAX_CTX = 2**31 - 1  # llama-server reads --ctx-size as a 32-bit int
 DEFAULT_BUDGET_BYTES = 20 * 1024**3
 DEFAULT_IDLE_SAVE_SECONDS = 10.0
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 UNQUANTIZED_CACHE_TYPES = frozenset({"f32", "f16", "bf16"})
+MAX_REMEMBERED_MODELS = 20  # per-model settings kept, most recently chosen first
 
 
 class SettingsError(Exception):
@@ -124,6 +125,65 @@ def connect_url(host: str, port: int) -> str:
 
 
 @dataclass(frozen=True)
+class ModelMemory:
+    """The settings remembered for one model, restored when that model is chosen again.
+
+    Every field but ``model_path`` has the name of the ``ServerProfile`` field it remembers
+    (``PER_MODEL_FIELDS``); a per-model setting the profile gains later (the multimodal projector)
+    is remembered by adding it here with a default.
+    """
+
+    model_path: str
+    ctx: int = 8192
+    parallel: int = 1
+    flash_attn: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    swa_full: bool = False
+    extra_args: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, profile: ServerProfile) -> ModelMemory:
+        if not profile.model_path:
+            raise ValueError("a profile without a model has nothing to remember")
+        return cls(model_path=profile.model_path, **{name: getattr(profile, name) for name in PER_MODEL_FIELDS})
+
+    def apply_to(self, profile: ServerProfile) -> ServerProfile:
+        """``profile`` running this model with its remembered settings."""
+        return replace(profile, model_path=self.model_path,
+                       **{name: getattr(self, name) for name in PER_MODEL_FIELDS})
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["extra_args"] = list(self.extra_args)
+        return data
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ModelMemory:
+        if not isinstance(raw, dict) or not isinstance(raw.get("model_path"), str):
+            raise SettingsError(f"each entry of 'models' should be an object with a model_path, not {raw!r}")
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in raw.items() if k in known}
+        if "extra_args" in kwargs:
+            args = kwargs["extra_args"]
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise SettingsError(f"'extra_args' remembered for {raw['model_path']} should be a list of "
+                                    f"arguments, not {args!r}")
+            kwargs["extra_args"] = tuple(args)
+        memory = cls(**kwargs)
+        for f in fields(cls):
+            value = getattr(memory, f.name)
+            want = {"int": int, "bool": bool, "str": str}.get(str(f.type))
+            if want is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
+                raise SettingsError(f"setting {f.name!r} remembered for {memory.model_path} has the wrong type: "
+                                    f"{value!r}")
+        return memory
+
+
+PER_MODEL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ModelMemory) if f.name != "model_path")
+
+
+@dataclass(frozen=True)
 class Settings:
     profile: ServerProfile = field(default_factory=ServerProfile)
     idle_save_seconds: float = DEFAULT_IDLE_SAVE_SECONDS
@@ -131,19 +191,26 @@ class Settings:
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     start_server_on_launch: bool = False
     start_at_login: bool = False
+    # Per-model settings, the most recently chosen model first (the Model menu's recent models).
+    models: tuple[ModelMemory, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["profile"] = self.profile.to_json()
+        data["models"] = [m.to_json() for m in self.models]
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Settings:
         data = migrate(dict(data))
         profile = ServerProfile.from_json(data.get("profile") or {})
-        known_top = {f.name for f in fields(cls)} - {"profile"}
+        raw_models = data.get("models") or []
+        if not isinstance(raw_models, list):
+            raise SettingsError(f"setting 'models' should be a list of per-model settings, not {raw_models!r}")
+        known_top = {f.name for f in fields(cls)} - {"profile", "models"}
         top = {k: v for k, v in data.items() if k in known_top}
+        top["models"] = tuple(ModelMemory.from_json(m) for m in raw_models)
         top["schema_version"] = SCHEMA_VERSION
         settings = cls(profile=profile, **top)
         settings.check_types()
@@ -177,9 +244,43 @@ class Settings:
     def with_profile(self, **changes: Any) -> Settings:
         return replace(self, profile=replace(self.profile, **changes))
 
+    # -- per-model settings -----------------------------------------------------------------
+    def remembered(self, model_path: str) -> ModelMemory | None:
+        return next((m for m in self.models if m.model_path == model_path), None)
+
+    def remember_model(self) -> Settings:
+        """The profile's per-model values remembered for its model, which becomes the most recent."""
+        if not self.profile.model_path:
+            return self
+        current = ModelMemory.of(self.profile)
+        others = tuple(m for m in self.models if m.model_path != current.model_path)
+        return replace(self, models=(current, *others)[:MAX_REMEMBERED_MODELS])
+
+    def choose_model(self, model_path: str, **changes: Any) -> Settings:
+        """Run ``model_path`` from now on: the current model's settings are remembered, the chosen
+        model's remembered ones come back (a model chosen for the first time keeps the current
+        values), then ``changes`` (per-model fields, e.g. ``swa_full=True``) apply."""
+        unknown = set(changes) - set(PER_MODEL_FIELDS)
+        if unknown:
+            raise ValueError(f"not per-model settings: {', '.join(sorted(unknown))}")
+        settings = self.remember_model()
+        memory = settings.remembered(model_path)
+        profile = memory.apply_to(settings.profile) if memory else replace(settings.profile, model_path=model_path)
+        return replace(settings, profile=replace(profile, **changes)).remember_model()
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 remembers settings per model: the model of a version-1 file keeps its settings."""
+    profile = data.get("profile")
+    models = []
+    if isinstance(profile, dict) and isinstance(profile.get("model_path"), str) and profile["model_path"]:
+        models.append({"model_path": profile["model_path"],
+                       **{k: profile[k] for k in PER_MODEL_FIELDS if k in profile}})
+    return {**data, "models": models}
+
 
 # Migrations from older schema versions: MIGRATIONS[n] turns a version-n dict into version n+1.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 
 def migrate(data: dict[str, Any]) -> dict[str, Any]:

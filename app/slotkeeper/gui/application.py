@@ -31,6 +31,7 @@ from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.first_run import FirstRunDialog
 from slotkeeper.gui.main_window import MainWindow
+from slotkeeper.gui.model_switch import ModelSwitcher
 from slotkeeper.gui.notifications import Notifier
 from slotkeeper.gui.settings.dialog import SettingsDialog
 from slotkeeper.gui.tray import TrayController
@@ -155,6 +156,8 @@ class SlotkeeperApp(QObject):
         self.bridge = EngineBridge(self.engine, settings_service or SettingsService(paths.settings_file), self)
         self.notifier = Notifier(self.bridge, self)
         self.window = MainWindow(self.bridge)
+        self.switcher = ModelSwitcher(self.bridge, self.window)
+        self.chooser: FirstRunDialog | None = None
         self.tray: TrayController | None = None
         self.settings_dialog: SettingsDialog | None = None
         self.progress: QProgressDialog | None = None
@@ -169,9 +172,13 @@ class SlotkeeperApp(QObject):
             self.tray.showWindowRequested.connect(self.show_window)
             self.tray.settingsRequested.connect(self.open_settings)
             self.tray.quitRequested.connect(self.request_quit)
+            self.tray.modelRequested.connect(self.choose_model)
+            self.tray.chooseModelRequested.connect(self.open_model_chooser)
             self.window.hide_on_close = self.tray.show()
         self.window.settingsRequested.connect(self.open_settings)
         self.window.quitRequested.connect(self.request_quit)
+        self.window.modelRequested.connect(self.choose_model)
+        self.window.chooseModelRequested.connect(self.open_model_chooser)
         self.notifier.notify.connect(self._notify)
 
         chose_now = False
@@ -205,7 +212,7 @@ class SlotkeeperApp(QObject):
         self.settings_dialog = None
 
     def run_first_run(self) -> bool:
-        dialog = FirstRunDialog(self.bridge.jobs, self.window)
+        dialog = FirstRunDialog(self.bridge.jobs, self.window, search_dirs=self.bridge.model_search_dirs)
         accepted = dialog.exec() == FirstRunDialog.DialogCode.Accepted and dialog.chosen
         chosen = dialog.chosen
         dialog.deleteLater()
@@ -214,9 +221,31 @@ class SlotkeeperApp(QObject):
         self.choose_model(chosen)
         return True
 
-    def choose_model(self, model_path: str) -> None:
-        """Use ``model_path`` from now on: this run's settings, and the saved ones."""
-        self.bridge.choose_model(model_path)
+    def open_model_chooser(self) -> None:
+        """The models found on this computer, a file, or the demo; the one chosen starts."""
+        if self.chooser is not None:
+            self.chooser.raise_()
+            self.chooser.activateWindow()
+            return
+        dialog = FirstRunDialog(self.bridge.jobs, self.window, search_dirs=self.bridge.model_search_dirs,
+                                welcome=False)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.chooser = dialog
+
+        def closed(result: int) -> None:
+            self.chooser = None
+            if result == FirstRunDialog.DialogCode.Accepted and dialog.chosen:
+                self.choose_model(dialog.chosen)
+
+        dialog.finished.connect(closed)
+        dialog.open()
+
+    def choose_model(self, model_path: str, resume_id: str = "") -> None:
+        """Run ``model_path`` from now on with the settings remembered for it (saved; this run's
+        per-model command-line values stop applying): after saying what the switch means when
+        there is something to say, changed conversations are saved and the server (re)starts on
+        it, resuming ``resume_id`` if given."""
+        self.switcher.choose(model_path, resume_id or None)
 
     def _notify(self, title: str, message: str, level: str) -> None:
         if self.tray is not None and self.tray.tray.isVisible():
@@ -294,6 +323,9 @@ class SlotkeeperApp(QObject):
 
     def dispose(self) -> None:
         """Release everything that holds a thread, a timer or a socket."""
+        self.switcher.dispose()
+        if self.chooser is not None:
+            self.chooser.reject()
         if self.tray is not None:
             self.tray.dispose()
         if self.settings_dialog is not None:

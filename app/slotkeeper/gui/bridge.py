@@ -16,6 +16,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +24,8 @@ import shiboken6
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine import Engine, EngineSnapshot
+from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineSnapshot
+from slotkeeper.core.engine.resume import ResumeVerdict, resume_verdict
 from slotkeeper.core.history import RequestRecord
 from slotkeeper.core.server.state import RUNNING_STATES, STOPPED_STATES, ServerState
 from slotkeeper.core.services.settings import SettingsService
@@ -37,6 +39,29 @@ from slotkeeper.gui.jobs import JobRunner, describe_error
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=ev.Event)
+
+@dataclass(frozen=True)
+class SwitchOutcome:
+    """What a model switch did: ``switched`` (the settings in use now), or why not: changed
+    conversations that could not be saved (``report.unsaved``) or an ``error``."""
+
+    model_path: str
+    switched: bool
+    report: SavesReport
+    settings: Settings | None
+    error: str | None = None
+
+
+def resolved_model_file(model_path: str | None, models_dir: Path) -> str | None:
+    """The file a profile's model path names, links resolved, as sidecars record it (disk)."""
+    if not model_path:
+        return None
+    if model_path == DEMO_MODEL:
+        from slotkeeper.core.modelgen import DEMO_FILENAME
+
+        return os.path.realpath(models_dir / DEMO_FILENAME)
+    return os.path.realpath(os.path.expanduser(model_path))
+
 
 # Coalesces the burst of file events one save makes (KV rename, sidecar temp, replace).
 SESSIONS_DEBOUNCE_MS = 200
@@ -75,6 +100,9 @@ class EngineBridge(QObject):
     historyLoaded = Signal(object)  # [RequestRecord], oldest first
     settingsChanged = Signal(object)  # Settings, after they were saved and applied
     resumeFinished = Signal(str, object)  # session id, RestoreSummary (None: refused)
+    modelSwitched = Signal(object)  # SwitchOutcome: the model (and its settings) in use now, or why not
+    modelFileResolved = Signal()  # model_file / model_aliases are up to date with the settings
+    modelsFound = Signal(object)  # [FoundModel]: GGUF files on this computer (core.discovery)
     sessionVerified = Signal(object)  # SessionEntry after a verify
     errorOccurred = Signal(str, str)  # what failed, why (for a message box or a notification)
     busyChanged = Signal(bool)  # background jobs running
@@ -101,6 +129,13 @@ class EngineBridge(QObject):
         self.listing: Listing | None = None
         self.history: list[RequestRecord] = []
         self.quitting = False
+        # The chosen model's file with links resolved (as sidecars record it), and the remembered
+        # models by their resolved files: worked out off the GUI thread when the settings change.
+        self.model_file: str | None = None
+        self.model_aliases: dict[str, str] = {}
+        self.found_models: list | None = None  # None until the first search has answered
+        self.model_search_dirs: list[tuple[str, Path]] | None = None  # None: the usual places
+        self._searching_models = False
 
         self._handlers: list[tuple[type[ev.Event], _HandlerRef]] = []
         self._closed = False
@@ -124,6 +159,8 @@ class EngineBridge(QObject):
         self._observer = None
         if watch_sessions:
             self._observer = _start_observer(engine.paths.sessions_dir, self._notify_fs_change)
+        self.settingsChanged.connect(self.resolve_model_files)
+        self.resolve_model_files()
 
     # -- facts for widgets ----------------------------------------------------------------
     @property
@@ -161,6 +198,56 @@ class EngineBridge(QObject):
 
     def model_name(self) -> str:
         return self.snapshot.model_name
+
+    def resolve_model_files(self, *_args) -> None:
+        """Work out ``model_file`` and ``model_aliases`` (links resolved) as a job."""
+        settings = self.settings
+        models_dir = self.paths.models_dir
+
+        def resolve() -> tuple[str | None, dict[str, str]]:
+            return (resolved_model_file(settings.profile.model_path, models_dir),
+                    {resolved_model_file(m.model_path, models_dir) or m.model_path: m.model_path
+                     for m in settings.models})
+
+        def done(result: tuple[str | None, dict[str, str]]) -> None:
+            self.model_file, self.model_aliases = result
+            self.modelFileResolved.emit()
+
+        self.jobs.run(resolve, on_success=done, description="Finding the model files")
+
+    def discover_models(self) -> None:
+        """Look for GGUF models on this computer (a job); answers with ``modelsFound``."""
+        if self._closed or self._searching_models:
+            return
+        self._searching_models = True
+        dirs = self.model_search_dirs
+
+        def find() -> list:
+            from slotkeeper.core import discovery
+
+            return discovery.find_models(dirs if dirs is not None else discovery.default_search_dirs())
+
+        def done(models: list) -> None:
+            self._searching_models = False
+            self.found_models = [m for m in models if m.usable]
+            self.modelsFound.emit(self.found_models)
+
+        def failed(exc: BaseException) -> None:
+            self._searching_models = False
+            log.warning("looking for models failed: %s", exc)
+            self.found_models = self.found_models or []
+            self.modelsFound.emit(self.found_models)
+
+        self.jobs.run(find, on_success=done, on_failure=failed, description="Looking for models")
+
+    def resume_verdict(self, entry: SessionEntry) -> ResumeVerdict:
+        """Whether ``entry`` can be resumed now, or by switching to its model (one rule, every face)."""
+        verdict = resume_verdict(entry, self.state, self.facts, bool(self.settings.profile.model_path),
+                                 self.model_file)
+        if verdict.switch_to and verdict.switch_to in self.model_aliases:
+            # the name it was chosen by (a Hugging Face snapshot link, not the blob it points to)
+            verdict = replace(verdict, switch_to=self.model_aliases[verdict.switch_to])
+        return verdict
 
     def session_file(self, entry: SessionEntry) -> Path:
         """The file to show for a session in a file manager."""
@@ -391,9 +478,58 @@ class EngineBridge(QObject):
 
         self._command(apply(), "Saving settings", on_success=done)
 
-    def choose_model(self, model_path: str) -> None:
-        """Use ``model_path`` from now on: this run's settings, and the saved ones."""
-        self.apply_settings(self.settings.with_profile(model_path=model_path))
+    def choose_model(self, model_path: str, start: bool = True) -> None:
+        """Use ``model_path`` from now on (this run's settings, and the saved ones, with the settings
+        remembered for it) and start the server on it (see ``switch_model``)."""
+        self.switch_model(model_path, start=start)
+
+    def switch_model(self, model_path: str, resume_id: str | None = None, force: bool = False,
+                     start: bool = True, on_done: Callable[[SwitchOutcome], None] | None = None,
+                     **changes: Any) -> None:
+        """Switch to ``model_path`` with its remembered settings (``changes`` on top, e.g.
+        ``swa_full=True``): every changed slot is saved first, then the server restarts on it
+        (a stopped one starts, unless ``start`` is False), resuming ``resume_id`` if given. When
+        a changed slot cannot be saved nothing is switched unless ``force``: the outcome says
+        which. Answers with ``modelSwitched`` (and ``on_done``)."""
+        engine, service = self.engine, self.settings_service
+
+        async def switch() -> SwitchOutcome:
+            report = SavesReport()
+            if engine.state is ServerState.READY and engine.facts is not None:
+                report = await engine.save_changed_slots_async(reason="before switching models")
+                if report.unsaved and not force:
+                    return SwitchOutcome(model_path, False, report, None)
+            applied = await engine.loop.run_io(lambda: service.choose_model(model_path, **changes))
+            if start or engine.state in RUNNING_STATES:
+                more = await engine.switch_model_async(applied, resume_id)
+                report = SavesReport(report.saved + more.saved, more.unsaved)
+            else:
+                await engine.update_settings_async(applied)
+            return SwitchOutcome(model_path, True, report, applied)
+
+        def done(outcome: SwitchOutcome) -> None:
+            if outcome.settings is not None:
+                self.settingsChanged.emit(outcome.settings)
+            self.modelSwitched.emit(outcome)
+            if on_done is not None:
+                on_done(outcome)
+
+        def failed(exc: BaseException) -> None:
+            outcome = SwitchOutcome(model_path, False, SavesReport(), None, describe_error(exc))
+            self.errorOccurred.emit("Switching models", outcome.error or "")
+            self.modelSwitched.emit(outcome)
+            if on_done is not None:
+                on_done(outcome)
+
+        self._command(switch(), "Switching models", on_success=done, on_failure=failed)
+
+    def plan_model(self, model_path: str, **changes: Any):
+        """What choosing ``model_path`` would run (``ModelPlan``; reads the disk: call it from a job)."""
+        return self.settings_service.plan_model(model_path, **changes)
+
+    def known_model_sha256(self, model_path: str) -> str | None:
+        """The model's SHA-256 when it was hashed before (reads a small file: from a job)."""
+        return self.engine.known_model_sha256(model_path)
 
     # -- shutdown -------------------------------------------------------------------------
     def shutdown(self, on_done: Callable[[SavesReport], None]) -> None:

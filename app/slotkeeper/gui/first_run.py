@@ -33,18 +33,21 @@ class FirstRunDialog(QDialog):
     """``chosen`` is a model path, ``DEMO_MODEL``, or None (the user chose later)."""
 
     def __init__(self, jobs: JobRunner, parent: QWidget | None = None,
-                 search_dirs: list[tuple[str, Path]] | None = None) -> None:
+                 search_dirs: list[tuple[str, Path]] | None = None, welcome: bool = True) -> None:
+        """``welcome``: the first run's dialog; False for "Choose model…" later on."""
         super().__init__(parent)
         self.jobs = jobs
         self.chosen: str | None = None
         self.searching = 0
         self._closing = False
-        self.setWindowTitle("Welcome to Slotkeeper")
+        self.setWindowTitle("Welcome to Slotkeeper" if welcome else "Choose a model")
 
         intro = QLabel(
             "<b>Choose the model llama-server should run.</b><br>"
-            "Slotkeeper saves each conversation's KV cache when a reply ends and restores it after "
-            "a restart, so long conversations pick up without re-reading their prompt."
+            + ("Slotkeeper saves each conversation's KV cache when a reply ends and restores it after "
+               "a restart, so long conversations pick up without re-reading their prompt. "
+               if welcome else "")
+            + "The server starts on the model you choose."
         )
         intro.setWordWrap(True)
         self.status = QLabel("Looking for GGUF models in the usual places…")
@@ -71,7 +74,7 @@ class FirstRunDialog(QDialog):
         demo_note = QLabel(f"The demo model is tiny and needs no download, but {DEMO_NOTICE[0].lower()}"
                            f"{DEMO_NOTICE[1:]}")
         demo_note.setWordWrap(True)
-        self.later_button = QPushButton("Not now")
+        self.later_button = QPushButton("Not now" if welcome else "Cancel")
         self.later_button.clicked.connect(self.reject)
         self.use_button = QPushButton("Use this model")
         self.use_button.setDefault(True)

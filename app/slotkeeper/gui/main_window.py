@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QTabWidget, QWid
 from slotkeeper.core import events as ev
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
+from slotkeeper.gui.model_menu import ModelMenu
 from slotkeeper.gui.notifications import ERROR, WARNING
 from slotkeeper.gui.pages.history_page import HistoryPage
 from slotkeeper.gui.pages.server_page import ServerPage
@@ -26,6 +27,8 @@ STATUS_MS = 10_000
 class MainWindow(QMainWindow):
     settingsRequested = Signal()
     quitRequested = Signal()
+    modelRequested = Signal(str, str)  # model path, session to resume after the switch ("" = none)
+    chooseModelRequested = Signal()  # the model chooser (the list of models found, a file, the demo)
 
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -50,6 +53,8 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.activity_label)
 
         self.server_page.settingsRequested.connect(self.settingsRequested)
+        self.server_page.chooseModelRequested.connect(self.chooseModelRequested)
+        self.sessions_page.switchRequested.connect(self.modelRequested)
         for page in (self.server_page, self.sessions_page):
             page.statusMessage.connect(self.show_status)
         bridge.on(ev.ActivityChanged, self._on_activity)
@@ -72,6 +77,9 @@ class MainWindow(QMainWindow):
         server_menu = self.menuBar().addMenu("Se&rver")
         for action in (server.start_action, server.stop_action, server.restart_action):
             server_menu.addAction(action)
+        self.model_menu = ModelMenu(self.bridge, "&Model", self)
+        self.model_menu.modelChosen.connect(lambda path: self.modelRequested.emit(path, ""))
+        server_menu.addMenu(self.model_menu)
         server_menu.addSeparator()
         server_menu.addAction(server.open_chat_action)
         server_menu.addAction(server.copy_action)

@@ -193,6 +193,8 @@ class SessionsTableModel(QAbstractTableModel):
         if key == "compat":
             if reasons is None:
                 return "—"
+            if reasons and sc is not None and self._facts is not None and sc.model_sha256 != self._facts.model_sha256:
+                return "other model"  # resumed by switching to it
             return "yes" if not reasons else "no"
         if key == "size":
             return human_bytes(entry.size_bytes)

@@ -13,13 +13,14 @@ from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine.resume import resume_verdict
+from slotkeeper.core.engine.model import profile_model_name
 from slotkeeper.core.server.state import STOPPED_STATES, ServerState
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.units import human_bytes, human_duration
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import no_browser_message, open_url
+from slotkeeper.gui.model_menu import ModelMenu
 from slotkeeper.gui.notifications import ERROR, WARNING
 from slotkeeper.gui.sessions_model import relative_time
 
@@ -41,6 +42,8 @@ class TrayController(QObject):
     showWindowRequested = Signal(str)  # tab: "server", "slots", "history", "sessions"
     settingsRequested = Signal()
     quitRequested = Signal()
+    modelRequested = Signal(str, str)  # model path, session to resume after the switch ("" = none)
+    chooseModelRequested = Signal()  # no model yet: open the model chooser
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -55,6 +58,9 @@ class TrayController(QObject):
         self.menu.addSeparator()
         self.start_stop_action = self.menu.addAction("Start server")
         self.start_stop_action.triggered.connect(self._start_stop)
+        self.model_menu = ModelMenu(bridge, "Model")
+        self.model_menu.modelChosen.connect(lambda path: self.modelRequested.emit(path, ""))
+        self.menu.addMenu(self.model_menu)
         self.resume_menu = self.menu.addMenu("Resume")
         self.resume_menu.setToolTipsVisible(True)
         self.open_chat_action = self.menu.addAction("Open chat in browser")
@@ -84,6 +90,7 @@ class TrayController(QObject):
         bridge.on(ev.SlotsChanged, self._on_slots)
         bridge.historyLoaded.connect(self._on_slots)  # the time saved in the tooltip
         self.resume_menu.aboutToShow.connect(self.rebuild_resume_menu)
+        self.menu.aboutToShow.connect(self.model_menu.rebuild)  # models found by the time "Model" opens
         self.refresh()
 
     # -- showing --------------------------------------------------------------------------
@@ -120,10 +127,14 @@ class TrayController(QObject):
         b = self.bridge
         state = b.state
         ready = b.facts is not None
+        has_model = bool(b.settings.profile.model_path)
+        self.model_menu.setTitle(f"Model: {profile_model_name(b.settings.profile.model_path)}" if has_model
+                                 else "Model")
         if state in STOPPED_STATES:
-            self.start_stop_action.setText("Start server")
-            self.start_stop_action.setEnabled(bool(b.settings.profile.model_path))
-            self.start_stop_action.setToolTip("" if b.settings.profile.model_path else "Choose a model in Settings first")
+            self.start_stop_action.setText("Start server" if has_model else "Choose a model to start…")
+            self.start_stop_action.setEnabled(True)
+            self.start_stop_action.setToolTip("" if has_model else "No model chosen yet: pick a GGUF file, "
+                                              "one found on this computer, or the demo model")
         elif state is ServerState.STOPPING:
             self.start_stop_action.setText("Stopping…")
             self.start_stop_action.setEnabled(False)
@@ -181,21 +192,24 @@ class TrayController(QObject):
             a.setEnabled(False)
             return
         now = time.time()
-        has_model = bool(b.settings.profile.model_path)
         for e in entries:
             sc = e.sidecar
             label = f"{_elide(sc.title)}  ({relative_time(parse_utc(sc.last_used_at), now)})"
+            verdict = b.resume_verdict(e)
+            if verdict.switch_to:
+                label += f" — {verdict.label[0].lower()}{verdict.label[1:]}"
             action = QAction(label, menu)
             action.setData(e.id)
-            verdict = resume_verdict(e, b.state, b.facts, has_model)
             action.setEnabled(verdict.enabled)
             action.setToolTip(verdict.why)
-            action.triggered.connect(lambda _=False, sid=e.id: self.resume(sid))
+            action.triggered.connect(lambda _=False, sid=e.id, to=verdict.switch_to: self.resume(sid, to))
             menu.addAction(action)
 
-    def resume(self, session_id: str) -> None:
+    def resume(self, session_id: str, switch_to: str | None = None) -> None:
         b = self.bridge
-        if b.state in STOPPED_STATES:
+        if switch_to:
+            self.modelRequested.emit(switch_to, session_id)
+        elif b.state in STOPPED_STATES:
             b.start_server(resume_id=session_id)
         else:
             b.resume_session(session_id)
@@ -203,7 +217,9 @@ class TrayController(QObject):
     # -- actions --------------------------------------------------------------------------
     def _start_stop(self) -> None:
         b = self.bridge
-        if b.state in STOPPED_STATES:
+        if b.state in STOPPED_STATES and not b.settings.profile.model_path:
+            self.chooseModelRequested.emit()
+        elif b.state in STOPPED_STATES:
             b.start_server()
         else:
             b.stop_server(save=True)
@@ -219,4 +235,5 @@ class TrayController(QObject):
 
     def dispose(self) -> None:
         self.tray.hide()
+        self.model_menu.deleteLater()
         self.menu.deleteLater()

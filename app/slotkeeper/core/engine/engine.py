@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import sys
 import threading
 import time
@@ -81,7 +82,7 @@ from slotkeeper.core.server.command import (
 )
 from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server, probe_flags
 from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
-from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
@@ -332,6 +333,9 @@ class Engine:
     def update_settings(self, settings: Settings) -> None:
         self._call(self.update_settings_async(settings))
 
+    def switch_model(self, settings: Settings, resume_id: str | None = None) -> SavesReport:
+        return self._call(self.switch_model_async(settings, resume_id))
+
     # -- lifecycle ------------------------------------------------------------------------
     async def start_async(self, resume_id: str | None = None) -> None:
         if self._closed:
@@ -412,6 +416,28 @@ class Engine:
         """Save changed slots, stop, and start again with the current settings."""
         await self.stop_async(save=True, keep_front_door=True)
         await self.start_async(resume_id)
+
+    async def switch_model_async(self, settings: Settings, resume_id: str | None = None,
+                                 timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
+        """Run ``settings`` (another model, or the same one with other settings): every changed
+        slot is saved first (with progress), then the server restarts with them; a stopped server
+        starts. The report says which changed slots could not be saved (the caller decided to go
+        on without them; see ``save_changed_slots_async``)."""
+        report = SavesReport()
+        if self.supervisor.state in RUNNING_STATES:
+            # Turns that arrived since the caller's save are saved here, by the stop.
+            report = await self.stop_async(save=True, timeout=timeout, keep_front_door=True)
+        await self.update_settings_async(settings)
+        await self.start_async(resume_id)
+        return report
+
+    def known_model_sha256(self, model_path: str | Path) -> str | None:
+        """The model's SHA-256 if it was hashed before and is unchanged (a stat and a small file;
+        any thread but the GUI's)."""
+        facts = self._snapshot.facts
+        if facts is not None and facts.model_path == os.path.realpath(model_path):
+            return facts.model_sha256
+        return self.hashes.cached(model_path)
 
     async def update_settings_async(self, settings: Settings) -> None:
         budget_changed = settings.budget_bytes != self._settings.budget_bytes

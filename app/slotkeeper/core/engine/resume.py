@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slotkeeper.core.server.state import STOPPED_STATES, ServerState
-from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
+from slotkeeper.core.sessions.compat import ServerFacts, check_compatible, model_file_name
 from slotkeeper.core.sessions.entries import SessionEntry
 
 
@@ -25,18 +25,37 @@ class ResumeVerdict:
     enabled: bool
     why: str  # a tooltip: what Resume will do, or why it cannot
     starts_server: bool = False  # Resume starts the server first (it is stopped)
+    switch_to: str | None = None  # Resume switches to this model first (the session was made with it)
+
+    @property
+    def label(self) -> str:
+        """The action's name: "Resume", or "Switch to <model> to resume"."""
+        if self.switch_to:
+            return f"Switch to {model_file_name(self.switch_to)} to resume"
+        return "Resume"
 
 
 def resume_verdict(entry: SessionEntry, state: ServerState, facts: ServerFacts | None,
-                   has_model: bool) -> ResumeVerdict:
-    """``facts`` are the running server's once the engine is ready (None before)."""
+                   has_model: bool, model_path: str | None = None) -> ResumeVerdict:
+    """``facts`` are the running server's once the engine is ready (None before); ``model_path``
+    is the resolved file of the model the server runs or will run, when known: a session of
+    another model is resumed by switching to its model."""
     if entry.problems:
         return ResumeVerdict(False, "Damaged: " + "; ".join(entry.problems))
+    sc = entry.sidecar
+    if sc is None:
+        return ResumeVerdict(False, "Its sidecar cannot be read")
+    if facts is not None:
+        other_model = sc.model_sha256 != facts.model_sha256
+    else:  # with no model chosen, the session's own model is the one to run
+        other_model = not has_model or (model_path is not None and sc.model_path != model_path)
+    if other_model and state is not ServerState.STOPPING:
+        name = model_file_name(sc.model_path)
+        restart = "" if state in STOPPED_STATES else "saves changed conversations, restarts llama-server "
+        return ResumeVerdict(True, f"Made with {name}: {restart}switches to {name} (with its remembered "
+                             "settings) and resumes this conversation", starts_server=state in STOPPED_STATES,
+                             switch_to=sc.model_path)
     if state in STOPPED_STATES:
-        if entry.sidecar is None:
-            return ResumeVerdict(False, "Its sidecar cannot be read")
-        if not has_model:
-            return ResumeVerdict(False, "Choose a model first")
         return ResumeVerdict(True, "Starts the server and resumes this conversation", starts_server=True)
     reasons = compat_reasons(entry, facts)
     if reasons is None:

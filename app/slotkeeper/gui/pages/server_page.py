@@ -68,6 +68,7 @@ class ServerPage(QWidget):
     """The server's state and controls. Its actions (``start_action`` ...) also fill the window's menu."""
 
     settingsRequested = Signal()
+    chooseModelRequested = Signal()
     statusMessage = Signal(str)  # a short message for the window's status bar
 
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
@@ -131,11 +132,15 @@ class ServerPage(QWidget):
         self.stop_button = action_button(self.stop_action)
         self.restart_button = action_button(self.restart_action)
         self.open_chat_button = action_button(self.open_chat_action)
+        self.choose_model_button = QPushButton("Choose model…")
+        self.choose_model_button.setToolTip("A GGUF model on this computer, a file, or the demo model")
+        self.choose_model_button.clicked.connect(self.chooseModelRequested)
         settings_button = QPushButton("Settings…")
         settings_button.clicked.connect(self.settingsRequested)
         for w in (self.start_button, self.stop_button, self.restart_button, self.open_chat_button):
             buttons.addWidget(w)
         buttons.addStretch(1)
+        buttons.addWidget(self.choose_model_button)
         buttons.addWidget(settings_button)
         outer.addLayout(top)
         outer.addLayout(buttons)
@@ -197,13 +202,18 @@ class ServerPage(QWidget):
         message = b.state_message
         if state is ServerState.READY and not ready:
             message = "llama-server answers; identifying the model and restoring conversations…"
+        has_model = bool(b.settings.profile.model_path)
+        if state is ServerState.STOPPED and not has_model:
+            message = ("No model chosen yet. Choose a GGUF model (one found on this computer, a file, or the "
+                       "demo model) and the server starts on it.")
         elif state is ServerState.STOPPED and not message:
             message = "Start the server to serve the model and resume saved conversations."
         self.state_message.setText(message)
         stopped = state in STOPPED_STATES
-        has_model = bool(b.settings.profile.model_path)
         self.start_action.setEnabled(stopped and has_model)
-        self.start_action.setToolTip("" if has_model else "Choose a model in Settings first")
+        self.start_action.setToolTip("" if has_model else "No model chosen yet: use “Choose model…” first")
+        self.start_button.setToolTip(self.start_action.toolTip())
+        self.choose_model_button.setDefault(not has_model)
         self.stop_action.setEnabled(not stopped and state is not ServerState.STOPPING)
         self.restart_action.setEnabled(not stopped and state is not ServerState.STOPPING)
         self.open_chat_action.setEnabled(ready)

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
+    QMenu,
     QMessageBox,
     QProgressBar,
     QPushButton,
@@ -20,7 +21,6 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine.resume import resume_verdict
 from slotkeeper.core.server.state import STOPPED_STATES
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.units import human_bytes
@@ -33,6 +33,7 @@ OVER_BUDGET_STYLE = "QProgressBar::chunk { background: #dc2626; }"
 
 class SessionsPage(QWidget):
     statusMessage = Signal(str)  # a short message for the window's status bar
+    switchRequested = Signal(str, str)  # model path, session to resume once it runs
 
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -47,6 +48,7 @@ class SessionsPage(QWidget):
         bridge.sessionsListed.connect(self._on_listing)
         bridge.settingsChanged.connect(self._on_settings_changed)
         bridge.sessionVerified.connect(self._on_verified)
+        bridge.modelFileResolved.connect(self._update_buttons)
         if bridge.listing is not None:
             self._on_listing(bridge.listing, bridge.facts)
         bridge.refresh_sessions()
@@ -84,6 +86,8 @@ class SessionsPage(QWidget):
         header.resizeSection(COLUMN["model"], 160)
         header.setHighlightSections(False)
         self.table.doubleClicked.connect(lambda _: self.resume_selected())
+        self.table.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.table.customContextMenuRequested.connect(self._context_menu)
         self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_buttons())
         layout.addWidget(self.table, 1)
 
@@ -186,13 +190,13 @@ class SessionsPage(QWidget):
     def _update_buttons(self, *_args) -> None:
         entries = self.selected_entries()
         current = self.current_entry()
-        can_resume, why = False, "Select a conversation"
+        can_resume, why, label = False, "Select a conversation", "Resume"
         if current is not None:
-            verdict = resume_verdict(current, self.bridge.state, self.bridge.facts,
-                                     bool(self.bridge.settings.profile.model_path))
-            can_resume, why = verdict.enabled, verdict.why
+            verdict = self.bridge.resume_verdict(current)
+            can_resume, why, label = verdict.enabled, verdict.why, verdict.label
         self.resume_button.setEnabled(can_resume)
         self.resume_button.setToolTip(why)
+        self.resume_button.setText(label)
         pinned = [e for e in entries if e.sidecar and e.sidecar.pinned]
         self.pin_button.setText("Unpin" if entries and len(pinned) == len(entries) else "Pin")
         self.pin_button.setEnabled(any(e.sidecar for e in entries))
@@ -201,11 +205,35 @@ class SessionsPage(QWidget):
         self.reveal_button.setEnabled(current is not None)
 
     # -- actions --------------------------------------------------------------------------
+    def _context_menu(self, pos) -> None:
+        index = self.table.indexAt(pos)
+        if not index.isValid():
+            return
+        self.build_context_menu().popup(self.table.viewport().mapToGlobal(pos))
+
+    def build_context_menu(self) -> QMenu:
+        """What can be done with the selected conversations (the buttons' actions, in a menu)."""
+        menu = QMenu(self)
+        menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        menu.setToolTipsVisible(True)
+        for button, fn in ((self.resume_button, self.resume_selected), (self.pin_button, self.toggle_pin_selected),
+                           (self.verify_button, self.verify_selected), (self.reveal_button, self.reveal_selected),
+                           (self.delete_button, self.delete_selected)):
+            action = menu.addAction(button.text())
+            action.setEnabled(button.isEnabled())
+            action.setToolTip(button.toolTip())
+            action.triggered.connect(fn)
+        return menu
+
     def resume_selected(self) -> None:
         entry = self.current_entry()
         if entry is None or not self.resume_button.isEnabled():
             return
-        if self.bridge.state in STOPPED_STATES:
+        verdict = self.bridge.resume_verdict(entry)
+        if verdict.switch_to:
+            self.switchRequested.emit(verdict.switch_to, entry.id)
+            self.statusMessage.emit(f"{verdict.label}…")
+        elif self.bridge.state in STOPPED_STATES:
             self.bridge.start_server(resume_id=entry.id)
             self.statusMessage.emit("Starting the server to resume this conversation…")
         else:

@@ -21,10 +21,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from slotkeeper.core import gguf_info
+from slotkeeper.core.engine.choosing import ModelIdentity, expected_facts, left_behind
 from slotkeeper.core.events import ServerStateChanged
 from slotkeeper.core.settings import Settings, SettingsError
 from slotkeeper.core.units import human_bytes
-from slotkeeper.gui.bridge import EngineBridge
+from slotkeeper.gui.bridge import EngineBridge, resolved_model_file
 from slotkeeper.gui.settings.disk_tab import DiskTab
 from slotkeeper.gui.settings.form import ERROR_STYLE, WARNING_STYLE, FormTab
 from slotkeeper.gui.settings.server_tab import ServerTab
@@ -60,6 +62,12 @@ class SettingsDialog(QDialog):
         self.restart_label.setWordWrap(True)
         self.restart_label.setStyleSheet(WARNING_STYLE)
         self.restart_label.hide()
+        self.sessions_label = QLabel()
+        self.sessions_label.setWordWrap(True)
+        self.sessions_label.setStyleSheet(WARNING_STYLE)
+        self.sessions_label.hide()
+        self.left_behind: list[str] = []
+        self._current_identity: ModelIdentity | None = None
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet(ERROR_STYLE)
@@ -74,6 +82,7 @@ class SettingsDialog(QDialog):
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs, 1)
+        layout.addWidget(self.sessions_label)
         layout.addWidget(self.restart_label)
         layout.addWidget(self.error_label)
         layout.addWidget(self.buttons)
@@ -82,6 +91,9 @@ class SettingsDialog(QDialog):
             tab.show_overrides(bridge.settings_service)
             tab.changed.connect(self._changed)
         bridge.on(ServerStateChanged, self._on_server_state)
+        bridge.sessionsListed.connect(self._changed)
+        self.server_tab.modelRead.connect(self._changed)
+        self._read_current_model()
         self._changed()
         self.setMinimumWidth(640)
         self.resize(max(760, self.sizeHint().width()), max(640, self.sizeHint().height()))
@@ -114,11 +126,56 @@ class SettingsDialog(QDialog):
         self.restart_button.setEnabled(True)
         for tab in self.form_tabs:
             tab.update_overrides(candidate)
+        self._update_left_behind(candidate)
         restart = self.bridge.needs_restart(candidate)
         self.restart_label.setVisible(restart)
         self.restart_button.setVisible(restart)
         if restart:
             self.restart_label.setText(RESTART_NOTICE)
+
+    # -- saved conversations these settings leave behind ------------------------------------
+    def _read_current_model(self) -> None:
+        """Which sessions belong to the model of the settings in use (its file and hash; a job)."""
+        bridge, model_path = self.bridge, self.base.profile.model_path
+        if bridge.facts is not None or not model_path:
+            return
+        models_dir = bridge.paths.models_dir
+
+        def read() -> ModelIdentity:
+            real = resolved_model_file(model_path, models_dir) or model_path
+            info = gguf_info.read_model_info(real)
+            return ModelIdentity(real, bridge.known_model_sha256(real), info.has_swa)
+
+        def done(identity: ModelIdentity) -> None:
+            if not self._closing:
+                self._current_identity = identity
+                self._changed()
+
+        self.bridge.jobs.run(read, on_success=done, on_failure=lambda exc: None,
+                             description="Reading the current model")
+
+    def _update_left_behind(self, candidate: Settings) -> None:
+        """Say which saved conversations would no longer restore, before the settings are saved."""
+        bridge = self.bridge
+        facts = bridge.facts
+        if facts is not None:
+            before_model = ModelIdentity(facts.model_path, facts.model_sha256, facts.swa)
+            before = facts
+        elif self._current_identity is not None:
+            before_model = self._current_identity
+            before = expected_facts(self.base.profile, before_model)
+        else:
+            before_model = before = None
+        after_model = self.server_tab.identity
+        listing = bridge.listing
+        said: list[str] = []
+        if (before is not None and before_model is not None and after_model is not None and listing is not None
+                and candidate.profile.model_path == self.server_tab._model_info_for):
+            said = left_behind(listing.sessions, before, before_model,
+                               expected_facts(candidate.profile, after_model), after_model)
+        self.left_behind = said
+        self.sessions_label.setText(" ".join(said))
+        self.sessions_label.setVisible(bool(said))
 
     def _on_server_state(self, *_args) -> None:
         if not self._closing:
@@ -139,6 +196,16 @@ class SettingsDialog(QDialog):
             self.error_label.setText(str(exc))
             self.error_label.show()
             return False
+        if self.left_behind:
+            answer = QMessageBox.question(
+                self, "Saved conversations will not restore",
+                " ".join(self.left_behind) + "\n\nThey stay on disk and restore again with the settings they "
+                "were made with. Save these settings anyway?",
+                QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Cancel,
+                QMessageBox.StandardButton.Cancel,
+            )  # fmt: skip
+            if answer != QMessageBox.StandardButton.Save:
+                return False
         plan = self.disk_tab.preview_plan
         if settings.budget_bytes < self.base.budget_bytes and plan is not None and plan.delete:
             answer = QMessageBox.question(

@@ -10,7 +10,8 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QTimer
+import psutil
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from slotkeeper.core import gguf_info, modelgen
 from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.engine.choosing import LaunchSanity, ModelIdentity, launch_sanity
 from slotkeeper.core.engine.model import swa_explanation
 from slotkeeper.core.server.command import exposes_without_key
 from slotkeeper.core.settings import (
@@ -40,7 +42,7 @@ from slotkeeper.core.settings import (
     split_args,
 )
 from slotkeeper.core.units import human_bytes
-from slotkeeper.gui.bridge import EngineBridge
+from slotkeeper.gui.bridge import EngineBridge, resolved_model_file
 from slotkeeper.gui.jobs import describe_error
 from slotkeeper.gui.settings.form import ERROR_STYLE, WARNING_STYLE, FormTab, note
 
@@ -51,13 +53,21 @@ DEMO_LABEL = "Demo model (random weights: it answers with gibberish)"
 
 
 class ServerTab(FormTab):
+    modelRead = Signal()  # the chosen model's header (and identity) was read
     def __init__(self, bridge: EngineBridge, settings: Settings, search_dirs: list | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(bridge, parent)
         self._search_dirs = search_dirs
         self._model_info: gguf_info.ModelInfo | None = None
         self._model_info_for: str | None = None
+        self._memory: tuple[int, int] | None = None  # the machine's total and available memory
+        self.base = settings
+        self._fields_for = settings.profile.model_path  # the model whose values the fields show
+        self.identity: ModelIdentity | None = None  # the chosen model's file and hash, once read
+        self.sanity: LaunchSanity | None = None
         self._build()
+        self.show_row(self.sanity_note, False)
+        self.show_row(self.remembered_note, False)
         self._model_timer = QTimer(self)
         self._model_timer.setSingleShot(True)
         self._model_timer.setInterval(MODEL_INFO_DELAY_MS)
@@ -101,6 +111,8 @@ class ServerTab(FormTab):
         form.addRow("Model:", row)
         self.model_note = note()
         form.addRow("", self.model_note)
+        self.remembered_note = note()
+        form.addRow("", self.remembered_note)
 
         self.ctx = QSpinBox()
         self.ctx.setRange(256, 4 * 1024 * 1024)
@@ -112,6 +124,8 @@ class ServerTab(FormTab):
         row.addWidget(self.ctx)
         row.addWidget(self.ctx_note, 1)
         form.addRow("Context size:", row)
+        self.sanity_note = note()
+        form.addRow("", self.sanity_note)
         self.parallel = QSpinBox()
         self.parallel.setRange(1, 64)
         self.parallel.setToolTip("llama-server -np: conversations served at the same time, each with its own cache")
@@ -247,6 +261,7 @@ class ServerTab(FormTab):
             w.valueChanged.connect(self._update_swa_note)
         for w in (self.cache_k, self.cache_v):
             w.currentTextChanged.connect(self._update_swa_note)
+        self.swa_full.toggled.connect(self._update_swa_note)
         self.server_bin.editingFinished.connect(self._detect_binary)
 
     def _fields_changed(self, *_args) -> None:
@@ -254,8 +269,34 @@ class ServerTab(FormTab):
         self.changed.emit()
 
     def _model_changed(self, _text: str) -> None:
+        self._load_remembered()
         self._fields_changed()
         self._model_timer.start()
+
+    def _load_remembered(self) -> None:
+        """A model with remembered settings brings them into the fields (the current one, its own)."""
+        value = self.model_value()
+        if not value or value == self._fields_for:
+            return
+        if value == self.base.profile.model_path:
+            profile, said = self.base.profile, ""
+        else:
+            memory = self.base.remembered(value)
+            if memory is None:
+                self.show_row(self.remembered_note, False)
+                return  # a model chosen for the first time keeps the values in the fields
+            profile = memory.apply_to(self.base.profile)
+            said = "The settings remembered for this model are filled in."
+        self._fields_for = value
+        for w, v in ((self.ctx, profile.ctx), (self.parallel, profile.parallel)):
+            w.setValue(v)
+        self.flash_attn.setChecked(profile.flash_attn)
+        self.cache_k.setCurrentText(profile.cache_type_k)
+        self.cache_v.setCurrentText(profile.cache_type_v)
+        self.swa_full.setChecked(profile.swa_full)
+        self.extra_args.setText(join_args(profile.extra_args))
+        self.remembered_note.setText(said)
+        self.show_row(self.remembered_note, bool(said))
 
     def update_notes(self) -> None:
         """The notes that follow the fields: tokens per slot, bad arguments, exposure, cache types."""
@@ -348,20 +389,29 @@ class ServerTab(FormTab):
         self._model_info_for = value
         if not value:
             self._model_info = None
+            self.identity = None
             self.model_note.setStyleSheet(WARNING_STYLE)
             self.model_note.setText("No model chosen: the server cannot start without one.")
             self._update_swa_note()
             return
         models_dir = self.bridge.paths.models_dir
 
-        def read() -> gguf_info.ModelInfo:
-            path = modelgen.ensure_demo_model(models_dir) if value == DEMO_MODEL else Path(value).expanduser()
-            return gguf_info.read_model_info(path)
+        bridge = self.bridge
 
-        def done(info: gguf_info.ModelInfo) -> None:
+        def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]]:
+            path = modelgen.ensure_demo_model(models_dir) if value == DEMO_MODEL else Path(value).expanduser()
+            info = gguf_info.read_model_info(path)
+            real = resolved_model_file(value, models_dir) or str(path)
+            memory = psutil.virtual_memory()
+            return info, ModelIdentity(real, bridge.known_model_sha256(real), info.has_swa), (memory.total,
+                                                                                               memory.available)
+
+        def done(result) -> None:
             if self.closing or self._model_info_for != value:
                 return
+            info, self.identity, self._memory = result
             self._model_info = info
+            self.modelRead.emit()
             self.model_note.setStyleSheet("")
             swa = f", sliding window of {info.sliding_window}" if info.has_swa else ""
             text = (f"{info.arch}, {info.n_layers} layers, trained for {info.context_length:,} tokens{swa}; "
@@ -375,6 +425,7 @@ class ServerTab(FormTab):
             if self.closing or self._model_info_for != value:
                 return
             self._model_info = None
+            self.identity = None
             self.model_note.setStyleSheet(ERROR_STYLE)
             self.model_note.setText(describe_error(exc))
             self._update_swa_note()
@@ -382,6 +433,7 @@ class ServerTab(FormTab):
         self.bridge.jobs.run(read, on_success=done, on_failure=failed, description="Reading the model's header")
 
     def _update_swa_note(self, *_args) -> None:
+        self._update_sanity()
         info = self._model_info
         if info is None or not info.has_swa:
             self.show_row(self.swa_box, False)
@@ -392,3 +444,23 @@ class ServerTab(FormTab):
         except ValueError as exc:
             self.swa_note.setText(str(exc))
         self.show_row(self.swa_box, True)
+
+    def _update_sanity(self) -> None:
+        """The memory this launch needs against the machine's, a context beyond the training one."""
+        info, memory = self._model_info, self._memory
+        if info is None or memory is None:
+            self.show_row(self.sanity_note, False)
+            return
+        profile = ServerProfile(ctx=self.ctx.value(), parallel=self.parallel.value(),
+                                cache_type_k=self.cache_k.currentText(), cache_type_v=self.cache_v.currentText(),
+                                swa_full=self.swa_full.isChecked())
+        try:
+            sanity = launch_sanity(info, profile, memory[0], memory[1], is_demo=self.model_value() == DEMO_MODEL)
+        except ValueError as exc:
+            self.sanity_note.setText(str(exc))
+            self.sanity_note.setStyleSheet(ERROR_STYLE)
+        else:
+            self.sanity = sanity
+            self.sanity_note.setText(" ".join((sanity.summary, *sanity.problems)))
+            self.sanity_note.setStyleSheet(ERROR_STYLE if sanity.refusal else WARNING_STYLE if sanity.problems else "")
+        self.show_row(self.sanity_note, True)
