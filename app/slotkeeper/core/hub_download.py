@@ -218,8 +218,10 @@ class HubDownloader:
     def fetch_metadata(self, repo_id: str, filename: str, revision: str = DEFAULT_REVISION) -> RemoteFile:
         """Ask the Hub about the file (a HEAD on /{repo}/resolve/{revision}/{filename})."""
         _check_names(repo_id, filename, revision)
+        # Submodules by name: the package's __init__ loads its names lazily, which a frozen
+        # app's import analysis (PyInstaller) cannot follow.
         from huggingface_hub import errors as hf_errors
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+        from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url
 
         url = hf_hub_url(repo_id, filename, revision=revision, endpoint=self.endpoint)
         where = f"{repo_id}/{filename}"
@@ -409,14 +411,14 @@ class HubDownloader:
                 "something between you and it serves damaged data.")
 
     def _resolve_url(self, remote: RemoteFile) -> str:
-        from huggingface_hub import hf_hub_url
+        from huggingface_hub.file_download import hf_hub_url
 
         return hf_hub_url(remote.repo_id, remote.filename, revision=remote.revision, endpoint=self.endpoint)
 
     def _headers(self, url: str) -> dict[str, str]:
         """huggingface_hub's headers (user agent, token); the token only goes to the Hub itself,
         never to the CDN a file is redirected to."""
-        from huggingface_hub.utils import build_hf_headers
+        from huggingface_hub.utils._headers import build_hf_headers
 
         headers = dict(build_hf_headers(token=self.token))
         if _origin(url) != _origin(self.endpoint):
