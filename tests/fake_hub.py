@@ -54,6 +54,8 @@ class Request:
     method: str
     path: str
     range: str | None
+    user_agent: str = ""
+    authorization: str | None = None
     status: int = 0
 
 
@@ -139,7 +141,8 @@ class FakeHub:
         self._runners.clear()
 
     def _log(self, server: str, request: web.Request) -> Request:
-        entry = Request(server, request.method, request.path, request.headers.get("Range"))
+        entry = Request(server, request.method, request.path, request.headers.get("Range"),
+                        request.headers.get("User-Agent", ""), request.headers.get("Authorization"))
         with self._lock:
             self.requests.append(entry)
         return entry

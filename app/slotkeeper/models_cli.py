@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 import time
@@ -51,6 +52,8 @@ def add_models_parser(sub, add_global_options: Callable[[argparse.ArgumentParser
 
 
 def run_models_command(args: argparse.Namespace) -> int:
+    if not args.verbose:  # huggingface_hub's HTTP client logs every request at INFO
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
     if args.action == "list-curated":
         return _list_curated(args.ctx, args.json)
     return _download(args)
@@ -155,6 +158,7 @@ class ProgressPrinter:
         self._last_decile = -1
         self._drawn = False
         self._announced = False
+        self._printed_done = False
 
     def __call__(self, p) -> None:
         if not self._announced and p.phase != "checking":
@@ -169,8 +173,9 @@ class ProgressPrinter:
             self._drawn = True
             return
         decile = int(10 * (p.fraction or 0))
-        if decile != self._last_decile or p.phase == "done":
+        if decile != self._last_decile or (p.phase == "done" and not self._printed_done):
             self._last_decile = decile
+            self._printed_done = p.fraction == 1.0 or p.phase == "done"
             print(line, file=self.out, flush=True)
 
     def _line(self, p) -> str:

@@ -76,6 +76,16 @@ def test_download_lands_in_the_hf_cache_layout_and_huggingface_hub_finds_it(hub,
     assert cached_file(REPO, FILE, cache_dir=cache) == path
 
 
+def test_the_token_goes_to_the_hub_and_never_to_the_cdn(hub, cache):
+    d = HubDownloader(cache_dir=cache, endpoint=hub.endpoint, token="hf_secret", retry_delay=0)
+    d.download(REPO, FILE)
+    (head,) = hub.requests_to("hub", "HEAD")
+    (get,) = hub.requests_to("cdn")
+    assert head.authorization == "Bearer hf_secret"
+    assert get.authorization is None
+    assert "slotkeeper/" in head.user_agent and "slotkeeper/" in get.user_agent
+
+
 def test_a_file_already_in_the_cache_is_not_downloaded_again(hub, cache):
     d = downloader(hub, cache)
     first = d.download(REPO, FILE)

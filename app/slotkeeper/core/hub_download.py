@@ -226,7 +226,7 @@ class HubDownloader:
         url = hf_hub_url(repo_id, filename, revision=revision, endpoint=self.endpoint)
         where = f"{repo_id}/{filename}"
         try:
-            meta = get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint)
+            meta = get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint, **_library())
         except hf_errors.GatedRepoError:
             raise DownloadError(f"{repo_id} is gated: accept its terms on the Hub, then log in with "
                                 "`hf auth login`") from None
@@ -420,7 +420,7 @@ class HubDownloader:
         never to the CDN a file is redirected to."""
         from huggingface_hub.utils._headers import build_hf_headers
 
-        headers = dict(build_hf_headers(token=self.token))
+        headers = dict(build_hf_headers(token=self.token, **_library()))
         if _origin(url) != _origin(self.endpoint):
             headers.pop("authorization", None)
             headers.pop("Authorization", None)
@@ -481,6 +481,13 @@ class HubDownloader:
 # --------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------
+
+
+def _library() -> dict[str, str]:
+    """Who is asking, for the Hub's user agent."""
+    from slotkeeper import __version__
+
+    return {"library_name": "slotkeeper", "library_version": __version__}
 
 
 class _Retryable(Exception):
