@@ -31,6 +31,17 @@ from aiohttp import web
 SERVE_CHUNK = 64 * 1024
 
 
+def isolate_huggingface_hub(monkeypatch, tmp_path) -> None:
+    """Keep huggingface_hub off the user's folders and off the internet: with telemetry on, it
+    fetches a registry from huggingface.co while building request headers."""
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+
+
 @dataclass
 class HubFile:
     repo_id: str

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from fake_hub import FakeHub
+from fake_hub import FakeHub, isolate_huggingface_hub
 from slotkeeper.core.hub_download import HubDownloader
 from slotkeeper.core.model_catalog import CATALOG, CuratedModel
 from slotkeeper.core.modelgen import write_model
@@ -39,7 +39,7 @@ def tiny(model_bytes) -> CuratedModel:
 
 @pytest.fixture
 def dialog(qtbot, hub, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    isolate_huggingface_hub(monkeypatch, tmp_path)
     downloader = HubDownloader(cache_dir=tmp_path / "hf-cache", endpoint=hub.endpoint, token=False, retry_delay=0)
     d = DownloadDialog(catalog=[*CATALOG, tiny], downloader=downloader, memory_bytes=8 * 1024**3)
     qtbot.addWidget(d)

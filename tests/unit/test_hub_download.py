@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_hub import FakeHub
+from fake_hub import FakeHub, isolate_huggingface_hub
 from slotkeeper.core.hub_download import (
     ChecksumMismatch,
     DownloadCancelled,
@@ -43,9 +43,7 @@ def hub(model_bytes):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
-    # Nothing may touch the real Hugging Face folders.
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    isolate_huggingface_hub(monkeypatch, tmp_path)
     return tmp_path / "hf-cache"
 
 
@@ -92,6 +90,17 @@ def test_a_file_already_in_the_cache_is_not_downloaded_again(hub, cache):
     gets = len(hub.requests_to("cdn"))
     assert d.download(REPO, FILE) == first
     assert len(hub.requests_to("cdn")) == gets == 1
+
+
+def test_a_commit_revision_downloads_that_commit_without_a_ref(hub, cache, model_bytes):
+    f = hub.files[(REPO, FILE)]
+    path = downloader(hub, cache).download(REPO, FILE, revision=f.commit)
+    assert path.read_bytes() == model_bytes and path.parent.name == f.commit
+    assert not (storage(cache) / "refs").exists()
+    assert cached_file(REPO, FILE, revision=f.commit, cache_dir=cache) == path
+    assert cached_file(REPO, FILE, revision="main", cache_dir=cache) is None
+    with pytest.raises(DownloadError, match="no revision 'v9'"):
+        downloader(hub, cache).download(REPO, FILE, revision="v9")
 
 
 def test_huggingface_hub_downloads_the_same_file_from_the_fake_hub(hub, tmp_path, model_bytes, cache):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_hub import FakeHub
+from fake_hub import FakeHub, isolate_huggingface_hub
 from slotkeeper.cli import main
 from slotkeeper.core.model_catalog import CATALOG, find_curated
 from slotkeeper.core.modelgen import write_model
@@ -22,9 +22,8 @@ def hub(tmp_path, monkeypatch):
     with FakeHub() as server:
         server.add_file(REPO, FILE, data)
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        isolate_huggingface_hub(monkeypatch, tmp_path)
         monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.delenv("HF_TOKEN", raising=False)
         yield server, data
 
 
