@@ -1,4 +1,4 @@
-"""Command line: `slotkeeper [serve|model-info|sessions] ...`. Qt is imported only for the GUI."""
+"""Command line: `slotkeeper [serve|model-info|sessions|models] ...`. Qt is imported only for the GUI."""
 
 from __future__ import annotations
 
@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = action("prune", "delete least-recently-used sessions until under the budget")
     p.add_argument("--budget", type=_size, metavar="SIZE", help="budget to prune to (default: the setting)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+
+    from slotkeeper.models_cli import add_models_parser
+
+    add_models_parser(sub, _add_global_options)
     return parser
 
 
@@ -429,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     from slotkeeper.core.settings import SettingsError
 
-    if args.command != "model-info":
+    if args.command not in ("model-info", "models"):
         problem = _data_folder_problem(args.data_dir)
         if problem:
             print(f"slotkeeper: {problem}", file=sys.stderr)
@@ -443,6 +447,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slotkeeper.sessions_cli import run_sessions_command
 
             return run_sessions_command(args)
+        if args.command == "models":
+            from slotkeeper.models_cli import run_models_command
+
+            return run_models_command(args)
         return cmd_gui(args, extra)
     except SettingsError as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
