@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel, RestoreMode, find_curated
+from slotkeeper.core import families
+from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel, find_curated
 from slotkeeper.core.units import human_bytes
 
 EXIT_FAILED = 1
@@ -69,7 +70,7 @@ def _list_curated(ctx: int, as_json: bool) -> int:
     rows = [("ID", "MODEL", "DOWNLOAD", f"MEMORY @ {ctx}", "RESTORES")]
     for m in CATALOG:
         rows.append((m.id, m.title, f"~{human_bytes(m.download_bytes)}", memory_text(m, ctx),
-                     m.restore_mode.value))
+                     families.describe_restore_mode(m.restore_mode)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -82,7 +83,7 @@ def _list_curated(ctx: int, as_json: bool) -> int:
 
 def memory_text(m: CuratedModel, ctx: int = DEFAULT_CTX) -> str:
     need = m.memory_need(ctx)
-    if m.restore_mode is RestoreMode.NEEDS_SWA_FULL:
+    if m.restore_mode == families.RESTORE_NEEDS_SWA_FULL:
         return f"{human_bytes(need.total)} ({human_bytes(need.total_swa_full)} with --swa-full)"
     return human_bytes(need.total)
 
@@ -101,7 +102,7 @@ def curated_json(m: CuratedModel, ctx: int = DEFAULT_CTX) -> dict:
         "memory_bytes_swa_full": need.total_swa_full,
         "kv_bytes": need.kv_default,
         "kv_bytes_swa_full": need.kv_swa_full,
-        "restore_mode": m.restore_mode.value,
+        "restore_mode": m.restore_mode,
         "training_context": m.context_length,
     }
 

@@ -240,3 +240,17 @@ def test_git_blob_ids_verify_small_files():
     h = _Hasher("git-sha1", len(data))
     h.update(data)
     assert h.hexdigest() == hashlib.sha1(b"blob 6\0hello\n").hexdigest() == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+def test_huggingface_hub_telemetry_is_off_unless_the_user_turned_it_on() -> None:
+    import subprocess
+    import sys
+
+    code = ("import slotkeeper.core.hub_download, huggingface_hub.constants as c; "
+            "print(c.HF_HUB_DISABLE_TELEMETRY)")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_TELEMETRY"}
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.strip() == "True"
+    chosen = subprocess.run([sys.executable, "-c", code], env={**env, "HF_HUB_DISABLE_TELEMETRY": "0"},
+                            capture_output=True, text=True, check=True)
+    assert chosen.stdout.strip() == "False"

@@ -7,8 +7,9 @@ from pathlib import Path
 import gguf
 import pytest
 
+from slotkeeper.core import families
 from slotkeeper.core.gguf_info import kv_estimate, read_model_info
-from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel, RestoreMode, find_curated
+from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel, find_curated
 
 MiB = 1024 * 1024
 
@@ -59,13 +60,13 @@ def test_worked_figures_at_the_default_context():
 
 def test_restore_modes_follow_the_architecture():
     modes = {m.id: m.restore_mode for m in CATALOG}
-    assert modes["gemma3-4b"] is modes["gpt-oss-20b"] is RestoreMode.NEEDS_SWA_FULL
-    assert {modes[i] for i in ("qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3.2-3b")} == {RestoreMode.WORKS}
+    assert modes["gemma3-4b"] == modes["gpt-oss-20b"] == families.RESTORE_NEEDS_SWA_FULL
+    assert {modes[i] for i in ("qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3.2-3b")} == {families.RESTORE_WORKS}
     hybrid = CuratedModel(id="h", title="h", repo_id="a/b", filename="h.gguf", quant="Q4_K_M",
                           download_bytes=1, arch="lfm2", n_layers=4, n_embd=64, n_head=4, n_head_kv=4,
                           head_dim=16, context_length=4096, recurrent=True)
-    assert hybrid.restore_mode is RestoreMode.EXACT_CONTINUATION
-    assert all(mode.explain() for mode in RestoreMode)
+    assert hybrid.restore_mode == families.RESTORE_EXACT
+    assert families.describe_restore_mode(hybrid.restore_mode) == "exact continuation only"
 
 
 def test_the_list_is_small_to_large_with_unique_names():

@@ -42,6 +42,11 @@ import httpx
 
 from slotkeeper.core.units import human_bytes
 
+# Slotkeeper talks to the Hub only to download the file asked for: huggingface_hub's telemetry and
+# its other side requests stay off unless the user turned them on (it reads this once, at import,
+# which is later than this: only this module imports it, and only when a download starts).
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
 log = logging.getLogger(__name__)
 
 __all__ = [

@@ -13,11 +13,10 @@ Every repository below is public and ungated, so no Hugging Face token is needed
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core import families, gguf_info
 from slotkeeper.core.settings import ServerProfile
 
 __all__ = [
@@ -25,35 +24,11 @@ __all__ = [
     "DEFAULT_CTX",
     "CuratedModel",
     "MemoryNeed",
-    "RestoreMode",
     "find_curated",
 ]
 
 DEFAULT_CTX = ServerProfile().ctx  # the context a new profile launches with
 DEFAULT_PARALLEL = ServerProfile().parallel
-
-
-class RestoreMode(enum.Enum):
-    """How a saved conversation of this model helps after a restore."""
-
-    WORKS = "works"
-    NEEDS_SWA_FULL = "needs --swa-full"
-    EXACT_CONTINUATION = "exact continuation only"
-
-    def explain(self) -> str:
-        return _RESTORE_TEXT[self]
-
-
-_RESTORE_TEXT = {
-    RestoreMode.WORKS: "Saved conversations restore and the next request reuses them.",
-    RestoreMode.NEEDS_SWA_FULL: (
-        "Sliding-window attention: restores help only with --swa-full, which makes the KV cache "
-        "full size."
-    ),
-    RestoreMode.EXACT_CONTINUATION: (
-        "Recurrent layers: a restore helps only when the next prompt continues the saved one exactly."
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -97,12 +72,10 @@ class CuratedModel:
     summary: str = ""
 
     @property
-    def restore_mode(self) -> RestoreMode:
-        if self.recurrent:
-            return RestoreMode.EXACT_CONTINUATION
-        if self.model_info().has_swa:
-            return RestoreMode.NEEDS_SWA_FULL
-        return RestoreMode.WORKS
+    def restore_mode(self) -> str:
+        """What a saved conversation of it is good for (``core.families``; no server in mind)."""
+        kind = "hybrid" if self.recurrent else "attention"
+        return families.restore_mode(kind, self.model_info().has_swa, None)
 
     def model_info(self) -> gguf_info.ModelInfo:
         """The facts ``gguf_info.read_model_info`` would read from the file's header."""

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from slotkeeper.core import families
 from slotkeeper.core.hub_download import (
     DownloadCancelled,
     DownloadError,
@@ -35,7 +36,7 @@ from slotkeeper.core.hub_download import (
     HubDownloader,
     cached_file,
 )
-from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel, RestoreMode
+from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.jobs import JobRunner, describe_error
 
@@ -140,15 +141,15 @@ class DownloadDialog(QDialog):
     def _item(self, entry: CuratedModel) -> QTreeWidgetItem:
         need = entry.memory_need()
         memory = human_bytes(need.total)
-        if entry.restore_mode is RestoreMode.NEEDS_SWA_FULL:
+        if entry.restore_mode == families.RESTORE_NEEDS_SWA_FULL:
             memory += f" ({human_bytes(need.total_swa_full)} with --swa-full)"
         size = f"~{human_bytes(entry.download_bytes)}"
         if cached_file(entry.repo_id, entry.filename, cache_dir=self.downloader.cache_dir) is not None:
             size += " (downloaded)"
         item = QTreeWidgetItem([entry.title, size, memory,
-                                entry.restore_mode.value, entry.repo_id])
+                                families.describe_restore_mode(entry.restore_mode), entry.repo_id])
         item.setData(0, ENTRY_ROLE, entry)
-        tip = f"{entry.summary}\n{entry.restore_mode.explain()}\n{entry.repo_id}/{entry.filename}"
+        tip = f"{entry.summary}\n{families.restore_mode_explanation(entry.restore_mode)}\n{entry.repo_id}/{entry.filename}"
         if self._memory and need.total > self._memory:
             item.setForeground(2, Qt.GlobalColor.darkRed)
             tip += f"\nNeeds more memory than this computer has ({human_bytes(self._memory)})."
@@ -178,8 +179,8 @@ class DownloadDialog(QDialog):
         text = (f"<b>{entry.title}</b> ({entry.quant}) — {entry.summary}<br>"
                 f"Needs about {human_bytes(need.total)}: {human_bytes(need.weights)} of weights and "
                 f"{human_bytes(need.kv_default)} of KV cache at {need.n_ctx:,} tokens. "
-                f"{entry.restore_mode.explain()}")
-        if entry.restore_mode is RestoreMode.NEEDS_SWA_FULL:
+                f"{families.restore_mode_explanation(entry.restore_mode)}")
+        if entry.restore_mode == families.RESTORE_NEEDS_SWA_FULL:
             text += f" With --swa-full the KV cache is {human_bytes(need.kv_swa_full)}."
         if self._memory and need.total > self._memory:
             text += f"<br><b>This is more than this computer's memory ({human_bytes(self._memory)}).</b>"
