@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from slotkeeper.core.engine import Engine
 from slotkeeper.core.events import Event
+from slotkeeper.core.paths import app_paths
+from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.sidecar import (
     Sidecar,
@@ -17,6 +20,7 @@ from slotkeeper.core.sessions.sidecar import (
     format_utc,
     write_sidecar_atomic,
 )
+from slotkeeper.core.settings import save_settings
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 MODEL_SHA = "1a2b3c4d000000000000000000000000000000000000000000000000deadbeef"
@@ -68,3 +72,23 @@ def emit_from_thread(engine: Engine, event: Event) -> None:
     t = threading.Thread(target=lambda: engine.events.emit(event))
     t.start()
     t.join()
+
+
+def keep_screenshot(widget, name: str) -> None:
+    """With SLOTKEEPER_SCREENSHOTS=DIR the widget's picture is kept there (docs/screenshots)."""
+    folder = os.environ.get("SLOTKEEPER_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        assert widget.grab().save(str(Path(folder) / name))
+
+
+def make_bridge(qtbot, settings, overrides=None, found: Path | None = None):
+    paths = app_paths().ensure()
+    save_settings(paths.settings_file, settings)
+    service = SettingsService(paths.settings_file, overrides)
+    engine = Engine(paths, service.effective())
+    from slotkeeper.gui.bridge import EngineBridge
+
+    bridge = EngineBridge(engine, service, watch_sessions=False)
+    bridge.model_search_dirs = [("Test folder", found)] if found else []
+    return bridge, engine, service

@@ -9,26 +9,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from gui_helpers import make_session
+from gui_helpers import keep_screenshot, make_bridge, make_session
 from PySide6.QtWidgets import QMessageBox
 
-from slotkeeper.core.engine import DEMO_MODEL, Engine
+from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.choosing import n_ctx_per_slot
 from slotkeeper.core.modelgen import write_model
 from slotkeeper.core.paths import app_paths
-from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings, load_settings, save_settings
-from slotkeeper.gui.bridge import EngineBridge
 
 GIB = 1024**3
-
-
-def keep_screenshot(widget, name: str) -> None:
-    """With SLOTKEEPER_SCREENSHOTS=DIR the widget's picture is kept there (docs/screenshots)."""
-    folder = os.environ.get("SLOTKEEPER_SCREENSHOTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        assert widget.grab().save(str(Path(folder) / name))
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +38,6 @@ def found_dir(tmp_path):
     return folder
 
 
-def make_bridge(qtbot, settings: Settings, overrides=None, found: Path | None = None):
-    paths = app_paths().ensure()
-    save_settings(paths.settings_file, settings)
-    service = SettingsService(paths.settings_file, overrides)
-    engine = Engine(paths, service.effective())
-    bridge = EngineBridge(engine, service, watch_sessions=False)
-    bridge.model_search_dirs = [("Test folder", found)] if found else []
-    return bridge, engine, service
 
 
 @pytest.fixture
@@ -91,7 +73,7 @@ def test_the_model_menu_lists_recent_and_found_models_with_the_current_one_check
         assert texts[:3] == ["Recent", "alpha-llama.gguf", "beta-llama.gguf"]
         assert "Found on this computer" in texts
         assert any(t.startswith("found-here.gguf (llama") for t in texts)
-        assert texts[-2:] == ["Demo model (tiny, random weights)", "Choose model…"]
+        assert texts[-3:] == ["Demo model (tiny, random weights)", "Choose model…", "Download a model…"]
         checked = [a.text() for a in tray.model_menu.model_actions() if a.isChecked()]
         assert checked == ["alpha-llama.gguf"]
         beta = next(a for a in tray.model_menu.model_actions() if a.text() == "beta-llama.gguf")

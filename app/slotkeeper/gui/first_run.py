@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -29,14 +30,24 @@ log = logging.getLogger(__name__)
 PATH_ROLE = Qt.ItemDataRole.UserRole + 1
 
 
+def download_model(parent: QWidget | None, **kwargs) -> Path | None:
+    """The curated list; the downloaded file, or None (imported when asked for: it is rarely used)."""
+    from slotkeeper.gui.download_dialog import DownloadDialog
+
+    return DownloadDialog.get_model(parent, **kwargs)
+
+
 class FirstRunDialog(QDialog):
     """``chosen`` is a model path, ``DEMO_MODEL``, or None (the user chose later)."""
 
     def __init__(self, jobs: JobRunner, parent: QWidget | None = None,
-                 search_dirs: list[tuple[str, Path]] | None = None, welcome: bool = True) -> None:
-        """``welcome``: the first run's dialog; False for "Choose model…" later on."""
+                 search_dirs: list[tuple[str, Path]] | None = None, welcome: bool = True,
+                 download: Callable[..., Path | None] | None = None) -> None:
+        """``welcome``: the first run's dialog; False for "Choose model…" later on. ``download``
+        shows the curated list and returns the downloaded file (default: the download dialog)."""
         super().__init__(parent)
         self.jobs = jobs
+        self._download = download or download_model
         self.chosen: str | None = None
         self.searching = 0
         self._closing = False
@@ -68,6 +79,10 @@ class FirstRunDialog(QDialog):
         self.folder_button.clicked.connect(self._search_folder)
         self.file_button = QPushButton("Choose a file…")
         self.file_button.clicked.connect(self._choose_file)
+        self.download_button = QPushButton("Download a model…")
+        self.download_button.setToolTip("A few well-known models, small to large, with what each needs; "
+                                        "downloaded into the Hugging Face cache other tools share")
+        self.download_button.clicked.connect(self.download)
         self.demo_button = QPushButton("Use the demo model")
         self.demo_button.setToolTip(DEMO_NOTICE)
         self.demo_button.clicked.connect(self.use_demo)
@@ -84,6 +99,7 @@ class FirstRunDialog(QDialog):
         left = QHBoxLayout()
         left.addWidget(self.folder_button)
         left.addWidget(self.file_button)
+        left.addWidget(self.download_button)
         left.addStretch(1)
         bottom = QHBoxLayout()
         bottom.addWidget(self.demo_button)
@@ -179,6 +195,12 @@ class FirstRunDialog(QDialog):
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
             self.chosen = path
+            self.accept()
+
+    def download(self) -> None:
+        path = self._download(self, jobs=self.jobs)
+        if path is not None:
+            self.chosen = str(path)
             self.accept()
 
     def use_demo(self) -> None:

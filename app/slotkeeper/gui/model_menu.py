@@ -19,6 +19,7 @@ from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.model import profile_model_name
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge
+from slotkeeper.gui.first_run import download_model
 
 RECENT_ITEMS = 8
 FOUND_ITEMS = 12
@@ -47,6 +48,7 @@ def pick_model_file(parent: QWidget | None, start: str | None = None) -> str | N
 
 class ModelMenu(QMenu):
     modelChosen = Signal(str)  # a model path, or DEMO_MODEL
+    download_model = staticmethod(download_model)  # the curated list (replaceable in tests)
 
     def __init__(self, bridge: EngineBridge, title: str = "Model", parent: QWidget | None = None) -> None:
         super().__init__(title, parent)
@@ -113,6 +115,9 @@ class ModelMenu(QMenu):
         self.choose_action = self.addAction("Choose model…")
         self.choose_action.setToolTip("Pick a GGUF file")
         self.choose_action.triggered.connect(self.choose_file)
+        self.download_action = self.addAction("Download a model…")
+        self.download_action.setToolTip("A few well-known models, small to large, with what each needs")
+        self.download_action.triggered.connect(self.download)
 
     def _add_model(self, path: str, label: str, tip: str, current: str | None) -> QAction:
         action = QAction(_elide(label), self)
@@ -140,6 +145,12 @@ class ModelMenu(QMenu):
         path = pick_model_file(self.parentWidget(), self.bridge.settings.profile.model_path)
         if path:
             self.modelChosen.emit(path)
+
+    def download(self) -> None:
+        path = self.download_model(self.parentWidget(), jobs=self.bridge.jobs)
+        if path is not None:
+            self.bridge.discover_models()  # the new file is in the Hugging Face cache now
+            self.modelChosen.emit(str(path))
 
     def _on_found(self, _models) -> None:
         self.fill()
