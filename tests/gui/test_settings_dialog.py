@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from gui_helpers import emit_from_thread, make_session
+from gui_helpers import emit_from_thread, keep_screenshot, make_session
 from PySide6.QtWidgets import QMessageBox
 
 from slotkeeper.core import events as ev
@@ -241,3 +241,36 @@ def test_restart_needed_is_said_and_offered(qtbot, bridge, engine, make_dialog, 
 def test_no_command_line_notes_without_overrides(make_dialog):
     d = make_dialog()
     assert all(not tab.override_notes for tab in d.form_tabs)
+
+
+def test_the_projector_beside_a_vision_model_is_offered_chosen_and_remembered(qtbot, bridge, engine, make_dialog,
+                                                                           tmp_path):
+    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.projgen import write_projector
+
+    folder = tmp_path / "vision"
+    model = write_model(folder / "tiny-vision-Q8_0.gguf", "llama")
+    own = write_projector(folder / "mmproj-tiny-vision-f16.gguf", 128)
+    write_projector(folder / "mmproj-something-else.gguf", 128, seed=1)
+    text_model = write_model(tmp_path / "models" / "plain.gguf", "llama")
+    engine.update_settings(engine.settings.with_profile(model_path=str(text_model)))
+    d = make_dialog()
+    server = d.server_tab
+    assert server.projector_value() is None and server.mmproj.currentText() == "None (text only)"
+
+    server.model_combo.setEditText(str(model))  # a vision model chosen for the first time
+    assert server.projector_value() == str(own)
+    listed = [server.mmproj.itemText(i) for i in range(server.mmproj.count())]
+    assert listed == ["None (text only)", "mmproj-tiny-vision-f16.gguf — beside the model",
+                      "mmproj-something-else.gguf — beside the model"]
+    assert d.settings().profile.mmproj_path == str(own)
+    keep_screenshot(d, "settings-projector.png")
+
+    server.mmproj.setCurrentIndex(0)  # the user wants text only after all
+    assert d.settings().profile.mmproj_path is None
+    server.mmproj.setCurrentIndex(1)
+    remembered = d.settings().remember_model()
+    assert remembered.remembered(str(model)).mmproj_path == str(own)
+    # back to the text model: its own (empty) projector, not the vision model's
+    server.model_combo.setEditText(str(text_model))
+    assert server.projector_value() is None

@@ -310,11 +310,18 @@ def projectors_beside(model_path: str | Path) -> list[Path]:
                  if _is_mmproj(p.name) and p.suffix.lower() == ".gguf" and p.is_file()]
     except OSError:
         return []
-    name = model.stem.lower()  # "gemma-3-4b-it-q4_k_m" -> "gemma-3-4b-it"
-    for cut in ("-q", ".q", "-iq", "-f16", "-bf16", "-f32"):  # the quantization is not the model's name
+    name = model_base_name(model)
+    return sorted(found, key=lambda p: (not name or name not in p.name.lower(), p.name.lower()))
+
+
+def model_base_name(model_path: str | Path) -> str:
+    """A model file's name without its quantization, lower case: "gemma-3-4b-it-Q4_K_M.gguf" ->
+    "gemma-3-4b-it", the part its projector's name ("mmproj-gemma-3-4b-it-f16.gguf") shares."""
+    name = Path(model_path).stem.lower()
+    for cut in ("-q", ".q", "-iq", "-f16", "-bf16", "-f32"):
         if cut in name:
             name = name[: name.index(cut)]
-    return sorted(found, key=lambda p: (name not in p.name.lower(), p.name.lower()))
+    return name
 
 
 def _is_mmproj(filename: str) -> bool:

@@ -129,8 +129,8 @@ class ModelMemory:
     """The settings remembered for one model, restored when that model is chosen again.
 
     Every field but ``model_path`` has the name of the ``ServerProfile`` field it remembers
-    (``PER_MODEL_FIELDS``); a per-model setting the profile gains later (the multimodal projector)
-    is remembered by adding it here with a default.
+    (``PER_MODEL_FIELDS``); a per-model setting the profile gains later is remembered by adding
+    it here with a default (as ``mmproj_path`` was: entries written before it read as "none").
     """
 
     model_path: str
@@ -141,6 +141,7 @@ class ModelMemory:
     cache_type_v: str = "f16"
     swa_full: bool = False
     extra_args: tuple[str, ...] = ()
+    mmproj_path: str | None = None
 
     @classmethod
     def of(cls, profile: ServerProfile) -> ModelMemory:

@@ -52,6 +52,18 @@ MODEL_INFO_DELAY_MS = 300
 DEMO_LABEL = "Demo model (random weights: it answers with gibberish)"
 
 
+NO_PROJECTOR = "None (text only)"
+
+
+def _named_like(projector: Path, model: str) -> bool:
+    """``mmproj-gemma-3-4b-it-f16.gguf`` belongs to ``gemma-3-4b-it-Q4_K_M.gguf``: the model's name
+    without its quantization is in the projector's."""
+    from slotkeeper.core.discovery import model_base_name
+
+    name = model_base_name(model)
+    return bool(name) and name in projector.name.lower()
+
+
 class ServerTab(FormTab):
     modelRead = Signal()  # the chosen model's header (and identity) was read
     def __init__(self, bridge: EngineBridge, settings: Settings, search_dirs: list | None = None,
@@ -113,6 +125,22 @@ class ServerTab(FormTab):
         form.addRow("", self.model_note)
         self.remembered_note = note()
         form.addRow("", self.remembered_note)
+
+        self.mmproj = QComboBox()
+        self.mmproj.setEditable(True)
+        self.mmproj.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        self.mmproj.setMinimumContentsLength(40)
+        self.mmproj.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.mmproj.addItem(NO_PROJECTOR, "")
+        self.mmproj.setToolTip("A vision model's multimodal projector (mmproj GGUF), passed as --mmproj so the "
+                               "model can read images. A saved conversation holding images restores only with "
+                               "the projector that read them.")
+        browse_mmproj = QPushButton("Browse…")
+        browse_mmproj.clicked.connect(self._browse_projector)
+        row = QHBoxLayout()
+        row.addWidget(self.mmproj, 1)
+        row.addWidget(browse_mmproj)
+        form.addRow("Projector:", row)
 
         self.ctx = QSpinBox()
         self.ctx.setRange(256, 4 * 1024 * 1024)
@@ -184,6 +212,7 @@ class ServerTab(FormTab):
         return [
             (self.server_bin, ("profile.server_bin",)),
             (self.model_combo, ("profile.model_path",)),
+            (self.mmproj, ("profile.mmproj_path",)),
             (self.ctx, ("profile.ctx",)),
             (self.parallel, ("profile.parallel",)),
             (self.flash_attn, ("profile.flash_attn",)),
@@ -198,6 +227,7 @@ class ServerTab(FormTab):
         p = settings.profile
         self.server_bin.setText(p.server_bin or "")
         self._set_model_text(p.model_path or "")
+        self._set_projector(p.mmproj_path)
         self.ctx.setValue(p.ctx)
         self.parallel.setValue(p.parallel)
         self.flash_attn.setChecked(p.flash_attn)
@@ -222,6 +252,7 @@ class ServerTab(FormTab):
             cache_type_v=self.cache_v.currentText(),
             swa_full=self.swa_full.isChecked(),
             extra_args=split_args(self.extra_args.text()),
+            mmproj_path=self.projector_value(),
         )
         return replace(settings, profile=profile)
 
@@ -236,6 +267,45 @@ class ServerTab(FormTab):
     def _ensure_demo_item(self) -> None:
         if self.model_combo.findData(DEMO_MODEL) < 0:
             self.model_combo.addItem(DEMO_LABEL, DEMO_MODEL)
+
+    def projector_value(self) -> str | None:
+        text = self.mmproj.currentText().strip()
+        if not text or text == NO_PROJECTOR:
+            return None
+        i = self.mmproj.findText(text)
+        return str(self.mmproj.itemData(i) or "") or None if i >= 0 else text
+
+    def _set_projector(self, path: str | None) -> None:
+        if path:
+            self.mmproj.setEditText(path)
+        else:
+            self.mmproj.setCurrentIndex(0)
+
+    def _offer_projectors(self, model: str | None, choose: bool) -> None:
+        """The projectors beside the model in the list; ``choose``: a model chosen for the first
+        time takes the one named like it (a vision model's own projector)."""
+        from slotkeeper.core.discovery import projectors_beside
+
+        found = projectors_beside(model) if model and model != DEMO_MODEL else []
+        current = self.mmproj.currentText()
+        self.mmproj.blockSignals(True)
+        while self.mmproj.count() > 1:
+            self.mmproj.removeItem(1)
+        for path in found:
+            self.mmproj.addItem(f"{path.name} — beside the model", str(path))
+        self.mmproj.setEditText(current)
+        self.mmproj.blockSignals(False)
+        if choose and found and self.projector_value() is None and _named_like(found[0], model or ""):
+            self.mmproj.setCurrentIndex(1)
+
+    def _browse_projector(self) -> None:
+        start = self.projector_value() or self.model_value() or str(Path.home())
+        if start == DEMO_MODEL:
+            start = str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a multimodal projector (mmproj)", start,
+                                              "GGUF files (*.gguf);;All files (*)")
+        if path:
+            self.mmproj.setEditText(path)
 
     def model_value(self) -> str | None:
         text = self.model_combo.currentText().strip()
@@ -257,6 +327,7 @@ class ServerTab(FormTab):
         for w in (self.cache_k, self.cache_v):
             w.currentTextChanged.connect(self._fields_changed)
         self.model_combo.currentTextChanged.connect(self._model_changed)
+        self.mmproj.currentTextChanged.connect(self._fields_changed)
         for w in (self.ctx, self.parallel):
             w.valueChanged.connect(self._update_swa_note)
         for w in (self.cache_k, self.cache_v):
@@ -284,7 +355,10 @@ class ServerTab(FormTab):
             memory = self.base.remembered(value)
             if memory is None:
                 self.show_row(self.remembered_note, False)
-                return  # a model chosen for the first time keeps the values in the fields
+                self._fields_for = value
+                self._set_projector(None)  # another model's projector does not fit this one
+                self._offer_projectors(value, choose=True)
+                return  # a model chosen for the first time keeps the other values in the fields
             profile = memory.apply_to(self.base.profile)
             said = "The settings remembered for this model are filled in."
         self._fields_for = value
@@ -295,6 +369,8 @@ class ServerTab(FormTab):
         self.cache_v.setCurrentText(profile.cache_type_v)
         self.swa_full.setChecked(profile.swa_full)
         self.extra_args.setText(join_args(profile.extra_args))
+        self._offer_projectors(value, choose=False)
+        self._set_projector(profile.mmproj_path)
         self.remembered_note.setText(said)
         self.show_row(self.remembered_note, bool(said))
 
