@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gui_helpers import keep_screenshot
 from PySide6.QtCore import Qt
 
 from fake_hub import FakeHub, isolate_huggingface_hub
@@ -60,6 +61,12 @@ def test_lists_the_curated_models_with_size_memory_and_restore_mode(dialog):
     oss = rows["gpt-oss 20B"]
     assert "more memory than this computer has" in oss.toolTip(2)
     assert "more memory" not in rows["Qwen3 0.6B"].toolTip(2)
+    shot = DownloadDialog(catalog=CATALOG, downloader=dialog.downloader, memory_bytes=16 * 1024**3)
+    shot.resize(900, 400)
+    shot.select("qwen3-4b")
+    keep_screenshot(shot, "download-dialog.png")
+    shot.jobs.shutdown()
+    shot.deleteLater()
 
 
 def test_downloads_the_selected_model_and_returns_its_path(qtbot, dialog, model_bytes, hub, tiny):
