@@ -30,6 +30,7 @@ import functools
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -410,18 +411,26 @@ def write_model(path: str | Path, kind: str, seed: int = 0) -> Path:
     and renamed, so a reader never sees half a model.
     """
     shape = _shape_for(kind)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed + shape.seed_offset)
 
+    def fill(writer: gguf.GGUFWriter) -> None:
+        _add_hparams(writer, shape)
+        n_vocab = _add_tokenizer(writer)
+        _add_tensors(writer, shape, n_vocab, rng)
+
+    return write_gguf_atomic(path, shape.arch, fill)
+
+
+def write_gguf_atomic(path: str | Path, arch: str, fill: Callable[[gguf.GGUFWriter], None]) -> Path:
+    """Write a GGUF whose metadata and tensors ``fill`` adds, so that it appears whole or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     # The temp name does not end in .gguf, so folder scans never pick up a partial file; the
     # writer creates it, so it gets the usual umask permissions (mkstemp would make it 0600).
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part"
     try:
-        writer = gguf.GGUFWriter(tmp, shape.arch)
-        _add_hparams(writer, shape)
-        n_vocab = _add_tokenizer(writer)
-        _add_tensors(writer, shape, n_vocab, rng)
+        writer = gguf.GGUFWriter(tmp, arch)
+        fill(writer)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

@@ -17,12 +17,12 @@ projector adds no begin/end-of-image tokens, so no special tokens are needed in 
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import gguf
 import numpy as np
+
+from slotkeeper.core.modelgen import write_gguf_atomic
 
 __all__ = [
     "IMAGE_SIZE",
@@ -113,22 +113,10 @@ def write_projector(path: str | Path, n_embd_text: int, seed: int = 0) -> Path:
     """
     if n_embd_text <= 0:
         raise ValueError(f"n_embd_text must be positive, not {n_embd_text}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed + _SEED_OFFSET)
 
-    # Not ending in .gguf, so folder scans never pick up a partial file.
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part"
-    try:
-        writer = gguf.GGUFWriter(tmp, "clip")
+    def fill(writer: gguf.GGUFWriter) -> None:
         _add_hparams(writer, n_embd_text)
         _add_tensors(writer, n_embd_text, rng)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    except BaseException:  # including KeyboardInterrupt: never leave a .part behind
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+
+    return write_gguf_atomic(path, "clip", fill)
