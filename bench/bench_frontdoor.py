@@ -5,13 +5,15 @@
 
 1. A trace: N conversations x T turns in a seeded random order, one slot, replayed against
    Slotkeeper's front door and against raw llama-server with its default flags (so with its own
-   RAM prompt cache), both restarted when the first conversation reaches turn R. Each turn sends
+   RAM prompt cache), both restarted when the first conversation reaches turn R. Each turn goes
+   to every system in turn (the first one changing every turn), so the machine's noise falls on
+   all of them alike. Each turn sends
    the whole conversation and measures the time to the first streamed token. Prints total
    prefilled tokens and total time to first token for both, the ratio, the same for the turns
    after the restart, and the least any cache could prefill (every conversation's first turn is
    new to any server, and so is each turn's new text): what is above it was re-read.
-2. The same trace with Slotkeeper's llama-server left to its own RAM cache too (--cache-ram on,
-   the choice Slotkeeper did not make), for the record.
+2. Interleaved with them, Slotkeeper with its llama-server left to its own RAM cache too
+   (--cache-ram on, the choice Slotkeeper did not make), for the record.
 3. Overhead, with `slotkeeper serve` in its own process as a user runs it: a request whose
    prefix is already in the slot (a chat turn, a text prompt, a token prompt), sent in turn
    straight to llama-server, through the front door and through a bare aiohttp relay that does
@@ -90,29 +92,39 @@ def first_token(url: str, messages: list[dict], headers: dict | None = None) -> 
     return (ttft if ttft is not None else time.perf_counter() - t0), timings
 
 
-def replay(order, send, restart, restart_after: int, first_tokens: int, seed: int) -> dict:
-    """Send the trace through ``send(messages) -> (ttft, timings)``; ``restart()`` after turn R."""
+def replay(order, systems: dict, restart_after: int, first_tokens: int, seed: int) -> dict:
+    """Send the trace to every system, turn by turn (``systems``: name -> (send(messages) ->
+    (ttft, timings), restart())), so the machine's noise falls on all of them alike: each turn
+    goes to each system in turn, the first one changing every turn. All are restarted when the
+    first conversation reaches turn R. The replies are scripted, so every system sees the same
+    conversations. Totals per system."""
     history: dict[int, list[dict]] = {}
-    totals = {"ttft": 0.0, "prefilled": 0, "cached": 0, "ttft_after": 0.0, "prefilled_after": 0, "least": 0}
-    last_prompt: dict[int, int] = {}
+    totals = {name: {"ttft": 0.0, "prefilled": 0, "cached": 0, "ttft_after": 0.0, "prefilled_after": 0,
+                     "least": 0} for name in systems}
+    last_prompt: dict[tuple[str, int], int] = {}
+    names = list(systems)
     restarted = False
-    for c, t in order:
+    for step, (c, t) in enumerate(order):
         if t == restart_after and not restarted:
-            restart()
+            for _send, restart in systems.values():
+                restart()
             restarted = True
         msgs = history.setdefault(c, [{"role": "system", "content": f"You are assistant number {c}."}])
         msgs.append({"role": "user", "content": text(seed * 100 + c * 10 + t, first_tokens if t == 0 else 30)})
-        ttft, timings = send(msgs)
+        k = step % len(names)
+        for name in names[k:] + names[:k]:
+            ttft, timings = systems[name][0](msgs)
+            tot = totals[name]
+            tot["ttft"] += ttft
+            tot["prefilled"] += timings.get("prompt_n", 0)
+            tot["cached"] += timings.get("cache_n", 0)
+            n_prompt = timings.get("prompt_n", 0) + timings.get("cache_n", 0)
+            tot["least"] += max(n_prompt - last_prompt.get((name, c), 0), 0)
+            last_prompt[(name, c)] = n_prompt
+            if restarted:
+                tot["ttft_after"] += ttft
+                tot["prefilled_after"] += timings.get("prompt_n", 0)
         msgs.append({"role": "assistant", "content": text(seed * 1000 + c * 10 + t, 12)})  # a scripted reply
-        totals["ttft"] += ttft
-        totals["prefilled"] += timings.get("prompt_n", 0)
-        totals["cached"] += timings.get("cache_n", 0)
-        n_prompt = timings.get("prompt_n", 0) + timings.get("cache_n", 0)
-        totals["least"] += max(n_prompt - last_prompt.get(c, 0), 0)
-        last_prompt[c] = n_prompt
-        if restarted:
-            totals["ttft_after"] += ttft
-            totals["prefilled_after"] += timings.get("prompt_n", 0)
     return totals
 
 
@@ -279,33 +291,33 @@ def main() -> int:
     print(f"trace: {args.conversations} conversations x {args.turns} turns, one slot, restart after turn "
           f"{args.restart_after}, seed {args.seed}")
 
+    # The RAM-cache variant is the choice Slotkeeper did not make, allowed here only for the
+    # measurement: its extra "--cache-ram 8192" comes after the "--cache-ram 0" Slotkeeper passes,
+    # and llama-server takes the last one.
+    import slotkeeper.core.server.command as command
+
+    command.OWNED_FLAGS = command.OWNED_FLAGS - {"--cache-ram"}
     raw = RawServer(list(server_bin.argv_prefix), model, ctx, [])
-    raw.start()
-
-    def raw_restart() -> None:
-        raw.stop()
-        raw.start()
-
+    engines: dict[str, Engine] = {}
     try:
-        r = replay(order, lambda m: first_token(raw.url, m), raw_restart, args.restart_after, args.first_tokens,
-                   args.seed)
+        raw.start()
+        for name, extra in (("slotkeeper", ()), ("slotkeeper + llama-server RAM cache", ("--cache-ram", "8192"))):
+            engines[name] = slotkeeper(model, ctx, work / name.replace(" ", "-"), extra)
+
+        def raw_restart() -> None:
+            raw.stop()
+            raw.start()
+
+        systems = {"raw": (lambda m: first_token(raw.url, m), raw_restart)}
+        for name, engine in engines.items():
+            systems[name] = (lambda m, e=engine: first_token(e.base_url, m), lambda e=engine: restart(e))
+        totals = replay(order, systems, args.restart_after, args.first_tokens, args.seed)
     finally:
         raw.stop()
-
-    results = {}
-    for name, extra in (("slotkeeper", ()), ("slotkeeper + llama-server RAM cache", ("--cache-ram", "8192"))):
-        home = work / name.replace(" ", "-")
-        if extra:  # the choice Slotkeeper did not make: allowed here only for the measurement
-            import slotkeeper.core.server.command as command
-
-            command.OWNED_FLAGS = command.OWNED_FLAGS - {"--cache-ram"}
-            command.OPTIONAL_FLAGS = tuple(f for f in command.OPTIONAL_FLAGS if f[0] != "--cache-ram")
-        engine = slotkeeper(model, ctx, home, extra)
-        try:
-            results[name] = replay(order, lambda m, e=engine: first_token(e.base_url, m),
-                                   lambda e=engine: restart(e), args.restart_after, args.first_tokens, args.seed)
-        finally:
+        for engine in engines.values():
             engine.close(save=False)
+    r = totals.pop("raw")
+    results = totals
 
     def row(name: str, t: dict) -> None:
         print(f"{name:<38} prefilled {t['prefilled']:>7,} tokens  time to first token {t['ttft']:7.2f} s   "
