@@ -112,8 +112,10 @@ def _split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slotkeeper",
-        description="Keeps a local LLM's memory warm: runs llama-server, saves each slot's KV cache "
-        "and restores it after a restart. With no command, opens the desktop app (tray icon); "
+        description="Keeps a local LLM's memory warm: runs llama-server on a private port and serves "
+        "its API at your address, sends each request to the slot holding its conversation (brought "
+        "back from disk when needed), saves each slot's KV cache and restores it after a restart. "
+        "With no command, opens the desktop app (tray icon); "
         "the server and session options below apply to it as to `serve`. Arguments after `--` "
         "go to llama-server.",
     )
@@ -125,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="run llama-server headless (no Qt) until SIGINT/SIGTERM",
-        description="Run and supervise llama-server without the desktop app. Prints "
-        "`ready http://HOST:PORT` once the server answers. Arguments after `--` go to llama-server.",
+        description="Run and supervise llama-server without the desktop app and serve its API at "
+        "--host/--port. Prints `ready http://HOST:PORT` (the address for clients) once the server "
+        "answers and the launch restores are done. Arguments after `--` go to llama-server.",
     )
     _add_global_options(serve)
     add_server_options(serve)
