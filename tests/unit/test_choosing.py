@@ -136,3 +136,25 @@ def test_launch_sanity_shows_memory_against_the_machine(tiny):
     assert any("beyond what" in w and "trained on" in w for w in past.warnings)
     more = launch_sanity(tiny, ServerProfile(ctx=4096, parallel=1), 16 * GIB, 8 * GIB)
     assert more.kv_bytes == 2 * ok.kv_bytes
+
+
+def test_another_projector_or_none_strands_only_the_conversations_holding_images(tmp_path):
+    proj, other = tmp_path / "mmproj-a.gguf", tmp_path / "mmproj-b.gguf"
+    with_images = sessions(2, n_media=1, mmproj_sha256="a" * 64)
+    text_only = sessions(3, mmproj_sha256="a" * 64)
+    entries = with_images + text_only
+    before = expected_facts(replace(PROFILE, mmproj_path=str(proj)), MODEL)
+    same = left_behind(entries, before, MODEL, expected_facts(replace(PROFILE, mmproj_path=str(proj)), MODEL), MODEL)
+    assert same == []
+    # other settings still count every conversation, images or not
+    more = left_behind(entries, before, MODEL,
+                       expected_facts(replace(PROFILE, mmproj_path=str(proj), parallel=4, ctx=65536), MODEL), MODEL)
+    assert more == ["5 saved conversations were made with 2 slots and will not restore with 4."]
+    assert left_behind(entries, before, MODEL, expected_facts(PROFILE, MODEL), MODEL) == [
+        "2 saved conversations hold images read by the current projector and will not restore without it."]
+    assert left_behind(entries, before, MODEL, expected_facts(replace(PROFILE, mmproj_path=str(other)), MODEL),
+                       MODEL) == [
+        "2 saved conversations hold images read by the current projector and will not restore with another "
+        "projector."]
+    # without a projector now, image sessions do not restore anyway: nothing more is lost by adding one
+    assert left_behind(entries, expected_facts(PROFILE, MODEL), MODEL, before, MODEL) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from slotkeeper.core import gguf_info
 from slotkeeper.core.engine.model import ModelChoice, check_launch, profile_model_name
@@ -61,7 +62,21 @@ def expected_facts(profile: ServerProfile, model: ModelIdentity) -> ServerFacts:
         cache_type_k=profile.cache_type_k, cache_type_v=profile.cache_type_v, swa_full=profile.swa_full,
         n_parallel=profile.parallel, n_ctx_slot=n_ctx_per_slot(profile.ctx, profile.parallel),
         swa=model.has_swa, kv_args=kv_affecting_args(profile.extra_args),
+        mmproj_sha256=_projector_mark(profile.mmproj_path),
     )  # fmt: skip
+
+
+def _projector_mark(mmproj_path: str | None) -> str | None:
+    """Which projector a profile names, before anything is hashed: its resolved path (compared
+    between two profiles only; ``_as_saved`` stands in the sessions' own hash for the current one)."""
+    return None if not mmproj_path else "file:" + str(Path(mmproj_path).expanduser().resolve())
+
+
+def _as_saved(sc: Sidecar, facts: ServerFacts) -> ServerFacts:
+    """``facts`` with this session's model, and its projector taken as the one the facts name
+    (when they name one): how it restores under those settings."""
+    return replace(facts, model_sha256=sc.model_sha256, model_path=sc.model_path,
+                   mmproj_sha256=sc.mmproj_sha256 if facts.mmproj_sha256 else None)
 
 
 def _plural(n: int, one: str, many: str | None = None) -> str:
@@ -86,8 +101,7 @@ def left_behind(entries: Iterable[SessionEntry], before: ServerFacts, before_mod
         sc = e.sidecar
         if sc is None or e.problems or not before_model.owns(sc):
             continue
-        mine = replace(before, model_sha256=sc.model_sha256, model_path=sc.model_path)
-        if not check_compatible(sc, mine):
+        if not check_compatible(sc, _as_saved(sc, before)):
             usable.append(sc)
     if not usable:
         return []
@@ -101,8 +115,7 @@ def left_behind(entries: Iterable[SessionEntry], before: ServerFacts, before_mod
     def lost_to(**changes) -> list[Sidecar]:
         out = []
         for sc in usable:
-            facts = replace(before, model_sha256=sc.model_sha256, model_path=sc.model_path, **changes)
-            if check_compatible(sc, facts):
+            if check_compatible(sc, replace(_as_saved(sc, before), **changes)):
                 out.append(sc)
         return out
 
@@ -135,6 +148,13 @@ def left_behind(entries: Iterable[SessionEntry], before: ServerFacts, before_mod
     if after.kv_args != before.kv_args:
         say(lost_to(kv_args=after.kv_args), f"the arguments {' '.join(before.kv_args) or '(none)'}",
             " ".join(after.kv_args) or "none")
+    if after.mmproj_sha256 != before.mmproj_sha256:
+        lost = lost_to(mmproj_sha256=after.mmproj_sha256 and "another projector")
+        if lost:
+            hold = "holds" if len(lost) == 1 else "hold"
+            without = "without it" if after.mmproj_sha256 is None else "with another projector"
+            said.append(f"{_plural(len(lost), 'saved conversation')} {hold} images read by the current "
+                        f"projector and will not restore {without}.")
     return said
 
 
