@@ -371,6 +371,10 @@ class FrontDesk:
             tokens = ticket.tokens if ticket.tokens is not None else np.zeros(0, dtype=np.int64)
             if ticket.tokens is not None and ticket.source != "recomputed":
                 shared = common_prefix_len(tokens, c.tokens)
+                if shared < len(c.tokens) and c.tokens[shared] < 0:
+                    # An image or audio clip (a media pseudo-token, see kvfile) where the two part:
+                    # the request's rendering of it cannot be compared here; llama-server can.
+                    shared = None
             if c.fragile_until and common_prefix_len(tokens, c.tokens) < c.fragile_until:
                 c.fragile_until = 0  # recomputed from scratch: nothing restored is left in it
             c.tokens, c.n_prompt = tokens, len(tokens)
