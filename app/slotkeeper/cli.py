@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sess = sub.add_parser(
         "sessions",
-        help="list, inspect, verify, pin, delete and prune saved sessions",
+        help="list, search, inspect, verify, pin, delete and prune saved sessions",
         description="Works on the same folder as the app, with or without a running server.",
     )
     _add_global_options(sess)
@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = action("prune", "delete least-recently-used sessions until under the budget")
     p.add_argument("--budget", type=_size, metavar="SIZE", help="budget to prune to (default: the setting)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    p = action("search", "saved conversations by anything said in them, with the matching passage")
+    p.add_argument("words", nargs="+", help="words to find (each as a word or the start of one)")
+    p.add_argument("--limit", type=_count, default=20, metavar="N", help="at most N results (default 20)")
+    p.add_argument("--json", action="store_true")
 
     from slotkeeper.models_cli import add_models_parser
 
