@@ -169,8 +169,9 @@ def _search(args: argparse.Namespace, service: SessionsService) -> int:
         note = "" if hit.complete else "  (title and preview only so far)"
         print(f"{hit.id}  {hit.title[:70]}{note}")
         print(f"    {' '.join(hit.plain().split())}")
-    n = len(result.hits)
-    print(f"{n} conversation{'s' if n != 1 else ''} found; resume one with `slotkeeper serve --resume ID` "
+    n = result.total
+    best = f" (the best {len(result.hits)} shown; --limit N for more)" if n > len(result.hits) else ""
+    print(f"{n} conversation{'s' if n != 1 else ''} found{best}; resume one with `slotkeeper serve --resume ID` "
           "or from the app")
     if result.partial:
         print("Some sessions are indexed by title and preview only: their full text is added while a server "

@@ -19,7 +19,7 @@ from slotkeeper.core.sessions.search import SearchHit
 
 SEARCH_DELAY_MS = 250  # after the last key press
 ID_ROLE = Qt.ItemDataRole.UserRole + 1
-MAX_SHOWN = 50
+MAX_SHOWN = 20  # the service's default: the best ones (ranked) with their passages
 MAX_LIST_HEIGHT = 220  # pixels: the table below keeps most of the room
 
 
@@ -84,11 +84,12 @@ class SearchResults(QWidget):
             self.list.hide()
             self.show()
             return
-        n = len(hits)
+        n = max(result.total, len(hits))
+        best = f" (the best {len(hits)})" if n > len(hits) else ""
         note = ""
         if result.partial:
-            note = (" Some are searched by title and preview only until a server of their model runs.")
-        self.summary.setText(f"Said in {n} conversation{'s' if n != 1 else ''}:{note}")
+            note = " Some are searched by title and preview only until a server of their model runs."
+        self.summary.setText(f"Said in {n:,} conversation{'s' if n != 1 else ''}{best}:{note}")
         for hit in hits:
             item = QListWidgetItem()
             item.setData(ID_ROLE, hit.id)

@@ -23,10 +23,16 @@ from dataclasses import dataclass
 
 from slotkeeper.core.sessions import pruner
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
-from slotkeeper.core.sessions.naming import validate_session_id
+from slotkeeper.core.sessions.naming import (
+    KV_SUFFIX,
+    SIDECAR_SUFFIX,
+    InvalidSessionId,
+    is_hidden_or_in_progress,
+    validate_session_id,
+)
 from slotkeeper.core.sessions.search import IndexedText, Reconciled, SearchHit, SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import Sidecar
-from slotkeeper.core.sessions.store import SessionStore
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 
 __all__ = ["PruneOutcome", "SearchResult", "SessionInUse", "SessionsService", "reconcile_search"]
 
@@ -53,8 +59,9 @@ class PruneOutcome:
 @dataclass(frozen=True)
 class SearchResult:
     query: str
-    hits: tuple[SearchHit, ...]
+    hits: tuple[SearchHit, ...]  # the best ones, best first
     repaired: Reconciled = Reconciled()  # what the search first brought back in step with the folder
+    total: int = 0  # every session that matches (hits are the best of them)
 
     @property
     def partial(self) -> tuple[str, ...]:
@@ -69,14 +76,44 @@ def folder_stamp(directory) -> str:
 
 
 def reconcile_search(search: SearchIndex, store: SessionStore, listing: Listing | None = None) -> Reconciled:
-    """Bring the search index in step with the sessions folder (dropped and missing entries)."""
-    stamp = folder_stamp(store.dir)  # before listing: a change during it is seen next time
-    listing = listing if listing is not None else store.listing()
-    wanted = [IndexedText(e.id, e.sidecar.kv_file, e.sidecar.model_sha256, e.sidecar.title, e.sidecar.preview)
-              for e in listing.sessions if e.sidecar is not None]
+    """Bring the search index in step with the sessions folder (dropped and missing entries).
+    Without a ``listing`` only the folder's names are read, and the sidecars of sessions the index
+    does not hold as they are now (so a search after a save costs a directory read, not a listing)."""
+    stamp = folder_stamp(store.dir)  # before reading: a change during it is seen next time
+    if listing is not None:
+        wanted = [IndexedText(e.id, e.sidecar.kv_file, e.sidecar.model_sha256, e.sidecar.title, e.sidecar.preview)
+                  for e in listing.sessions if e.sidecar is not None]
+    else:
+        wanted = _sessions_by_name(search, store)
     done = search.reconcile(wanted, store.dir)
     search.set_folder_stamp(stamp)
     return done
+
+
+def _sessions_by_name(search: SearchIndex, store: SessionStore) -> list[IndexedText]:
+    sidecars: set[str] = set()
+    kv_files: dict[str, list[str]] = {}
+    for name in os.listdir(store.dir):
+        if is_hidden_or_in_progress(name):
+            continue
+        if name.endswith(SIDECAR_SUFFIX):
+            sidecars.add(name[: -len(SIDECAR_SUFFIX)])
+        elif name.endswith(KV_SUFFIX) and name.count(".") == 2:
+            kv_files.setdefault(name.split(".", 1)[0], []).append(name)
+    have = search.entries()
+    out = []
+    for sid in sidecars:
+        indexed = have.get(sid)
+        if indexed is not None and kv_files.get(sid) == [indexed[0]]:
+            out.append(IndexedText(sid, indexed[0], "", "", ""))  # as indexed: nothing to read
+            continue
+        try:
+            sc = store.get(sid).sidecar
+        except (SessionNotFound, InvalidSessionId, OSError):
+            continue
+        if sc is not None:
+            out.append(IndexedText(sid, sc.kv_file, sc.model_sha256, sc.title, sc.preview))
+    return out
 
 
 class SessionsService:
@@ -144,7 +181,7 @@ class SessionsService:
 
         return PruneOutcome(plan, pruner.apply(plan, delete), unmanaged)
 
-    def search(self, text: str, limit: int = 50) -> SearchResult:
+    def search(self, text: str, limit: int = 20) -> SearchResult:
         """Saved conversations by what was said in them (every word typed, as a word or its start),
         best first, each with its matching passage. The index is first repaired from the folder
         if the folder changed since it was last compared. Raises SearchUnavailable."""
@@ -155,11 +192,12 @@ class SessionsService:
             if self.search_index.folder_stamp() != folder_stamp(self.store.dir):
                 repaired = reconcile_search(self.search_index, self.store)
             hits = self.search_index.search(text, limit)
+            total = len(hits) if len(hits) < limit else self.search_index.count(text)
         except sqlite3.Error as exc:
             raise SearchUnavailable(f"the search index cannot be read: {exc}") from exc
         if repaired and self._on_repaired is not None:
             self._on_repaired(repaired)
-        return SearchResult(text, tuple(hits), repaired)
+        return SearchResult(text, tuple(hits), repaired, total)
 
     def _delete(self, session_id: str) -> None:
         self.store.delete(session_id)

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 __all__ = ["MARK_END", "MARK_START", "IndexedText", "Reconciled", "SearchHit", "SearchIndex",
            "SearchUnavailable", "fts_query"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a prefix index
 MARK_START, MARK_END = "\x02", "\x03"  # around matched words in a snippet (never in indexed text)
 SNIPPET_TOKENS = 24  # words of context in a passage
 MAX_TEXT_CHARS = 2_000_000  # a conversation's text beyond this is not indexed (its start is)
@@ -100,12 +100,15 @@ def clean_text(text: str) -> str:
 
 
 def fts_query(text: str) -> str | None:
-    """The words typed, as an FTS5 query that matches every word as a word prefix. Every word is
-    quoted, so nothing typed is ever FTS5 syntax (AND, NEAR, quotes, *, columns ...)."""
+    """The words typed, as an FTS5 query that matches every word, the last one also as the start
+    of a word (it may still be being typed). Every word is quoted, so nothing typed is ever FTS5
+    syntax (AND, NEAR, quotes, *, columns ...)."""
     words = _WORD.findall(text)[:MAX_QUERY_WORDS]
     if not words:
         return None
-    return " ".join('"' + w.replace('"', '""') + '"*' for w in words)
+    quoted = ['"' + w.replace('"', '""') + '"' for w in words]
+    quoted[-1] += "*"
+    return " ".join(quoted)
 
 
 class SearchIndex:
@@ -169,7 +172,7 @@ class SearchIndex:
                     rowid INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL, kv_file TEXT NOT NULL,
                     model_sha256 TEXT NOT NULL, complete INTEGER NOT NULL);
                 CREATE VIRTUAL TABLE IF NOT EXISTS texts USING fts5(
-                    title, body, tokenize = 'unicode61 remove_diacritics 2');
+                    title, body, tokenize = 'unicode61 remove_diacritics 2', prefix = '2 3');
                 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
                 PRAGMA user_version = {SCHEMA_VERSION};
                 COMMIT;
@@ -288,18 +291,36 @@ class SearchIndex:
             self._conn().execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('folder', ?)", (stamp,))
 
     # -- searching ------------------------------------------------------------------------
-    def search(self, text: str, limit: int = 50) -> list[SearchHit]:
+    def count(self, text: str) -> int:
+        """How many sessions match (all of them, not only the ones ``search`` returns)."""
+        query = fts_query(text)
+        if query is None:
+            return 0
+        with self._lock:
+            return self._conn().execute("SELECT count(*) FROM texts WHERE texts MATCH ?", (query,)).fetchone()[0]
+
+    def search(self, text: str, limit: int = 20) -> list[SearchHit]:
         """Sessions whose text has every word typed (as a word or the start of one), best first."""
         query = fts_query(text)
         if query is None:
             return []
-        sql = (f"SELECT d.id, t.title, snippet(texts, 1, '{MARK_START}', '{MARK_END}', '…', {SNIPPET_TOKENS}),"
-               " d.complete, bm25(texts, 4.0, 1.0) AS score"
-               " FROM texts AS t JOIN docs AS d ON d.rowid = t.rowid"
-               " WHERE texts MATCH ? ORDER BY score LIMIT ?")
+        # Rank first, then make passages for the best only: a snippet reads the whole text, and a
+        # sorter would make one for every match (a common word matches every conversation).
         with self._lock:
-            rows = self._conn().execute(sql, (query, limit)).fetchall()
-        return [SearchHit(sid, title, snip, bool(c), score) for sid, title, snip, c, score in rows]
+            db = self._conn()
+            top = db.execute("SELECT rowid, bm25(texts, 4.0, 1.0) AS score FROM texts WHERE texts MATCH ?"
+                             " ORDER BY score LIMIT ?", (query, limit)).fetchall()
+            if not top:
+                return []
+            marks = ",".join("?" * len(top))
+            rows = db.execute(
+                f"SELECT t.rowid, d.id, t.title, snippet(texts, 1, '{MARK_START}', '{MARK_END}', '…', "
+                f"{SNIPPET_TOKENS}), d.complete FROM texts AS t JOIN docs AS d ON d.rowid = t.rowid"
+                f" WHERE texts MATCH ? AND t.rowid IN ({marks})", (query, *(r for r, _ in top))).fetchall()
+        by_rowid = {r[0]: r[1:] for r in rows}
+        return [SearchHit(sid, title, snip, bool(c), score)
+                for rowid, score in top if rowid in by_rowid
+                for sid, title, snip, c in [by_rowid[rowid]]]
 
     def __len__(self) -> int:
         with self._lock:
