@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sess = sub.add_parser(
         "sessions",
-        help="list, inspect, verify, pin, delete and prune saved sessions",
+        help="list, search, inspect, verify, pin, delete and prune saved sessions",
         description="Works on the same folder as the app, with or without a running server.",
     )
     _add_global_options(sess)
@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = action("prune", "delete least-recently-used sessions until under the budget")
     p.add_argument("--budget", type=_size, metavar="SIZE", help="budget to prune to (default: the setting)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    p = action("search", "saved conversations by anything said in them, with the matching passage")
+    p.add_argument("words", nargs="+", help="words to find (each as a word or the start of one)")
+    p.add_argument("--limit", type=_count, default=20, metavar="N", help="at most N results (default 20)")
+    p.add_argument("--json", action="store_true")
 
     from slotkeeper.models_cli import add_models_parser
 
@@ -320,42 +324,36 @@ def _on_signals(loop, handler: Callable[[int], None]) -> Callable[[], None]:
 
 
 class ServeLog:
-    """What `serve` writes to its log for each engine event."""
+    """What `serve` writes to its log for each engine event: every action Slotkeeper takes, in the
+    words of the app's activity list (``core.journal``), plus the model's loading progress."""
+
+    LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
     def __init__(self) -> None:
         self._loading_reported = 0
 
     def on_event(self, event) -> None:
         from slotkeeper.core import events as ev
+        from slotkeeper.core.journal import journal_entry
+        from slotkeeper.core.server.state import ServerState
 
         match event:
-            case ev.ServerStateChanged(state=state, message=message) if state.value in ("crashed", "restarting"):
-                log.warning("llama-server %s: %s", state.value, message)
-            case ev.WarningRaised(message=m) | ev.NoticeRaised(message=m):
-                log.warning("%s", m)
-            case ev.SessionSaved(summary=s):
-                log.info("saved slot %s (%s, %s): %s tokens, %s", s.slot, s.reason, s.kind, s.n_tokens, s.id)
-            case ev.SaveFailed(slot=slot, message=message):
-                log.error("saving slot %s failed: %s", slot, message)
-            case ev.SessionRestored(summary=r):
-                log.info("restored session %s into slot %s: %s tokens in %.0f ms", r.id, r.slot, r.n_restored, r.ms)
-            case ev.SessionRefused(id=sid, reasons=reasons):
-                log.warning("session %s not restored: %s", sid, "; ".join(reasons))
-            case ev.RestoreReused(effective=True, slot=slot, cache_n=cache_n):
-                log.info("slot %s reused %s cached tokens after the restore", slot, cache_n)
-            case ev.RestoreReused(effective=None, id=sid, reason=reason):
-                log.info("restore of %s %s", sid, reason)
-            case ev.RestoreReused(id=sid, reason=reason):
-                log.warning("restore of %s was ineffective: %s", sid, reason)
             case ev.ServerLoading(elapsed=elapsed, detail=detail):
                 step = int(elapsed // 5)
                 if step > self._loading_reported:
                     self._loading_reported = step
                     log.info("loading the model (%.0f s): %s", elapsed, detail[-100:])
+                return
             case ev.ActivityChanged(activity=a) if a.activity == "hashing" and a.total:
                 log.info("identifying the model: %.0f%%", 100 * a.done / a.total)
-            case ev.SessionsPruned(ids=ids):
-                log.info("pruned %d session(s) to stay under the disk budget", len(ids))
+                return
+            case ev.ServerStateChanged(state=state) if state is ServerState.FAILED:
+                return  # serve says it on its own, and exits
+            case ev.EngineReady():
+                return  # "ready URL" goes to stdout
+        entry = journal_entry(event)
+        if entry is not None:
+            log.log(self.LEVELS[entry.level], "%s", entry.text)
 
 
 def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:

@@ -1,4 +1,8 @@
-"""`slotkeeper sessions ...`: the same store as the app, usable with or without a server."""
+"""`slotkeeper sessions ...`: the same store as the app, usable with or without a server.
+
+`sessions search` reads the app's search index (repairing it from the folder first when the folder
+changed); without a running server of a session's model, a session the index has not seen yet is
+found by its title and preview only, which the result marks."""
 
 from __future__ import annotations
 
@@ -8,12 +12,13 @@ import os
 import sys
 
 from slotkeeper.core.paths import app_paths
-from slotkeeper.core.services.sessions import SessionInUse, SessionsService
+from slotkeeper.core.services.sessions import SearchResult, SessionInUse, SessionsService
 from slotkeeper.core.sessions.compat import swa_mode
 from slotkeeper.core.sessions.entries import SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_SECONDS
 from slotkeeper.core.sessions.in_slots import read_in_slots
 from slotkeeper.core.sessions.naming import InvalidSessionId
+from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import SidecarError
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.settings import SettingsError, load_settings
@@ -62,7 +67,8 @@ def sessions_service(paths, timeout: float = LOCK_TIMEOUT_SECONDS) -> SessionsSe
     """The same rules as the app: a running engine's in-slot sessions are kept, the budget is the setting."""
     store = SessionStore(paths.sessions_dir, lock_timeout=timeout)
     return SessionsService(store, in_slots=lambda: read_in_slots(paths.in_slots_file),
-                           budget=lambda: load_settings(paths.settings_file).budget_bytes)
+                           budget=lambda: load_settings(paths.settings_file).budget_bytes,
+                           search=SearchIndex(paths.search_index_file))
 
 
 def lock_timeout() -> float:
@@ -121,7 +127,9 @@ def run_sessions_command(args: argparse.Namespace) -> int:
             return 1 if bad else 0
         if args.action == "prune":
             return _prune(args, service)
-    except (SessionNotFound, SessionInUse, InvalidSessionId, SidecarError, OSError) as exc:
+        if args.action == "search":
+            return _search(args, service)
+    except (SessionNotFound, SessionInUse, InvalidSessionId, SidecarError, OSError, SearchUnavailable) as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 1
     except SettingsError as exc:
@@ -146,3 +154,26 @@ def _prune(args: argparse.Namespace, service: SessionsService) -> int:
     for sid, err in outcome.result.failed:
         print(f"could not delete {sid}: {err}", file=sys.stderr)
     return 0 if outcome.result.ok else 1
+
+
+def _search(args: argparse.Namespace, service: SessionsService) -> int:
+    """Exit 0 with results, 1 when nothing matched (like grep)."""
+    result: SearchResult = service.search(" ".join(args.words), limit=args.limit)
+    if args.json:
+        print(json.dumps([h.to_json() for h in result.hits], indent=2, ensure_ascii=False))
+        return 0 if result.hits else 1
+    if not result.hits:
+        print(f"No saved conversation mentions {' '.join(args.words)!r}.")
+        return 1
+    for hit in result.hits:
+        note = "" if hit.complete else "  (title and preview only so far)"
+        print(f"{hit.id}  {hit.title[:70]}{note}")
+        print(f"    {' '.join(hit.plain().split())}")
+    n = result.total
+    best = f" (the best {len(result.hits)} shown; --limit N for more)" if n > len(result.hits) else ""
+    print(f"{n} conversation{'s' if n != 1 else ''} found{best}; resume one with `slotkeeper serve --resume ID` "
+          "or from the app")
+    if result.partial:
+        print("Some sessions are indexed by title and preview only: their full text is added while a server "
+              "of their model runs.", file=sys.stderr)
+    return 0

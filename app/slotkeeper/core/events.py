@@ -142,6 +142,24 @@ class SessionsPruned(Event):
     bytes_freed: int
 
 
+@dataclass(frozen=True)
+class FolderTidied(Event):
+    """Files an interrupted save left in the sessions folder were removed (at the first start)."""
+
+    removed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SearchIndexRepaired(Event):
+    """The search index was brought back in step with the sessions folder: entries of deleted
+    sessions dropped, missing ones added from their titles (``added``), or completed with the
+    conversation's full text by the running server (``completed``)."""
+
+    added: int = 0
+    dropped: int = 0
+    completed: int = 0
+
+
 E = TypeVar("E", bound=Event)
 Handler = Callable[[Event], None]
 

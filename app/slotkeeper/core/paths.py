@@ -73,6 +73,12 @@ class AppPaths:
         return self.cache_dir / "sessions-index.json"
 
     @property
+    def search_index_file(self) -> Path:
+        """The saved conversations' text, for searching by content (SQLite FTS5, 0600). Data, not
+        cache: without a server, a rebuild has only titles and previews."""
+        return self.data_dir / "search.sqlite3"
+
+    @property
     def hash_cache_file(self) -> Path:
         return self.cache_dir / "model-hashes.json"
 

@@ -27,6 +27,7 @@ from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineSnapshot
 from slotkeeper.core.engine.resume import ResumeVerdict, resume_verdict
 from slotkeeper.core.history import RequestRecord
+from slotkeeper.core.journal import JournalEntry, journal_entry
 from slotkeeper.core.server.state import RUNNING_STATES, STOPPED_STATES, ServerState
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.sessions.compat import ServerFacts
@@ -67,6 +68,7 @@ def resolved_model_file(model_path: str | None, models_dir: Path) -> str | None:
 SESSIONS_DEBOUNCE_MS = 200
 LOG_BACKLOG_LINES = 400
 HISTORY_SHOWN = 500
+JOURNAL_KEPT = 2000  # entries of the activity list kept in memory (the oldest go first)
 
 
 class _HandlerRef:
@@ -106,6 +108,8 @@ class EngineBridge(QObject):
     sessionVerified = Signal(object)  # SessionEntry after a verify
     errorOccurred = Signal(str, str)  # what failed, why (for a message box or a notification)
     busyChanged = Signal(bool)  # background jobs running
+    journalAdded = Signal(object)  # JournalEntry: one of Slotkeeper's own actions, in words
+    sessionsFound = Signal(object)  # SearchResult of the latest search by content (older answers dropped)
 
     _eventQueued = Signal(object)
     _logWake = Signal()
@@ -143,6 +147,9 @@ class EngineBridge(QObject):
         self._log_buffer: list[str] = []
         self._listing_running = False
         self._listing_again = False
+        # Slotkeeper's own actions since the app started (the Server tab's activity list).
+        self.journal: list[JournalEntry] = []
+        self._search_seq = 0
 
         self._eventQueued.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
         self._logWake.connect(self._drain_log, Qt.ConnectionType.QueuedConnection)
@@ -296,6 +303,11 @@ class EngineBridge(QObject):
             self.activity = event.activity
         elif isinstance(event, ev.RequestDone):
             self._append_history(event)
+        entry = journal_entry(event)
+        if entry is not None:
+            self.journal.append(entry)
+            del self.journal[:-JOURNAL_KEPT]
+            self.journalAdded.emit(entry)
         alive = []
         for event_type, ref in self._handlers:
             handler = ref.get()
@@ -361,6 +373,30 @@ class EngineBridge(QObject):
         """Compatibility depends on the running server: re-announce the listing we have."""
         if self.listing is not None:
             self.sessionsListed.emit(self.listing, self.facts)
+
+    # -- searching by content ---------------------------------------------------------------
+    def search_sessions(self, text: str) -> None:
+        """Search the saved conversations by what was said in them (a job); answers with
+        ``sessionsFound`` for the latest call only. Entries the index has by title only are
+        completed by the running server, when it runs their model."""
+        self._search_seq += 1
+        seq = self._search_seq
+        if self._closed:
+            return
+
+        def done(result: Any) -> None:
+            if seq != self._search_seq or self._closed:
+                return  # a newer search was asked for meanwhile
+            self.sessionsFound.emit(result)
+            if result.partial and self.facts is not None:
+                self._command(self.engine.complete_search_async(), "Indexing saved conversations")
+
+        def failed(exc: BaseException) -> None:
+            if seq == self._search_seq:
+                self.errorOccurred.emit("Searching saved conversations", describe_error(exc))
+
+        self.jobs.run(self.engine.sessions.search, text, on_success=done, on_failure=failed,
+                      description="Searching saved conversations")
 
     # -- history --------------------------------------------------------------------------
     def load_history(self) -> None:

@@ -289,11 +289,13 @@ class SessionsTableModel(QAbstractTableModel):
 
 
 class SessionsFilterProxy(QSortFilterProxyModel):
-    """Keeps rows whose title, preview, model or id contain every word typed."""
+    """Keeps rows whose title, preview, model or id contain every word typed, and the rows of
+    conversations found by what was said in them (``set_found_ids``: the search by content)."""
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self._words: list[str] = []
+        self._found: frozenset[str] = frozenset()
         self.setSortRole(SORT_ROLE)
         self.setDynamicSortFilter(True)
 
@@ -306,9 +308,26 @@ class SessionsFilterProxy(QSortFilterProxyModel):
             self._words = text.lower().split()
             self.invalidateFilter()
 
+    def set_found_ids(self, ids) -> None:
+        """Sessions found by content: shown whatever their titles say."""
+        found = frozenset(ids)
+        if found == self._found:
+            return
+        if hasattr(self, "beginFilterChange"):
+            self.beginFilterChange()
+            self._found = found
+            self.endFilterChange()
+        else:  # pragma: no cover - older PySide6
+            self._found = found
+            self.invalidateFilter()
+
     def filterAcceptsRow(self, source_row: int, source_parent: Index) -> bool:
         if not self._words:
             return True
         index = self.sourceModel().index(source_row, 0, source_parent)
+        if self._found:
+            entry = self.sourceModel().data(index, ENTRY_ROLE)
+            if entry is not None and entry.id in self._found:
+                return True
         haystack = self.sourceModel().data(index, SEARCH_ROLE) or ""
         return all(w in haystack for w in self._words)

@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import sqlite3
 import sys
 import threading
 import time
@@ -51,15 +52,18 @@ from slotkeeper.core.engine.model import (
     swa_note,
 )
 from slotkeeper.core.engine.planning import LaunchCandidate, plan_launch_restores
+from slotkeeper.core.engine.searching import Described, complete_partial, index_saved
 from slotkeeper.core.engine.slots import PendingReuse, SlotTable, judge_reuse
 from slotkeeper.core.events import (
     ActivityChanged,
     EngineReady,
     EventBus,
+    FolderTidied,
     NoticeRaised,
     RequestDone,
     RestoreReused,
     SaveFailed,
+    SearchIndexRepaired,
     ServerStateChanged,
     SessionRefused,
     SessionRestored,
@@ -84,7 +88,7 @@ from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server, p
 from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
-from slotkeeper.core.services.sessions import SessionsService
+from slotkeeper.core.services.sessions import SessionsService, reconcile_search
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
 from slotkeeper.core.sessions.index import TokenIndex, write_index
@@ -92,9 +96,9 @@ from slotkeeper.core.sessions.lineage import common_prefix_len
 from slotkeeper.core.sessions.naming import new_incoming_name
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
 from slotkeeper.core.sessions.saving import SaveContext, SaveError, SaveOutcome, save_incoming, server_refused
+from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
-from slotkeeper.core.sessions.titles import title_and_preview
 from slotkeeper.core.settings import ServerProfile, Settings, SettingsError, connect_url
 from slotkeeper.core.views import Activity, RestoreSummary, SavesReport, SaveSummary, SlotView
 
@@ -155,9 +159,13 @@ class Engine:
             raise EngineError(str(exc)) from exc
         self.events = events or EventBus()
         self.store = SessionStore(paths.sessions_dir)
+        # What was said in every saved conversation (searched by the faces through the service).
+        self.search = SearchIndex(paths.search_index_file)
         self.sessions = SessionsService(self.store, in_slots=lambda: self._snapshot.in_slots,
                                         budget=lambda: self._snapshot.settings.budget_bytes,
-                                        on_deleted=lambda sid: self.loop.call_soon(self._index_forget, sid))
+                                        on_deleted=lambda sid: self.loop.call_soon(self._index_forget, sid),
+                                        search=self.search,
+                                        on_repaired=lambda r: self.events.emit(SearchIndexRepaired(r.added, r.dropped)))
         self.hashes = ModelHashCache(paths.hash_cache_file)
         self.history = RequestHistory(paths.history_file)
         self.supervisor = Supervisor(
@@ -198,6 +206,7 @@ class Engine:
         self._private: PrivateAddress | None = None  # llama-server's own port and key
         self._serving = asyncio.Event()  # set while the server is ready for requests
         self._index_dirty = False
+        self._completing: asyncio.Task[None] | None = None  # filling in the search index's partial entries
         self.index = TokenIndex()  # saved sessions by their token blocks (for routing)
         self.desk = FrontDesk(self)
         self.front = FrontDoor(self.desk, upstream=self._upstream, user_key=self._user_key)
@@ -312,6 +321,7 @@ class Engine:
         """End the engine loop (after ``close_async``); from any thread but the loop's."""
         self._unsubscribe()
         self.loop.close()
+        self.search.close()
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:
         """Run the engine loop on this thread until ``main`` returns (`slotkeeper serve`)."""
@@ -370,9 +380,17 @@ class Engine:
             log.warning("could not tidy the sessions folder: %s", exc)
 
     def _open_folder(self) -> TokenIndex:  # an I/O thread
-        self.store.sweep()
+        removed = self.store.sweep()
+        if removed:
+            self.events.emit(FolderTidied(tuple(removed)))
         index = TokenIndex.load(self.paths.sessions_index_file)
         listing = self.store.listing()
+        try:
+            repaired = reconcile_search(self.search, self.store, listing)
+            if repaired:
+                self.events.emit(SearchIndexRepaired(repaired.added, repaired.dropped))
+        except (sqlite3.Error, SearchUnavailable) as exc:
+            self.events.emit(WarningRaised(f"searching saved conversations by content is not available: {exc}"))
         entries = {e.id: e for e in listing.sessions if e.sidecar is not None and not e.problems}
         read = index.sync(((e.id, e.sidecar.model_sha256, e.sidecar.kv_file, e.size_bytes,
                             e.kv_path.lstat().st_mtime_ns) for e in entries.values()),
@@ -577,6 +595,7 @@ class Engine:
             api_ok = self._facts is not None
         if api_ok:
             self._start_poller()
+            self.complete_search()
         self._ready = True
         self._serving.set()
         self._swa_note = swa_note(self._model, self._running_profile())
@@ -796,8 +815,14 @@ class Engine:
         except ServerError as exc:
             await self.loop.run_io(unlink_quietly, self.store.dir / name)
             raise server_refused(self.store, slot, exc.message) from exc
-        return await self.loop.run_io(save_incoming, self.store, name, result.n_written, slot, ctx,
-                                      lambda tokens: describe(http, tokens), current_id, result.save_ms, n_prompt)
+        described = Described(http)  # keeps the conversation's text for the search index
+        outcome = await self.loop.run_io(save_incoming, self.store, name, result.n_written, slot, ctx,
+                                         described, current_id, result.save_ms, n_prompt)
+        sc = outcome.sidecar
+        if sc is not None and outcome.kind in ("new", "update", "fork"):
+            self.loop.in_background(index_saved, self.search, sc.id, sc.kv_file, sc.model_sha256, sc.title,
+                                    sc.preview, described.text, what="indexing the conversation's text")
+        return outcome
 
     def _save_leftover(self, record: dict[str, Any]) -> None:
         """The supervisor found a server an earlier run left running with other settings (Slotkeeper
@@ -1037,6 +1062,32 @@ class Engine:
 
         self.loop.spawn(write_later(), "saving the sessions index")
 
+    # -- the search index ---------------------------------------------------------------
+    def complete_search(self) -> None:
+        """Fill in the full text of the running model's sessions the search index holds only by
+        title (on the loop; once at a time; a no-op while no server is ready)."""
+        facts = self._facts
+        if facts is None or (self._completing is not None and not self._completing.done()):
+            return
+        self._completing = self.loop.spawn(self._complete_search(facts.model_sha256), "completing the search index")
+
+    async def complete_search_async(self) -> None:
+        """``complete_search`` for other threads: ``engine.post(engine.complete_search_async())``."""
+        self.complete_search()
+
+    async def _complete_search(self, model_sha256: str) -> None:
+        http = self._client()
+
+        def still_serving() -> bool:  # an I/O thread: reads a flag only
+            return self._serving.is_set() and self._facts is not None
+        try:
+            done = await self.loop.run_io(complete_partial, self.search, self.store, http, model_sha256, still_serving)
+        except (sqlite3.Error, SearchUnavailable) as exc:
+            log.warning("could not complete the search index: %s", exc)
+            return
+        if done:
+            self.events.emit(SearchIndexRepaired(completed=done))
+
     def session_size(self, session_id: str) -> int:
         entry = self.index.get(session_id)
         return entry.size if entry else 0
@@ -1150,13 +1201,6 @@ def exposure_notes(profile: ServerProfile) -> list[str]:
 
 
 def describe(http: LlamaClient, tokens: list[int]) -> tuple[str, str]:
-    """Title and preview of a conversation (a title is nice to have; a save never fails for it).
-
-    Media positions (negative pseudo-tokens, see kvfile) are left out: they are not token ids."""
-    try:
-        text = http.detokenize([t for t in tokens if t >= 0])
-    except Exception as exc:
-        log.warning("could not detokenize for a title: %s", exc)
-        return f"Conversation of {len(tokens)} tokens", ""
-    return title_and_preview(text)
+    """Title and preview of a conversation (a title is nice to have; a save never fails for it)."""
+    return Described(http)(tokens)
 

@@ -1,4 +1,4 @@
-"""The sessions service: list, pin, delete, prune and verify, with one set of rules for every face.
+"""The sessions service: list, pin, delete, prune, verify and search, with one set of rules for every face.
 
 The desktop app (through the engine), `slotkeeper serve` and `slotkeeper sessions ...` all use
 this, so "never delete a session loaded in a slot" and "prune least recently used first, never a
@@ -6,21 +6,37 @@ pinned one" are written once. Only saved sessions count towards the budget, size
 files on disk; files in the folder that are not Slotkeeper's are reported, never counted.
 ``in_slots`` says which sessions a running engine holds right now: the engine passes its own
 live set, the CLI reads the set a running engine published.
+
+The search index (``sessions.search``) follows every delete and prune made here, and a search
+first repairs it from the folder when the folder changed since (deletes by another process,
+files copied in, an index deleted): see ``search``.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sqlite3
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from slotkeeper.core.sessions import pruner
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
-from slotkeeper.core.sessions.naming import validate_session_id
+from slotkeeper.core.sessions.naming import (
+    KV_SUFFIX,
+    SIDECAR_SUFFIX,
+    InvalidSessionId,
+    is_hidden_or_in_progress,
+    validate_session_id,
+)
+from slotkeeper.core.sessions.search import IndexedText, Reconciled, SearchHit, SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import Sidecar
-from slotkeeper.core.sessions.store import SessionStore
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 
-__all__ = ["PruneOutcome", "SessionInUse", "SessionsService"]
+__all__ = ["PruneOutcome", "SearchResult", "SessionInUse", "SessionsService", "reconcile_search"]
+
+log = logging.getLogger(__name__)
 
 
 class SessionInUse(Exception):
@@ -40,15 +56,80 @@ class PruneOutcome:
     unmanaged: tuple[UnmanagedFile, ...] = ()
 
 
+@dataclass(frozen=True)
+class SearchResult:
+    query: str
+    hits: tuple[SearchHit, ...]  # the best ones, best first
+    repaired: Reconciled = Reconciled()  # what the search first brought back in step with the folder
+    total: int = 0  # every session that matches (hits are the best of them)
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        """Hits found by title and preview only: their full text needs a server of their model."""
+        return tuple(h.id for h in self.hits if not h.complete)
+
+
+def folder_stamp(directory) -> str:
+    """Changes whenever a file is added, removed or replaced in the folder (its mtime)."""
+    st = os.stat(directory)
+    return f"{st.st_mtime_ns}:{st.st_ino}"
+
+
+def reconcile_search(search: SearchIndex, store: SessionStore, listing: Listing | None = None) -> Reconciled:
+    """Bring the search index in step with the sessions folder (dropped and missing entries).
+    Without a ``listing`` only the folder's names are read, and the sidecars of sessions the index
+    does not hold as they are now (so a search after a save costs a directory read, not a listing)."""
+    stamp = folder_stamp(store.dir)  # before reading: a change during it is seen next time
+    if listing is not None:
+        wanted = [IndexedText(e.id, e.sidecar.kv_file, e.sidecar.model_sha256, e.sidecar.title, e.sidecar.preview)
+                  for e in listing.sessions if e.sidecar is not None]
+    else:
+        wanted = _sessions_by_name(search, store)
+    done = search.reconcile(wanted, store.dir)
+    search.set_folder_stamp(stamp)
+    return done
+
+
+def _sessions_by_name(search: SearchIndex, store: SessionStore) -> list[IndexedText]:
+    sidecars: set[str] = set()
+    kv_files: dict[str, list[str]] = {}
+    for name in os.listdir(store.dir):
+        if is_hidden_or_in_progress(name):
+            continue
+        if name.endswith(SIDECAR_SUFFIX):
+            sidecars.add(name[: -len(SIDECAR_SUFFIX)])
+        elif name.endswith(KV_SUFFIX) and name.count(".") == 2:
+            kv_files.setdefault(name.split(".", 1)[0], []).append(name)
+    have = search.entries()
+    out = []
+    for sid in sidecars:
+        indexed = have.get(sid)
+        if indexed is not None and kv_files.get(sid) == [indexed[0]]:
+            out.append(IndexedText(sid, indexed[0], "", "", ""))  # as indexed: nothing to read
+            continue
+        try:
+            sc = store.get(sid).sidecar
+        except (SessionNotFound, InvalidSessionId, OSError):
+            continue
+        if sc is not None:
+            out.append(IndexedText(sid, sc.kv_file, sc.model_sha256, sc.title, sc.preview))
+    return out
+
+
 class SessionsService:
     def __init__(self, store: SessionStore, in_slots: Callable[[], AbstractSet[str]],
-                 budget: Callable[[], int], on_deleted: Callable[[str], None] | None = None) -> None:
+                 budget: Callable[[], int], on_deleted: Callable[[str], None] | None = None,
+                 search: SearchIndex | None = None,
+                 on_repaired: Callable[[Reconciled], None] | None = None) -> None:
         """``on_deleted(id)`` is told of every session this service deletes (the engine keeps its
-        sessions index with it)."""
+        sessions index with it); ``search``: the full-text index deletes keep in step, and
+        ``on_repaired`` is told when a search had to repair it from the folder."""
         self.store = store
         self._in_slots = in_slots
         self._budget = budget
         self._on_deleted = on_deleted
+        self.search_index = search
+        self._on_repaired = on_repaired
 
     def listing(self) -> Listing:
         return self.store.listing()
@@ -100,7 +181,30 @@ class SessionsService:
 
         return PruneOutcome(plan, pruner.apply(plan, delete), unmanaged)
 
+    def search(self, text: str, limit: int = 20) -> SearchResult:
+        """Saved conversations by what was said in them (every word typed, as a word or its start),
+        best first, each with its matching passage. The index is first repaired from the folder
+        if the folder changed since it was last compared. Raises SearchUnavailable."""
+        if self.search_index is None:
+            raise SearchUnavailable("searching by content is not set up here")
+        repaired = Reconciled()
+        try:
+            if self.search_index.folder_stamp() != folder_stamp(self.store.dir):
+                repaired = reconcile_search(self.search_index, self.store)
+            hits = self.search_index.search(text, limit)
+            total = len(hits) if len(hits) < limit else self.search_index.count(text)
+        except sqlite3.Error as exc:
+            raise SearchUnavailable(f"the search index cannot be read: {exc}") from exc
+        if repaired and self._on_repaired is not None:
+            self._on_repaired(repaired)
+        return SearchResult(text, tuple(hits), repaired, total)
+
     def _delete(self, session_id: str) -> None:
         self.store.delete(session_id)
+        if self.search_index is not None:
+            try:
+                self.search_index.remove(session_id)
+            except (sqlite3.Error, SearchUnavailable) as exc:  # repaired by the next search
+                log.warning("could not drop %s from the search index: %s", session_id, exc)
         if self._on_deleted is not None:
             self._on_deleted(session_id)

@@ -56,3 +56,10 @@ def title_and_preview(text: str) -> tuple[str, str]:
     tail = conv[last_user:] if last_user is not None else conv[-2:]
     preview = " / ".join(f"{'You' if r in ('user', 'human') else r.capitalize()}: {t}" for r, t in tail)
     return title, _clip(preview, PREVIEW_CHARS)
+
+
+def conversation_text(text: str) -> str:
+    """What was said, for the search index: each turn's text on a line of its own, the template's
+    markers (and role names) left out."""
+    conv = [t for _r, t in turns(text) if t]
+    return "\n".join(conv) if conv else _squash(text)

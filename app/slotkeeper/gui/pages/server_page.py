@@ -1,4 +1,5 @@
-"""The Server tab: state, Start/Stop/Restart, model, flags, address, uptime, warnings, the log."""
+"""The Server tab: state, Start/Stop/Restart, model, flags, address, uptime, warnings, and below
+them Slotkeeper's own activity (a searchable list) beside llama-server's raw log."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QSplitter,
     QVBoxLayout,
     QWidget,
 )
@@ -21,6 +23,7 @@ from slotkeeper.core import events as ev
 from slotkeeper.core.server.state import STOPPED_STATES, ServerState
 from slotkeeper.core.units import human_duration
 from slotkeeper.gui import icons
+from slotkeeper.gui.activity_view import ActivityView
 from slotkeeper.gui.bridge import EngineBridge, initial_log
 from slotkeeper.gui.desktop import no_browser_message, open_url
 from slotkeeper.gui.log_view import LogView
@@ -87,6 +90,8 @@ class ServerPage(QWidget):
         bridge.on(ev.ActivityChanged, self.refresh)  # the state icon shows what the engine is doing
         bridge.on(ev.WarningRaised, self._on_warning)
         bridge.logLines.connect(self.log_view.append_lines)
+        self.activity_view.set_entries(bridge.journal)
+        bridge.journalAdded.connect(self.activity_view.add)
         bridge.settingsChanged.connect(self.refresh)
 
         self.refresh()
@@ -175,8 +180,26 @@ class ServerPage(QWidget):
         self.warning_box.hide()
         outer.addWidget(self.warning_box)
 
-        self.log_view = LogView(self)
-        outer.addWidget(self.log_view, 1)
+        # Slotkeeper's own actions beside llama-server's raw log; the divider can be dragged.
+        self.activity_view = ActivityView(self)
+        log_box = QWidget(self)
+        log_layout = QVBoxLayout(log_box)
+        log_layout.setContentsMargins(0, 0, 0, 0)
+        log_title = QLabel("llama-server's log")
+        bold = log_title.font()
+        bold.setBold(True)
+        log_title.setFont(bold)
+        log_layout.addWidget(log_title)
+        self.log_view = LogView(log_box)
+        log_layout.addWidget(self.log_view, 1)
+        self.log_splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        self.log_splitter.setChildrenCollapsible(False)
+        self.log_splitter.addWidget(self.activity_view)
+        self.log_splitter.addWidget(log_box)
+        self.log_splitter.setStretchFactor(0, 3)
+        self.log_splitter.setStretchFactor(1, 2)
+        self.log_splitter.setSizes([560, 440])
+        outer.addWidget(self.log_splitter, 1)
 
     # -- showing --------------------------------------------------------------------------
     def showEvent(self, event) -> None:

@@ -26,6 +26,7 @@ from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import no_file_manager_message, reveal_in_file_manager
+from slotkeeper.gui.search_results import SearchResults
 from slotkeeper.gui.sessions_model import COLUMN, ENTRY_ROLE, SessionsFilterProxy, SessionsTableModel
 
 OVER_BUDGET_STYLE = "QProgressBar::chunk { background: #dc2626; }"
@@ -58,12 +59,14 @@ class SessionsPage(QWidget):
         layout = QVBoxLayout(self)
         top = QHBoxLayout()
         self.filter_edit = QLineEdit()
-        self.filter_edit.setPlaceholderText("Filter by title, text, model or id")
+        self.filter_edit.setPlaceholderText("Search everything said in the conversations, titles, models or ids")
+        self.filter_edit.setAccessibleName("Search saved conversations")
         self.filter_edit.setClearButtonEnabled(True)
         top.addWidget(self.filter_edit, 1)
         self.sessions_count = QLabel()
         top.addWidget(self.sessions_count)
         layout.addLayout(top)
+        self._build_search(layout)
 
         self.sessions_model = SessionsTableModel(self)
         self.sessions_proxy = SessionsFilterProxy(self)
@@ -118,6 +121,29 @@ class SessionsPage(QWidget):
         usage.addWidget(self.usage_label)
         layout.addLayout(usage)
         self._update_buttons()
+
+    # -- searching by content (gui/search_results.py) -------------------------------------
+    def _build_search(self, layout: QVBoxLayout) -> None:
+        self.search_results = SearchResults(self)
+        layout.addWidget(self.search_results)
+        self.filter_edit.textChanged.connect(self.search_results.set_text)
+        self.search_results.searchRequested.connect(self.bridge.search_sessions)
+        self.search_results.sessionChosen.connect(self.select_session)
+        self.search_results.resumeRequested.connect(self._resume_found)
+        self.bridge.sessionsFound.connect(self._on_found)
+        self.bridge.sessionsChanged.connect(self.search_results.search_again)
+        self.bridge.on(ev.SearchIndexRepaired, self._on_index_repaired)
+
+    def _on_index_repaired(self, _event: ev.SearchIndexRepaired) -> None:
+        self.search_results.search_again()  # e.g. completed with the full text: more may match
+
+    def _on_found(self, result) -> None:
+        self.search_results.show_result(result)
+        self.sessions_proxy.set_found_ids(self.search_results.ids)
+
+    def _resume_found(self, session_id: str) -> None:
+        if self.select_session(session_id):
+            self.resume_selected()
 
     # -- the listing ----------------------------------------------------------------------
     def _on_listing(self, listing: Listing, facts) -> None:

@@ -1,0 +1,88 @@
+"""The engine's side of the search index: the text of what it saves, and completing entries.
+
+A save detokenizes the conversation once (through the server that holds it) for the title and
+preview; the same text goes into the search index, so a save costs no second detokenize. Entries
+the index holds only from titles and previews (rebuilt without a server, sessions copied in,
+saves made while the index could not be written) are completed while a server of their model
+runs: their tokens are read from the KV file and detokenized. Everything here runs on I/O
+threads; nothing touches engine state.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
+from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+from slotkeeper.core.sessions.titles import conversation_text, title_and_preview
+
+log = logging.getLogger(__name__)
+
+COMPLETE_BATCH = 200  # sessions completed per pass (the rest on the next one)
+
+
+def detokenize(http: LlamaClient, tokens: list[int]) -> str | None:
+    """The conversation as the server's text; None when it cannot say. Media positions
+    (negative pseudo-tokens, see kvfile) are left out: they are not token ids."""
+    try:
+        return http.detokenize([t for t in tokens if t >= 0])
+    except Exception as exc:  # a title is nice to have; a save never fails for it
+        log.warning("could not detokenize a conversation: %s", exc)
+        return None
+
+
+@dataclass
+class Described:
+    """``describe`` for the save protocol that keeps the text it detokenized (for the index)."""
+
+    http: LlamaClient
+    text: str | None = field(default=None, init=False)
+
+    def __call__(self, tokens: list[int]) -> tuple[str, str]:
+        text = detokenize(self.http, tokens)
+        if text is None:
+            return f"Conversation of {len(tokens)} tokens", ""
+        self.text = text
+        return title_and_preview(text)
+
+
+def index_saved(search: SearchIndex, session_id: str, kv_file: str, model_sha256: str, title: str,
+                preview: str, text: str | None) -> None:
+    """Put a saved session in the index: its full text, or its title and preview when the server
+    could not detokenize (completed later)."""
+    try:
+        if text is not None:
+            search.put(session_id, kv_file, model_sha256, title, conversation_text(text))
+        else:
+            search.put(session_id, kv_file, model_sha256, title, preview, complete=False)
+    except (sqlite3.Error, SearchUnavailable) as exc:  # the next search repairs it from the folder
+        log.warning("could not add %s to the search index: %s", session_id, exc)
+
+
+def complete_partial(search: SearchIndex, store: SessionStore, http: LlamaClient, model_sha256: str,
+                     keep_going: Callable[[], bool] = lambda: True) -> int:
+    """Detokenize the sessions of this model the index holds only by title; returns how many
+    were completed. Stops early when the server goes away (the rest wait for the next time)."""
+    done = 0
+    for session_id, kv_file in search.partial(model_sha256)[:COMPLETE_BATCH]:
+        if not keep_going():
+            break
+        try:
+            entry = store.get(session_id)
+            sc = entry.sidecar
+            if sc is None or sc.kv_file != kv_file or sc.model_sha256 != model_sha256:
+                continue  # changed since: the next reconcile puts the new version in
+            tokens = store.tokens(entry)
+            text = http.detokenize([t for t in tokens if t >= 0])
+        except (SessionNotFound, OSError, ValueError) as exc:
+            log.debug("not completing %s in the search index: %s", session_id, exc)
+            continue
+        except (ServerUnavailable, ServerError) as exc:
+            log.info("completing the search index stopped: %s", exc)
+            break
+        done += search.complete(session_id, kv_file, conversation_text(text))
+    return done
