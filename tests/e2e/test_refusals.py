@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 from e2e_helpers import USER_TURNS, EventLog, converse, make_engine, wait_until
@@ -27,6 +29,8 @@ def saved_session(llama_model, server_bin, port):
         engine.stop()
     entry = engine.store.get(entry.id)
     assert entry.sidecar.n_tokens > 200
+    # The save verified the file: its stamp is recorded, so damage below must get past it.
+    assert entry.sidecar.verified.matches(os.lstat(entry.kv_path), entry.sidecar.content_hash)
     return entry
 
 
@@ -87,7 +91,50 @@ def _damage_append(p):
         fh.write(b"\0garbage")
 
 
-@pytest.mark.parametrize("damage", [_damage_truncate, _damage_flip, _damage_append], ids=["truncated-1-byte", "flipped-byte", "trailing-garbage"])
+def _keeping_mtime(damage):
+    """``damage``, then the old mtime put back (as `cp -p` or `touch -d` would): only the ctime tells."""
+
+    def run(p):
+        st = os.lstat(p)
+        time.sleep(0.02)  # past the file system clock's tick, so the ctime moves
+        damage(p)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        now = os.lstat(p)
+        assert (now.st_mtime_ns, now.st_ino) == (st.st_mtime_ns, st.st_ino)
+
+    return run
+
+
+def _flip_in_place(p):
+    with open(p, "r+b") as fh:
+        fh.seek(os.path.getsize(p) // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _cut_and_refill(p):
+    size = os.path.getsize(p)
+    os.truncate(p, size - 4096)
+    os.truncate(p, size)  # the same size again, zeros at the end
+
+
+def _replace_same_size(p):
+    """Another file of the same size and mtime moved into its place (another inode)."""
+    st = os.lstat(p)
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    other = p.with_name("replacement.tmp")
+    other.write_bytes(bytes(data))
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, p)
+
+
+@pytest.mark.parametrize("damage", [
+    _damage_truncate, _damage_flip, _damage_append, _keeping_mtime(_flip_in_place), _keeping_mtime(_cut_and_refill),
+    _replace_same_size,
+], ids=["truncated-1-byte", "flipped-byte", "trailing-garbage", "flipped-in-place-same-mtime",
+        "cut-and-refilled-same-mtime", "replaced-same-size-same-mtime"])
 def test_damaged_files_are_refused_marked_and_the_server_survives(saved_session, llama_model, server_bin, port, damage):
     damage(saved_session.kv_path)
     engine = make_engine(llama_model, server_bin, port)
@@ -148,3 +195,27 @@ def test_a_good_save_of_the_same_conversation_replaces_a_corrupt_one(llama_model
     entry = engine.store.get(first.id)
     assert entry.status == "ok" and entry.sidecar.corrupt is None
     assert engine.store.verify(first.id).status == "ok"
+
+
+def test_a_saved_session_is_restored_without_hashing_it_again_until_it_is_touched(
+        saved_session, llama_model, server_bin, port, monkeypatch):
+    from slotkeeper.core.sessions import store as store_module
+
+    hashed = []
+    real = store_module.hash_with_stamp
+    monkeypatch.setattr(store_module, "hash_with_stamp", lambda p: hashed.append(p) or real(p))
+    for touch in (False, True, False):
+        if touch:
+            time.sleep(0.02)
+            os.utime(saved_session.kv_path)  # a new mtime and ctime: hashed once, then trusted again
+        hashed.clear()
+        engine = make_engine(llama_model, server_bin, port)
+        events = EventLog(engine)
+        engine.start()
+        try:
+            assert engine.wait_ready(60) is ServerState.READY
+            [restored] = events.of(ev.SessionRestored)
+            assert restored.id == saved_session.id
+        finally:
+            engine.stop(save=False)
+        assert hashed == ([saved_session.kv_path] if touch else [])

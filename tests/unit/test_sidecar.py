@@ -225,11 +225,22 @@ def test_loads_stored_v2_file() -> None:
 
 
 @pytest.mark.skipif(SCHEMA_VERSION != 2, reason="a schema bump rewrites what its migrations change")
-@pytest.mark.parametrize("name", ["sidecar_v2.json", "sidecar_v2_media.json"])
-def test_rewriting_stored_v2_file_is_byte_identical(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ["sidecar_v2.json", "sidecar_v2_media.json", "sidecar_v2_verified.json"])
+def test_rewriting_stored_v2_file_is_byte_identical_but_for_later_keys(tmp_path: Path, name: str) -> None:
+    # Optional keys added after a file was written come after its own, at their defaults.
     stored_path = DATA / name
+    stored = json.loads(stored_path.read_text(encoding="utf-8"))
+    assert _as_written(stored) == stored_path.read_bytes()
     write_sidecar_atomic(tmp_path / "s.json", load_sidecar(stored_path))
-    assert (tmp_path / "s.json").read_bytes() == stored_path.read_bytes()
+    added = {k: v for k, v in OPTIONAL_DEFAULTS.items() if k not in stored}
+    assert (tmp_path / "s.json").read_bytes() == _as_written({**stored, **added})
+
+
+def test_loads_stored_v2_file_with_a_verified_stamp() -> None:
+    loaded = load_sidecar(DATA / "sidecar_v2_verified.json")
+    assert loaded.verified is not None and loaded.verified.content_hash == loaded.content_hash
+    assert loaded.verified.size == loaded.size_bytes
+    assert load_sidecar(DATA / "sidecar_v2.json").verified is None  # before the key: hash before restoring
 
 
 def test_v2_needs_a_restore_mode() -> None:

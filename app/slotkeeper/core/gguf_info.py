@@ -27,9 +27,10 @@ An architecture that b11434 does not know is reported as unknown, never guessed.
 from __future__ import annotations
 
 import math
+import os
 import struct
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -332,6 +333,38 @@ def read_model_info(path: str | Path) -> ModelInfo:
     file_size = _check_file(path)
     reader = _open_reader(path)
     return _model_info_from_fields(path, file_size, _Fields(reader, path))
+
+
+def model_info_to_json(info: ModelInfo) -> dict[str, Any]:
+    """The facts as JSON (for ``file_facts``); the path is the caller's."""
+    return {f.name: list(v) if isinstance(v := getattr(info, f.name), tuple) else v
+            for f in fields(ModelInfo) if f.name != "path"}
+
+
+def model_info_from_json(d: object, path: str | Path) -> ModelInfo | None:
+    """``model_info_to_json``'s output back, or None for anything else (read the file again)."""
+    if not isinstance(d, dict):
+        return None
+    try:
+        values = {f.name: tuple(d[f.name]) if isinstance(d[f.name], list) else d[f.name]
+                  for f in fields(ModelInfo) if f.name != "path"}
+        return ModelInfo(path=Path(path), **values)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def facts_version() -> str:
+    """Names the code that reads model facts: cached facts from other code are read again."""
+    from slotkeeper import __version__
+
+    parts = [f"model-info-1:{__version__}"]
+    for module in (__file__, families.__file__):
+        try:
+            st = os.stat(module)
+            parts.append(f"{st.st_size}:{st.st_mtime_ns}")
+        except (OSError, TypeError):  # a frozen app: its version says it all
+            pass
+    return "/".join(parts)
 
 
 def read_architecture(path: str | Path) -> str:

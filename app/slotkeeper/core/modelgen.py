@@ -106,6 +106,8 @@ _KINDS: dict[str, _Shape] = {
         sliding_window=128,
     ),
     "bench": _Shape("llama", "Slotkeeper bench (random weights)", 8, 1024, 16, 8, 2816, 16384),
+    # An 8B model's KV per token (128 KiB) with little compute: 8K tokens make a 1 GiB save file.
+    "bench-kv": _Shape("llama", "Slotkeeper KV bench (random weights)", 128, 256, 4, 4, 256, 16384),
     "qwen3": _Shape("qwen3", "Slotkeeper test qwen3 (random weights)", 4, 128, 4, 2, 256, 2048),
     "gemma3": _Shape("gemma3", "Slotkeeper test gemma3 (random weights)", 6, 128, 4, 2, 256, 2048,
                      sliding_window=128),

@@ -83,6 +83,16 @@ class AppPaths:
         return self.cache_dir / "model-hashes.json"
 
     @property
+    def model_facts_file(self) -> Path:
+        """GGUF header facts per model file version (``file_facts``)."""
+        return self.cache_dir / "model-facts.json"
+
+    @property
+    def binary_facts_file(self) -> Path:
+        """The options each llama-server binary knows, per binary file version (``file_facts``)."""
+        return self.cache_dir / "server-flags.json"
+
+    @property
     def history_file(self) -> Path:
         return self.data_dir / "history.jsonl"
 

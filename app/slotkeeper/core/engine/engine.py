@@ -45,6 +45,7 @@ from slotkeeper.core.engine.model import (
     ModelChoice,
     check_launch,
     llama_build_tag,
+    model_facts_cache,
     profile_model_name,
     resolve_model,
     resolve_projector,
@@ -73,6 +74,7 @@ from slotkeeper.core.events import (
     SlotsChanged,
     WarningRaised,
 )
+from slotkeeper.core.file_facts import FileFactsCache
 from slotkeeper.core.history import RequestHistory, RequestRecord
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
@@ -84,7 +86,7 @@ from slotkeeper.core.server.command import (
     server_api_key,
     without_api_key,
 )
-from slotkeeper.core.server.locate import ServerBinaryNotFound, locate_server, probe_flags
+from slotkeeper.core.server.locate import FLAGS_VERSION, ServerBinaryNotFound, locate_server, probe_flags
 from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
@@ -167,6 +169,8 @@ class Engine:
                                         search=self.search,
                                         on_repaired=lambda r: self.events.emit(SearchIndexRepaired(r.added, r.dropped)))
         self.hashes = ModelHashCache(paths.hash_cache_file)
+        self.model_facts = model_facts_cache(paths.model_facts_file)
+        self.binary_facts = FileFactsCache(paths.binary_facts_file, FLAGS_VERSION)
         self.history = RequestHistory(paths.history_file)
         self.supervisor = Supervisor(
             spec_factory=self._launch_spec,
@@ -479,10 +483,11 @@ class Engine:
     async def _prepare_launch(self) -> LaunchSpec:
         profile = self._settings.profile
         try:
-            model = await self.loop.run_io(resolve_model, profile.model_path, self.paths.models_dir)
+            model = await self.loop.run_io(resolve_model, profile.model_path, self.paths.models_dir,
+                                           self.model_facts)
             await self.loop.run_io(resolve_projector, profile.mmproj_path)  # a clear refusal, before llama-server's
             binary = await self.loop.run_io(locate_server, profile.server_bin)
-            flags = await self.loop.run_io(probe_flags, binary)
+            flags = await self.loop.run_io(probe_flags, binary, 15.0, self.binary_facts)
             private = await self.loop.run_io(self._private_address)
             # llama-server listens privately; the front door has the user's host and port.
             server_profile = replace(profile, host=LOOPBACK, port=private.port,
@@ -607,7 +612,7 @@ class Engine:
         model = self._model
         if model is None:
             model = self._model = await self.loop.run_io(resolve_model, self._settings.profile.model_path,
-                                                         self.paths.models_dir)
+                                                         self.paths.models_dir, self.model_facts)
         hashing, self._hashing = self._hashing, None
         if hashing is not None:
             try:
@@ -836,7 +841,8 @@ class Engine:
         launch = record.get("launch") or {}
         try:
             profile = ServerProfile.from_json(launch["profile"])
-            model = await self.loop.run_io(resolve_model, launch["model_path"], self.paths.models_dir)
+            model = await self.loop.run_io(resolve_model, launch["model_path"], self.paths.models_dir,
+                                           self.model_facts)
         except (KeyError, TypeError, SettingsError, EngineError) as exc:
             self.events.emit(WarningRaised(
                 f"a llama-server left running by an earlier Slotkeeper is stopped without saving its "

@@ -8,6 +8,7 @@ from pathlib import Path
 from slotkeeper.core import gguf_info, modelgen
 from slotkeeper.core.client import Props
 from slotkeeper.core.engine.errors import EngineError
+from slotkeeper.core.file_facts import FileFactsCache, file_stamp
 from slotkeeper.core.server.command import kv_affecting_args
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ServerProfile
@@ -29,12 +30,20 @@ class ModelChoice:
         return "demo model" if self.is_demo else self.path.name
 
 
-def resolve_model(model_path: str | None, models_dir: Path) -> ModelChoice:
-    """The model to run: the profile's path, or the embedded demo model (reads the GGUF header)."""
+def resolve_model(model_path: str | None, models_dir: Path, facts: FileFactsCache | None = None) -> ModelChoice:
+    """The model to run: the profile's path, or the embedded demo model. Reads the GGUF header,
+    unless ``facts`` holds what it said for this very file (same size, mtime, inode and ctime)."""
     if not model_path:
         raise EngineError("No model chosen: pick a GGUF file (--model PATH) or use --demo.")
     is_demo = model_path == DEMO_MODEL
     path = modelgen.ensure_demo_model(models_dir) if is_demo else Path(model_path).expanduser()
+    info = gguf_info.model_info_from_json(facts.get(path, "model"), path) if facts is not None else None
+    if info is not None:
+        return ModelChoice(path.resolve(), info, is_demo)
+    try:
+        stamp = file_stamp(path)[1]
+    except OSError:
+        stamp = None  # read_model_info says what is wrong with it
     try:
         if not is_demo and gguf_info.read_architecture(path) == PROJECTOR_ARCH:
             raise EngineError(f"{path.name} is a multimodal projector (mmproj), not a language model: choose "
@@ -42,7 +51,14 @@ def resolve_model(model_path: str | None, models_dir: Path) -> ModelChoice:
         info = gguf_info.read_model_info(path)
     except gguf_info.ModelFileError as exc:
         raise EngineError(str(exc)) from exc
+    if facts is not None and stamp is not None:
+        facts.put(path, gguf_info.model_info_to_json(info), "model", stamp=stamp)
     return ModelChoice(path.resolve(), info, is_demo)
+
+
+def model_facts_cache(cache_file: Path) -> FileFactsCache:
+    """The GGUF facts remembered across launches (``file_facts``)."""
+    return FileFactsCache(cache_file, gguf_info.facts_version())
 
 
 def resolve_projector(mmproj_path: str | None) -> Path | None:

@@ -7,6 +7,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from slotkeeper.core.file_facts import FileFactsCache, file_stamp
+
 BIN_ENV = "SLOTKEEPER_LLAMA_SERVER"
 
 INSTALL_HINT = (
@@ -100,11 +102,13 @@ def locate_server(
             return ServerBinary((bundled,), "bundled")
     raise ServerBinaryNotFound(f"No llama-server found (tried {', '.join(tried)}). {INSTALL_HINT}")
 
-_flag_cache: dict[tuple[str, float], frozenset[str]] = {}
+_flag_cache: dict[tuple[str, str, tuple[tuple[str, int], ...]], frozenset[str]] = {}
+FLAGS_VERSION = "help-flags-1"  # what ``probe_flags`` stores in a FileFactsCache
 
 
-def probe_flags(binary: ServerBinary, timeout: float = 15.0) -> frozenset[str]:
-    """The long options this llama-server build knows (from --help), cached per binary file.
+def probe_flags(binary: ServerBinary, timeout: float = 15.0, cache: FileFactsCache | None = None) -> frozenset[str]:
+    """The long options this llama-server build knows (from --help), remembered per binary file
+    version (path, size, mtime, inode, ctime): in memory, and in ``cache`` across runs.
 
     Servers on PATH may be older or newer than the one we test against; optional flags are
     passed only when the binary lists them.
@@ -113,11 +117,18 @@ def probe_flags(binary: ServerBinary, timeout: float = 15.0) -> frozenset[str]:
     import subprocess
 
     try:
-        key = (binary.path, Path(binary.path).stat().st_mtime)
+        resolved, stamp = file_stamp(binary.path)
     except OSError:
         return frozenset()
+    sub = " ".join(binary.argv_prefix[1:])  # "serve" for `llama serve`
+    key = (resolved, sub, tuple(sorted(stamp.items())))
     if key in _flag_cache:
         return _flag_cache[key]
+    stored = cache.get(binary.path, sub) if cache is not None else None
+    if isinstance(stored, list) and all(isinstance(f, str) for f in stored):
+        flags = frozenset(stored)
+        _flag_cache[key] = flags
+        return flags
     try:
         out = subprocess.run(
             [*binary.argv_prefix, "--help"], capture_output=True, text=True, timeout=timeout,
@@ -125,7 +136,9 @@ def probe_flags(binary: ServerBinary, timeout: float = 15.0) -> frozenset[str]:
         )
         text = out.stdout + out.stderr
     except (OSError, subprocess.TimeoutExpired):
-        text = ""
+        return frozenset()  # not remembered: the next launch asks again
     flags = frozenset(re.findall(r"(--[a-z0-9][a-z0-9-]*)", text))
     _flag_cache[key] = flags
+    if cache is not None and flags:
+        cache.put(binary.path, sorted(flags), sub, stamp=stamp)
     return flags

@@ -38,7 +38,12 @@ __all__ = ["LaunchSpec", "PortInUse", "ServerState", "Supervisor", "SupervisorEr
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_SECONDS = 300.0  # without any answer; while /health says "loading" we keep waiting
+# /health is polled often at first (a small model is ready in tens of milliseconds) and less as
+# loading goes on: the wait past readiness stays under HEALTH_POLL_SHARE of the load time, and at
+# most HEALTH_POLL_SECONDS (a refused connection or a 503 costs both sides next to nothing).
 HEALTH_POLL_SECONDS = 0.1
+HEALTH_POLL_MIN_SECONDS = 0.005
+HEALTH_POLL_SHARE = 0.05
 STOP_GRACE_SECONDS = 10.0
 LOG_TAIL_ON_FAILURE = 20
 
@@ -421,7 +426,7 @@ class Supervisor:
                     last_report = now
                     lines = self.log_tail(1)
                     self.events.emit(ServerLoading(now - started, lines[-1] if lines else ""))
-                time.sleep(HEALTH_POLL_SECONDS)
+                time.sleep(health_poll_interval(now - started))
 
     # -- the state file: recognising a server we left running -----------------------------
     def _write_state_file(self, spec: LaunchSpec) -> None:
@@ -506,6 +511,11 @@ class Supervisor:
         self._terminate(child, self.stop_grace)
         self._clear_state_file()
         return False
+
+
+def health_poll_interval(elapsed: float) -> float:
+    """Seconds until the next /health poll, ``elapsed`` seconds into a launch."""
+    return min(HEALTH_POLL_SECONDS, max(HEALTH_POLL_MIN_SECONDS, elapsed * HEALTH_POLL_SHARE))
 
 
 def _explain_startup_failure(tail: list[str]) -> str:

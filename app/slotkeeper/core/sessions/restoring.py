@@ -1,6 +1,7 @@
 """Before and after llama-server restores a session: the checks, and what the sidecar remembers.
 
-Compatibility (``compat``) and then integrity (size, then the full content hash) are checked
+Compatibility (``compat``) and then integrity (size, then the full content hash, skipped while
+the file still has the stamp recorded when its content last matched: see ``stamps``) are checked
 before the file name is sent to llama-server. llama-server itself has no integrity check and
 aborts on a file cut short by one byte, so nothing unchecked reaches it. A failed integrity check
 is recorded in the sidecar (``corrupt``), so the session lists as corrupt until a good save of
@@ -31,7 +32,8 @@ class RestoreRefused(Exception):
 
 
 def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts) -> SessionEntry:
-    """Compatibility and full integrity; raises RestoreRefused (nothing reaches the server)."""
+    """Compatibility and integrity; raises RestoreRefused (nothing reaches the server). The whole
+    file is hashed unless nothing could have changed it since it was verified (``stamps``)."""
     try:
         entry = store.get(session_id)
     except (SessionNotFound, InvalidSessionId) as exc:
@@ -41,7 +43,7 @@ def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts) -
     reasons = check_compatible(entry.sidecar, facts)
     if reasons:
         raise RestoreRefused(session_id, reasons)
-    problems = store.integrity_problems(entry)
+    problems = store.integrity_problems(entry, trust_stamp=True)
     if problems:
         store.mark_corrupt(session_id, problems[0])
         raise RestoreRefused(session_id, problems)

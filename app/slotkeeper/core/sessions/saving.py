@@ -29,13 +29,13 @@ from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.naming import new_kv_name
 from slotkeeper.core.sessions.sidecar import (
     Sidecar,
-    content_hash_file,
     format_utc,
     new_session_id,
     tokens_digest,
     utc_now,
     write_sidecar_atomic,
 )
+from slotkeeper.core.sessions.stamps import carried_over, hash_with_stamp
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.units import human_bytes
 
@@ -87,6 +87,7 @@ class _Incoming:
     size: int
     content_hash: str
     n_media: int = 0
+    hashed: os.stat_result | None = None  # the file as it was hashed (None: it changed meanwhile)
 
 
 def space_hint(directory: Path) -> str:
@@ -145,10 +146,10 @@ def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> _Incom
     header = kvfile.read_tokens(path)
     if header.n_tokens == 0:
         return None
-    content_hash = content_hash_file(path)
+    content_hash, hashed = hash_with_stamp(path)
     fsync_private(path)  # 0600 before it becomes a session: llama-server writes with the umask
     fault_point("after_hash")
-    return _Incoming(path, header.tokens, size, content_hash, header.n_media)
+    return _Incoming(path, header.tokens, size, content_hash, header.n_media, hashed)
 
 
 def _candidates(store: SessionStore, facts: ServerFacts, prefer: str | None) -> list[tuple[SessionEntry, list[int]]]:
@@ -221,6 +222,8 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
         os.replace(inc.path, store.dir / final_name)
         fsync_dir(store.dir)
         fault_point("after_rename")
+        # Verified by the hash above: a restore trusts the file while it keeps this stamp.
+        verified = carried_over(inc.hashed, os.lstat(store.dir / final_name), inc.content_hash)
         sidecar = Sidecar(
             id=sid, kv_file=final_name, title=title, preview=preview,
             model_path=facts.model_path, model_sha256=facts.model_sha256, arch=ctx.arch,
@@ -232,7 +235,7 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
             n_prompt=n_prompt if n_prompt is not None and n_prompt <= len(inc.tokens) else None,
             last_restore=last_restore, restore_mode=facts.restore_mode, n_media=inc.n_media,
-            mmproj_sha256=facts.mmproj_sha256,
+            mmproj_sha256=facts.mmproj_sha256, verified=verified,
         )  # fmt: skip
         write_sidecar_atomic(store.sidecar_path(sid), sidecar)
         fault_point("after_sidecar")

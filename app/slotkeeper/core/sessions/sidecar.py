@@ -32,6 +32,7 @@ import xxhash
 from slotkeeper.core import families
 from slotkeeper.core.fsutil import UnsafeFile, atomic_write_text, open_regular
 from slotkeeper.core.sessions.naming import SESSION_ID_RE
+from slotkeeper.core.sessions.stamps import CONTENT_HASH_PREFIX, FileStamp, hash_with_stamp
 
 __all__ = [
     "MIGRATIONS",
@@ -71,7 +72,8 @@ def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 # Keys added after schema 1 without a bump, and what a file written before them means.
-OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None, "n_media": 0, "mmproj_sha256": None}
+OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None, "n_media": 0, "mmproj_sha256": None,
+                                     "verified": None}
 
 SESSION_ID_BYTES = 6  # 12 hex characters: plenty for one user's sessions
 _ID_RE = SESSION_ID_RE  # the one id pattern (naming), also what the store accepts as an id
@@ -80,11 +82,9 @@ _ID_RE = SESSION_ID_RE  # the one id pattern (naming), also what the store accep
 _KV_FILE_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,254}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _TOKENS_DIGEST_RE = re.compile(r"[0-9a-f]{16}")
-CONTENT_HASH_PREFIX = "xxh3_128:"
 _CONTENT_HASH_RE = re.compile(re.escape(CONTENT_HASH_PREFIX) + r"[0-9a-f]{32}")
 _UTC_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z")
 _UTC_FORMAT = "%Y-%m-%dT%H:%M:%S"
-_HASH_CHUNK_BYTES = 4 << 20
 SIDECAR_FILE_MODE = 0o600
 MAX_SIDECAR_BYTES = 1 << 20  # ours are a few KiB; anything bigger is not a sidecar we wrote
 
@@ -134,11 +134,7 @@ def tokens_digest(tokens: Sequence[int]) -> str:
 
 def content_hash_file(path: str | os.PathLike[str]) -> str:
     """The "xxh3_128:<hex>" hash of a whole file, read in chunks (KV files reach gigabytes)."""
-    hasher = xxhash.xxh3_128()
-    with open_regular(Path(path)) as f:  # never a link followed, never a FIFO waited on
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            hasher.update(chunk)
-    return CONTENT_HASH_PREFIX + hasher.hexdigest()
+    return hash_with_stamp(path)[0]  # never a link followed, never a FIFO waited on
 
 
 # ---------------------------------------------------------------------------
@@ -311,6 +307,9 @@ class Sidecar:
     # keys: files written before them hold text only.
     n_media: int = 0
     mmproj_sha256: str | None = None
+    # The KV file's stamp when its content last matched content_hash (sessions.stamps): while the
+    # file still has it, a restore need not hash the whole file again. Optional key.
+    verified: FileStamp | None = None
     schema_version: int = SCHEMA_VERSION
     # Keys written by a newer Slotkeeper of the same schema; written back untouched.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -361,6 +360,7 @@ class Sidecar:
             n_media=_int(d, "n_media", 0) if "n_media" in d else 0,
             mmproj_sha256=(None if d.get("mmproj_sha256") is None
                            else _matching(d, "mmproj_sha256", _SHA256_RE, "64 lowercase hex digits")),
+            verified=FileStamp.from_json(d.get("verified")),
             extra=_unknown_keys(d, SIDECAR_KEYS),
         )
 
@@ -373,7 +373,7 @@ SIDECAR_KEYS: tuple[str, ...] = ("schema_version",) + tuple(
 
 def _plain(value: Any) -> Any:
     """A field's JSON form (fresh containers, so the caller may change them)."""
-    if isinstance(value, RestoreRecord):
+    if isinstance(value, (RestoreRecord, FileStamp)):
         return value.to_json()
     if isinstance(value, dict):
         return dict(value)

@@ -38,13 +38,13 @@ from slotkeeper.core.sessions.naming import (
 from slotkeeper.core.sessions.sidecar import (
     Sidecar,
     SidecarError,
-    content_hash_file,
     format_utc,
     load_sidecar,
     parse_utc,
     utc_now,
     write_sidecar_atomic,
 )
+from slotkeeper.core.sessions.stamps import FileStamp, hash_with_stamp
 
 log = logging.getLogger(__name__)
 
@@ -254,8 +254,10 @@ class SessionStore:
             return self.get(session_id)
         return entry
 
-    @staticmethod
-    def integrity_problems(entry: SessionEntry) -> list[str]:
+    def integrity_problems(self, entry: SessionEntry, trust_stamp: bool = False) -> list[str]:
+        """Size, then the whole file's content hash. With ``trust_stamp`` the hash is skipped while
+        the file still has the stamp recorded when its content last matched (``stamps``: same size,
+        mtime, inode and ctime). A full check that passes records the file's stamp."""
         sc = entry.sidecar
         assert sc is not None and entry.kv_path is not None
         if sc.corrupt:
@@ -265,12 +267,33 @@ class SessionStore:
             return [kv_problem]
         if size != sc.size_bytes:
             return [f"KV file is {size} bytes; {sc.size_bytes} were saved (cut short or appended to)"]
+        if trust_stamp and sc.verified is not None:
+            try:
+                st = os.lstat(entry.kv_path)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode) and sc.verified.matches(st, sc.content_hash):
+                return []
         try:
-            if content_hash_file(entry.kv_path) != sc.content_hash:
-                return ["KV file content does not match its hash (damaged on disk)"]
+            content_hash, st = hash_with_stamp(entry.kv_path)
         except NotARegularFile as exc:  # replaced since the lstat
             return [f"KV file {exc}"]
+        if content_hash != sc.content_hash:
+            return ["KV file content does not match its hash (damaged on disk)"]
+        if st is not None and (sc.verified is None or not sc.verified.matches(st, content_hash)):
+            self._remember_verified(entry.id, sc.kv_file, FileStamp.of(st, content_hash))
         return []
+
+    def _remember_verified(self, session_id: str, kv_file: str, stamp: FileStamp) -> None:
+        """Record a verified stamp (best effort: without it the next restore hashes again)."""
+
+        def change(s: Sidecar) -> Sidecar:
+            return replace(s, verified=stamp) if (s.kv_file, s.content_hash) == (kv_file, stamp.content_hash) else s
+
+        try:
+            self.update(session_id, change)
+        except (SessionNotFound, SidecarError, InvalidSessionId, OSError) as exc:  # FolderBusy, FolderReadOnly
+            log.debug("not recording the verified stamp of %s: %s", session_id, exc)
 
 
 def kv_file_state(path: Path) -> tuple[int, str | None]:

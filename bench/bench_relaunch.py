@@ -1,0 +1,229 @@
+"""Relaunch to first reply, Slotkeeper vs raw llama-server, side by side in one run.
+
+    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--model PATH] [--work DIR]
+
+Setup (not timed): the ~200 MB bench model; `slotkeeper serve` prefills a --tokens conversation
+and saves it at shutdown; a copy of that save file goes to raw llama-server's own folder.
+
+Each round, in alternating order:
+- Slotkeeper: `slotkeeper serve` started in its own process, as a user starts it (Python start-up
+  included); it restores the conversation at launch and prints `ready URL`; then the conversation
+  plus one new sentence is sent through its front door (`/completion`, one token).
+- raw: llama-server started by hand with the very same arguments, `/health` polled every 10 ms,
+  `POST /slots/0?action=restore`, then the same request.
+The clock runs from the process start to the reply. Both stop afterwards (Slotkeeper with SIGINT:
+its shutdown save, untimed, finds the conversation unchanged after the first round). Prints the
+median of each, the ratio, and cache_n of every reply (the restore was used). Loopback only.
+Timings are noisy on shared machines: compare the ratio, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+APP = Path(__file__).resolve().parents[1] / "app"
+sys.path.insert(0, str(APP))
+
+from slotkeeper.core.modelgen import write_model  # noqa: E402
+from slotkeeper.core.server.command import build_argv  # noqa: E402
+from slotkeeper.core.server.locate import locate_server, probe_flags  # noqa: E402
+from slotkeeper.core.settings import ServerProfile  # noqa: E402
+
+WORDS = "the walkers went up the hill and came down again before the rain "
+RAW_POLL_SECONDS = 0.01
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def complete(http: httpx.Client, url: str, prompt: list[int]) -> dict:
+    r = http.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 1, "cache_prompt": True,
+                                             "temperature": 0}, timeout=600)
+    r.raise_for_status()
+    return r.json()["timings"]
+
+
+def serve_environment(work: Path) -> dict[str, str]:
+    """Slotkeeper's code first on the path, with compiled bytecode kept (under ``work``) as an
+    installed or frozen app has it, even where PYTHONDONTWRITEBYTECODE is set."""
+    env = {**os.environ, "PYTHONPATH": str(APP), "PYTHONPYCACHEPREFIX": str(work / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+class Serve:
+    """`slotkeeper serve` in its own process."""
+
+    def __init__(self, home: Path, model: Path, ctx: int, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model", str(model),
+                     "--port", str(self.port), "--ctx", str(ctx), "--parallel", "1", "--idle-save", "3600"]
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with self.log.open("a") as err:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=err, text=True,
+                                         start_new_session=True,
+                                         env=serve_environment(self.log.parent))
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("ready "):
+                return
+        raise RuntimeError(f"slotkeeper serve did not start; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)  # saves what changed, stops llama-server
+            if self.proc.wait(300) != 0:
+                raise RuntimeError(f"slotkeeper serve exited with {self.proc.returncode}; see {self.log}")
+            self.proc = None
+
+
+class Raw:
+    """llama-server with Slotkeeper's arguments, restarted and restored by hand."""
+
+    def __init__(self, model: Path, ctx: int, folder: Path, log: Path) -> None:
+        binary = locate_server()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        profile = ServerProfile(model_path=str(model), host="127.0.0.1", port=self.port, ctx=ctx, parallel=1)
+        self.argv = build_argv(binary.argv_prefix, profile, model, folder, supported_flags=probe_flags(binary))
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, http: httpx.Client) -> None:
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if http.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(RAW_POLL_SECONDS)
+        raise RuntimeError(f"llama-server did not start; see {self.log}")
+
+    def restore(self, http: httpx.Client, filename: str) -> dict:
+        r = http.post(f"{self.url}/slots/0", params={"action": "restore"}, json={"filename": filename},
+                      timeout=600)
+        r.raise_for_status()
+        return r.json()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+            self.proc = None
+
+
+def session_file(home: Path) -> Path:
+    files = sorted((home / "sessions").glob("*.kv"))
+    if len(files) != 1:
+        raise RuntimeError(f"expected one saved session in {home}, found {len(files)}")
+    return files[0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=8000, help="conversation length in tokens")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--model", help="GGUF to use (default: the generated ~200 MB bench model)")
+    ap.add_argument("--work", help="folder for the model, the data and the logs (default: a new temporary one)")
+    args = ap.parse_args()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="slotkeeper-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model = Path(args.model) if args.model else work / "bench.gguf"
+    if not model.exists():
+        write_model(model, "bench")
+    ctx = max(16384, args.tokens + 1024)
+    home, raw_dir = work / "home", work / "raw"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    raw_dir.mkdir(mode=0o700)
+    serve = Serve(home, model, ctx, work / "serve.log")
+    raw = Raw(model, ctx, raw_dir, work / "raw.log")
+
+    with httpx.Client() as http:
+        print(f"setup: prefilling {args.tokens} tokens (once, not timed) ...", flush=True)
+        serve.start()
+        r = http.post(f"{serve.url}/tokenize", json={"content": WORDS * (args.tokens // 10), "add_special": False},
+                      timeout=60)
+        r.raise_for_status()
+        prompt = [int(t) for t in r.json()["tokens"]][: args.tokens]
+        r = http.post(f"{serve.url}/tokenize", json={"content": " and one more thing", "add_special": False},
+                      timeout=60)
+        more = [int(t) for t in r.json()["tokens"]]
+        t0 = time.perf_counter()
+        complete(http, serve.url, prompt)
+        print(f"setup: cold prefill {time.perf_counter() - t0:.1f} s", flush=True)
+        serve.stop()
+
+        def slotkeeper_round() -> tuple[float, dict]:
+            t0 = time.perf_counter()
+            serve.start()
+            timings = complete(http, serve.url, prompt + more)
+            took = time.perf_counter() - t0
+            serve.stop()
+            return took, timings
+
+        def raw_round() -> tuple[float, dict]:
+            t0 = time.perf_counter()
+            raw.start(http)
+            raw.restore(http, "conversation.kv")
+            timings = complete(http, raw.url, prompt + more)
+            took = time.perf_counter() - t0
+            raw.stop()
+            return took, timings
+
+        slotkeeper_round()  # warm-up; afterwards the saved conversation is what every round restores
+        kv = session_file(home)
+        shutil.copyfile(kv, raw_dir / "conversation.kv")
+        print(f"conversation: {len(prompt)} tokens, save file {kv.stat().st_size / 2**20:.0f} MiB", flush=True)
+        raw_round()  # warm-up
+        sk_times, raw_times = [], []
+        try:
+            for rnd in range(args.rounds):
+                order = [("slotkeeper", slotkeeper_round), ("raw", raw_round)]
+                if rnd % 2:
+                    order.reverse()
+                line = []
+                for name, fn in order:
+                    took, timings = fn()
+                    (sk_times if name == "slotkeeper" else raw_times).append(took)
+                    line.append(f"{name} {took:.3f} s (cache_n {timings['cache_n']}, prompt_n {timings['prompt_n']})")
+                print(f"round {rnd}: " + " | ".join(line), flush=True)
+        finally:
+            raw.stop()
+            if serve.proc is not None:
+                serve.proc.kill()
+    s, r = statistics.median(sk_times), statistics.median(raw_times)
+    print(f"relaunch -> first reply, median of {args.rounds}: Slotkeeper {s:.3f} s, raw llama-server {r:.3f} s: "
+          f"{s / r:.2f}x")
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
