@@ -59,9 +59,9 @@ def make_session(
     when = format_utc(datetime.now(timezone.utc) - timedelta(hours=age_hours))
     sc = replace(
         base_sidecar(), id=sid, kv_file=kv_name, title=title, size_bytes=size, pinned=pinned,
-        parent=None, last_used_at=when, created_at=when, last_restore=None,
+        last_used_at=when, created_at=when, last_restore=None,
         content_hash=content_hash_file(kv) if real_hash else base_sidecar().content_hash,
-        **changes,
+        **{"parent": None, **changes},
     )  # fmt: skip
     write_sidecar_atomic(sessions_dir / f"{sid}.json", sc)
     return sc
