@@ -64,6 +64,8 @@ def make_session(
         **{"parent": None, **changes},
     )  # fmt: skip
     write_sidecar_atomic(sessions_dir / f"{sid}.json", sc)
+    moment = datetime.now(timezone.utc).timestamp() - age_hours * 3600
+    os.utime(kv, (moment, moment))  # saved then, as a real save would have written it
     return sc
 
 

@@ -45,7 +45,7 @@ class SettingsDialog(QDialog):
                  autostart: Any | None = None, search_dirs: list | None = None) -> None:
         super().__init__(parent)
         self.bridge = bridge
-        self.setWindowTitle("Slotkeeper settings")
+        self.setWindowTitle("Settings")  # the platform adds " — Slotkeeper" (the application's display name)
         self.base = bridge.settings
         self._autostart = autostart
         self._closing = False
