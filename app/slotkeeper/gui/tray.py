@@ -166,7 +166,7 @@ class TrayController(QObject):
         name = icons.icon_state_for(b.state.value, b.facts is not None, b.activity.activity, slot_states)
         if name != self.icon_state:
             self.icon_state = name
-            self.tray.setIcon(icons.state_icon(name))
+            self.tray.setIcon(icons.tray_icon(name))
         self.tray.setToolTip(self.tooltip())
 
     def tooltip(self) -> str:

@@ -13,7 +13,8 @@ from slotkeeper.core.settings import Settings, SettingsError
 from slotkeeper.core.units import human_bytes, parse_size
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.jobs import describe_error
-from slotkeeper.gui.settings.form import ERROR_STYLE, FormTab, note
+from slotkeeper.gui.settings.form import FormTab, note
+from slotkeeper.gui.theme import error_style
 
 GIB = 1024**3
 BUDGET_MIN = GIB // 2
@@ -87,7 +88,7 @@ class DiskTab(FormTab):
         row.addWidget(self.budget_edit)
         form.addRow("Budget:", row)
         self.budget_error = note()
-        self.budget_error.setStyleSheet(ERROR_STYLE)
+        self.budget_error.setStyleSheet(error_style())
         form.addRow("", self.budget_error)
         form.setRowVisible(self.budget_error, False)
         self.usage_note = note("Measuring…")
