@@ -79,6 +79,8 @@ def emit_from_thread(engine: Engine, event: Event) -> None:
 def keep_screenshot(widget, name: str) -> None:
     """With SLOTKEEPER_SCREENSHOTS=DIR the widget's picture is kept there (docs/screenshots)."""
     folder = os.environ.get("SLOTKEEPER_SCREENSHOTS")
+    if folder and os.environ.get("SLOTKEEPER_COLOR_SCHEME", "").lower() == "dark":
+        name = name.replace(".png", "-dark.png")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         assert widget.grab().save(str(Path(folder) / name))

@@ -176,6 +176,8 @@ class SessionsPage(QWidget):
                 if current is not None and current.id in {e.id for e in saves}:
                     flags |= QItemSelectionModel.SelectionFlag.Current
                 sel.select(index, flags)
+        # The expand arrows' column only when some conversation has branches to show.
+        self.table.setRootIsDecorated(any(c.branches for c in self.sessions_model.conversations()))
         n = len(self.sessions_model.conversations())
         self.sessions_count.setText(f"{n} saved conversation{'s' if n != 1 else ''}")
         self._update_usage(listing)
