@@ -3,7 +3,9 @@
     QT_QPA_PLATFORM=offscreen PYTHONPATH=app python resources/make_icons.py
 
 Writes the SVGs, PNG renders of the app icon (16-512 px) and of each tray state (16-64 px),
-a multi-size ``slotkeeper.ico`` (Windows) and ``slotkeeper.icns`` (macOS). Both containers
+macOS menu-bar template images of each state (``tray-<state>Template.png`` and ``@2x``, black on
+transparent), a ``slotkeeper.ico`` holding every size Windows asks for (16-256 px) and
+``slotkeeper.icns`` (macOS). Both containers
 hold PNG images, which Windows Vista+ and macOS 10.7+ read.
 """
 
@@ -23,7 +25,8 @@ sys.path.insert(0, str(ROOT.parent / "app"))
 from slotkeeper.gui import icons  # noqa: E402
 
 OUT = ROOT / "icons"
-ICO_SIZES = (16, 24, 32, 48, 64, 128, 256)
+# Every size Windows asks an .ico for (small icons at 100-250% scale, Explorer views, the taskbar).
+ICO_SIZES = (16, 20, 24, 30, 32, 36, 40, 48, 60, 64, 72, 80, 96, 128, 256)
 # icns element types holding PNG data, by pixel size
 ICNS_TYPES = ((b"icp4", 16), (b"icp5", 32), (b"icp6", 64), (b"ic07", 128), (b"ic08", 256),
               (b"ic09", 512))
@@ -74,6 +77,11 @@ def main() -> int:
         (OUT / f"tray-{state}.svg").write_text(svg, encoding="utf-8")
         for size in (16, 22, 32, 64):
             icons.render_svg(svg, size).save(str(OUT / f"tray-{state}-{size}.png"))
+        # macOS menu-bar template images: black on transparent, 18 pt, with the @2x render.
+        template = icons.template_svg(state)
+        (OUT / f"tray-{state}Template.svg").write_text(template, encoding="utf-8")
+        icons.render_svg(template, 18).save(str(OUT / f"tray-{state}Template.png"))
+        icons.render_svg(template, 36).save(str(OUT / f"tray-{state}Template@2x.png"))
     del app
     print(f"wrote {len(list(OUT.iterdir()))} files to {OUT}")
     return 0

@@ -98,5 +98,7 @@ def test_tray_gauge_quit_saves_relaunch_restores(desktop, tmp_path, llama_model,
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         suffix = "" if desktop["QT_SCALE_FACTOR"] == "1" else f"@{desktop['QT_SCALE_FACTOR']}x"
+        if os.environ.get("SLOTKEEPER_COLOR_SCHEME", "").lower() == "dark":  # the app follows it (gui.theme)
+            suffix = f"-dark{suffix}"
         for png in shots.glob("*.png"):
             shutil.copy(png, Path(keep) / f"{png.stem}{suffix}.png")

@@ -59,11 +59,13 @@ def make_session(
     when = format_utc(datetime.now(timezone.utc) - timedelta(hours=age_hours))
     sc = replace(
         base_sidecar(), id=sid, kv_file=kv_name, title=title, size_bytes=size, pinned=pinned,
-        parent=None, last_used_at=when, created_at=when, last_restore=None,
+        last_used_at=when, created_at=when, last_restore=None,
         content_hash=content_hash_file(kv) if real_hash else base_sidecar().content_hash,
-        **changes,
+        **{"parent": None, **changes},
     )  # fmt: skip
     write_sidecar_atomic(sessions_dir / f"{sid}.json", sc)
+    moment = datetime.now(timezone.utc).timestamp() - age_hours * 3600
+    os.utime(kv, (moment, moment))  # saved then, as a real save would have written it
     return sc
 
 
@@ -77,6 +79,8 @@ def emit_from_thread(engine: Engine, event: Event) -> None:
 def keep_screenshot(widget, name: str) -> None:
     """With SLOTKEEPER_SCREENSHOTS=DIR the widget's picture is kept there (docs/screenshots)."""
     folder = os.environ.get("SLOTKEEPER_SCREENSHOTS")
+    if folder and os.environ.get("SLOTKEEPER_COLOR_SCHEME", "").lower() == "dark":
+        name = name.replace(".png", "-dark.png")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         assert widget.grab().save(str(Path(folder) / name))

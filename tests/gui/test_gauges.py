@@ -107,6 +107,7 @@ def test_tooltip_explains_the_warning_on_the_badge_and_sums_up_elsewhere(qtbot, 
     assert hover(gauge._badge.center()) == f"The last restore into this slot was not reused:\n{warning}"
     assert hover(QPointF(5, 5)).splitlines() == [
         "Slot 0: idle",
+        "holds a conversation not saved yet",
         "0% of 1,000 prompt tokens from cache (0 cached, 1,000 processed)",
         "1,010 of 4,096 tokens held (25%)",
         f"warning: {warning}",

@@ -119,7 +119,7 @@ def test_switching_saves_changed_slots_first_then_relaunches_and_switches_back_t
         with qtbot.waitSignal(bridge.sessionsListed, timeout=10_000):
             bridge.refresh_sessions()
         qtbot.waitUntil(lambda: page.sessions_model.rowCount() == 1, timeout=10_000)
-        page.table.selectRow(0)
+        page.select_session(page.sessions_model.entry(0).id)
         qtbot.waitUntil(lambda: page.resume_button.text() == "Switch to first-llama.gguf to resume", timeout=10_000)
         app.window.show_tab("sessions")
         app.window.resize(1000, 360)

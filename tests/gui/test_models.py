@@ -247,7 +247,7 @@ def test_sessions_of_another_model_resume_by_switching_to_it(qtbot, cleanup, mod
     page = SessionsPage(bridge)
     qtbot.addWidget(page)
     qtbot.waitUntil(lambda: page.sessions_model.rowCount() == 1, timeout=10_000)
-    page.table.selectRow(0)
+    page.select_session(page.sessions_model.entry(0).id)
     assert page.resume_button.text() == "Switch to alpha-llama.gguf to resume"
     assert page.resume_button.isEnabled() and "switches to alpha-llama.gguf" in page.resume_button.toolTip()
     menu = page.build_context_menu()

@@ -46,8 +46,8 @@ def test_rows_and_columns(qtbot, store):
     model = SessionsTableModel()
     model.set_listing(store.listing(), None)
     assert model.rowCount() == 4
-    assert model.columnCount() == 12
-    assert model.headerData(1, Qt.Orientation.Horizontal, D) == "Where"
+    assert model.columnCount() == 10
+    assert model.headerData(1, Qt.Orientation.Horizontal, D) == "In slot"
     assert model.headerData(0, Qt.Orientation.Horizontal, D) == "Title"
     rows = {model.entry(r).id: r for r in range(model.rowCount())}
     a, b, c, d = (rows[k] for k in ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc", "dddddddddddd"))
@@ -56,11 +56,10 @@ def test_rows_and_columns(qtbot, store):
     assert cell(model, c, "model") == "other.gguf"  # a Windows path from another machine
     assert cell(model, a, "tokens") == "5,012"
     assert cell(model, a, "size") == "4.0 KiB"
-    assert cell(model, a, "cache") == "FA on, q8_0"
-    assert cell(model, a, "swa") == "full attention"
-    assert cell(model, b, "swa") == "sliding window + swa-full"
-    assert cell(model, c, "swa") == "sliding window"
-    assert "re-reads the whole conversation" in cell(model, c, "swa", T)
+    assert "flash attention on, cache q8_0" in cell(model, a, "model", T)
+    assert "full attention" in cell(model, a, "model", T)
+    assert "sliding window + swa-full" in cell(model, b, "model", T)
+    assert "re-reads the whole conversation" in cell(model, c, "model", T)
     assert cell(model, a, "restore") == "works"
     assert cell(model, b, "restore") == "exact continuation only"
     assert cell(model, c, "restore") == "never helps"
@@ -144,3 +143,27 @@ def test_helpers():
     assert relative_time(now - timedelta(days=90), ts).count("-") == 2
     sc = base_sidecar()
     assert swa_mode(sc) == "full attention"
+
+
+def test_conversations_group_continuations_and_put_forks_under_their_parent(qtbot, tmp_path):
+    d = tmp_path / "sessions"
+    make_session(d, "aaaaaaaaaaaa", title="Rivers", age_hours=3, pinned=True, n_tokens=100)
+    # written before the "continues" key: the longer save of a pinned parent with its title
+    make_session(d, "bbbbbbbbbbbb", title="Rivers", age_hours=2, parent="aaaaaaaaaaaa", n_tokens=200)
+    make_session(d, "cccccccccccc", title="Rivers", age_hours=1, parent="bbbbbbbbbbbb", n_tokens=150)
+    make_session(d, "dddddddddddd", title="Lakes", age_hours=1, parent="eeeeeeeeeeee")  # parent gone
+    model = SessionsTableModel()
+    model.set_listing(SessionStore(d).listing(), None)
+    assert model.rowCount() == 2
+    rivers = model.row_of("aaaaaaaaaaaa")
+    assert model.row_of("bbbbbbbbbbbb") == rivers == model.row_of("cccccccccccc")
+    assert model.entry(rivers).id == "bbbbbbbbbbbb"
+    assert cell(model, rivers, "tokens") == "200" and cell(model, rivers, "size") == "8.0 KiB"
+    top = model.index(rivers, 0)
+    assert model.rowCount(top) == 1 and model.index(0, 0, top).data(ENTRY_ROLE).id == "cccccccccccc"
+    assert model.parent(model.index(0, 0, top)) == top
+    assert "A branch" in model.index(0, 0, top).data(T)
+    proxy = SessionsFilterProxy()
+    proxy.setSourceModel(model)
+    proxy.set_filter_text("cccccccccccc")
+    assert proxy.rowCount() == 1 and proxy.rowCount(proxy.index(0, 0)) == 1, "a matching branch keeps its parent"

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 from gui_helpers import make_session
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from slotkeeper.gui.pages.sessions_page import SessionsPage
 
@@ -124,12 +125,117 @@ def test_the_table_says_where_each_conversation_is(qtbot, page, bridge, engine, 
 
     def where(sid):
         row = page.sessions_model.row_of(sid)
-        return page.sessions_model.index(row, COLUMN["where"]).data()
+        return page.sessions_model.index(row, COLUMN["in_slot"]).data()
 
-    assert where("aaaaaaaaaaaa") == "on disk"
+    assert page.sessions_model.headerData(COLUMN["in_slot"], Qt.Orientation.Horizontal) == "In slot"
+    assert where("aaaaaaaaaaaa") == ""
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.SlotsChanged((SlotView(0, session_id="bbbbbbbbbbbb"), SlotView(1))))
-    assert where("bbbbbbbbbbbb") == "slot 0" and where("aaaaaaaaaaaa") == "on disk"
+    assert where("bbbbbbbbbbbb") == "slot 0" and where("aaaaaaaaaaaa") == ""
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.ServerStateChanged(ServerState.STOPPED))
-    assert where("bbbbbbbbbbbb") == "on disk"
+    assert where("bbbbbbbbbbbb") == ""
+
+
+def test_a_pinned_conversation_that_went_on_is_one_row_with_its_pin(qtbot, page, bridge, sessions_dir, monkeypatch):
+    """The snapshot pinned at 5,012 tokens and the conversation that went on from it: one row,
+    pinned, titled and timed by the newest save; Unpin and Delete act on both files."""
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="The river", age_hours=5, pinned=True)
+    make_session(sessions_dir, "bbbbbbbbbbbb", title="The river", age_hours=0.001, pinned=True,
+                 parent="aaaaaaaaaaaa", continues=True, n_tokens=6000)
+    make_session(sessions_dir, "cccccccccccc", title="The river, take two", age_hours=1,
+                 parent="aaaaaaaaaaaa")  # a fork: an edited turn
+    wait_rows(qtbot, page, 1)
+    from slotkeeper.gui.sessions_model import COLUMN
+
+    model = page.sessions_model
+    top = model.index(0, 0)
+    assert model.rowCount(top) == 1, "the fork shows under the conversation it left"
+    assert model.index(0, COLUMN["tokens"]).data() == "6,000"
+    assert model.index(0, COLUMN["last_used"]).data() == "just now"
+    assert model.index(0, COLUMN["pinned"]).data() == "pinned"
+    assert "2 saves of this conversation (pinned at 5,012 tokens" in model.index(0, 0).data(Qt.ItemDataRole.ToolTipRole)
+    assert model.index(0, 0, top).data() == "The river, take two"
+    assert page.sessions_count.text() == "1 saved conversation"
+
+    assert page.select_session("aaaaaaaaaaaa")
+    assert page.current_entry().id == "bbbbbbbbbbbb", "Resume brings back the conversation as it is now"
+    assert page.pin_button.text() == "Unpin"
+    pinned = []
+    monkeypatch.setattr(bridge, "set_pinned", lambda sid, on: pinned.append((sid, on)))
+    page.toggle_pin_selected()
+    assert sorted(pinned) == [("aaaaaaaaaaaa", False), ("bbbbbbbbbbbb", False)]
+
+    deleted = []
+    monkeypatch.setattr(bridge, "delete_session", deleted.append)
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    page.delete_selected()
+    assert deleted == ["aaaaaaaaaaaa", "bbbbbbbbbbbb"], "the branch is its own conversation and stays"
+
+    assert page.select_session("cccccccccccc")
+    assert page.table.isExpanded(page.sessions_proxy.index(0, 0)), "selecting a branch opens its parent"
+    assert page.current_entry().id == "cccccccccccc"
+
+
+def test_the_context_menu_has_every_action_and_copies_the_id(qtbot, page, sessions_dir):
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Alpha")
+    wait_rows(qtbot, page, 1)
+    page.select_session("aaaaaaaaaaaa")
+    menu = page.build_context_menu()
+    texts = [a.text() for a in menu.actions()]
+    assert texts[0].endswith("resume") or texts[0] == "Resume"
+    for wanted in ("Pin", "Verify", "Show file", "Copy id", "Delete…"):
+        assert wanted in texts
+    next(a for a in menu.actions() if a.text() == "Copy id").trigger()
+    assert QApplication.clipboard().text() == "aaaaaaaaaaaa"
+
+
+def test_columns_are_plain_words_with_tooltips_and_the_model_is_not_cut(qtbot, page, sessions_dir):
+    long_name = "/models/Qwen3-30B-A3B-Instruct-2507-UD-Q4_K_XL-a-very-long-file-name.gguf"
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Alpha", model_path=long_name)
+    wait_rows(qtbot, page, 1)
+    model = page.sessions_model
+    headers = [model.headerData(c, Qt.Orientation.Horizontal) for c in range(model.columnCount())]
+    assert "Attention" not in headers and "FA / cache" not in headers
+    for c in range(model.columnCount()):
+        assert model.headerData(c, Qt.Orientation.Horizontal, Qt.ItemDataRole.ToolTipRole)
+    from slotkeeper.gui.sessions_model import COLUMN
+
+    tip = model.index(0, COLUMN["model"]).data(Qt.ItemDataRole.ToolTipRole)
+    assert "flash attention" in tip and "full attention" in tip
+    page.resize(700, 400)
+    qtbot.waitUntil(lambda: page.table.isVisible())
+    text_width = page.table.fontMetrics().horizontalAdvance(long_name.rsplit("/", 1)[1])
+    assert page.table.columnWidth(COLUMN["model"]) >= text_width, "the model's file name is shown whole"
+
+
+def test_an_empty_folder_says_what_to_do(qtbot, page, bridge, sessions_dir):
+    qtbot.waitUntil(lambda: bridge.listing is not None, timeout=10_000)
+    assert page.empty_label.isVisible() and not page.table.isVisible()
+    assert "No saved conversations yet" in page.empty_label.text()
+    assert bridge.base_url in page.empty_label.text()
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Alpha")
+    wait_rows(qtbot, page, 1)
+    assert page.table.isVisible() and not page.empty_label.isVisible()
+    page.filter_edit.setText("zebra")
+    assert page.empty_label.isVisible() and "No saved conversation matches “zebra”" in page.empty_label.text()
+    qtbot.keyClick(page.filter_edit, Qt.Key.Key_Escape)
+    assert page.filter_edit.text() == "" and page.table.isVisible()
+
+
+def test_keyboard_enter_resumes_and_delete_deletes(qtbot, page, bridge, sessions_dir, monkeypatch):
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Alpha")
+    wait_rows(qtbot, page, 1)
+    page.select_session("aaaaaaaaaaaa")
+    page.table.setFocus()
+    resumed, asked = [], []
+    monkeypatch.setattr(page, "resume_selected", lambda: resumed.append(1))
+    monkeypatch.setattr(page, "confirm_delete", lambda *a: asked.append(1) or False)
+    page.table.activated.disconnect()
+    page.table.activated.connect(lambda _: page.resume_selected())
+    qtbot.keyClick(page.table, Qt.Key.Key_Return)
+    assert resumed
+    qtbot.keyClick(page.table, Qt.Key.Key_Delete)
+    assert asked
+    qtbot.keyClick(page.table, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+    assert page.filter_edit.hasFocus()

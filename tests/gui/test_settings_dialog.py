@@ -176,9 +176,12 @@ def test_budget_preview_and_usage(qtbot, bridge, engine, make_dialog, sessions_d
     disk = d.disk_tab
     qtbot.waitUntil(lambda: "2 saved conversations" in disk.usage_note.text(), timeout=10_000)
     qtbot.waitUntil(lambda: disk.preview_title.text().startswith("At 20 GiB, nothing"), timeout=10_000)
+    assert disk.preview_list.isHidden(), "nothing would be deleted: no empty box"
+    assert d.windowTitle() == "Settings", "the platform adds the application's name itself"
     disk.budget_edit.setText("1M")
     disk.budget_edit.textEdited.emit("1M")
     qtbot.waitUntil(lambda: disk.preview_list.count() == 1, timeout=10_000)
+    assert not disk.preview_list.isHidden()
     assert disk.preview_list.item(0).text().startswith("Old one")
     assert "delete 1 conversation" in disk.preview_title.text()
     assert len(engine.sessions.listing().sessions) == 2  # a preview deletes nothing

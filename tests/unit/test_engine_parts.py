@@ -109,7 +109,7 @@ def test_reuse_rules():
     assert judge_reuse(full, 1000) == judge_reuse(full, int(EFFECTIVE_REUSE_SHARE * 1000))
     assert judge_reuse(full, 1000).effective and judge_reuse(full, 1000).reason is None
     low = judge_reuse(full, 10)
-    assert low.effective is False and "reused 10 of the 1000" in low.reason and not low.warn
+    assert low.effective is False and "reused 10 of the 1,000" in low.reason and not low.warn
     swa = judge_reuse(PendingReuse("s", 1000, "never"), 0)
     assert swa.effective is False and "--swa-full" in swa.reason
     # Only known-length rollbacks are recomputed by the front desk; an unknown one is warned about.

@@ -27,7 +27,7 @@ from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings
 from slotkeeper.core.views import SavesReport
-from slotkeeper.gui import icons
+from slotkeeper.gui import icons, theme
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.first_run import FirstRunDialog
 from slotkeeper.gui.main_window import MainWindow
@@ -373,6 +373,9 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsS
     app.setDesktopFileName("slotkeeper")
     app.setWindowIcon(icons.app_icon())
     app.setQuitOnLastWindowClosed(False)
+    if not app.property("slotkeeper_follows_scheme"):  # light or dark as the system is, once per app
+        theme.follow_color_scheme(app)
+        app.setProperty("slotkeeper_follows_scheme", True)
     code = _run(app, args, paths, service, settings, start_now, first_run, on_started)
     # Every Qt object of ours is deleted in _run; their Python wrappers go now, while Python is
     # whole. Left to the interpreter's final collection, PySide wrappers can crash the process at

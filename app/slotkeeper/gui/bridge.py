@@ -131,6 +131,9 @@ class EngineBridge(QObject):
         self.slots: tuple[SlotView, ...] = ()
         self.activity: Activity = Activity()
         self.listing: Listing | None = None
+        # When each session last changed (its KV file's time): "last used" also moves when a launch
+        # restores it or a quit finds it unchanged, so it cannot tell conversations apart.
+        self.saved_at: dict[str, float] = {}
         self.history: list[RequestRecord] = []
         self.quitting = False
         # The chosen model's file with links resolved (as sidecars record it), and the remembered
@@ -354,7 +357,12 @@ class EngineBridge(QObject):
             return
         self._listing_running = True
 
-        def done(listing: Listing) -> None:
+        def list_folder() -> tuple[Listing, dict[str, float]]:
+            listing = self.engine.sessions.listing()
+            return listing, saved_times(listing)
+
+        def done(result: tuple[Listing, dict[str, float]]) -> None:
+            listing, self.saved_at = result
             self._listing_running = False
             self.listing = listing
             self.sessionsListed.emit(listing, self.facts)
@@ -366,8 +374,7 @@ class EngineBridge(QObject):
             self._listing_running = False
             self.errorOccurred.emit("Listing saved sessions", describe_error(exc))
 
-        self.jobs.run(self.engine.sessions.listing, on_success=done, on_failure=failed,
-                      description="Listing saved sessions")
+        self.jobs.run(list_folder, on_success=done, on_failure=failed, description="Listing saved sessions")
 
     def _relist_cached(self) -> None:
         """Compatibility depends on the running server: re-announce the listing we have."""
@@ -607,6 +614,18 @@ class EngineBridge(QObject):
                 log.debug("stopping the sessions watcher failed", exc_info=True)
             self._observer = None
         self.jobs.shutdown()
+
+
+def saved_times(listing: Listing) -> dict[str, float]:
+    """Session id -> when its KV file was written (a save that changed it); absent when unknown."""
+    out: dict[str, float] = {}
+    for e in listing.sessions:
+        if e.kv_path is not None:
+            try:
+                out[e.id] = os.lstat(e.kv_path).st_mtime
+            except OSError:
+                pass
+    return out
 
 
 def initial_log(engine: Engine, n: int = LOG_BACKLOG_LINES) -> list[str]:

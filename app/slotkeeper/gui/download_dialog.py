@@ -39,13 +39,13 @@ from slotkeeper.core.hub_download import (
 from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.jobs import JobRunner, describe_error
+from slotkeeper.gui.theme import error_style
 
 log = logging.getLogger(__name__)
 
 ENTRY_ROLE = Qt.ItemDataRole.UserRole + 1
 # A progress bar counts in ints; a 12 GB file in bytes does not fit, so it counts KiB.
 _BAR_UNIT = 1024
-ERROR_STYLE = "color: #b00020;"
 
 
 def machine_memory() -> int | None:
@@ -283,7 +283,7 @@ class DownloadDialog(QDialog):
         self.cancel_button.setEnabled(state != "cancelling")
 
     def _show_status(self, text: str, error: bool = False) -> None:
-        self.status.setStyleSheet(ERROR_STYLE if error else "")
+        self.status.setStyleSheet(error_style() if error else "")
         self.status.setText(text)
 
     @classmethod

@@ -86,8 +86,9 @@ class FirstRunDialog(QDialog):
         self.demo_button = QPushButton("Use the demo model")
         self.demo_button.setToolTip(DEMO_NOTICE)
         self.demo_button.clicked.connect(self.use_demo)
-        demo_note = QLabel(f"The demo model is tiny and needs no download, but {DEMO_NOTICE[0].lower()}"
-                           f"{DEMO_NOTICE[1:]}")
+        # Said once: the button's tooltip carries the longer notice.
+        self.demo_note = demo_note = QLabel("The demo model is tiny and needs no download, but its weights are "
+                                            "random: it answers with gibberish. It is there to try Slotkeeper.")
         demo_note.setWordWrap(True)
         self.later_button = QPushButton("Not now" if welcome else "Cancel")
         self.later_button.clicked.connect(self.reject)

@@ -1,7 +1,7 @@
 """A painted gauge per slot: how much of the prompt came from cache, and how full the slot is.
 
 Row 1: slot number, state chip (idle / busy / saving / restoring), the conversation it holds,
-and a warning badge (tooltip: why the last restore was not reused).
+and right after its title a warning badge (tooltip: why the last restore was not reused).
 Row 2: the last (or running) request's prompt: cached share in green, tokens processed in
 blue, the rest of a running prefill as an empty track.
 Row 3: tokens the slot holds against its context.
@@ -19,6 +19,7 @@ CACHE_COLOUR = QColor("#16a34a")
 PROCESSED_COLOUR = QColor("#3b82f6")
 HELD_COLOUR = QColor("#8b5cf6")
 WARN_COLOUR = QColor("#d97706")
+UNSAVED_TITLE = "a conversation not saved yet"
 BAR_SHARE = 0.45  # of the width after the row labels; the figures in words take the rest
 STATE_COLOURS = {
     "idle": QColor("#6b7280"),
@@ -98,6 +99,8 @@ class SlotGauge(QWidget):
         self.setMinimumWidth(360)
         self._badge = QRectF()
         self.setAccessibleName(f"Slot {slot}")
+        self.setAccessibleDescription(self.summary())
+        self.setFocusPolicy(Qt.FocusPolicy.TabFocus)  # reachable by keyboard; a screen reader reads it
 
     # -- data -----------------------------------------------------------------------------
     def set_view(self, view) -> None:
@@ -110,11 +113,15 @@ class SlotGauge(QWidget):
     def set_title(self, title: str) -> None:
         if title != self.title:
             self.title = title
+            self.setAccessibleDescription(self.summary())
             self.update()
 
     def summary(self) -> str:
         f = self.figures
-        parts = [f"Slot {self.slot}: {f.state}", f.prompt_text(), f.held_text()]
+        parts = [f"Slot {self.slot}: {f.state}"]
+        if self.title or f.n_tokens:
+            parts.append(f"holds “{self.title}”" if self.title else f"holds {UNSAVED_TITLE}")
+        parts += [f.prompt_text(), f.held_text()]
         if f.warning:
             parts.append(f"warning: {f.warning}")
         return "; ".join(parts)
@@ -168,17 +175,19 @@ class SlotGauge(QWidget):
         p.drawText(chip, Qt.AlignmentFlag.AlignCenter, f.state)
         x = chip.right() + 10
 
+        # The badge belongs to the conversation whose restore it judges: right after its title.
         badge_size = lh + 2
         self._badge = QRectF()
-        right = w - pad
-        if f.warning:
-            self._badge = QRectF(right - badge_size, y0 + (row_h - badge_size) / 2, badge_size, badge_size)
-            self._paint_warning(p, self._badge)
-            right = self._badge.left() - 8
-        if self.title and right > x + 20:
+        right = w - pad - ((badge_size + 8) if f.warning else 0)
+        title = self.title or (UNSAVED_TITLE if f.n_tokens else "")
+        if title and right > x + 20:
             p.setPen(muted if not self.title else text_colour)
-            elided = fm.elidedText(self.title, Qt.TextElideMode.ElideRight, int(right - x))
+            elided = fm.elidedText(title, Qt.TextElideMode.ElideRight, int(right - x))
             p.drawText(QRectF(x, y0, right - x, row_h), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, elided)
+            x += fm.horizontalAdvance(elided) + 8
+        if f.warning:
+            self._badge = QRectF(x, y0 + (row_h - badge_size) / 2, badge_size, badge_size)
+            self._paint_warning(p, self._badge)
 
         # Rows 2 and 3: a label column, a bar, and the figures in words under/after it
         label_w = max(fm.horizontalAdvance(t) for t in self.LABEL_TEXTS) + 12

@@ -3,8 +3,10 @@
 One bar per request, oldest on the left, newest on the right (spaced evenly: a night without
 requests would otherwise squash the day into a line); its green part is what came from the
 slot's cache, its blue part what the server had to process. The orange line is the cached
-share (right axis, 0-100%). Time labels under the bars say when. QtCharts is not in
-PySide6-Essentials, hence the hand-drawn plot.
+share (right axis, 0-100%). Time labels under the bars say when, each different from the one
+before (seconds are shown when the requests came within minutes). A purple mark above a bar says its
+cache was restored from disk for it; a dashed line marks where the server was (re)launched.
+QtCharts is not in PySide6-Essentials, hence the hand-drawn plot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from slotkeeper.core.units import human_duration
 from slotkeeper.gui.gauges import CACHE_COLOUR, PROCESSED_COLOUR
 
 SHARE_COLOUR = QColor("#ea580c")
+RESTORE_COLOUR = QColor("#8b5cf6")
+LAUNCH_COLOUR = QColor("#6b7280")
 # Where a request's cache came from (history records since Slotkeeper serves the requests).
 SOURCES = {"slot": ", already in the slot", "restored": ", restored from disk for it",
            "ram": ", from llama-server's RAM cache", "recomputed": ", recomputed (a restore would have been wrong)",
@@ -77,15 +81,29 @@ class HistoryPlot(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.points: list[PlotPoint] = []
+        self.launches: list[float] = []  # when the server was (re)launched (unix time)
         self._bars: list[tuple[QRectF, PlotPoint]] = []
+        self.time_labels: list[str] = []  # the time labels drawn last (kept to test them)
+        self.markers: list[tuple[str, int]] = []  # ("restored" | "launch", bar index) drawn last
         self.setMouseTracking(True)
+        self.setAccessibleName("Request history")
+        self.setAccessibleDescription(self.summary())
+        self.setFocusPolicy(Qt.FocusPolicy.TabFocus)
         self.setMinimumSize(420, 220)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
     def set_records(self, records) -> None:
         self.points = [PlotPoint.from_record(r) for r in records]
         self.points.sort(key=lambda p: p.at)
+        self.setAccessibleDescription(self.summary())
         self.update()
+
+    def set_launches(self, moments) -> None:
+        """When the server was launched (unix times): a dashed line before the first request after each."""
+        launches = sorted({float(m) for m in moments if m})
+        if launches != self.launches:
+            self.launches = launches
+            self.update()
 
     def sizeHint(self) -> QSize:
         return QSize(640, 300)
@@ -122,6 +140,7 @@ class HistoryPlot(QWidget):
         self._bars = []
 
         if not self.points:
+            self.time_labels, self.markers = [], []
             p.setPen(muted)
             p.drawText(QRectF(self.rect()), Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap,
                        "No requests yet.\nEach request's prompt tokens, and how many came from "
@@ -139,8 +158,12 @@ class HistoryPlot(QWidget):
 
         # legend
         x = plot.left()
-        for label, colour in (("from cache", CACHE_COLOUR), ("processed", PROCESSED_COLOUR),
-                              ("share from cache", SHARE_COLOUR)):
+        legend = [("from cache", CACHE_COLOUR), ("processed", PROCESSED_COLOUR), ("share from cache", SHARE_COLOUR)]
+        if any(pt.source == "restored" for pt in points):
+            legend.append(("restored from disk", RESTORE_COLOUR))
+        if any(points[0].at < t <= points[-1].at for t in self.launches):
+            legend.append(("server launched", LAUNCH_COLOUR))
+        for label, colour in legend:
             p.fillRect(QRectF(x, 6 + (lh - 10) / 2, 10, 10), colour)
             p.setPen(text)
             p.drawText(QPointF(x + 14, 6 + fm.ascent()), label)
@@ -185,22 +208,48 @@ class HistoryPlot(QWidget):
                 cx = plot.left() + slot_w * (i + 0.5)
                 p.drawEllipse(QPointF(cx, plot.bottom() - plot.height() * pt.share), 2.5, 2.5)
 
-        # time labels: as many as fit without overlapping
+        # markers: a restore served the request (above its bar), the server was launched (before it)
+        self.markers = []
+        launches = self.launches
+        for i, pt in enumerate(points):
+            cx = plot.left() + slot_w * (i + 0.5)
+            prev_at = points[i - 1].at if i else float("-inf")
+            if any(prev_at < t <= pt.at for t in launches):
+                lx = cx - slot_w / 2
+                p.setPen(QPen(LAUNCH_COLOUR, 1.5, Qt.PenStyle.DashLine))
+                p.drawLine(QPointF(lx, plot.top()), QPointF(lx, plot.bottom()))
+                self.markers.append(("launch", i))
+            if pt.source == "restored":
+                p.setPen(Qt.PenStyle.NoPen)
+                p.setBrush(RESTORE_COLOUR)
+                tri = QPainterPath()
+                top_y = plot.bottom() - plot.height() * pt.n_prompt / y_max - 3
+                tri.moveTo(cx - 4, top_y - 7)
+                tri.lineTo(cx + 4, top_y - 7)
+                tri.lineTo(cx, top_y)
+                tri.closeSubpath()
+                p.drawPath(tri)
+                self.markers.append(("restored", i))
+        p.setBrush(Qt.BrushStyle.NoBrush)
+
+        # time labels: as many as fit without overlapping, none the same as the one before
         p.setPen(muted)
-        span_days = (points[-1].at - points[0].at) > 20 * 3600
-        fmt = "%d %b %H:%M" if span_days else "%H:%M"
+        span = points[-1].at - points[0].at
+        fmt = "%d %b %H:%M" if span > 20 * 3600 else ("%H:%M:%S" if span < 600 else "%H:%M")
         label_w = fm.horizontalAdvance(time.strftime(fmt, time.localtime(points[-1].at))) + 16
         n_labels = max(1, min(len(points), int(plot.width() // label_w)))
         step = max(1, math.ceil(len(points) / n_labels))
         last_right = -1e9
+        self.time_labels = []
         for i in range(0, len(points), step):
             cx = plot.left() + slot_w * (i + 0.5)
             label = time.strftime(fmt, time.localtime(points[i].at))
             w = fm.horizontalAdvance(label)
             x0 = max(0.0, min(cx - w / 2, self.width() - w))
-            if x0 < last_right + 8:
+            if x0 < last_right + 8 or (self.time_labels and label == self.time_labels[-1]):
                 continue
             p.drawText(QPointF(x0, plot.bottom() + 4 + fm.ascent()), label)
+            self.time_labels.append(label)
             last_right = x0 + w
         p.drawText(QRectF(plot.left(), plot.bottom() + 4 + lh, plot.width(), lh),
                    Qt.AlignmentFlag.AlignHCenter, "requests, oldest to newest")

@@ -6,11 +6,14 @@ with PNG, ICO and ICNS renders for packaging and the docs.
 
 Tray icons are read at 16-24 px, so each state is first of all a colour (grey stopped, amber
 starting, green ready, blue saving/restoring, red error) on one simple shape: a rounded square
-holding three "slot" bars. Starting fills the bars partly; error replaces them with "!".
+holding three "slot" bars. Starting fills the bars partly; error replaces them with "!". In macOS's
+menu bar the icon is a monochrome template image instead (``template_svg``), which macOS tints
+for a light or dark menu bar, as menu-bar apps there do.
 """
 
 from __future__ import annotations
 
+import sys
 from functools import cache, lru_cache
 
 from PySide6.QtCore import QByteArray, QRectF, Qt
@@ -96,6 +99,48 @@ def app_svg() -> str:
         "  " + "\n  ".join(bars) + "\n"
         "</svg>\n"
     )
+
+
+def template_svg(state: str) -> str:
+    """A state as a macOS menu-bar template image: black on transparent (macOS paints it in the menu
+    bar's own colour, light or dark), so the state is told by shape alone: hollow bars stopped, part
+    filled starting, full ready, dots on the last bar saving/restoring, "!" an error."""
+    box = ('<rect x="4" y="4" width="56" height="56" rx="13" fill="none" stroke="#000000" '
+           'stroke-width="5"/>')
+    if state == "error":
+        inner = ('<rect x="27" y="13" width="10" height="27" rx="5" fill="#000000"/>\n'
+                 '  <circle cx="32" cy="49" r="5.5" fill="#000000"/>')
+    else:
+        levels = {"stopped": (0.0, 0.0, 0.0), "starting": (1.0, 0.55, 0.0),
+                  "busy": (1.0, 1.0, 0.0)}.get(state, (1.0, 1.0, 1.0))
+        bars = []
+        for y, level in zip(_BAR_ROWS, levels):
+            bars.append(f'<rect x="{_BAR_X + 1}" y="{y + 1}" width="{_BAR_W - 2}" height="{_BAR_H - 2}" rx="3" '
+                        'fill="none" stroke="#000000" stroke-width="2.5"/>')
+            if level > 0:
+                w = max(_BAR_H, round(_BAR_W * level))
+                bars.append(f'<rect x="{_BAR_X}" y="{y}" width="{w}" height="{_BAR_H}" rx="3" fill="#000000"/>')
+        if state == "busy":  # a file being written: dots along the last bar
+            bars = bars[:-1] + [f'<circle cx="{x}" cy="{_BAR_ROWS[2] + _BAR_H / 2}" r="4" fill="#000000"/>'
+                                for x in (20, 32, 44)]
+        inner = "\n  ".join(bars)
+    return (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="64" height="64" viewBox="0 0 64 64">\n'
+        f"  {box}\n  {inner}\n</svg>\n"
+    )
+
+
+@cache
+def template_icon(state: str) -> QIcon:
+    """The monochrome tray icon for macOS's menu bar (a mask: macOS colours it light or dark)."""
+    icon = _icon(template_svg(state), (16, 18, 22, 32, 36, 44))
+    icon.setIsMask(True)
+    return icon
+
+
+def tray_icon(state: str, platform: str = sys.platform) -> QIcon:
+    """The icon the tray shows: a template image in macOS's menu bar, the coloured one elsewhere."""
+    return template_icon(state) if platform == "darwin" else state_icon(state)
 
 
 def render_svg(svg: str, size: int) -> QImage:

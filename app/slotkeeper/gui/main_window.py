@@ -7,7 +7,7 @@ Closing it hides it to the tray when there is one; Quit lives in the tray menu a
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QCloseEvent, QKeySequence
+from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QTabWidget, QWidget
 
 from slotkeeper.core import events as ev
@@ -48,6 +48,12 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.slots_page, "Slots")
         self.tabs.addTab(self.history_page, "History")
         self.tabs.addTab(self.sessions_page, "Sessions")
+        # Keys: Ctrl+1..4 choose a tab (Ctrl+Tab / Ctrl+Shift+Tab step through them, Qt's own).
+        for i in range(self.tabs.count()):
+            key = QKeySequence(f"Ctrl+{i + 1}")
+            QShortcut(key, self, activated=lambda i=i: self.tabs.setCurrentIndex(i),
+                      context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            self.tabs.setTabToolTip(i, key.toString(QKeySequence.SequenceFormat.NativeText))
         self._build_menus()
         self.activity_label = QLabel("")
         self.statusBar().addPermanentWidget(self.activity_label)

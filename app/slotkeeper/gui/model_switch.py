@@ -50,10 +50,10 @@ from slotkeeper.core.views import SavesReport
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge, SwitchOutcome, resolved_model_file
 from slotkeeper.gui.jobs import describe_error
+from slotkeeper.gui.theme import error_style, warning_style
 
 log = logging.getLogger(__name__)
 
-WARNING_STYLE = "color: #b45309;"
 
 
 def WrappedLabel(text: str = "") -> QLabel:  # noqa: N802 - reads like the widget it makes
@@ -61,7 +61,6 @@ def WrappedLabel(text: str = "") -> QLabel:  # noqa: N802 - reads like the widge
     label = QLabel(text)
     label.setWordWrap(True)
     return label
-ERROR_STYLE = "color: #b91c1c;"
 
 
 def describe_profile(profile) -> str:
@@ -209,7 +208,7 @@ class SwitchModelDialog(QDialog):
         self.waiting_label: QLabel | None = None
         if p.waiting:
             waiting = WrappedLabel(" ".join(p.waiting))
-            waiting.setStyleSheet(WARNING_STYLE if not p.same_model else ERROR_STYLE)
+            waiting.setStyleSheet(warning_style() if not p.same_model else error_style())
             self.waiting_label = waiting
             layout.addWidget(waiting)
         if p.running:
@@ -241,7 +240,7 @@ class SwitchModelDialog(QDialog):
         sanity = p.sanity[v]
         self.memory_label.setText(sanity.summary)
         self.problems_label.setText(" ".join(sanity.problems))
-        self.problems_label.setStyleSheet(ERROR_STYLE if sanity.refusal else WARNING_STYLE)
+        self.problems_label.setStyleSheet(error_style() if sanity.refusal else warning_style())
         self.problems_label.setVisible(bool(sanity.problems))
         self.switch_button.setEnabled(sanity.refusal is None)
         self.switch_button.setToolTip(sanity.refusal or "")

@@ -14,6 +14,8 @@ from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge
 
 INFO, WARNING, ERROR = "info", "warning", "error"
+# The Server tab has the button (gui.swa_fix); a click on the notification opens that tab.
+SWA_FIX_HINT = " The Server tab turns on --swa-full in one click."
 
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:
@@ -89,11 +91,18 @@ class Notifier(QObject):
         if event.effective is not False:  # reused, or not judged (another conversation, a recompute)
             return
         title = self._title_of(event.id)
+        # A reason that says what was reused ("the next request reused 9 of the 5,176 ...") is the
+        # sentence itself; any other reason explains the figures.
+        reason = event.reason or ""
+        if reason.startswith("the next request"):
+            why = reason
+        else:
+            why = f"the next request reused {event.cache_n:,} of its {event.n_restored:,} tokens"
+            why += f": {reason}" if reason else ""
         self.notify.emit(
             "A restore gave no reuse",
-            f"“{title}” was restored into slot {event.slot}, but the next request reused "
-            f"{event.cache_n:,} of {event.n_restored:,} tokens: "
-            f"{event.reason or 'the cache was not used'}.",
+            f"“{title}” was restored into slot {event.slot}, but {why}."
+            + (SWA_FIX_HINT if "--swa-full" in why else ""),
             WARNING,
         )
 
@@ -146,6 +155,8 @@ class Notifier(QObject):
     def _on_warning(self, event: ev.WarningRaised) -> None:
         message = event.message
         if message and self._once(message):
+            if "without --swa-full" in message or "Turning on --swa-full" in message:
+                message += SWA_FIX_HINT
             self.notify.emit("Slotkeeper", message, WARNING)
 
     def _on_notice(self, event: ev.NoticeRaised) -> None:

@@ -1,4 +1,8 @@
-"""The saved sessions as a table: one row per sidecar, with compatibility against the server."""
+"""The saved sessions as rows of conversations, with compatibility against the server.
+
+One row per conversation: the saves of a conversation that went on from a pinned snapshot are
+one row (``core.sessions.conversations``); a branch (an edited or regenerated turn) is a child
+row under the conversation it left."""
 
 from __future__ import annotations
 
@@ -8,43 +12,48 @@ from datetime import datetime
 from typing import Any
 
 from PySide6.QtCore import (
-    QAbstractTableModel,
+    QAbstractItemModel,
     QModelIndex,
     QPersistentModelIndex,
     QSortFilterProxyModel,
     Qt,
 )
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication
 
 from slotkeeper.core.engine.resume import compat_reasons
 from slotkeeper.core.families import describe_restore_mode, restore_mode_explanation
 from slotkeeper.core.sessions.compat import ServerFacts, model_file_name, swa_mode
+from slotkeeper.core.sessions.conversations import Conversation, group_conversations
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.sessions.sidecar import Sidecar, parse_utc
 from slotkeeper.core.units import human_bytes
+from slotkeeper.gui.theme import error_colour
 
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 ID_ROLE = Qt.ItemDataRole.UserRole + 2
-ENTRY_ROLE = Qt.ItemDataRole.UserRole + 3
+ENTRY_ROLE = Qt.ItemDataRole.UserRole + 3  # the conversation's newest save (what Resume restores)
 SEARCH_ROLE = Qt.ItemDataRole.UserRole + 4
 RESTORABLE_ROLE = Qt.ItemDataRole.UserRole + 5
+SAVES_ROLE = Qt.ItemDataRole.UserRole + 6  # every save of the conversation, oldest first
 
+# (key, header, header tooltip): plain names; the details are in the tooltips.
 COLUMNS = (
-    ("title", "Title"),
-    ("where", "Where"),
-    ("model", "Model"),
-    ("tokens", "Tokens"),
-    ("size", "Size"),
-    ("swa", "Attention"),
-    ("restore", "Restore"),
-    ("cache", "FA / cache"),
-    ("last_used", "Last used"),
-    ("pinned", "Pinned"),
-    ("compat", "Compatible"),
-    ("status", "Status"),
+    ("title", "Title", "The conversation, named by how it starts. A branch (an edited or regenerated "
+                       "turn) shows under the conversation it left."),
+    ("in_slot", "In slot", "The slot of the running server that holds the conversation now; empty when it "
+                           "waits on disk."),
+    ("model", "Model", "The model it was made with (the tooltip says how its cache was stored)."),
+    ("tokens", "Tokens", "How long the conversation is, in tokens."),
+    ("size", "Size", "Disk space its saved cache takes (every save of it)."),
+    ("last_used", "Last used", "When it was last saved or restored."),
+    ("pinned", "Pinned", "Pinned conversations are never deleted to stay within the disk budget."),
+    ("restore", "Restore", "What bringing it back saves: with most models any part of it is reused; with "
+                           "some only an exact continuation."),
+    ("compat", "Resumable", "Whether it can be resumed into the running server (the tooltip says why not)."),
+    ("status", "Status", "Whether its files are complete and unchanged."),
 )
-COLUMN = {key: i for i, (key, _) in enumerate(COLUMNS)}
+COLUMN = {key: i for i, (key, *_rest) in enumerate(COLUMNS)}
 _NUMERIC = {"tokens", "size"}
 
 Index = QModelIndex | QPersistentModelIndex
@@ -53,8 +62,8 @@ Index = QModelIndex | QPersistentModelIndex
 def cache_text(sidecar: Sidecar) -> str:
     fa = "on" if sidecar.flash_attn else "off"
     if sidecar.cache_type_k == sidecar.cache_type_v:
-        return f"FA {fa}, {sidecar.cache_type_k}"
-    return f"FA {fa}, K {sidecar.cache_type_k} / V {sidecar.cache_type_v}"
+        return f"flash attention {fa}, cache {sidecar.cache_type_k}"
+    return f"flash attention {fa}, cache K {sidecar.cache_type_k} / V {sidecar.cache_type_v}"
 
 
 def relative_time(moment: datetime, now: float) -> str:
@@ -74,11 +83,28 @@ def relative_time(moment: datetime, now: float) -> str:
     return moment.astimezone().strftime("%Y-%m-%d")
 
 
-class SessionsTableModel(QAbstractTableModel):
+class _Node:
+    """A row: one conversation (its saves) under its parent row (None: top level)."""
+
+    __slots__ = ("children", "conversation", "nid", "parent", "row")
+
+    def __init__(self, conversation: Conversation, parent: _Node | None, row: int, nid: int) -> None:
+        self.conversation = conversation
+        self.parent = parent
+        self.row = row
+        self.nid = nid
+        self.children: list[_Node] = []
+
+
+class SessionsTableModel(QAbstractItemModel):
+    """One row per conversation (``core.sessions.conversations``), its branches as child rows."""
+
     def __init__(self, parent=None, clock: Callable[[], float] = time.time) -> None:
         super().__init__(parent)
         self._entries: list[SessionEntry] = []
-        self._reasons: list[list[str] | None] = []
+        self._roots: list[_Node] = []
+        self._nodes: list[_Node] = []
+        self._reasons: dict[str, list[str] | None] = {}
         self._facts: ServerFacts | None = None
         self._clock = clock
         self._in_slot: dict[str, int] = {}  # session id -> the slot holding it now
@@ -90,16 +116,28 @@ class SessionsTableModel(QAbstractTableModel):
         self.beginResetModel()
         self._entries = list(listing.sessions)
         self._facts = facts
-        self._reasons = [compat_reasons(e, facts) for e in self._entries]
+        self._reasons = {e.id: compat_reasons(e, facts) for e in self._entries}
+        self._nodes = []
+        self._roots = [self._add(c, None, i) for i, c in enumerate(group_conversations(self._entries))]
         self.total_bytes = listing.total_bytes
         self.unmanaged_bytes = listing.unmanaged_bytes
         self.endResetModel()
 
+    def _add(self, conversation: Conversation, parent: _Node | None, row: int) -> _Node:
+        node = _Node(conversation, parent, row, len(self._nodes))
+        self._nodes.append(node)
+        node.children = [self._add(b, node, i) for i, b in enumerate(conversation.branches)]
+        return node
+
+    def _changed_all(self, first: int = 0, last: int | None = None) -> None:
+        last = len(COLUMNS) - 1 if last is None else last
+        for node in self._nodes:
+            self.dataChanged.emit(self.createIndex(node.row, first, node.nid), self.createIndex(node.row, last, node.nid))
+
     def set_facts(self, facts: ServerFacts | None) -> None:
         self._facts = facts
-        self._reasons = [compat_reasons(e, facts) for e in self._entries]
-        if self._entries:
-            self.dataChanged.emit(self.index(0, 0), self.index(len(self._entries) - 1, len(COLUMNS) - 1))
+        self._reasons = {e.id: compat_reasons(e, facts) for e in self._entries}
+        self._changed_all()
 
     def set_slots(self, views) -> None:
         """Which slot holds which session now (from the engine's slot views)."""
@@ -107,9 +145,13 @@ class SessionsTableModel(QAbstractTableModel):
         if in_slot == self._in_slot:
             return
         self._in_slot = in_slot
-        if self._entries:
-            col = COLUMN["where"]
-            self.dataChanged.emit(self.index(0, col), self.index(len(self._entries) - 1, col))
+        self._changed_all(COLUMN["in_slot"], COLUMN["in_slot"])
+
+    def slot_of(self, conversation: Conversation) -> int | None:
+        for e in reversed(conversation.saves):
+            if e.id in self._in_slot:
+                return self._in_slot[e.id]
+        return None
 
     def where(self, session_id: str) -> str:
         slot = self._in_slot.get(session_id)
@@ -120,30 +162,71 @@ class SessionsTableModel(QAbstractTableModel):
         return self._facts
 
     def entry(self, row: int) -> SessionEntry:
-        return self._entries[row]
+        """The newest save of the top-level conversation at ``row``."""
+        return self._roots[row].conversation.head
 
     def entries(self) -> list[SessionEntry]:
         return list(self._entries)
 
+    def conversations(self) -> list[Conversation]:
+        return [n.conversation for n in self._roots]
+
     def reasons(self, row: int) -> list[str] | None:
-        return self._reasons[row]
+        return self._reasons.get(self.entry(row).id)
 
     def row_of(self, session_id: str) -> int:
-        for i, e in enumerate(self._entries):
-            if e.id == session_id:
-                return i
+        """The top-level row whose conversation (or one of its branches) holds ``session_id``."""
+        for node in self._roots:
+            if any(session_id in c.ids for c in node.conversation.walk()):
+                return node.row
         return -1
 
+    def index_of(self, session_id: str, column: int = 0) -> QModelIndex:
+        """The row of the conversation that holds ``session_id`` (a branch's row for a branch)."""
+        for node in self._nodes:
+            if session_id in node.conversation.ids:
+                return self.createIndex(node.row, column, node.nid)
+        return QModelIndex()
+
     # -- Qt model -------------------------------------------------------------------------
+    def _node(self, index: Index) -> _Node | None:
+        if not index.isValid():
+            return None
+        nid = index.internalId()
+        return self._nodes[nid] if 0 <= nid < len(self._nodes) else None
+
+    def index(self, row: int, column: int, parent: Index = QModelIndex()) -> QModelIndex:  # noqa: B008
+        if column < 0 or column >= len(COLUMNS):
+            return QModelIndex()
+        siblings = self._roots if not parent.isValid() else self._node(parent).children
+        if not 0 <= row < len(siblings):
+            return QModelIndex()
+        return self.createIndex(row, column, siblings[row].nid)
+
+    def parent(self, index: Index = QModelIndex()) -> QModelIndex:  # noqa: B008
+        node = self._node(index)
+        if node is None or node.parent is None:
+            return QModelIndex()
+        return self.createIndex(node.parent.row, 0, node.parent.nid)
+
     def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(self._entries)
+        if not parent.isValid():
+            return len(self._roots)
+        if parent.column() != 0:
+            return 0
+        node = self._node(parent)
+        return len(node.children) if node is not None else 0
 
     def columnCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(COLUMNS)
+        return len(COLUMNS)
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+        if orientation != Qt.Orientation.Horizontal or not 0 <= section < len(COLUMNS):
+            return None
+        if role == Qt.ItemDataRole.DisplayRole:
             return COLUMNS[section][1]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return COLUMNS[section][2]
         return None
 
     def flags(self, index: Index) -> Qt.ItemFlag:
@@ -152,44 +235,51 @@ class SessionsTableModel(QAbstractTableModel):
         return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
 
     def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if not index.isValid() or not (0 <= index.row() < len(self._entries)):
+        node = self._node(index)
+        if node is None:
             return None
-        entry = self._entries[index.row()]
-        reasons = self._reasons[index.row()]
+        conv = node.conversation
+        entry = conv.head
+        reasons = self._reasons.get(entry.id)
         key = COLUMNS[index.column()][0]
         if role == Qt.ItemDataRole.DisplayRole:
-            return self._display(entry, reasons, key)
+            return self._display(conv, reasons, key)
         if role == Qt.ItemDataRole.ToolTipRole:
-            return self._tooltip(entry, reasons, key)
+            return self._tooltip(conv, reasons, key)
         if role == SORT_ROLE:
-            return self._sort_value(entry, reasons, key)
+            return self._sort_value(conv, reasons, key)
         if role == ID_ROLE:
             return entry.id
         if role == ENTRY_ROLE:
             return entry
+        if role == SAVES_ROLE:
+            return list(conv.saves)
         if role == RESTORABLE_ROLE:
             return reasons == []
         if role == SEARCH_ROLE:
-            sc = entry.sidecar
-            parts = [entry.id]
-            if sc is not None:
-                parts += [sc.title, sc.preview, model_file_name(sc.model_path), sc.arch]
+            parts: list[str] = []
+            for e in conv.saves:
+                parts.append(e.id)
+                if e.sidecar is not None:
+                    sc = e.sidecar
+                    parts += [sc.title, sc.preview, model_file_name(sc.model_path), sc.arch]
             return " ".join(parts).lower()
         if role == Qt.ItemDataRole.TextAlignmentRole and key in _NUMERIC:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ForegroundRole:
-            if entry.problems:
-                return QColor("#b91c1c")
+            if conv.problems and key in ("title", "status"):
+                return error_colour()
             if reasons and key in ("compat", "title"):
                 return QApplication.palette().color(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text)
         return None
 
-    def _display(self, entry: SessionEntry, reasons: list[str] | None, key: str) -> str:
+    def _display(self, conv: Conversation, reasons: list[str] | None, key: str) -> str:
+        entry = conv.head
         sc = entry.sidecar
         if key == "title":
             return sc.title if sc else f"(unreadable) {entry.id}"
         if key == "status":
-            return "ok" if not entry.problems else "damaged"
+            return "ok" if not conv.problems else "damaged"
         if key == "compat":
             if reasons is None:
                 return "—"
@@ -197,31 +287,29 @@ class SessionsTableModel(QAbstractTableModel):
                 return "other model"  # resumed by switching to it
             return "yes" if not reasons else "no"
         if key == "size":
-            return human_bytes(entry.size_bytes)
-        if key == "where":
-            return self.where(entry.id)
+            return human_bytes(conv.size_bytes)
+        if key == "in_slot":
+            slot = self.slot_of(conv)
+            return "" if slot is None else f"slot {slot}"
+        if key == "pinned":
+            return "pinned" if conv.pinned else ""
         if sc is None:
             return ""
         if key == "model":
             return model_file_name(sc.model_path)
         if key == "tokens":
             return f"{sc.n_tokens:,}"
-        if key == "swa":
-            return swa_mode(sc)
         if key == "restore":
             return describe_restore_mode(sc.restore_mode)
-        if key == "cache":
-            return cache_text(sc)
         if key == "last_used":
             try:
                 return relative_time(parse_utc(sc.last_used_at), self._clock())
             except ValueError:
                 return sc.last_used_at
-        if key == "pinned":
-            return "pinned" if sc.pinned else ""
         return ""
 
-    def _tooltip(self, entry: SessionEntry, reasons: list[str] | None, key: str) -> str | None:
+    def _tooltip(self, conv: Conversation, reasons: list[str] | None, key: str) -> str | None:
+        entry = conv.head
         sc = entry.sidecar
         if key == "compat":
             if reasons is None:
@@ -230,10 +318,13 @@ class SessionsTableModel(QAbstractTableModel):
                 return "Can be resumed into the running server."
             return "Cannot be resumed into the running server:\n• " + "\n• ".join(reasons)
         if key == "status":
-            return "\n".join(entry.problems) if entry.problems else "Sidecar and KV file look complete."
-        if key == "where":
-            if entry.id in self._in_slot:
-                return (f"In slot {self._in_slot[entry.id]} of the running server: the next request of this "
+            if conv.problems:
+                return "\n".join(conv.problems)
+            return "Its files are complete." if len(conv.saves) == 1 else "The files of every save are complete."
+        if key == "in_slot":
+            slot = self.slot_of(conv)
+            if slot is not None:
+                return (f"In slot {slot} of the running server: the next request of this "
                         "conversation continues from there.")
             return "Saved on disk: a request that continues it brings it back into a slot first."
         if sc is None:
@@ -242,18 +333,26 @@ class SessionsTableModel(QAbstractTableModel):
             lines = [sc.title]
             if sc.preview:
                 lines.append(sc.preview)
-            lines.append(f"id {sc.id}" + (f", continued from {sc.parent}" if sc.parent else ""))
+            lines.append(f"id {sc.id}")
+            if len(conv.saves) > 1:
+                first = conv.saves[0].sidecar
+                kept = f" (pinned at {first.n_tokens:,} tokens, kept as it was)" if first and first.pinned else ""
+                lines.append(f"{len(conv.saves)} saves of this conversation{kept}")
+            elif sc.parent:
+                lines.append(f"A branch: it left {sc.parent} before its end (an edited or regenerated turn)")
             if sc.last_restore and sc.last_restore.effective is False and sc.last_restore.reason:
                 lines.append(f"Last restore was not reused: {sc.last_restore.reason}")
             return "\n".join(lines)
         if key == "model":
-            return f"{sc.model_path}\narchitecture {sc.arch}, sha256 {sc.model_sha256[:12]}…"
+            return (f"{sc.model_path}\narchitecture {sc.arch}, sha256 {sc.model_sha256[:12]}…\n"
+                    f"Saved with {swa_mode(sc)}; {cache_text(sc)}"
+                    + ("\nWithout --swa-full the sliding-window layers keep only the last window, so "
+                       "resuming it re-reads the whole conversation." if sc.swa and not sc.swa_full else ""))
         if key == "tokens":
             return f"{sc.n_tokens:,} tokens; saved from slots of {sc.n_ctx_slot:,} tokens (-np {sc.n_parallel})"
-        if key == "swa":
-            if sc.swa and not sc.swa_full:
-                return ("Saved without --swa-full: the sliding-window layers keep only the last window, "
-                        "so resuming it re-reads the whole conversation.")
+        if key == "size":
+            if len(conv.saves) > 1:
+                return " + ".join(human_bytes(e.size_bytes) for e in conv.saves) + " (every save of it)"
             return None
         if key == "restore":
             return restore_mode_explanation(sc.restore_mode)
@@ -263,39 +362,45 @@ class SessionsTableModel(QAbstractTableModel):
             except ValueError:
                 return None
         if key == "pinned":
-            return "Pinned sessions are never pruned." if sc.pinned else None
+            return "Pinned: never deleted to stay within the disk budget." if conv.pinned else None
         return None
 
-    def _sort_value(self, entry: SessionEntry, reasons: list[str] | None, key: str) -> Any:
+    def _sort_value(self, conv: Conversation, reasons: list[str] | None, key: str) -> Any:
+        entry = conv.head
         sc = entry.sidecar
         if key == "size":
-            return entry.size_bytes
+            return conv.size_bytes
         if key == "compat":
             return -1 if reasons is None else (1 if not reasons else 0)
         if key == "status":
-            return 0 if entry.problems else 1
+            return 0 if conv.problems else 1
+        if key == "pinned":
+            return 1 if conv.pinned else 0
+        if key == "in_slot":
+            slot = self.slot_of(conv)
+            return -1 if slot is None else slot
         if sc is None:
-            return "" if key in ("title", "model", "swa", "restore", "cache", "last_used") else 0
+            return "" if key in ("title", "model", "restore") else 0
         if key == "tokens":
             return sc.n_tokens
-        if key == "pinned":
-            return 1 if sc.pinned else 0
         if key == "last_used":
             try:
                 return parse_utc(sc.last_used_at).timestamp()
             except ValueError:
                 return 0.0
-        return self._display(entry, reasons, key).lower()
+        return self._display(conv, reasons, key).lower()
 
 
 class SessionsFilterProxy(QSortFilterProxyModel):
-    """Keeps rows whose title, preview, model or id contain every word typed, and the rows of
-    conversations found by what was said in them (``set_found_ids``: the search by content)."""
+    """Keeps rows whose title, preview, model or id contain every word typed (and the rows above a
+    branch that does), and the rows of conversations found by what was said in them
+    (``set_found_ids``: the search by content)."""
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self._words: list[str] = []
         self._found: frozenset[str] = frozenset()
+        self.setRecursiveFilteringEnabled(True)
         self.setSortRole(SORT_ROLE)
         self.setDynamicSortFilter(True)
 
@@ -326,8 +431,8 @@ class SessionsFilterProxy(QSortFilterProxyModel):
             return True
         index = self.sourceModel().index(source_row, 0, source_parent)
         if self._found:
-            entry = self.sourceModel().data(index, ENTRY_ROLE)
-            if entry is not None and entry.id in self._found:
+            saves = self.sourceModel().data(index, SAVES_ROLE) or ()
+            if any(e.id in self._found for e in saves):  # any save of the conversation was found
                 return True
         haystack = self.sourceModel().data(index, SEARCH_ROLE) or ""
         return all(w in haystack for w in self._words)

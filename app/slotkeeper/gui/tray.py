@@ -7,6 +7,7 @@ and tooltip logic are tested offscreen where no tray exists.
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QGuiApplication
@@ -15,6 +16,7 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine.model import profile_model_name
 from slotkeeper.core.server.state import STOPPED_STATES, ServerState
+from slotkeeper.core.sessions.conversations import group_conversations
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.units import human_bytes, human_duration
 from slotkeeper.gui import icons
@@ -25,6 +27,11 @@ from slotkeeper.gui.notifications import ERROR, WARNING
 from slotkeeper.gui.sessions_model import relative_time
 
 RESUME_ITEMS = 10
+
+
+def relative_time_of(moment: float, now: float) -> str:
+    return relative_time(datetime.fromtimestamp(moment, tz=timezone.utc), now)
+
 TITLE_CHARS = 48
 MESSAGE_MS = 8000
 
@@ -159,7 +166,7 @@ class TrayController(QObject):
         name = icons.icon_state_for(b.state.value, b.facts is not None, b.activity.activity, slot_states)
         if name != self.icon_state:
             self.icon_state = name
-            self.tray.setIcon(icons.state_icon(name))
+            self.tray.setIcon(icons.tray_icon(name))
         self.tray.setToolTip(self.tooltip())
 
     def tooltip(self) -> str:
@@ -180,12 +187,20 @@ class TrayController(QObject):
 
     # -- resume ---------------------------------------------------------------------------
     def rebuild_resume_menu(self) -> None:
+        """The most recent conversations (one entry each, as it is now); the ones in a slot say so,
+        the others say when they last changed."""
         b = self.bridge
         menu = self.resume_menu
         menu.clear()
         listing = b.listing
-        entries = [e for e in (listing.sessions if listing else []) if e.sidecar is not None]
-        entries.sort(key=lambda e: parse_utc(e.sidecar.last_used_at), reverse=True)
+        heads = [c.head for top in group_conversations(listing.sessions if listing else []) for c in top.walk()]
+        entries = [e for e in heads if e.sidecar is not None]
+        in_slot = {v.session_id: v.id for v in b.slots if v.session_id}
+
+        def changed_at(e) -> float:
+            return b.saved_at.get(e.id) or parse_utc(e.sidecar.last_used_at).timestamp()
+
+        entries.sort(key=lambda e: (e.id in in_slot, changed_at(e)), reverse=True)
         entries = entries[:RESUME_ITEMS]
         if not entries:
             a = menu.addAction("No saved conversations yet")
@@ -194,14 +209,18 @@ class TrayController(QObject):
         now = time.time()
         for e in entries:
             sc = e.sidecar
-            label = f"{_elide(sc.title)}  ({relative_time(parse_utc(sc.last_used_at), now)})"
+            if e.id in in_slot:
+                label = f"● {_elide(sc.title)}  (in slot {in_slot[e.id]})"
+            else:
+                label = f"{_elide(sc.title)}  ({relative_time_of(changed_at(e), now)})"
             verdict = b.resume_verdict(e)
-            if verdict.switch_to:
+            if verdict.switch_to and e.id not in in_slot:
                 label += f" — {verdict.label[0].lower()}{verdict.label[1:]}"
             action = QAction(label, menu)
             action.setData(e.id)
             action.setEnabled(verdict.enabled)
-            action.setToolTip(verdict.why)
+            action.setToolTip("Already in a slot: continue it from your chat client." if e.id in in_slot
+                              else verdict.why)
             action.triggered.connect(lambda _=False, sid=e.id, to=verdict.switch_to: self.resume(sid, to))
             menu.addAction(action)
 

@@ -740,7 +740,9 @@ class Engine:
         self._policy.mark_restored(slot, session_id)
         self.desk.restored(slot, tokens, result.restore_ms, result.n_read)
         self._slots.pending[slot] = PendingReuse(session_id, result.n_restored, sc.restore_mode)
-        self._set_slot(slot, session_id=session_id, n_tokens=result.n_restored, warning=None)
+        # The prompt figures were the previous conversation's: a restored slot has had no request yet.
+        self._set_slot(slot, session_id=session_id, n_tokens=result.n_restored, warning=None,
+                       n_prompt=0, cache_n=0, prompt_n=0)
         summary = RestoreSummary(session_id, slot, result.n_restored, result.restore_ms, sc.title)
         self.events.emit(SessionRestored(summary))
         return summary
@@ -1106,8 +1108,14 @@ class Engine:
             self._set_slot(slot, running=False, n_tokens=held)
             return
         at = time.time()
+        before = self._slots.view(slot)
+        shown: dict[str, Any] = {}
+        if before.session_id and 2 * fig.cache_n < before.n_tokens:
+            # Another conversation (or a rollback far back) in this slot: what it held is no longer what
+            # it shows; the next save names what it holds now. The old badge goes with the old title.
+            shown = {"session_id": None, "warning": None}
         self._set_slot(slot, running=False, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
-                       n_tokens=held)
+                       n_tokens=held, **shown)
         record = RequestRecord(at=at, slot=slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
                                prompt_ms=fig.prompt_ms, source=fig.source, saved_ms=fig.saved_ms)
         self.loop.in_background(self.history.append, record, what="recording the request history")
@@ -1116,8 +1124,8 @@ class Engine:
         pending = self._slots.pending.pop(slot, None)
         if pending is not None:
             verdict = judge_reuse(pending, fig.cache_n, fig.shared)
-            if verdict.reason and (not verdict.effective or verdict.warn):
-                self._set_slot(slot, warning=verdict.reason)
+            if verdict.reason and (verdict.effective is False or verdict.warn):
+                self._set_slot(slot, warning=verdict.reason)  # not judged (another conversation): no badge
             if verdict.warn:
                 self.events.emit(WarningRaised(verdict.reason or ""))
             self.loop.in_background(record_reuse, self.store, pending.session_id, fig.cache_n, fig.n_prompt,

@@ -99,7 +99,7 @@ def swa_note(model: ModelChoice | None, profile: ServerProfile) -> str | None:
         "a restored conversation would be re-read from the start, so Slotkeeper does not save or restore "
         "this model's conversations. Turning on --swa-full makes restores work for the next turn of a "
         f"saved conversation and costs {human_bytes(est.swa_full_extra_bytes)} more KV memory at this "
-        f"context ({human_bytes(est.bytes_swa)} -> {human_bytes(est.bytes_full)})."
+        f"context ({human_bytes(est.bytes_swa)} → {human_bytes(est.bytes_full)})."
     )
 
 

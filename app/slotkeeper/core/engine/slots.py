@@ -58,18 +58,18 @@ def judge_reuse(pending: PendingReuse, cache_n: int, shared: int | None = None) 
     allowed = reuse_allowed(pending.mode, n, shared)
     if allowed < EFFECTIVE_REUSE_SHARE * n:
         if pending.mode in families.EXACT_ONLY_MODES and shared is not None and shared > 0:
-            why = (f"not judged: the next request rolled back inside the restored conversation ({shared} of {n} "
+            why = (f"not judged: the next request rolled back inside the restored conversation ({shared:,} of {n:,} "
                    "tokens in common), which this model cannot do, so it was computed from scratch")
         else:
-            why = (f"not judged: the next request was another conversation ({shared or 0} of {n} restored "
+            why = (f"not judged: the next request was another conversation ({shared or 0:,} of {n:,} restored "
                    "tokens in common)")
         return ReuseVerdict(None, why, False)
     if cache_n < EFFECTIVE_REUSE_SHARE * allowed:
-        return ReuseVerdict(False, f"the next request reused {cache_n} of the {allowed} restored tokens it could "
-                                   "have (the server discarded the cache)", False)
+        return ReuseVerdict(False, f"the next request reused {cache_n:,} of the {allowed:,} restored tokens it "
+                                   "could have (the server discarded the cache)", False)
     if pending.mode in families.EXACT_ONLY_MODES and cache_n < n and shared is None:
         # Rolled back inside a restored state that cannot roll back: the reply may differ from a cold run.
-        return ReuseVerdict(True, (f"this request rolled back inside the restored conversation ({cache_n} of {n} "
+        return ReuseVerdict(True, (f"this request rolled back inside the restored conversation ({cache_n:,} of {n:,} "
                                    "tokens reused): this model cannot do that correctly, so the reply may be off; "
                                    "regenerate it if it looks wrong"), True)
     return ReuseVerdict(True, None, False)

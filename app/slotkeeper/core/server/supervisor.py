@@ -70,6 +70,41 @@ class LaunchSpec:
         return connect_url(self.host, self.port)
 
 
+# What a signal that ended llama-server usually means, in words.
+_SIGNAL_WORDS = {
+    "SIGKILL": "was killed (SIGKILL: the system ran out of memory, or another program killed it)",
+    "SIGSEGV": "crashed (SIGSEGV, a segmentation fault)",
+    "SIGABRT": "aborted (SIGABRT: llama-server stopped itself on an error; its log says why)",
+    "SIGTERM": "was asked to stop by another program (SIGTERM)",
+    "SIGBUS": "crashed (SIGBUS: a file it had mapped, such as the model, changed or went away)",
+    "SIGILL": "crashed (SIGILL: this build uses processor instructions this machine lacks)",
+}
+# Windows NTSTATUS codes llama-server ends with most often.
+_WINDOWS_CODES = {
+    0xC0000005: "crashed (an access violation)",
+    0xC000001D: "crashed (an illegal instruction: this build uses processor instructions this machine lacks)",
+    0xC0000409: "aborted (a fatal error inside llama-server; its log says why)",
+    0xC0000017: "ran out of memory",
+}
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, in words: "was killed (SIGKILL: ...)" rather than "code -9"."""
+    if code is None:
+        return "stopped"
+    if code == 0:
+        return "exited without an error"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            return f"was stopped by signal {-code}"
+        return _SIGNAL_WORDS.get(name, f"was stopped by signal {-code} ({name})")
+    if code in _WINDOWS_CODES or (code & 0xFFFFFFFF) in _WINDOWS_CODES:
+        return _WINDOWS_CODES[code & 0xFFFFFFFF]
+    return f"exited with error code {code}"
+
+
 def port_user(host: str, port: int) -> str | None:
     """None when ``host:port`` is free; else a description of who holds it (best effort)."""
     bind_host = "127.0.0.1" if host in ("", "localhost") else host
@@ -307,7 +342,7 @@ class Supervisor:
                 return
             self.last_exit_code = code
             tail = self.log_tail()
-            self._set_state(ServerState.CRASHED, f"llama-server exited (code {code})", log_tail=tail)
+            self._set_state(ServerState.CRASHED, f"llama-server {describe_exit(code)}", log_tail=tail)
             self._clear_state_file()
             decision = self.policy.on_crash()
             if not decision.restart:
@@ -404,7 +439,7 @@ class Supervisor:
                 if code is not None:
                     tail = self.log_tail(LOG_TAIL_ON_FAILURE)
                     raise SupervisorError(
-                        f"llama-server exited during start-up (code {code}). "
+                        f"llama-server {describe_exit(code)} during start-up. "
                         + _explain_startup_failure(tail)
                     )
                 try:

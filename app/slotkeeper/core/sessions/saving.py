@@ -5,7 +5,8 @@
    (llama-server writes with the umask) and fsync it.
 2. Lineage against saved sessions of the same model: tokens that extend a session update it;
    tokens diverging inside one fork a new session with ``parent``; anything else is new.
-   Continuing a pinned session forks it (a pin is a snapshot).
+   Continuing a pinned session forks it (a pin is a snapshot); the continuation takes the pin
+   with it (``continues``), and its own later saves update it in place.
 3. Title and preview from the detokenized tokens (``describe``, given by the engine: the store
    knows files, not HTTP), outside the folder lock.
 4. Under the folder lock: re-read the session being updated (another save or a CLI command may
@@ -184,8 +185,8 @@ def _refine(kind: str, previous: SessionEntry | None, tokens: list[int]) -> tupl
         assert previous.sidecar is not None
         if previous.sidecar.tokens_digest == tokens_digest(tokens):
             return "unchanged", previous
-        if previous.sidecar.pinned:
-            return "fork", previous  # a pinned session is a snapshot: its continuation is a child
+        if previous.sidecar.pinned and not previous.sidecar.continues:
+            return "continue", previous  # a pinned session is a snapshot: its continuation is a child
     return kind, previous
 
 
@@ -204,17 +205,23 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
                 # Changed while we were away (another save, a delete): decide again, now under the lock.
                 kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
             elif kind != "contained":
-                kind, previous = _refine(kind if kind != "unchanged" else "update", fresh, inc.tokens)
+                kind, previous = _refine("update" if kind in ("unchanged", "continue") else kind, fresh, inc.tokens)
         now = format_utc(utc_now())
         if kind in ("unchanged", "contained") and previous is not None:
             # Nothing new to keep: the session holds it already. It was used now.
             sc = store.update(previous.id, lambda s: replace(s, last_used_at=now))
             return SaveOutcome(kind, sc, len(inc.tokens), save_ms)
         title, preview = described if described is not None else describe(inc.tokens)
+        continues = False
         if kind == "update" and previous is not None:
             sc0 = previous.sidecar
             assert sc0 is not None
             sid, created, pinned, parent, last_restore = sc0.id, sc0.created_at, sc0.pinned, sc0.parent, sc0.last_restore
+            continues = sc0.continues
+        elif kind == "continue" and previous is not None:
+            # The pinned snapshot stays as it is; the conversation (and its pin) goes on here.
+            sid, created, pinned, parent, last_restore = new_session_id(), now, True, previous.id, None
+            continues = True
         else:
             sid, created, pinned, last_restore = new_session_id(), now, False, None
             parent = previous.id if (kind == "fork" and previous) else None
@@ -235,14 +242,15 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
             n_prompt=n_prompt if n_prompt is not None and n_prompt <= len(inc.tokens) else None,
             last_restore=last_restore, restore_mode=facts.restore_mode, n_media=inc.n_media,
-            mmproj_sha256=facts.mmproj_sha256, verified=verified,
+            mmproj_sha256=facts.mmproj_sha256, verified=verified, continues=continues,
         )  # fmt: skip
         write_sidecar_atomic(store.sidecar_path(sid), sidecar)
         fault_point("after_sidecar")
         if kind == "update" and previous is not None and previous.sidecar.kv_file != final_name:
             unlink_quietly(store.dir / previous.sidecar.kv_file)
             store.forget_tokens(previous.sidecar.kv_file)
-    return SaveOutcome(kind, sidecar, len(inc.tokens), save_ms, inc.tokens, _mtime_ns(store.dir / final_name))
+    return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms, inc.tokens,
+                       _mtime_ns(store.dir / final_name))
 
 
 def _mtime_ns(path: Path) -> int:

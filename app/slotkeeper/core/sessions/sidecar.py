@@ -74,6 +74,8 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v
 # Keys added after schema 1 without a bump, and what a file written before them means.
 OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None, "n_media": 0, "mmproj_sha256": None,
                                      "verified": None}
+# Optional keys written only when they are not their default (files stay as older versions wrote them).
+WRITTEN_WHEN_SET: dict[str, Any] = {"continues": False}
 
 SESSION_ID_BYTES = 6  # 12 hex characters: plenty for one user's sessions
 _ID_RE = SESSION_ID_RE  # the one id pattern (naming), also what the store accepts as an id
@@ -310,14 +312,19 @@ class Sidecar:
     # The KV file's stamp when its content last matched content_hash (sessions.stamps): while the
     # file still has it, a restore need not hash the whole file again. Optional key.
     verified: FileStamp | None = None
+    # This save carries its parent's conversation forward (all of the parent's tokens, then
+    # more): the continuation of a pinned snapshot, which keeps the snapshot and the pin. Faces
+    # show the two as one conversation. Optional key: false for files written before it.
+    continues: bool = False
     schema_version: int = SCHEMA_VERSION
     # Keys written by a newer Slotkeeper of the same schema; written back untouched.
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        known = {key: _plain(getattr(self, key)) for key in SIDECAR_KEYS}
+        known = {key: _plain(getattr(self, key)) for key in SIDECAR_KEYS
+                 if key not in WRITTEN_WHEN_SET or getattr(self, key) != WRITTEN_WHEN_SET[key]}
         # Known keys win: a stale copy of a known key in extra must never override it.
-        return {**known, **{k: v for k, v in self.extra.items() if k not in known}}
+        return {**known, **{k: v for k, v in self.extra.items() if k not in SIDECAR_KEYS}}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Sidecar:
@@ -361,6 +368,7 @@ class Sidecar:
             mmproj_sha256=(None if d.get("mmproj_sha256") is None
                            else _matching(d, "mmproj_sha256", _SHA256_RE, "64 lowercase hex digits")),
             verified=FileStamp.from_json(d.get("verified")),
+            continues=_bool(d, "continues") if "continues" in d else False,
             extra=_unknown_keys(d, SIDECAR_KEYS),
         )
 

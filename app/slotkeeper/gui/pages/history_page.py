@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from slotkeeper.core import events as ev
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.history_plot import HistoryPlot
 
@@ -12,16 +13,28 @@ class HistoryPage(QWidget):
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.bridge = bridge
+        self._launches: set[float] = set()
         layout = QVBoxLayout(self)
         self.history_summary = QLabel()
         layout.addWidget(self.history_summary)
         self.history_plot = HistoryPlot()
         layout.addWidget(self.history_plot, 1)
-        self.history_summary.setText(self.history_plot.summary())
+        self._on_history(bridge.history)
 
         bridge.historyLoaded.connect(self._on_history)
+        bridge.on(ev.EngineReady, self._on_launch)
+        self._on_launch()
         bridge.load_history()
 
     def _on_history(self, records: list) -> None:
         self.history_plot.set_records(records)
-        self.history_summary.setText(self.history_plot.summary())
+        # The plot says "No requests yet" itself; the line above it has nothing to add then.
+        self.history_summary.setText(self.history_plot.summary() if records else "")
+        self.history_summary.setVisible(bool(records))
+
+    def _on_launch(self, *_args) -> None:
+        """This run's launch (and relaunches after a crash) as a marker among the bars."""
+        started = self.bridge.snapshot.started_at
+        if started:
+            self._launches.add(started)
+            self.history_plot.set_launches(self._launches)

@@ -27,6 +27,7 @@ from slotkeeper.gui.activity_view import ActivityView
 from slotkeeper.gui.bridge import EngineBridge, initial_log
 from slotkeeper.gui.desktop import no_browser_message, open_url
 from slotkeeper.gui.log_view import LogView
+from slotkeeper.gui.swa_fix import SwaFixButton
 from slotkeeper.gui.tray import api_address
 
 STATE_TEXT = {
@@ -179,6 +180,8 @@ class ServerPage(QWidget):
         self.warning_box.setStyleSheet(WARNING_BOX_STYLE)
         self.warning_box.hide()
         outer.addWidget(self.warning_box)
+        self.swa_fix_button = SwaFixButton(self.bridge)  # the sliding-window notice's fix, one click
+        outer.addWidget(self.swa_fix_button)
 
         # Slotkeeper's own actions beside llama-server's raw log; the divider can be dragged.
         self.activity_view = ActivityView(self)

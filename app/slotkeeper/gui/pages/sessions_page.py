@@ -1,10 +1,12 @@
-"""The Sessions tab: saved conversations (filter, table, disk usage) and what can be done with
-them: resume, pin, delete (after asking), verify, show in the file manager."""
+"""The Sessions tab: saved conversations (filter, one row per conversation with its branches under
+it, disk usage) and what can be done with them: resume, pin, delete (after asking), verify, show
+in the file manager, copy the id. An empty folder (or filter) says what to do instead of showing
+an empty table."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QItemSelectionModel, Qt, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -15,7 +17,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QPushButton,
-    QTableView,
+    QTreeView,
     QVBoxLayout,
     QWidget,
 )
@@ -27,7 +29,14 @@ from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import no_file_manager_message, reveal_in_file_manager
 from slotkeeper.gui.search_results import SearchResults
-from slotkeeper.gui.sessions_model import COLUMN, ENTRY_ROLE, SessionsFilterProxy, SessionsTableModel
+from slotkeeper.gui.sessions_model import (
+    COLUMN,
+    ENTRY_ROLE,
+    SAVES_ROLE,
+    SessionsFilterProxy,
+    SessionsTableModel,
+)
+from slotkeeper.gui.widgets import WrappedLabel
 
 OVER_BUDGET_STYLE = "QProgressBar::chunk { background: #dc2626; }"
 
@@ -46,6 +55,7 @@ class SessionsPage(QWidget):
             bridge.on(event_type, self._update_buttons)
         bridge.on(ev.SlotsChanged, self._on_slots)
         bridge.on(ev.ServerStateChanged, self._on_slots)
+        bridge.on(ev.ServerStateChanged, self._update_empty)
         bridge.sessionsListed.connect(self._on_listing)
         bridge.settingsChanged.connect(self._on_settings_changed)
         bridge.sessionVerified.connect(self._on_verified)
@@ -72,27 +82,40 @@ class SessionsPage(QWidget):
         self.sessions_proxy = SessionsFilterProxy(self)
         self.sessions_proxy.setSourceModel(self.sessions_model)
         self.filter_edit.textChanged.connect(self.sessions_proxy.set_filter_text)
-        self.table = QTableView()
+        self.filter_edit.textChanged.connect(self._update_empty)
+        # A tree: one row per conversation, its branches (edited or regenerated turns) under it.
+        self.table = QTreeView()
         self.table.setModel(self.sessions_proxy)
+        self.table.setAccessibleName("Saved conversations")
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(COLUMN["last_used"], Qt.SortOrder.DescendingOrder)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.table.setAlternatingRowColors(True)
+        self.table.setUniformRowHeights(True)
         self.table.setWordWrap(False)
-        self.table.verticalHeader().hide()
-        header = self.table.horizontalHeader()
+        self.table.setAllColumnsShowFocus(True)
+        self.table.setExpandsOnDoubleClick(False)  # a double click resumes; the arrow expands
+        header = self.table.header()
+        header.setStretchLastSection(False)
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        # The title takes the room left; every other column, the model's file name included, is
+        # as wide as its longest value (the view scrolls sideways rather than cut them).
         header.setSectionResizeMode(COLUMN["title"], QHeaderView.ResizeMode.Stretch)
-        # Model file names can be very long; they elide instead of squeezing the title.
-        header.setSectionResizeMode(COLUMN["model"], QHeaderView.ResizeMode.Interactive)
-        header.resizeSection(COLUMN["model"], 160)
+        header.setMinimumSectionSize(48)
         header.setHighlightSections(False)
-        self.table.doubleClicked.connect(lambda _: self.resume_selected())
+        self.table.activated.connect(lambda _: self.resume_selected())  # double click, or Enter
         self.table.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.table.customContextMenuRequested.connect(self._context_menu)
         self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_buttons())
         layout.addWidget(self.table, 1)
+        self.empty_label = WrappedLabel()
+        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.empty_label.hide()
+        layout.addWidget(self.empty_label)
+        self._empty_stretch = layout.count()
+        layout.addStretch(0)
 
         buttons = QHBoxLayout()
         self.resume_button = QPushButton("Resume")
@@ -104,12 +127,25 @@ class SessionsPage(QWidget):
         self.verify_button = QPushButton("Verify")
         self.verify_button.setToolTip("Check the KV file's size and content hash")
         self.verify_button.clicked.connect(self.verify_selected)
-        self.reveal_button = QPushButton("Show in file manager")
+        self.reveal_button = QPushButton("Show file")
+        self.reveal_button.setToolTip("Show the saved cache file in the file manager")
         self.reveal_button.clicked.connect(self.reveal_selected)
         for w in (self.resume_button, self.pin_button, self.delete_button, self.verify_button, self.reveal_button):
             buttons.addWidget(w)
         buttons.addStretch(1)
         layout.addLayout(buttons)
+        self.copy_id_button = QPushButton("Copy id")  # the context menu's; kept for its state
+        self.copy_id_button.clicked.connect(self.copy_id_selected)
+        self.copy_id_button.hide()
+        # Keys: Enter resumes (activated), Delete deletes (in the table only), Ctrl+F filters.
+        QShortcut(QKeySequence.StandardKey.Delete, self.table, activated=self.delete_selected,
+                  context=Qt.ShortcutContext.WidgetShortcut)
+        QShortcut(QKeySequence.StandardKey.Find, self, activated=self._focus_filter,
+                  context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        self.setTabOrder(self.filter_edit, self.table)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self.filter_edit, activated=self.filter_edit.clear,
+                  context=Qt.ShortcutContext.WidgetShortcut)
+        self._update_empty()
 
         usage = QHBoxLayout()
         usage.addWidget(QLabel("Disk:"))
@@ -147,23 +183,67 @@ class SessionsPage(QWidget):
 
     # -- the listing ----------------------------------------------------------------------
     def _on_listing(self, listing: Listing, facts) -> None:
-        selected = {e.id for e in self.selected_entries()}
+        selected = {e.id for e in self.selected_saves()}
         current = self.current_entry()
+        expanded = self._expanded_ids()
         self.sessions_model.set_listing(listing, facts)
-        if selected:  # the same conversations stay selected across a new listing
+        for sid in expanded:  # branches stay open across a new listing
+            self.table.expand(self.sessions_proxy.mapFromSource(self.sessions_model.index_of(sid)))
+        if selected:  # the same conversations stay selected (a save that went on stays in its row)
             sel = self.table.selectionModel()
-            for row in range(self.sessions_proxy.rowCount()):
-                index = self.sessions_proxy.index(row, 0)
-                entry = index.data(ENTRY_ROLE)
-                if entry is not None and entry.id in selected:
-                    flags = QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows
-                    if current is not None and entry.id == current.id:
-                        flags |= QItemSelectionModel.SelectionFlag.Current
-                    sel.select(index, flags)
-        n = len(listing.sessions)
+            done: set[int] = set()
+            for sid in selected:
+                index = self.sessions_proxy.mapFromSource(self.sessions_model.index_of(sid))
+                if not index.isValid() or index.internalId() in done:
+                    continue
+                done.add(index.internalId())
+                flags = QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows
+                saves = index.data(SAVES_ROLE) or []
+                if current is not None and current.id in {e.id for e in saves}:
+                    flags |= QItemSelectionModel.SelectionFlag.Current
+                sel.select(index, flags)
+        # The expand arrows' column only when some conversation has branches to show.
+        self.table.setRootIsDecorated(any(c.branches for c in self.sessions_model.conversations()))
+        n = len(self.sessions_model.conversations())
         self.sessions_count.setText(f"{n} saved conversation{'s' if n != 1 else ''}")
         self._update_usage(listing)
         self._update_buttons()
+        self._update_empty()
+
+    def _expanded_ids(self) -> list[str]:
+        out = []
+        stack = [self.sessions_proxy.index(r, 0) for r in range(self.sessions_proxy.rowCount())]
+        while stack:
+            index = stack.pop()
+            if self.table.isExpanded(index):
+                entry = index.data(ENTRY_ROLE)
+                if entry is not None:
+                    out.append(entry.id)
+                stack += [self.sessions_proxy.index(r, 0, index) for r in range(self.sessions_proxy.rowCount(index))]
+        return out
+
+    def _focus_filter(self) -> None:
+        self.filter_edit.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.filter_edit.selectAll()
+
+    def _update_empty(self, *_args) -> None:
+        """No rows: say why and what to do, in place of an empty table."""
+        text = ""
+        if self.bridge.listing is None:
+            text = "Reading the saved conversations…"
+        elif not self.sessions_model.conversations():
+            text = ("No saved conversations yet.\n\nChat through Slotkeeper's address, "
+                    f"{self.bridge.base_url}/v1 (any OpenAI-compatible client, or “Open chat” in the tray menu). "
+                    "Each conversation is saved here when a reply ends, and comes back after a restart.")
+            if self.bridge.state in STOPPED_STATES:
+                text += "\n\nThe server is stopped: start it from the tray menu or the Server tab first."
+        elif self.sessions_proxy.rowCount() == 0:
+            text = (f"No saved conversation matches “{self.filter_edit.text().strip()}”.\n"
+                    "Clear the filter (Esc) to see them all.")
+        self.empty_label.setText(text)
+        self.empty_label.setVisible(bool(text))
+        self.table.setVisible(not text)
+        self.layout().setStretch(self._empty_stretch, 1 if text else 0)
 
     def _on_settings_changed(self, _settings) -> None:
         self._update_usage()
@@ -190,8 +270,14 @@ class SessionsPage(QWidget):
 
     # -- the selection --------------------------------------------------------------------
     def selected_entries(self) -> list[SessionEntry]:
+        """The selected conversations, each as its newest save (what Resume restores)."""
         rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
         return [r.data(ENTRY_ROLE) for r in rows if r.data(ENTRY_ROLE) is not None]
+
+    def selected_saves(self) -> list[SessionEntry]:
+        """Every save of the selected conversations (what Delete, Unpin and Verify act on)."""
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        return [e for r in rows for e in (r.data(SAVES_ROLE) or [])]
 
     def current_entry(self) -> SessionEntry | None:
         entries = self.selected_entries()
@@ -199,19 +285,24 @@ class SessionsPage(QWidget):
             return None
         index = self.table.currentIndex()
         if index.isValid():
-            entry = self.sessions_proxy.index(index.row(), 0).data(ENTRY_ROLE)
+            entry = index.siblingAtColumn(0).data(ENTRY_ROLE)
             if entry is not None and entry.id in {e.id for e in entries}:
                 return entry
         return entries[0]
 
     def select_session(self, session_id: str) -> bool:
-        for row in range(self.sessions_proxy.rowCount()):
-            index = self.sessions_proxy.index(row, 0)
-            entry = index.data(ENTRY_ROLE)
-            if entry is not None and entry.id == session_id:
-                self.table.selectRow(row)
-                return True
-        return False
+        """Select the row of the conversation holding ``session_id`` (opening its parents)."""
+        index = self.sessions_proxy.mapFromSource(self.sessions_model.index_of(session_id))
+        if not index.isValid():
+            return False
+        parent = index.parent()
+        while parent.isValid():
+            self.table.expand(parent)
+            parent = parent.parent()
+        self.table.selectionModel().setCurrentIndex(
+            index, QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows)
+        self.table.scrollTo(index)
+        return True
 
     def _update_buttons(self, *_args) -> None:
         entries = self.selected_entries()
@@ -223,12 +314,15 @@ class SessionsPage(QWidget):
         self.resume_button.setEnabled(can_resume)
         self.resume_button.setToolTip(why)
         self.resume_button.setText(label)
-        pinned = [e for e in entries if e.sidecar and e.sidecar.pinned]
-        self.pin_button.setText("Unpin" if entries and len(pinned) == len(entries) else "Pin")
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        pinned = [r for r in rows if any(e.sidecar and e.sidecar.pinned for e in (r.data(SAVES_ROLE) or []))]
+        self.pin_button.setText("Unpin" if rows and len(pinned) == len(rows) else "Pin")
         self.pin_button.setEnabled(any(e.sidecar for e in entries))
         self.delete_button.setEnabled(bool(entries))
         self.verify_button.setEnabled(bool(entries))
         self.reveal_button.setEnabled(current is not None)
+        self.copy_id_button.setEnabled(current is not None)
+        self.copy_id_button.setToolTip(f"Copy {current.id} (for `slotkeeper sessions show`)" if current else "")
 
     # -- actions --------------------------------------------------------------------------
     def _context_menu(self, pos) -> None:
@@ -244,7 +338,7 @@ class SessionsPage(QWidget):
         menu.setToolTipsVisible(True)
         for button, fn in ((self.resume_button, self.resume_selected), (self.pin_button, self.toggle_pin_selected),
                            (self.verify_button, self.verify_selected), (self.reveal_button, self.reveal_selected),
-                           (self.delete_button, self.delete_selected)):
+                           (self.copy_id_button, self.copy_id_selected), (self.delete_button, self.delete_selected)):
             action = menu.addAction(button.text())
             action.setEnabled(button.isEnabled())
             action.setToolTip(button.toolTip())
@@ -267,37 +361,54 @@ class SessionsPage(QWidget):
             self.statusMessage.emit("Restoring the conversation…")
 
     def toggle_pin_selected(self) -> None:
-        entries = [e for e in self.selected_entries() if e.sidecar]
-        if not entries:
+        """Pin: the conversation as it is now (its newest save). Unpin: every save of it."""
+        rows = self.table.selectionModel().selectedRows()
+        groups = [[e for e in (r.data(SAVES_ROLE) or []) if e.sidecar] for r in rows]
+        groups = [g for g in groups if g]
+        if not groups:
             return
-        pin = not all(e.sidecar.pinned for e in entries)
-        for e in entries:
-            self.bridge.set_pinned(e.id, pin)
+        pin = not all(any(e.sidecar.pinned for e in g) for g in groups)
+        for g in groups:
+            if pin:
+                self.bridge.set_pinned(g[-1].id, True)
+            else:
+                for e in g:
+                    if e.sidecar.pinned:
+                        self.bridge.set_pinned(e.id, False)
 
-    def confirm_delete(self, entries: list[SessionEntry]) -> bool:
+    def copy_id_selected(self) -> None:
+        entry = self.current_entry()
+        if entry is not None:
+            QGuiApplication.clipboard().setText(entry.id)
+            self.statusMessage.emit(f"Copied the id {entry.id}")
+
+    def confirm_delete(self, entries: list[SessionEntry], saves: list[SessionEntry] | None = None) -> bool:
+        saves = saves if saves is not None else entries
         if len(entries) == 1:
             sc = entries[0].sidecar
             what = f"“{sc.title}”" if sc else f"session {entries[0].id}"
         else:
             what = f"{len(entries)} saved conversations"
-        size = human_bytes(sum(e.size_bytes for e in entries))
+        if len(saves) > len(entries):
+            what += f" ({len(saves)} saves)"
+        size = human_bytes(sum(e.size_bytes for e in saves))
         answer = QMessageBox.question(
             self, "Delete saved conversations",
-            f"Delete {what} ({size})? Its KV cache file is removed from disk; this cannot be undone.",
+            f"Delete {what}, {size}? The saved cache is removed from disk; this cannot be undone.",
             QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
             QMessageBox.StandardButton.Cancel,
         )  # fmt: skip
         return answer == QMessageBox.StandardButton.Yes
 
     def delete_selected(self) -> None:
-        entries = self.selected_entries()
-        if not entries or not self.confirm_delete(entries):
+        entries, saves = self.selected_entries(), self.selected_saves()
+        if not entries or not self.confirm_delete(entries, saves):
             return
-        for e in entries:
+        for e in saves:
             self.bridge.delete_session(e.id)
 
     def verify_selected(self) -> None:
-        for e in self.selected_entries():
+        for e in self.selected_saves():
             self.bridge.verify_session(e.id)
         self.statusMessage.emit("Verifying…")
 

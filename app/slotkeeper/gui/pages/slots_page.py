@@ -20,12 +20,15 @@ class SlotsPage(QWidget):
         super().__init__(parent)
         self.bridge = bridge
         layout = QVBoxLayout(self)
-        legend = QHBoxLayout()
+        # The legend explains gauges: with no server there are none, and no legend.
+        self.legend = QWidget()
+        legend = QHBoxLayout(self.legend)
+        legend.setContentsMargins(0, 0, 0, 0)
         legend.addWidget(swatch(CACHE_COLOUR, "prompt from cache"))
         legend.addWidget(swatch(PROCESSED_COLOUR, "prompt processed"))
         legend.addWidget(swatch(HELD_COLOUR, "tokens held in the slot"))
         legend.addStretch(1)
-        layout.addLayout(legend)
+        layout.addWidget(self.legend)
         self.slots_panel = SlotsPanel()
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -43,6 +46,7 @@ class SlotsPage(QWidget):
 
     def _show_slots(self, *_args) -> None:
         self.slots_panel.set_views(self.bridge.slots)
+        self.legend.setVisible(bool(self.bridge.slots))
 
     def _on_listing(self, listing: Listing, _facts) -> None:
         """A slot holding a saved conversation shows its title."""

@@ -28,9 +28,10 @@ from slotkeeper.core.settings import Settings, SettingsError
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge, resolved_model_file
 from slotkeeper.gui.settings.disk_tab import DiskTab
-from slotkeeper.gui.settings.form import ERROR_STYLE, WARNING_STYLE, FormTab
+from slotkeeper.gui.settings.form import FormTab
 from slotkeeper.gui.settings.server_tab import ServerTab
 from slotkeeper.gui.settings.sessions_tab import SessionsTab
+from slotkeeper.gui.theme import error_style, warning_style
 
 RESTART_NOTICE = ("The server is running with other settings: these changes take effect when it "
                   "restarts. “Save and restart server” saves changed conversations first.")
@@ -45,7 +46,7 @@ class SettingsDialog(QDialog):
                  autostart: Any | None = None, search_dirs: list | None = None) -> None:
         super().__init__(parent)
         self.bridge = bridge
-        self.setWindowTitle("Slotkeeper settings")
+        self.setWindowTitle("Settings")  # the platform adds " — Slotkeeper" (the application's display name)
         self.base = bridge.settings
         self._autostart = autostart
         self._closing = False
@@ -60,17 +61,17 @@ class SettingsDialog(QDialog):
 
         self.restart_label = QLabel()
         self.restart_label.setWordWrap(True)
-        self.restart_label.setStyleSheet(WARNING_STYLE)
+        self.restart_label.setStyleSheet(warning_style())
         self.restart_label.hide()
         self.sessions_label = QLabel()
         self.sessions_label.setWordWrap(True)
-        self.sessions_label.setStyleSheet(WARNING_STYLE)
+        self.sessions_label.setStyleSheet(warning_style())
         self.sessions_label.hide()
         self.left_behind: list[str] = []
         self._current_identity: ModelIdentity | None = None
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet(ERROR_STYLE)
+        self.error_label.setStyleSheet(error_style())
         self.error_label.hide()
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         self.restart_button = self.buttons.addButton("Save and restart server", QDialogButtonBox.ButtonRole.ApplyRole)

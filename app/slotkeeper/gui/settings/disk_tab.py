@@ -13,7 +13,8 @@ from slotkeeper.core.settings import Settings, SettingsError
 from slotkeeper.core.units import human_bytes, parse_size
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.jobs import describe_error
-from slotkeeper.gui.settings.form import ERROR_STYLE, FormTab, note
+from slotkeeper.gui.settings.form import FormTab, note
+from slotkeeper.gui.theme import error_style
 
 GIB = 1024**3
 BUDGET_MIN = GIB // 2
@@ -87,7 +88,7 @@ class DiskTab(FormTab):
         row.addWidget(self.budget_edit)
         form.addRow("Budget:", row)
         self.budget_error = note()
-        self.budget_error.setStyleSheet(ERROR_STYLE)
+        self.budget_error.setStyleSheet(error_style())
         form.addRow("", self.budget_error)
         form.setRowVisible(self.budget_error, False)
         self.usage_note = note("Measuring…")
@@ -97,7 +98,11 @@ class DiskTab(FormTab):
         layout.addWidget(self.preview_title)
         self.preview_list = QListWidget()
         self.preview_list.setMinimumHeight(120)
+        self.preview_list.setAccessibleName("Conversations this budget would delete")
+        self.preview_list.hide()  # shown only with something in it: no empty box
         layout.addWidget(self.preview_list, 1)
+        self._stretch = QWidget()  # takes the room the list leaves when it is hidden
+        layout.addWidget(self._stretch, 1)
         layout.addWidget(note("Least recently used conversations go first; pinned ones and the "
                               "ones loaded in a slot are never deleted."))
 
@@ -185,6 +190,8 @@ class DiskTab(FormTab):
                     f"{'s' if len(plan.delete) != 1 else ''} now, freeing {human_bytes(plan.bytes_freed)}:")
                 for c in plan.delete:
                     self.preview_list.addItem(f"{c.title} — {human_bytes(c.size_bytes)}")
+            self.preview_list.setVisible(bool(plan.delete))
+            self._stretch.setVisible(not plan.delete)
             if plan.over_budget_after:
                 self.preview_title.setText(self.preview_title.text() + "\nStill over budget afterwards: "
                                            "pinned conversations and the ones in a slot alone exceed it.")

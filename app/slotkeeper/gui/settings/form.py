@@ -15,9 +15,6 @@ from slotkeeper.core.settings import Settings
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.widgets import WrappedLabel
 
-WARNING_STYLE = "color: #b45309;"
-ERROR_STYLE = "color: #b91c1c;"
-
 # The command-line option behind each setting the command line can set (see `slotkeeper --help`).
 COMMAND_LINE_FLAGS = {
     "profile.model_path": "--model",

@@ -44,7 +44,8 @@ from slotkeeper.core.settings import (
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge, resolved_model_file
 from slotkeeper.gui.jobs import describe_error
-from slotkeeper.gui.settings.form import ERROR_STYLE, WARNING_STYLE, FormTab, note
+from slotkeeper.gui.settings.form import FormTab, note
+from slotkeeper.gui.theme import error_style, warning_style
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class ServerTab(FormTab):
         row.addStretch(1)
         form.addRow("KV cache types:", row)
         self.cache_note = note("Quantized V cache types need flash attention.")
-        self.cache_note.setStyleSheet(WARNING_STYLE)
+        self.cache_note.setStyleSheet(warning_style())
         form.addRow("", self.cache_note)
 
         self.swa_box = QFrame()
@@ -199,13 +200,13 @@ class ServerTab(FormTab):
             "This address lets other machines reach the server, and there is no --api-key in "
             "the extra arguments: anyone on the network could use it and read its conversations."
         )
-        self.exposure_note.setStyleSheet(WARNING_STYLE)
+        self.exposure_note.setStyleSheet(warning_style())
         form.addRow("", self.exposure_note)
         self.extra_args = QLineEdit()
         self.extra_args.setPlaceholderText("more llama-server arguments, e.g. --api-key SECRET -t 8")
         form.addRow("Extra arguments:", self.extra_args)
         self.args_error = note()
-        self.args_error.setStyleSheet(ERROR_STYLE)
+        self.args_error.setStyleSheet(error_style())
         form.addRow("", self.args_error)
 
     def override_fields(self) -> list[tuple[QWidget, tuple[str, ...]]]:
@@ -407,7 +408,7 @@ class ServerTab(FormTab):
         def failed(exc: BaseException) -> None:
             if self.closing:
                 return
-            self.binary_note.setStyleSheet(ERROR_STYLE)
+            self.binary_note.setStyleSheet(error_style())
             self.binary_note.setText(describe_error(exc))
 
         self.bridge.jobs.run(locate_server, explicit, on_success=done, on_failure=failed,
@@ -466,7 +467,7 @@ class ServerTab(FormTab):
         if not value:
             self._model_info = None
             self.identity = None
-            self.model_note.setStyleSheet(WARNING_STYLE)
+            self.model_note.setStyleSheet(warning_style())
             self.model_note.setText("No model chosen: the server cannot start without one.")
             self._update_swa_note()
             return
@@ -502,7 +503,7 @@ class ServerTab(FormTab):
                 return
             self._model_info = None
             self.identity = None
-            self.model_note.setStyleSheet(ERROR_STYLE)
+            self.model_note.setStyleSheet(error_style())
             self.model_note.setText(describe_error(exc))
             self._update_swa_note()
 
@@ -534,9 +535,9 @@ class ServerTab(FormTab):
             sanity = launch_sanity(info, profile, memory[0], memory[1], is_demo=self.model_value() == DEMO_MODEL)
         except ValueError as exc:
             self.sanity_note.setText(str(exc))
-            self.sanity_note.setStyleSheet(ERROR_STYLE)
+            self.sanity_note.setStyleSheet(error_style())
         else:
             self.sanity = sanity
             self.sanity_note.setText(" ".join((sanity.summary, *sanity.problems)))
-            self.sanity_note.setStyleSheet(ERROR_STYLE if sanity.refusal else WARNING_STYLE if sanity.problems else "")
+            self.sanity_note.setStyleSheet(error_style() if sanity.refusal else warning_style() if sanity.problems else "")
         self.show_row(self.sanity_note, True)
