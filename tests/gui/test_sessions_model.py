@@ -167,3 +167,20 @@ def test_conversations_group_continuations_and_put_forks_under_their_parent(qtbo
     proxy.setSourceModel(model)
     proxy.set_filter_text("cccccccccccc")
     assert proxy.rowCount() == 1 and proxy.rowCount(proxy.index(0, 0)) == 1, "a matching branch keeps its parent"
+
+
+def test_a_conversation_found_by_content_in_any_of_its_saves_stays_listed(qtbot, tmp_path):
+    d = tmp_path / "sessions"
+    make_session(d, "aaaaaaaaaaaa", title="Rivers", age_hours=3, pinned=True, n_tokens=100)
+    make_session(d, "bbbbbbbbbbbb", title="Rivers", age_hours=2, parent="aaaaaaaaaaaa", n_tokens=200,
+                 continues=True, pinned=True)
+    make_session(d, "cccccccccccc", title="Lakes", age_hours=1)
+    model = SessionsTableModel()
+    model.set_listing(SessionStore(d).listing(), None)
+    proxy = SessionsFilterProxy()
+    proxy.setSourceModel(model)
+    proxy.set_filter_text("kingfisher")  # said in the snapshot; no title or id holds it
+    assert proxy.rowCount() == 0
+    proxy.set_found_ids(["aaaaaaaaaaaa"])  # the search by content found the older save
+    assert proxy.rowCount() == 1
+    assert proxy.index(0, 0).data(ENTRY_ROLE).id == "bbbbbbbbbbbb"  # the row of its conversation
