@@ -10,6 +10,7 @@ from gui_helpers import emit_from_thread, keep_screenshot, make_session
 from PySide6.QtCore import Qt
 
 from slotkeeper.core import events as ev
+from slotkeeper.core.server.supervisor import describe_exit
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.views import RestoreSummary, SaveSummary
 from slotkeeper.gui.main_window import MainWindow
@@ -123,7 +124,7 @@ ACTIVITY = [
                                 "Planning a sailing trip along the coast")),
     ev.SessionRefused("0f1e2d3c4b5a", 1, ("made with flash attention on; this server runs with it off",)),
     ev.SessionsPruned(("99aa88bb77cc",), 2_147_483_648),
-    ev.ServerStateChanged(ServerState.CRASHED, "llama-server exited (code -9)"),
+    ev.ServerStateChanged(ServerState.CRASHED, f"llama-server {describe_exit(-9)}"),  # as the supervisor says it
     ev.ServerStateChanged(ServerState.RESTARTING, "restart 1 of 5", delay=1.0),
     ev.SearchIndexRepaired(completed=3),
     ev.SlotsChanged(()),  # not an action: not listed

