@@ -10,8 +10,8 @@ from gui_helpers import emit_from_thread, keep_screenshot, make_session
 from PySide6.QtCore import Qt
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.server.supervisor import describe_exit
 from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.server.supervisor import describe_exit
 from slotkeeper.core.views import RestoreSummary, SaveSummary
 from slotkeeper.gui.main_window import MainWindow
 
