@@ -39,12 +39,15 @@ def test_a_slot_switched_to_another_chat_drops_the_old_title_and_badge_at_once(q
     qtbot.addWidget(page)
     engine._slots.reset(1, 8192)
     engine._slots.set(0, session_id="aaaaaaaaaaaa", n_tokens=5000, warning="the next request reused 9 of …")
+    engine._policy.mark_restored(0, "aaaaaaaaaaaa")
     fig = Figures(n_prompt=300, cache_n=12, prompt_n=288, prompt_ms=50.0, source="slot", saved_ms=0.0)
     with qtbot.waitSignal(bridge.eventArrived, check_params_cb=lambda e: isinstance(e, ev.SlotsChanged)):
         engine.loop.call(_request_done(engine, 0, 420, fig))
     qtbot.waitUntil(lambda: bridge.slots and bridge.slots[0].n_tokens == 420)
     view = bridge.slots[0]
     assert view.session_id is None and view.warning is None
+    # and the engine no longer takes it for loaded: a Resume restores it, delete and prune may take it
+    assert "aaaaaaaaaaaa" not in engine._policy.in_slots()
     page.slots_panel.set_titles({"aaaaaaaaaaaa": "The old chat"})
     gauge = page.slots_panel.gauges[0]
     assert gauge.title == "" and "not saved yet" in gauge.summary()

@@ -1111,9 +1111,11 @@ class Engine:
         before = self._slots.view(slot)
         shown: dict[str, Any] = {}
         if before.session_id and 2 * fig.cache_n < before.n_tokens:
-            # Another conversation (or a rollback far back) in this slot: what it held is no longer what
-            # it shows; the next save names what it holds now. The old badge goes with the old title.
+            # Another conversation (or a rollback far back) in this slot: it no longer holds that
+            # session (a Resume of it restores it again, and it is no longer guarded as loaded); the
+            # next save names what it holds now. The old badge goes with the old title.
             shown = {"session_id": None, "warning": None}
+            self._policy.left_slot(slot)
         self._set_slot(slot, running=False, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
                        n_tokens=held, **shown)
         record = RequestRecord(at=at, slot=slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
