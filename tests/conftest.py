@@ -10,6 +10,9 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+# The local Hub's fixtures (``hub``, ``model_bytes``) for the download tests.
+pytest_plugins = ["fake_hub"]
+
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch) -> Path:

@@ -26,6 +26,7 @@ import hashlib
 import threading
 from dataclasses import dataclass, field
 
+import pytest
 from aiohttp import web
 
 SERVE_CHUNK = 64 * 1024
@@ -230,3 +231,24 @@ class FakeHub:
                 await asyncio.sleep(f.chunk_delay)
         await resp.write_eof()
         return resp
+
+
+# -- one generated model served the same way by every download test --------------------------
+REPO = "test-org/tiny-llama-GGUF"
+FILE = "tiny-llama-Q8_0.gguf"
+
+
+@pytest.fixture(scope="module")
+def model_bytes(tmp_path_factory) -> bytes:
+    """A tiny generated GGUF (modelgen's "llama"), the file the local Hub serves."""
+    from slotkeeper.core.modelgen import write_model
+
+    return write_model(tmp_path_factory.mktemp("gen") / "m.gguf", "llama").read_bytes()
+
+
+@pytest.fixture
+def hub(model_bytes):
+    """A local Hub serving ``model_bytes`` as REPO/FILE."""
+    with FakeHub() as server:
+        server.add_file(REPO, FILE, model_bytes)
+        yield server

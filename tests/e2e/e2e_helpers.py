@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
+import pytest
 
 from slotkeeper.core.engine import Engine
 from slotkeeper.core.paths import app_paths
@@ -77,3 +82,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+HEALTH_TIMEOUT_S = 60.0
+
+
+def log_tail(log_file: Path, chars: int = 4000) -> str:
+    return log_file.read_text(errors="replace")[-chars:]
+
+
+@contextmanager
+def bare_llama_server(argv: Sequence[str], log_file: Path) -> Iterator[str]:
+    """llama-server started straight from ``argv`` (no --host/--port: a free loopback port is
+    added), its output in ``log_file``; yields its base URL once /health answers, stops it after.
+    A server that exits or never gets healthy fails the test with the end of its log."""
+    port = free_port()
+    with log_file.open("wb") as log:
+        proc = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"llama-server exited with {proc.returncode}:\n{log_tail(log_file)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama-server not healthy after {HEALTH_TIMEOUT_S} s:\n{log_tail(log_file)}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

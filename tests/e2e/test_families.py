@@ -12,8 +12,6 @@ for an exact continuation of the saved tokens, once for a request that rolls bac
 from __future__ import annotations
 
 import re
-import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e_helpers import free_port
+from e2e_helpers import bare_llama_server
 
 from slotkeeper.core import gguf_info
 from slotkeeper.core.modelgen import write_model
@@ -44,36 +42,13 @@ RS_LINE = re.compile(r"llama_memory_recurrent: size = +([\d.]+) MiB \( *(\d+) ce
 @contextmanager
 def llama_server(binary: str, model: Path, folder: Path, name: str, swa_full: bool) -> Iterator[tuple[str, Path]]:
     """A llama-server as Slotkeeper runs it (one slot, flash attention off), its log at -lv 4."""
-    port = free_port()
     log_file = folder / f"{name}.log"
-    argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(CTX), "-np", "1",
-            "-fa", "off", "--cache-ram", "0", "--no-cache-idle-slots", "-lv", "4", "--slot-save-path", str(folder)]
+    argv = [binary, "-m", str(model), "-c", str(CTX), "-np", "1", "-fa", "off", "--cache-ram", "0",
+            "--no-cache-idle-slots", "-lv", "4", "--slot-save-path", str(folder)]
     if swa_full:
         argv.append("--swa-full")
-    with log_file.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama-server exited with {proc.returncode}:\n{log_file.read_text(errors='replace')[-3000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("llama-server not healthy after 60 s")
-            time.sleep(0.05)
+    with bare_llama_server(argv, log_file) as base:
         yield base, log_file
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def complete(base: str, prompt: list[int], n_predict: int) -> dict:

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import socket
 import struct
-import subprocess
-import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from e2e_helpers import bare_llama_server
 
 from slotkeeper.core.modelgen import write_model
 from slotkeeper.core.projgen import IMAGE_TOKENS, write_projector
@@ -37,7 +35,6 @@ pytestmark = pytest.mark.e2e
 
 httpx = pytest.importorskip("httpx")
 
-HEALTH_TIMEOUT_S = 60.0
 N_EMBD_TEXT = 128  # modelgen "llama"
 
 
@@ -65,47 +62,17 @@ IMAGE = _png(32, 32)
 IMAGE_URL = "data:image/png;base64," + base64.b64encode(IMAGE).decode()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
 def _server(binary: str, model: Path, mmproj: Path | None, slots: Path, log_file: Path) -> Iterator[str]:
-    port = _free_port()
-    argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["-c", "2048", "-np", "1", "--slot-save-path", str(slots)]
+    argv = [binary, "-m", str(model), "-c", "2048", "-np", "1", "--slot-save-path", str(slots)]
     if mmproj is not None:
         argv += ["--mmproj", str(mmproj)]
-    with log_file.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + HEALTH_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama-server exited with {proc.returncode}:\n{_tail(log_file)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama-server not healthy after {HEALTH_TIMEOUT_S} s:\n{_tail(log_file)}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+    with bare_llama_server(argv, log_file) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
-def _tail(log_file: Path, chars: int = 4000) -> str:
-    return log_file.read_text(errors="replace")[-chars:]
 
 
 def _chat(base: str, messages: list[dict]) -> dict:

@@ -8,26 +8,10 @@ import pytest
 from gui_helpers import keep_screenshot
 from PySide6.QtCore import Qt
 
-from fake_hub import FakeHub, isolate_huggingface_hub
+from fake_hub import FILE, REPO, isolate_huggingface_hub
 from slotkeeper.core.hub_download import HubDownloader
 from slotkeeper.core.model_catalog import CATALOG, CuratedModel
-from slotkeeper.core.modelgen import write_model
 from slotkeeper.gui.download_dialog import DownloadDialog
-
-REPO = "test-org/tiny-llama-GGUF"
-FILE = "tiny-llama-Q8_0.gguf"
-
-
-@pytest.fixture(scope="module")
-def model_bytes(tmp_path_factory) -> bytes:
-    return write_model(tmp_path_factory.mktemp("gen") / "m.gguf", "llama").read_bytes()
-
-
-@pytest.fixture
-def hub(model_bytes):
-    with FakeHub() as server:
-        server.add_file(REPO, FILE, model_bytes)
-        yield server
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_hub import FakeHub, isolate_huggingface_hub
+from fake_hub import FILE, REPO, FakeHub, isolate_huggingface_hub
 from slotkeeper.core.hub_download import (
     ChecksumMismatch,
     DownloadCancelled,
@@ -23,22 +23,6 @@ from slotkeeper.core.hub_download import (
     cached_file,
     hub_cache_dir,
 )
-from slotkeeper.core.modelgen import write_model
-
-REPO = "test-org/tiny-llama-GGUF"
-FILE = "tiny-llama-Q8_0.gguf"
-
-
-@pytest.fixture(scope="module")
-def model_bytes(tmp_path_factory) -> bytes:
-    return write_model(tmp_path_factory.mktemp("gen") / "m.gguf", "llama").read_bytes()
-
-
-@pytest.fixture
-def hub(model_bytes):
-    with FakeHub() as server:
-        server.add_file(REPO, FILE, model_bytes)
-        yield server
 
 
 @pytest.fixture
