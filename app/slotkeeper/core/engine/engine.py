@@ -87,7 +87,7 @@ from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, Supervisor
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
-from slotkeeper.core.sessions.index import TokenIndex, write_index
+from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import common_prefix_len
 from slotkeeper.core.sessions.naming import new_incoming_name
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
@@ -154,7 +154,7 @@ class Engine:
         except datalock.DataDirBusy as exc:
             raise EngineError(str(exc)) from exc
         self.events = events or EventBus()
-        self.store = SessionStore(paths.sessions_dir)
+        self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
         self.sessions = SessionsService(self.store, in_slots=lambda: self._snapshot.in_slots,
                                         budget=lambda: self._snapshot.settings.budget_bytes,
                                         on_deleted=lambda sid: self.loop.call_soon(self._index_forget, sid))
@@ -198,7 +198,6 @@ class Engine:
         self._private: PrivateAddress | None = None  # llama-server's own port and key
         self._serving = asyncio.Event()  # set while the server is ready for requests
         self._index_dirty = False
-        self.index = TokenIndex()  # saved sessions by their token blocks (for routing)
         self.desk = FrontDesk(self)
         self.front = FrontDoor(self.desk, upstream=self._upstream, user_key=self._user_key)
         self._snapshot = EngineSnapshot(settings=settings)
@@ -365,21 +364,19 @@ class Engine:
         if self._swept is None:
             self._swept = asyncio.ensure_future(self.loop.run_io(self._open_folder))
         try:
-            self.index = await asyncio.shield(self._swept)
+            await asyncio.shield(self._swept)
         except OSError as exc:
             log.warning("could not tidy the sessions folder: %s", exc)
 
-    def _open_folder(self) -> TokenIndex:  # an I/O thread
-        self.store.sweep()
-        index = TokenIndex.load(self.paths.sessions_index_file)
-        listing = self.store.listing()
-        entries = {e.id: e for e in listing.sessions if e.sidecar is not None and not e.problems}
-        read = index.sync(((e.id, e.sidecar.model_sha256, e.sidecar.kv_file, e.size_bytes,
-                            e.kv_path.lstat().st_mtime_ns) for e in entries.values()),
-                          lambda sid: self.store.tokens(entries[sid]))
-        if read or len(index) != len(entries):
-            index.save(self.paths.sessions_index_file)
-        return index
+    def _open_folder(self) -> None:  # an I/O thread
+        self.store.sweep()  # brings the sessions index up to the folder (by stat) as it goes
+        self.store.index_tokens()  # token lists of sessions new or changed since it was kept
+        self.store.save_index()
+
+    @property
+    def index(self) -> SessionsIndex:
+        """The sessions index (the store keeps it true; routing and lineage read it)."""
+        return self.store.index
 
     async def stop_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
                          keep_front_door: bool = False) -> SavesReport:
@@ -882,7 +879,7 @@ class Engine:
 
     async def _prune(self) -> None:
         try:
-            outcome = await self.loop.run_io(self.sessions.prune)
+            outcome = await self.loop.run_io(self.sessions.prune, quick=True)
         except (OSError, ValueError) as exc:
             self.events.emit(WarningRaised(f"could not keep the saved sessions under the budget: {exc}"))
             return
@@ -1012,16 +1009,12 @@ class Engine:
         return None
 
     def _index_saved(self, outcome: SaveOutcome) -> None:
-        sc = outcome.sidecar
-        if sc is None or outcome.tokens is None:
-            return
-        self.index.add_tokens(sc.id, sc.model_sha256, sc.kv_file, sc.size_bytes, outcome.kv_mtime_ns, outcome.tokens)
-        self._index_changed()
+        if outcome.sidecar is not None:  # the save told the store's index; keep it on disk too
+            self._index_changed()
 
     def _index_forget(self, session_id: str) -> None:
-        if session_id in self.index:
-            self.index.remove(session_id)
-            self._index_changed()
+        self.index.forget(session_id)  # the store's delete did; a no-op then
+        self._index_changed()
 
     def _index_changed(self) -> None:
         """Keep the index on disk too, a moment after the last change (one write for a burst)."""
@@ -1032,8 +1025,7 @@ class Engine:
         async def write_later() -> None:
             await asyncio.sleep(INDEX_WRITE_DELAY_SECONDS)
             self._index_dirty = False
-            data = self.index.to_json()
-            self.loop.in_background(write_index, self.paths.sessions_index_file, data, what="saving the sessions index")
+            self.loop.in_background(self.store.save_index, what="saving the sessions index")
 
         self.loop.spawn(write_later(), "saving the sessions index")
 
