@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import psutil
 
 from slotkeeper.core import datalock, families, modelgen
-from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
+from slotkeeper.core.autosave import IDLE_POLL_SECONDS, POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.frontdesk import UNKNOWN, Figures, FrontDesk, FrontDeskError, restore_mode
@@ -198,6 +198,8 @@ class Engine:
         self._private: PrivateAddress | None = None  # llama-server's own port and key
         self._serving = asyncio.Event()  # set while the server is ready for requests
         self._index_dirty = False
+        self._emitted_slots: Any = None  # the slots the last SlotsChanged carried
+        self._poll_wake = asyncio.Event()  # a request began: poll now, and often while it runs
         self.desk = FrontDesk(self)
         self.front = FrontDoor(self.desk, upstream=self._upstream, user_key=self._user_key)
         self._snapshot = EngineSnapshot(settings=settings)
@@ -354,6 +356,7 @@ class Engine:
         self.ready.clear()
         self._ready = False
         self._facts = None  # facts describe one running server; a new launch works them out again
+        self._emitted_slots = None  # the faces forget the slots of a stopped server
         self._resume_id = resume_id
         self._crashed = False
         self._publish()
@@ -905,8 +908,13 @@ class Engine:
         http = self._client()
         delay = 0.0  # the first poll at once: the faces show the slots as soon as we are ready
         while True:
-            await asyncio.sleep(delay)
-            delay = POLL_SECONDS
+            try:
+                await asyncio.wait_for(self._poll_wake.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+            self._poll_wake.clear()
+            # Often while a slot works or waits for its idle save; a few times a minute otherwise.
+            delay = POLL_SECONDS if self._policy_active() else IDLE_POLL_SECONDS
             try:
                 slots = await self.loop.run_io(http.slots)
             except (ServerUnavailable, ServerError):
@@ -920,6 +928,13 @@ class Engine:
                 if slot not in self._idle_saves:  # not again while one waits for its turn
                     self._idle_saves.add(slot)
                     self.loop.spawn(self._idle_save(slot), f"idle save of slot {slot}")
+
+    def _policy_active(self) -> bool:
+        return any(w.changed or w.processing or w.in_request or w.busy_with for w in self._policy.slots.values())
+
+    def wake_poller(self) -> None:
+        """A request is starting (on the loop): the slots are polled now and often until it is saved."""
+        self._poll_wake.set()
 
     async def _idle_save(self, slot: int) -> None:
         try:
@@ -1088,7 +1103,10 @@ class Engine:
 
     def _publish_slots(self) -> None:
         self._publish()
-        self.events.emit(SlotsChanged(self._snapshot.slots))
+        slots = self._snapshot.slots
+        if slots != self._emitted_slots:  # a poll that changed nothing wakes no face
+            self._emitted_slots = slots
+            self.events.emit(SlotsChanged(slots))
         in_slots = self._snapshot.in_slots
         if self._launched is not None and in_slots != self._published_in_slots:
             self._published_in_slots = in_slots
