@@ -107,7 +107,10 @@ SLOT_ACTION_TIMEOUT_SECONDS = 600.0  # a busy slot defers the action until it is
 LAUNCH_ATTEMPTS = 3
 HASH_PROGRESS_SECONDS = 0.5
 LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
-INDEX_WRITE_DELAY_SECONDS = 2.0
+# The sessions index on disk is a cache for the next process (which repairs it by stat): written
+# at most this often while sessions change, and when the engine closes. With thousands of
+# sessions a write is megabytes of JSON.
+INDEX_WRITE_DELAY_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -410,7 +413,12 @@ class Engine:
     async def close_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
         """The final stop: after it start_async() does nothing, so a queued Start cannot outlive Quit."""
         self._closed = True
-        return await self.stop_async(save=save, timeout=timeout)
+        report = await self.stop_async(save=save, timeout=timeout)
+        try:
+            await self.loop.run_io(self.store.save_index)
+        except OSError as exc:  # a cache: the next process rebuilds what it lacks
+            log.info("could not keep the sessions index: %s", exc)
+        return report
 
     async def restart_async(self, resume_id: str | None = None) -> None:
         """Save changed slots, stop, and start again with the current settings."""

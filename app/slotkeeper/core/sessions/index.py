@@ -154,6 +154,8 @@ class TokenIndex:
         self._sessions: dict[str, IndexedSession] = {}
         self._by_hash: dict[int, set[str]] = {}
         self._by_head: dict[tuple[int, int], set[str]] = {}
+        self._by_anchor: dict[tuple[int, int], set[str]] = {}
+        self._anchor_lens: dict[int, int] = {}  # anchor length -> how many sessions have it
         self.dirty = False  # changed since it was loaded or saved
 
     def __len__(self) -> int:
@@ -172,6 +174,9 @@ class TokenIndex:
             for h in entry.hashes:
                 self._by_hash.setdefault(h, set()).add(entry.id)
             self._by_head.setdefault((_head_len(entry.n_tokens), entry.head), set()).add(entry.id)
+            a = _anchor_len(entry.n_tokens)
+            self._by_anchor.setdefault((a, entry.anchor), set()).add(entry.id)
+            self._anchor_lens[a] = self._anchor_lens.get(a, 0) + 1
             self.dirty = True
 
     def add_tokens(self, session_id: str, model_sha256: str, kv_file: str, size: int, mtime_ns: int,
@@ -198,12 +203,17 @@ class TokenIndex:
                     ids.discard(session_id)
                     if not ids:
                         del self._by_hash[h]
-            key = (_head_len(old.n_tokens), old.head)
-            ids = self._by_head.get(key)
-            if ids is not None:
-                ids.discard(session_id)
-                if not ids:
-                    del self._by_head[key]
+            for table, key in ((self._by_head, (_head_len(old.n_tokens), old.head)),
+                               (self._by_anchor, (_anchor_len(old.n_tokens), old.anchor))):
+                ids = table.get(key)
+                if ids is not None:
+                    ids.discard(session_id)
+                    if not ids:
+                        del table[key]
+            a = _anchor_len(old.n_tokens)
+            self._anchor_lens[a] -= 1
+            if not self._anchor_lens[a]:
+                del self._anchor_lens[a]
 
     def longest_prefix(self, tokens: Sequence[int], model_sha256: str, limit: int = 4) -> list[PrefixHit]:
         """Sessions of this model sharing the most whole blocks with ``tokens`` (best first)."""
@@ -219,64 +229,76 @@ class TokenIndex:
     def lineage_candidates(self, tokens: Sequence[int], model_sha256: str, prefer: str | None = None,
                            n_prompt: int | None = None, limit: int = 8,
                            order: Callable[[str], Any] | None = None) -> list[str]:
-        """The few sessions of this model whose token lists lineage must compare with ``tokens``.
+        """The few sessions of this model whose token lists lineage must compare with ``tokens``,
+        found by hash lookups whose number does not grow with the number of sessions.
 
-        Every session lineage could call an update, "contained" or a fork shares at least its
-        first min(n, HEAD_TOKENS) tokens with ``tokens`` (found by that hash, whatever the number
-        of sessions). Of those, the ones an update is possible for come first (they agree with
-        ``tokens`` up to their last TAIL_SLACK tokens: the block chain and the anchor hash say so,
-        and the tail they keep says exactly how many they share), then the ones that can hold the
-        prompt (contained), then the rest (forks), each by the most tokens they can share (to the
-        block for forks); ties by ``order`` (the caller's: the slot's own session first, then the
-        most recently used). At most ``limit`` ids, in ``order``.
+        - Updates: a session lineage can update agrees with ``tokens`` up to its last TAIL_SLACK
+          tokens; its anchor (the chained hash of those) is looked up for every session length
+          the index holds, and its kept tail says exactly how many tokens it shares.
+        - Contained and forks: the more whole blocks a session shares, the more tokens; the
+          sessions of the deepest block the prompt's chain reaches come first, then shallower
+          ones, then (sharing no whole block) those sharing their first min(n, HEAD_TOKENS).
+        Each group by the most tokens it can share; ties by ``order`` (most recently used first,
+        the caller's key), the slot's own session (``prefer``) always among them. Returned in
+        that order: ``prefer``, then ``order``.
         """
         raw = token_bytes(tokens)
         n_new = len(raw) // 4
         if n_new == 0:
             return []
-        new_chain = _chain(raw)
+        chain = _chain(raw)
         contained_at = None if n_prompt is None else min(n_prompt, n_new)
         order = order or (lambda sid: sid)
-        view = memoryview(raw)
+
+        def key(sid: str) -> tuple[bool, Any, str]:
+            return (sid != prefer, order(sid), sid)
+
         with self.lock:
-            pool: set[str] = set()
-            for k in range(1, _head_len(n_new) + 1):
-                ids = self._by_head.get((k, xxhash.xxh3_64_intdigest(view[:k * 4])))
-                if ids:
-                    pool |= ids
-            partials: dict[int, int] = {}
-            ranked: list[tuple[int, int, Any, str]] = []
-            for sid in pool:
-                s = self._sessions[sid]
-                if s.model_sha256 != model_sha256:
+            updates: list[tuple[int, tuple, str]] = []
+            for a in self._anchor_lens:
+                if a > n_new:
                     continue
-                depth = _shared_blocks(s.hashes, new_chain)
-                most = min(s.n_tokens, n_new, depth * BLOCK + BLOCK - 1)
-                a = _anchor_len(s.n_tokens)
-                if a > n_new or a > depth * BLOCK + BLOCK - 1:
-                    update = False
-                elif a <= depth * BLOCK:
-                    update = True
-                else:
-                    if a not in partials:
-                        partials[a] = _partial(raw, new_chain, a)
-                    update = partials[a] == s.anchor
-                if update:
-                    kind = 0
-                    tail = s.tail
+                for sid in self._by_anchor.get((a, _partial(raw, chain, a)), ()):
+                    s = self._sessions[sid]
+                    if s.model_sha256 != model_sha256:
+                        continue
                     n = 0
-                    while n < len(tail) and a + n < n_new and tail[n] == tokens[a + n]:
+                    while n < len(s.tail) and a + n < n_new and s.tail[n] == tokens[a + n]:
                         n += 1
-                    most = a + n
-                elif contained_at is not None and most >= contained_at and s.n_tokens > contained_at:
-                    kind = 1
-                else:
-                    kind = 2
-                ranked.append((kind, -most, order(sid), sid))
-        chosen = heapq.nsmallest(limit, ranked)
-        if prefer is not None and prefer in pool and all(c[3] != prefer for c in chosen):
-            chosen += [c for c in ranked if c[3] == prefer]
-        return [c[3] for c in sorted(chosen, key=lambda c: c[2])]
+                    updates.append((-(a + n), key(sid), sid))
+            seen = {u[2] for u in updates}
+            others: list[tuple[bool, int, bool, Any, str]] = []
+            depth = 0
+            while depth < len(chain) and chain[depth] in self._by_hash:
+                depth += 1
+            levels = [self._by_hash[chain[d - 1]] for d in range(depth, 0, -1)]
+            if len(levels) < 2:  # sharing no whole block (or one): by the head too
+                head: set[str] = set()
+                view = memoryview(raw)
+                for k in range(1, _head_len(n_new) + 1):
+                    head |= self._by_head.get((k, xxhash.xxh3_64_intdigest(view[:k * 4])), set())
+                levels.append(head)
+            sessions = self._sessions
+            for d, ids in zip(range(depth, -1, -1), levels):
+                # Every session here shares d whole blocks (a deeper one was seen before).
+                most_here = d * BLOCK + BLOCK - 1
+                for sid in ids:
+                    if sid in seen:
+                        continue
+                    seen.add(sid)
+                    s = sessions[sid]
+                    if s.model_sha256 != model_sha256:
+                        continue
+                    most = min(s.n_tokens, n_new, most_here)
+                    contained = contained_at is not None and most >= contained_at and s.n_tokens > contained_at
+                    others.append((not contained, -most, sid != prefer, order(sid), sid))
+                if len(others) >= limit:
+                    break
+            chosen = {c[-1] for c in heapq.nsmallest(max(limit // 2, 1), updates)}
+            chosen |= {c[-1] for c in heapq.nsmallest(max(limit - len(chosen), 1), others)}
+            if prefer is not None and prefer in self._sessions and self._sessions[prefer].model_sha256 == model_sha256:
+                chosen.add(prefer)
+        return sorted(chosen, key=key)
 
 
 def _shared_blocks(saved: Sequence[int], new: Sequence[int]) -> int:
@@ -301,6 +323,7 @@ class SidecarRecord:
     racy: bool = False  # read within RACY_NS of its mtime: read again before trusting it
     _sidecar: Sidecar | None = field(default=None, repr=False)
     _recency: tuple[str, float] | None = field(default=None, repr=False)
+    _newest: tuple[int, float] | None = field(default=None, repr=False)
 
     @classmethod
     def read(cls, stamp: Stamp, sidecar: Sidecar | None, error: str | None = None) -> SidecarRecord:
@@ -312,6 +335,14 @@ class SidecarRecord:
         if self._sidecar is None and self.data is not None:
             self._sidecar = Sidecar.from_index(self.data)
         return self._sidecar
+
+    def newest_first(self) -> tuple[int, float]:
+        """A key that sorts the most recently used first (cached)."""
+        if self._newest is None:
+            secs, frac = self.recency()
+            digits = "".join(c for c in secs if c.isdigit())
+            self._newest = (-int(digits) if digits else 0, -frac)
+        return self._newest
 
     def recency(self) -> tuple[str, float]:
         if self._recency is None:
@@ -354,6 +385,12 @@ class SessionsIndex(TokenIndex):
             self.remove(session_id)
             self.unindexed.discard(session_id)
             self.token_errors.pop(session_id, None)
+
+    def newest_first(self, session_id: str) -> tuple[int, float]:
+        rec = self.records.get(session_id)
+        if rec is None:
+            return (0, 0.0)
+        return rec._newest or rec.newest_first()
 
     def usage_bytes(self) -> int:
         """What the saved sessions' KV files took at the last look (what the budget counts)."""

@@ -161,15 +161,9 @@ def _candidates(store: SessionStore, tokens: list[int], facts: ServerFacts, pref
     the slot's own session first, then the most recently used."""
     store.index_tokens(only_model=facts.model_sha256)  # sessions that came in behind our back
     index = store.index
-
-    def order(sid: str) -> tuple[bool, tuple[str, float], str]:
-        rec = index.records.get(sid)
-        recency = rec.recency() if rec is not None else ("", 0.0)
-        # Most recent first: negate by sorting on the reversed key below.
-        return (sid != prefer, _Newest(recency), sid)
-
     out = []
-    for sid in index.lineage_candidates(tokens, facts.model_sha256, prefer, n_prompt, LINEAGE_FINALISTS, order):
+    for sid in index.lineage_candidates(tokens, facts.model_sha256, prefer, n_prompt, LINEAGE_FINALISTS,
+                                        index.newest_first):
         entry = store.indexed(sid)
         sc = entry.sidecar if entry is not None else None
         # A session marked corrupt is still a candidate when its token list reads: a good
@@ -183,21 +177,6 @@ def _candidates(store: SessionStore, tokens: list[int], facts: ServerFacts, pref
             log.debug("lineage skips session %s: %s", entry.id, exc)
             continue
     return out
-
-
-class _Newest:
-    """Sorts the most recent first."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: tuple[str, float]) -> None:
-        self.key = key
-
-    def __lt__(self, other: _Newest) -> bool:
-        return self.key > other.key
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Newest) and self.key == other.key
 
 
 def _classify(store: SessionStore, tokens: list[int], facts: ServerFacts,
