@@ -203,6 +203,7 @@ class Engine:
         self._index_dirty = False
         self._emitted_slots: Any = None  # the slots the last SlotsChanged carried
         self._poll_wake = asyncio.Event()  # a request began: poll now, and often while it runs
+        self._polling_slowly = False
         self.desk = FrontDesk(self)
         self.front = FrontDoor(self.desk, upstream=self._upstream, user_key=self._user_key)
         self._snapshot = EngineSnapshot(settings=settings)
@@ -923,6 +924,7 @@ class Engine:
             self._poll_wake.clear()
             # Often while a slot works or waits for its idle save; a few times a minute otherwise.
             delay = POLL_SECONDS if self._policy_active() else IDLE_POLL_SECONDS
+            self._polling_slowly = delay > POLL_SECONDS
             try:
                 slots = await self.loop.run_io(http.slots)
             except (ServerUnavailable, ServerError):
@@ -941,8 +943,10 @@ class Engine:
         return any(w.changed or w.processing or w.in_request or w.busy_with for w in self._policy.slots.values())
 
     def wake_poller(self) -> None:
-        """A request is starting (on the loop): the slots are polled now and often until it is saved."""
-        self._poll_wake.set()
+        """A request is starting (on the loop): a poller waiting its long interval looks now (and
+        often until the slot is saved); one already looking often keeps its pace."""
+        if self._polling_slowly:
+            self._poll_wake.set()
 
     async def _idle_save(self, slot: int) -> None:
         try:
