@@ -65,7 +65,7 @@ def _show(entry: SessionEntry) -> None:
 
 def sessions_service(paths, timeout: float = LOCK_TIMEOUT_SECONDS) -> SessionsService:
     """The same rules as the app: a running engine's in-slot sessions are kept, the budget is the setting."""
-    store = SessionStore(paths.sessions_dir, lock_timeout=timeout)
+    store = SessionStore(paths.sessions_dir, lock_timeout=timeout, index_file=paths.sessions_index_file)
     return SessionsService(store, in_slots=lambda: read_in_slots(paths.in_slots_file),
                            budget=lambda: load_settings(paths.settings_file).budget_bytes,
                            search=SearchIndex(paths.search_index_file))
@@ -95,46 +95,68 @@ def run_sessions_command(args: argparse.Namespace) -> int:
         # Refuses (UnsafeFolder, an OSError) a data or sessions folder other users could write to.
         paths = app_paths(args.data_dir).ensure()
         service = sessions_service(paths, timeout)
-        if args.action == "list":
-            listing = service.listing()
-            if args.json:
-                print(json.dumps([e.to_json() for e in listing.sessions], indent=2))
-            else:
-                _print_table(listing.sessions, listing.unmanaged, listing.total_bytes)
-            return 0
-        if args.action == "show":
-            entry = service.get(args.id)
-            print(json.dumps(entry.to_json(), indent=2)) if args.json else _show(entry)
-            return 0
-        if args.action == "delete":
-            service.delete(args.id)
-            print(f"deleted {args.id}")
-            return 0
-        if args.action in ("pin", "unpin"):
-            service.set_pinned(args.id, args.action == "pin")
-            print(f"{args.action}ned {args.id}")
-            return 0
-        if args.action == "verify":
-            ids = [args.id] if args.id else [e.id for e in service.listing().sessions]
-            bad = 0
-            for sid in ids:
-                entry = service.verify(sid)
-                if entry.problems:
-                    bad += 1
-                    print(f"{sid}  CORRUPT  {'; '.join(entry.problems)}")
-                else:
-                    print(f"{sid}  ok")
-            return 1 if bad else 0
-        if args.action == "prune":
-            return _prune(args, service)
-        if args.action == "search":
-            return _search(args, service)
+        try:
+            return _run(args, service)
+        finally:
+            _keep_index(service)
     except (SessionNotFound, SessionInUse, InvalidSessionId, SidecarError, OSError, SearchUnavailable) as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 1
     except SettingsError as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 2
+
+
+def _keep_index(service: SessionsService) -> None:
+    """What this command learnt of the folder, for the next one (a cache: a failure costs time only)."""
+    try:
+        service.store.save_index()
+    except OSError:
+        pass
+
+
+def _list_json(rows: list[dict]) -> str:
+    """A JSON array, one session per line (thousands of sessions print in a blink; jq pretty-prints)."""
+    if not rows:
+        return "[]"
+    return "[\n" + ",\n".join(map(json.dumps, rows)) + "\n]"
+
+
+def _run(args: argparse.Namespace, service: SessionsService) -> int:
+    if args.action == "list":
+        if args.json:
+            print(_list_json(service.listing_json()))
+            return 0
+        listing = service.listing()
+        _print_table(listing.sessions, listing.unmanaged, listing.total_bytes)
+        return 0
+    if args.action == "show":
+        entry = service.get(args.id)
+        print(json.dumps(entry.to_json(), indent=2)) if args.json else _show(entry)
+        return 0
+    if args.action == "delete":
+        service.delete(args.id)
+        print(f"deleted {args.id}")
+        return 0
+    if args.action in ("pin", "unpin"):
+        service.set_pinned(args.id, args.action == "pin")
+        print(f"{args.action}ned {args.id}")
+        return 0
+    if args.action == "verify":
+        ids = [args.id] if args.id else [e.id for e in service.listing().sessions]
+        bad = 0
+        for sid in ids:
+            entry = service.verify(sid)
+            if entry.problems:
+                bad += 1
+                print(f"{sid}  CORRUPT  {'; '.join(entry.problems)}")
+            else:
+                print(f"{sid}  ok")
+        return 1 if bad else 0
+    if args.action == "prune":
+        return _prune(args, service)
+    if args.action == "search":
+        return _search(args, service)
     return 2
 
 

@@ -65,3 +65,26 @@ def test_new_lines_are_highlighted_while_searching(view):
     assert view.match_count == 0
     view.append_lines(["an error happened"])
     assert view.match_count == 1
+
+
+def test_the_idle_heartbeat_is_hidden_in_the_view_and_kept_in_the_file(tmp_path, view):
+    """llama-server at -lv 4 says "all slots are idle" twice a second: the view shows the rest."""
+    from slotkeeper.core.server.logfile import LogTailer
+
+    log = tmp_path / "llama-server.log"
+    log.write_text("")
+    tailer = LogTailer(log)
+    shown: list[str] = []
+    tailer.add_listener(shown.append)
+    lines = ["0.01.000.001 I srv  load_model: loaded",
+             "0.01.500.002 D srv  update_slots: all slots are idle",
+             "0.02.000.003 I slot launch_slot_: id  0 | task 5 | processing task",
+             "0.02.500.004 D srv  update_slots: all slots are idle"]
+    with open(log, "a") as f:
+        f.write("\n".join(lines) + "\n")
+    assert tailer.poll() and not tailer.poll()  # it grew, then nothing new
+    view.append_lines(shown)
+    assert view.plain_text().splitlines() == [lines[0], lines[2]]
+    view.set_lines(tailer.lines())
+    assert "all slots are idle" not in view.plain_text()
+    assert log.read_text().count("all slots are idle") == 2  # the file keeps them

@@ -1,9 +1,27 @@
-"""The sessions index: the longest saved prefix of a prompt, kept true to the folder and on disk."""
+"""The sessions index: the longest saved prefix of a prompt, lineage's few candidates, and the
+listing kept true to the folder (and on disk) without reading every file."""
 
+import json
+import os
+import shutil
+import stat
+import time
 
-from slotkeeper.core.sessions.index import BLOCK, TokenIndex
+import pytest
+from sessions_helpers import make_session, run_cli, write_slot_save
+
+from slotkeeper.core.paths import app_paths
+from slotkeeper.core.sessions import lineage, saving
+from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.index import BLOCK, HEAD_TOKENS, TAIL_SLACK, SessionsIndex, TokenIndex
+from slotkeeper.core.sessions.store import SessionStore
 
 A = list(range(1, 10 * BLOCK + 1))
+SHA = "1a2b3c4d000000000000000000000000000000000000000000000000deadbeef"  # the fixture sidecar's model
+
+
+def test_lineage_rules_and_the_index_agree():
+    assert (HEAD_TOKENS, TAIL_SLACK) == (lineage.DEFAULT_MIN_FORK_PREFIX, lineage.DEFAULT_TAIL_SLACK)
 
 
 def test_the_longest_shared_prefix_by_whole_blocks():
@@ -22,38 +40,222 @@ def test_the_longest_shared_prefix_by_whole_blocks():
     assert idx.longest_prefix(prompt, "m")[0].session_id == "b"
 
 
-def test_sync_reads_only_what_changed_and_forgets_what_is_gone(tmp_path):
-    idx = TokenIndex()
-    reads = []
-
-    def read(sid):
-        reads.append(sid)
-        return A
-
-    idx.sync([("a", "m", "a.1.kv", 10, 1), ("b", "m", "b.1.kv", 10, 1)], read)
-    assert sorted(reads) == ["a", "b"]
-    reads.clear()
-    idx.sync([("a", "m", "a.1.kv", 10, 1), ("b", "m", "b.2.kv", 12, 2)], read)  # b saved again
-    assert reads == ["b"]
-    idx.sync([("b", "m", "b.2.kv", 12, 2)], read)  # a deleted by the CLI
-    assert "a" not in idx and "b" in idx
-
-
-def test_the_index_on_disk_round_trips_and_a_damaged_one_is_rebuilt(tmp_path):
-    idx = TokenIndex()
-    idx.add_tokens("a", "m", "a.kv", 10, 5, A)
-    idx.save(tmp_path / "index.json")
-    again = TokenIndex.load(tmp_path / "index.json")
-    assert again.get("a") == idx.get("a")
-    assert again.longest_prefix(A, "m")[0].n_tokens == 10 * BLOCK
-    (tmp_path / "index.json").write_text("{ damaged")
-    assert len(TokenIndex.load(tmp_path / "index.json")) == 0
-    assert len(TokenIndex.load(tmp_path / "missing.json")) == 0
-
-
 def test_ten_thousand_sessions_one_answer():
     idx = TokenIndex()
     for i in range(10_000):
         idx.add_tokens(f"s{i}", "m", "k", 1, 1, [i] * (2 * BLOCK))
     [hit] = idx.longest_prefix([3] * (2 * BLOCK) + [1], "m")
     assert hit.session_id == "s3" and hit.n_blocks == 2
+
+
+def _classify(idx, tokens, n_prompt=None, prefer=None, saved=None):
+    ids = idx.lineage_candidates(tokens, "m", prefer=prefer, n_prompt=n_prompt)
+    return lineage.classify(tokens, [(i, saved[i]) for i in ids], new_n_prompt=n_prompt), ids
+
+
+def test_lineage_candidates_find_what_comparing_everything_finds_among_ten_thousand():
+    """10,000 sessions share a system prompt; lineage compares at most a few of them and reaches the
+    verdict comparing all of them would: update, fork, contained, short sessions, and new."""
+    system = list(range(1000, 1000 + 3 * BLOCK + 5))
+    saved: dict[str, list[int]] = {}
+    idx = TokenIndex()
+    for i in range(10_000):
+        tokens = system + [50_000 + i] * (i % 200 + 1)
+        saved[f"s{i:05d}"] = tokens
+    saved["short"] = [7, 8, 9]  # shorter than a fork's least shared prefix
+    saved["edge"] = A[: 2 * BLOCK + 3]  # ends within TAIL_SLACK after a whole block
+    saved["long"] = list(range(20_000, 20_300))
+    for sid, tokens in saved.items():
+        idx.add_tokens(sid, "m", f"{sid}.kv", 1, 1, tokens)
+    cases = [
+        saved["s01234"] + [1, 2, 3],  # continues one: update
+        saved["s01234"][:-2] + [4, 4, 4, 4],  # re-rendered tail: update
+        system + [50_000 + 77] * 60 + [9] * 40,  # leaves s00077 inside it: a fork
+        [7, 8, 9, 10, 11],  # continues the short one
+        A[: 2 * BLOCK + 1] + [5] * 20,  # re-rendered tail of "edge", across its last block
+        [3] * 100,  # nothing shared
+        system[:20],  # too little shared with anyone
+    ]
+    for tokens in cases:
+        everything = lineage.classify(tokens, list(saved.items()))
+        got, ids = _classify(idx, tokens, saved=saved)
+        assert len(ids) <= 9
+        assert (got.kind, got.session_id) == (everything.kind, everything.session_id), tokens[-5:]
+        if got.kind != "new":  # a "new" verdict's common_prefix is for logs only
+            assert got.common_prefix == everything.common_prefix
+    # contained: a prompt that a longer session holds, then a reply it holds re-rendered
+    tokens = saved["long"][:200] + [1]
+    everything = lineage.classify(tokens, list(saved.items()), new_n_prompt=len(tokens) - 1)
+    got, _ = _classify(idx, tokens, n_prompt=len(tokens) - 1, saved=saved)
+    assert everything.kind == got.kind == "contained"
+
+
+def test_lineage_candidates_put_the_slots_own_session_first_among_equals():
+    idx = TokenIndex()
+    for i in range(50):
+        idx.add_tokens(f"copy{i:02d}", "m", "k", 1, 1, A)  # the same conversation, saved 50 times
+    ids = idx.lineage_candidates(A + [1], "m", prefer="copy33", order=lambda s: (s != "copy33", s))
+    assert ids[0] == "copy33" and len(ids) <= 8
+
+
+# -- the listing, kept true to the folder ---------------------------------------------------
+class CountingStore(SessionStore):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.reads: list[str] = []
+
+    def _read_record(self, session_id, stamp):
+        self.reads.append(session_id)
+        return super()._read_record(session_id, stamp)
+
+
+def old_enough(*paths):
+    """Files written a while ago (an index trusts a stat only once its file is not being written)."""
+    past = time.time() - 10
+    for p in paths:
+        os.utime(p, (past, past), follow_symlinks=False)
+
+
+def test_a_listing_reads_only_the_sidecars_that_changed_and_repairs_the_rest(tmp_path):
+    folder = tmp_path / "sessions"
+    for sid in ("aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"):
+        make_session(folder, sid, tokens=A[:100])
+    old_enough(*folder.iterdir())
+    store = CountingStore(folder, index_file=tmp_path / "index.json")
+    assert len(store.listing().sessions) == 3 and sorted(store.reads) == ["aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"]
+    store.reads.clear()
+    assert len(store.listing().sessions) == 3 and store.reads == []
+
+    # Behind its back: another process pins one, a user deletes one, adds one, damages a KV file.
+    SessionStore(folder).set_pinned("aaaaaaaaaaaa", True)
+    (folder / "bbbbbbbbbbbb.json").unlink()
+    make_session(folder, "dddddddddddd", tokens=A[:50])
+    with open(folder / "cccccccccccc.00000000.kv", "ab") as f:
+        f.write(b"junk")
+    listing = store.listing()
+    assert sorted(store.reads) == ["aaaaaaaaaaaa", "dddddddddddd"]
+    by_id = {e.id: e for e in listing.sessions}
+    assert set(by_id) == {"aaaaaaaaaaaa", "cccccccccccc", "dddddddddddd"}
+    assert by_id["aaaaaaaaaaaa"].sidecar.pinned
+    assert by_id["cccccccccccc"].problems and "were saved" in by_id["cccccccccccc"].problems[0]
+    assert by_id["cccccccccccc"].size_bytes == (folder / "cccccccccccc.00000000.kv").stat().st_size
+    assert [u.name for u in listing.unmanaged] == ["bbbbbbbbbbbb.00000000.kv"]  # its sidecar is gone
+
+    # The JSON rows are the entries' own JSON, in the same order.
+    assert store.listing_rows() == [e.to_json() for e in store.listing().sessions]
+
+
+def test_a_sidecar_replaced_behind_its_back_by_a_fifo_or_a_link_is_a_problem_not_a_hang(tmp_path):
+    folder = tmp_path / "sessions"
+    make_session(folder, "aaaaaaaaaaaa", tokens=A[:100])
+    make_session(folder, "bbbbbbbbbbbb", tokens=A[:100])
+    old_enough(*folder.iterdir())
+    store = SessionStore(folder, index_file=tmp_path / "index.json")
+    assert all(not e.problems for e in store.listing().sessions)
+    (folder / "aaaaaaaaaaaa.json").unlink()
+    os.mkfifo(folder / "aaaaaaaaaaaa.json")
+    (folder / "bbbbbbbbbbbb.00000000.kv").unlink()
+    (folder / "bbbbbbbbbbbb.00000000.kv").symlink_to("/etc/passwd")
+    by_id = {e.id: e for e in store.listing().sessions}
+    assert by_id["aaaaaaaaaaaa"].sidecar is None and "FIFO" in by_id["aaaaaaaaaaaa"].problems[0]
+    assert "symbolic link" in by_id["bbbbbbbbbbbb"].problems[0] and by_id["bbbbbbbbbbbb"].size_bytes == 0
+    rows = {r["id"]: r for r in store.listing_rows()}
+    assert rows["aaaaaaaaaaaa"]["status"] == rows["bbbbbbbbbbbb"]["status"] == "corrupt"
+
+
+def test_the_index_is_kept_private_on_disk_and_the_next_process_reads_nothing_unchanged(tmp_path):
+    folder, index_file = tmp_path / "sessions", tmp_path / "cache" / "index.json"
+    index_file.parent.mkdir(mode=0o700)
+    for i in range(20):
+        make_session(folder, f"{i:012x}", tokens=A[: 70 + i])
+    old_enough(*folder.iterdir())
+    first = SessionStore(folder, index_file=index_file)
+    first.listing()
+    assert first.index_tokens() == 20  # the token part: only the engine needs it
+    assert first.save_index() and stat.S_IMODE(index_file.stat().st_mode) == 0o600
+    assert not first.save_index()  # nothing changed since
+
+    second = CountingStore(folder, index_file=index_file)
+    assert len(second.listing().sessions) == 20 and second.reads == []
+    assert second.index_tokens() == 0 and len(second.index) == 20
+    assert second.index.longest_prefix(A[:200], SHA)[0].n_blocks == 1
+
+    # Damaged, of another layout, or of another folder: rebuilt from the files.
+    for text in ("{ damaged", json.dumps({"version": 1, "sessions": {}}), "[]"):
+        index_file.write_text(text)
+        third = CountingStore(folder, index_file=index_file)
+        assert len(third.listing().sessions) == 20 and len(third.reads) == 20
+    first.save_index() if first.index.dirty else first.index.save(index_file)
+    elsewhere = tmp_path / "copy"
+    shutil.copytree(folder, elsewhere)
+    assert len(SessionsIndex.load(index_file, elsewhere).records) == 0
+    # A tampered entry that would make a path of an id is dropped, never used.
+    data = json.loads(index_file.read_text())
+    sid = next(iter(data["sessions"]))
+    data["sessions"][sid]["sidecar"]["kv_file"] = "../../settings.json"
+    index_file.write_text(json.dumps(data))
+    fourth = CountingStore(folder, index_file=index_file)
+    entry = next(e for e in fourth.listing().sessions if e.id == sid)
+    assert entry.kv_path.parent == folder and not entry.problems and fourth.reads == [sid]
+
+
+def test_a_save_reads_the_token_lists_of_a_few_sessions_not_of_every_one(tmp_path, monkeypatch):
+    folder = tmp_path / "sessions"
+    system = list(range(1000, 1000 + 2 * BLOCK))
+    for i in range(300):
+        make_session(folder, f"{i:012x}", tokens=system + [5000 + i] * 30, model_sha256=SHA)
+    store = SessionStore(folder, index_file=tmp_path / "index.json")
+    store.listing()
+    store.index_tokens()
+    read = []
+    real = store.tokens
+    monkeypatch.setattr(store, "tokens", lambda e: read.append(e.id) or real(e))
+    facts = ServerFacts(model_sha256=SHA, model_path="/m.gguf", flash_attn=True, cache_type_k="q8_0",
+                        cache_type_v="q8_0", swa_full=False, n_parallel=2, n_ctx_slot=16384, swa=False)
+    name = "incoming-0000000000000000.kv"
+    size = write_slot_save(folder / name, system + [5000 + 123] * 30 + [1, 2, 3]).stat().st_size
+    out = saving.save_incoming(store, name, size, 0, saving.SaveContext(facts, "qwen3", "b1"),
+                               lambda t: ("title", "preview"))
+    assert out.kind == "update" and out.sidecar.id == f"{123:012x}"
+    assert len(set(read)) <= saving.LINEAGE_FINALISTS
+    # The index learnt the save itself: the next listing reads nothing it wrote (once it is
+    # old enough to trust).
+    again = CountingStore(folder)
+    again._index = store.index
+    for rec in store.index.records.values():
+        rec.racy = False
+    again.listing()
+    assert again.reads == []
+
+
+def test_the_cli_lists_from_the_index_and_keeps_it(tmp_path):
+    paths = app_paths(tmp_path / "data").ensure()
+    for i in range(5):
+        make_session(paths.sessions_dir, f"{i:012x}", tokens=A[:80])
+    r = run_cli(paths.data_dir, "list", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [x["id"] for x in rows] == [e.id for e in SessionStore(paths.sessions_dir).listing().sessions]
+    assert paths.sessions_index_file.exists() and stat.S_IMODE(paths.sessions_index_file.stat().st_mode) == 0o600
+    (paths.sessions_dir / f"{3:012x}.json").unlink()
+    rows = json.loads(run_cli(paths.data_dir, "list", "--json").stdout)
+    assert len(rows) == 4 and f"{3:012x}" not in {x["id"] for x in rows}
+
+
+@pytest.mark.parametrize("n", [10_000])
+def test_a_listing_of_many_sessions_reads_no_sidecar_twice(tmp_path, n):
+    folder = tmp_path / "sessions"
+    make_session(folder, "000000000000", tokens=A[:80])
+    old_enough(*folder.iterdir())
+    for i in range(1, n):  # copies: a listing cares about files, not how they were made
+        sid = f"{i:012x}"
+        shutil.copyfile(folder / "000000000000.00000000.kv", folder / f"{sid}.00000000.kv")
+        data = json.loads((folder / "000000000000.json").read_text())
+        data.update(id=sid, kv_file=f"{sid}.00000000.kv")
+        (folder / f"{sid}.json").write_text(json.dumps(data))
+    old_enough(*folder.iterdir())
+    store = CountingStore(folder, index_file=tmp_path / "index.json")
+    assert len(store.listing().sessions) == n and len(store.reads) == n
+    store.save_index()
+    again = CountingStore(folder, index_file=tmp_path / "index.json")
+    assert len(again.listing_rows()) == n and again.reads == []

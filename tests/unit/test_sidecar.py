@@ -711,3 +711,15 @@ def test_an_image_session_needs_the_projector_that_read_its_images() -> None:
     (other,) = check_compatible(sc, make_facts(mmproj_sha256=SHA_PROJ_B))
     assert other.startswith("holds 1 image read by another projector (sha256 cccccccc")
     assert "dddddddd" in other
+
+
+@pytest.mark.parametrize("changes", [{}, {"continues": True, "pinned": True},
+                                     {"verified": "stamp", "n_media": 2, "mmproj_sha256": "c" * 64}])
+def test_the_sessions_index_gives_back_the_sidecar_it_kept(changes):
+    from slotkeeper.core.sessions.stamps import FileStamp
+
+    if changes.get("verified") == "stamp":
+        changes = {**changes, "verified": FileStamp(4096, 1_700_000_000_000_000_000, 42, 1_700_000_000_000_000_001,
+                                                    "xxh3_128:" + "f" * 32)}
+    sc = make_sidecar(**changes)
+    assert Sidecar.from_index(sc.to_json()) == sc

@@ -21,6 +21,8 @@ from slotkeeper.core.client import SlotInfo
 
 MAX_DEFER_SECONDS = 60.0
 POLL_SECONDS = 0.5
+# While no slot is busy or waiting to be saved: a request through the front door wakes the poller.
+IDLE_POLL_SECONDS = 2.0
 RETRY_FIRST_SECONDS = 5.0
 RETRY_MAX_SECONDS = 300.0
 

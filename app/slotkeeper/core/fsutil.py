@@ -146,6 +146,11 @@ def open_regular(path: Path, max_bytes: int | None = None) -> BinaryIO:
         raise
 
 
+def not_regular_error(path: Path, mode: int) -> NotARegularFile:
+    """The error for ``path`` found to be ``mode`` (a stat already taken) where a regular file was expected."""
+    return _not_regular(Path(path), mode)
+
+
 def _not_regular(path: Path, mode: int) -> NotARegularFile:
     what = file_kind(mode)
     note = " (not followed)" if what == "symbolic link" else ""

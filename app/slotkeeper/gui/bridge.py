@@ -28,6 +28,7 @@ from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineSnapshot
 from slotkeeper.core.engine.resume import ResumeVerdict, resume_verdict
 from slotkeeper.core.history import RequestRecord
 from slotkeeper.core.journal import JournalEntry, journal_entry
+from slotkeeper.core.server.logfile import is_idle_heartbeat
 from slotkeeper.core.server.state import RUNNING_STATES, STOPPED_STATES, ServerState
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.sessions.compat import ServerFacts
@@ -277,6 +278,8 @@ class EngineBridge(QObject):
                 self._eventQueued.emit(event)
 
     def _on_log_line(self, line: str) -> None:  # the log tailer's thread
+        if is_idle_heartbeat(line):  # twice a second at -lv 4: not worth waking the GUI for
+            return
         with self._emit_lock:
             if self._closed:
                 return

@@ -25,6 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from slotkeeper.core.server.logfile import is_idle_heartbeat
+
 MAX_LINES = 5000
 MAX_HIGHLIGHTS = 1000  # beyond this, highlighting costs more than it helps
 HIGHLIGHT = QColor("#fde68a")
@@ -87,6 +89,7 @@ class LogView(QWidget):
 
     # -- content --------------------------------------------------------------------------
     def append_lines(self, lines: list[str]) -> None:
+        lines = [line for line in lines if not is_idle_heartbeat(line)]  # the file keeps them
         if not lines:
             return
         bar = self.text.verticalScrollBar()

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import psutil
 
 from slotkeeper.core import datalock, families, modelgen
-from slotkeeper.core.autosave import POLL_SECONDS, AutosavePolicy
+from slotkeeper.core.autosave import IDLE_POLL_SECONDS, POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.frontdesk import UNKNOWN, Figures, FrontDesk, FrontDeskError, restore_mode
@@ -93,7 +93,7 @@ from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, Supervisor
 from slotkeeper.core.services.sessions import SessionsService, reconcile_search
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
-from slotkeeper.core.sessions.index import TokenIndex, write_index
+from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import common_prefix_len
 from slotkeeper.core.sessions.naming import new_incoming_name
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
@@ -113,7 +113,10 @@ SLOT_ACTION_TIMEOUT_SECONDS = 600.0  # a busy slot defers the action until it is
 LAUNCH_ATTEMPTS = 3
 HASH_PROGRESS_SECONDS = 0.5
 LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
-INDEX_WRITE_DELAY_SECONDS = 2.0
+# The sessions index on disk is a cache for the next process (which repairs it by stat): written
+# at most this often while sessions change, and when the engine closes. With thousands of
+# sessions a write is megabytes of JSON.
+INDEX_WRITE_DELAY_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,7 @@ class Engine:
         except datalock.DataDirBusy as exc:
             raise EngineError(str(exc)) from exc
         self.events = events or EventBus()
-        self.store = SessionStore(paths.sessions_dir)
+        self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
         # What was said in every saved conversation (searched by the faces through the service).
         self.search = SearchIndex(paths.search_index_file)
         self.sessions = SessionsService(self.store, in_slots=lambda: self._snapshot.in_slots,
@@ -211,7 +214,9 @@ class Engine:
         self._serving = asyncio.Event()  # set while the server is ready for requests
         self._index_dirty = False
         self._completing: asyncio.Task[None] | None = None  # filling in the search index's partial entries
-        self.index = TokenIndex()  # saved sessions by their token blocks (for routing)
+        self._emitted_slots: Any = None  # the slots the last SlotsChanged carried
+        self._poll_wake = asyncio.Event()  # a request began: poll now, and often while it runs
+        self._polling_slowly = False
         self.desk = FrontDesk(self)
         self.front = FrontDoor(self.desk, upstream=self._upstream, user_key=self._user_key)
         self._snapshot = EngineSnapshot(settings=settings)
@@ -369,6 +374,7 @@ class Engine:
         self.ready.clear()
         self._ready = False
         self._facts = None  # facts describe one running server; a new launch works them out again
+        self._emitted_slots = None  # the faces forget the slots of a stopped server
         self._resume_id = resume_id
         self._crashed = False
         self._publish()
@@ -379,29 +385,27 @@ class Engine:
         if self._swept is None:
             self._swept = asyncio.ensure_future(self.loop.run_io(self._open_folder))
         try:
-            self.index = await asyncio.shield(self._swept)
+            await asyncio.shield(self._swept)
         except OSError as exc:
             log.warning("could not tidy the sessions folder: %s", exc)
 
-    def _open_folder(self) -> TokenIndex:  # an I/O thread
-        removed = self.store.sweep()
+    def _open_folder(self) -> None:  # an I/O thread
+        removed = self.store.sweep()  # brings the sessions index up to the folder (by stat) as it goes
         if removed:
             self.events.emit(FolderTidied(tuple(removed)))
-        index = TokenIndex.load(self.paths.sessions_index_file)
-        listing = self.store.listing()
+        self.store.index_tokens()  # token lists of sessions new or changed since it was kept
+        self.store.save_index()
         try:
-            repaired = reconcile_search(self.search, self.store, listing)
+            repaired = reconcile_search(self.search, self.store, self.store.listing())
             if repaired:
                 self.events.emit(SearchIndexRepaired(repaired.added, repaired.dropped))
         except (sqlite3.Error, SearchUnavailable) as exc:
             self.events.emit(WarningRaised(f"searching saved conversations by content is not available: {exc}"))
-        entries = {e.id: e for e in listing.sessions if e.sidecar is not None and not e.problems}
-        read = index.sync(((e.id, e.sidecar.model_sha256, e.sidecar.kv_file, e.size_bytes,
-                            e.kv_path.lstat().st_mtime_ns) for e in entries.values()),
-                          lambda sid: self.store.tokens(entries[sid]))
-        if read or len(index) != len(entries):
-            index.save(self.paths.sessions_index_file)
-        return index
+
+    @property
+    def index(self) -> SessionsIndex:
+        """The sessions index (the store keeps it true; routing and lineage read it)."""
+        return self.store.index
 
     async def stop_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
                          keep_front_door: bool = False) -> SavesReport:
@@ -432,7 +436,12 @@ class Engine:
     async def close_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
         """The final stop: after it start_async() does nothing, so a queued Start cannot outlive Quit."""
         self._closed = True
-        return await self.stop_async(save=save, timeout=timeout)
+        report = await self.stop_async(save=save, timeout=timeout)
+        try:
+            await self.loop.run_io(self.store.save_index)
+        except OSError as exc:  # a cache: the next process rebuilds what it lacks
+            log.info("could not keep the sessions index: %s", exc)
+        return report
 
     async def restart_async(self, resume_id: str | None = None) -> None:
         """Save changed slots, stop, and start again with the current settings."""
@@ -915,7 +924,7 @@ class Engine:
 
     async def _prune(self) -> None:
         try:
-            outcome = await self.loop.run_io(self.sessions.prune)
+            outcome = await self.loop.run_io(self.sessions.prune, quick=True)
         except (OSError, ValueError) as exc:
             self.events.emit(WarningRaised(f"could not keep the saved sessions under the budget: {exc}"))
             return
@@ -941,8 +950,14 @@ class Engine:
         http = self._client()
         delay = 0.0  # the first poll at once: the faces show the slots as soon as we are ready
         while True:
-            await asyncio.sleep(delay)
-            delay = POLL_SECONDS
+            try:
+                await asyncio.wait_for(self._poll_wake.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+            self._poll_wake.clear()
+            # Often while a slot works or waits for its idle save; a few times a minute otherwise.
+            delay = POLL_SECONDS if self._policy_active() else IDLE_POLL_SECONDS
+            self._polling_slowly = delay > POLL_SECONDS
             try:
                 slots = await self.loop.run_io(http.slots)
             except (ServerUnavailable, ServerError):
@@ -956,6 +971,15 @@ class Engine:
                 if slot not in self._idle_saves:  # not again while one waits for its turn
                     self._idle_saves.add(slot)
                     self.loop.spawn(self._idle_save(slot), f"idle save of slot {slot}")
+
+    def _policy_active(self) -> bool:
+        return any(w.changed or w.processing or w.in_request or w.busy_with for w in self._policy.slots.values())
+
+    def wake_poller(self) -> None:
+        """A request is starting (on the loop): a poller waiting its long interval looks now (and
+        often until the slot is saved); one already looking often keeps its pace."""
+        if self._polling_slowly:
+            self._poll_wake.set()
 
     async def _idle_save(self, slot: int) -> None:
         try:
@@ -1045,16 +1069,12 @@ class Engine:
         return None
 
     def _index_saved(self, outcome: SaveOutcome) -> None:
-        sc = outcome.sidecar
-        if sc is None or outcome.tokens is None:
-            return
-        self.index.add_tokens(sc.id, sc.model_sha256, sc.kv_file, sc.size_bytes, outcome.kv_mtime_ns, outcome.tokens)
-        self._index_changed()
+        if outcome.sidecar is not None:  # the save told the store's index; keep it on disk too
+            self._index_changed()
 
     def _index_forget(self, session_id: str) -> None:
-        if session_id in self.index:
-            self.index.remove(session_id)
-            self._index_changed()
+        self.index.forget(session_id)  # the store's delete did; a no-op then
+        self._index_changed()
 
     def _index_changed(self) -> None:
         """Keep the index on disk too, a moment after the last change (one write for a burst)."""
@@ -1065,8 +1085,7 @@ class Engine:
         async def write_later() -> None:
             await asyncio.sleep(INDEX_WRITE_DELAY_SECONDS)
             self._index_dirty = False
-            data = self.index.to_json()
-            self.loop.in_background(write_index, self.paths.sessions_index_file, data, what="saving the sessions index")
+            self.loop.in_background(self.store.save_index, what="saving the sessions index")
 
         self.loop.spawn(write_later(), "saving the sessions index")
 
@@ -1163,7 +1182,10 @@ class Engine:
 
     def _publish_slots(self) -> None:
         self._publish()
-        self.events.emit(SlotsChanged(self._snapshot.slots))
+        slots = self._snapshot.slots
+        if slots != self._emitted_slots:  # a poll that changed nothing wakes no face
+            self._emitted_slots = slots
+            self.events.emit(SlotsChanged(slots))
         in_slots = self._snapshot.in_slots
         if self._launched is not None and in_slots != self._published_in_slots:
             self._published_in_slots = in_slots

@@ -327,6 +327,7 @@ class FrontDesk:
         c = self.content(slot)
         c.busy = True
         self.e.slot_watch(slot).in_request = True
+        self.e.wake_poller()
 
     def _release(self, slot: int) -> None:
         c = self.content(slot)

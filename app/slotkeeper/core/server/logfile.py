@@ -18,7 +18,11 @@ from pathlib import Path
 LOG_MAX_BYTES = 5 * 1024 * 1024
 LOG_BACKUPS = 3
 TAIL_LINES = 400
-POLL_SECONDS = 0.05
+POLL_SECONDS = 0.05  # after new output: lines show up at once while the server talks
+IDLE_POLL_SECONDS = 0.5  # the interval doubles up to this while the file does not grow
+# What llama-server logs twice a second at -lv 4 while it has nothing to do: kept in the file,
+# not shown (``is_idle_heartbeat``).
+IDLE_HEARTBEAT = "update_slots: all slots are idle"
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,11 @@ def rotate(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUP
     shutil.copyfile(path, path.with_name(f"{path.name}.1"))
     with open(path, "r+b") as fh:
         fh.truncate(0)
+
+
+def is_idle_heartbeat(line: str) -> bool:
+    """llama-server's "nothing to do" line (at -lv 4): faces hide it, the file keeps it."""
+    return IDLE_HEARTBEAT in line
 
 
 def open_for_child(path: Path):
@@ -83,9 +92,12 @@ class LogTailer:
             return list(self.tail)[-n:]
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_SECONDS):
-            self.poll()
+        delay = POLL_SECONDS
+        while not self._stop.wait(delay):
+            grew = self.poll()
             self._rotate_if_big()
+            # Quick while the server writes, a few looks a second while it is quiet.
+            delay = POLL_SECONDS if grew else min(delay * 2, IDLE_POLL_SECONDS)
 
     def _rotate_if_big(self) -> None:
         """Rotate under the lock right after reading everything, so listeners miss (almost) nothing:
@@ -105,16 +117,17 @@ class LogTailer:
             self._pos = 0
             self._partial = b""
 
-    def poll(self) -> None:
+    def poll(self) -> bool:
+        """Hand the lines written since the last look to the listeners; True if the file grew."""
         with self._lock:
             try:
                 size = self.path.stat().st_size
             except FileNotFoundError:
-                return
+                return False
             if size < self._pos:  # truncated by rotation
                 self._pos = 0
             if size == self._pos:
-                return
+                return False
             with open(self.path, "rb") as fh:
                 fh.seek(self._pos)
                 chunk = fh.read(size - self._pos)
@@ -130,3 +143,4 @@ class LogTailer:
                     fn(line)
                 except Exception:  # a broken listener must not stop the tail
                     log.exception("log listener failed")
+        return True

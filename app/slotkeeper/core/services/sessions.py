@@ -20,6 +20,7 @@ import sqlite3
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import Any
 
 from slotkeeper.core.sessions import pruner
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
@@ -134,6 +135,10 @@ class SessionsService:
     def listing(self) -> Listing:
         return self.store.listing()
 
+    def listing_json(self) -> list[dict[str, Any]]:
+        """What `sessions list --json` prints: ``e.to_json()`` of each listed session."""
+        return self.store.listing_rows()
+
     def get(self, session_id: str) -> SessionEntry:
         return self.store.get(session_id)
 
@@ -166,7 +171,15 @@ class SessionsService:
                            protected_ids=self.in_slots(), unmanaged_bytes=listing.unmanaged_bytes)
         return plan, listing
 
-    def prune(self, budget: int | None = None, dry_run: bool = False) -> PruneOutcome:
+    def prune(self, budget: int | None = None, dry_run: bool = False, quick: bool = False) -> PruneOutcome:
+        """Delete the least recently used sessions until the rest fit the budget. ``quick`` (after
+        a save): when the sessions index says they fit already, nothing else is looked at; only
+        a prune that has something to do lists the folder (so it never acts on a stale index)."""
+        if quick and not dry_run:
+            limit = self._budget() if budget is None else budget
+            usage = self.store.usage_bytes()
+            if usage <= limit:
+                return PruneOutcome(pruner.PrunePlan([], 0, usage, usage, limit, False), pruner.PruneResult())
         plan, listing = self._plan(budget)
         unmanaged = tuple(listing.unmanaged)
         if dry_run or not plan.delete:

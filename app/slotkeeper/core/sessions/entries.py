@@ -31,14 +31,21 @@ class SessionEntry:
 
     def to_json(self) -> dict[str, Any]:
         """The stable shape of `sessions list --json` (users' scripts rely on these names)."""
-        data = self.sidecar.to_json() if self.sidecar is not None else {}
-        base: dict[str, Any] = {k: data.get(k) for k in LIST_KEYS}
-        if self.sidecar is None:
-            base.update(id=self.id, pinned=False)
-        base["size_bytes"] = self.size_bytes  # on disk, as budgets count it
-        base["status"] = self.status
-        base["problems"] = list(self.problems)
-        return base
+        return list_row(self.id, None if self.sidecar is None else self.sidecar.to_json(), self.size_bytes,
+                        self.problems)
+
+
+def list_row(session_id: str, sidecar_json: dict[str, Any] | None, size_bytes: int,
+             problems: list[str]) -> dict[str, Any]:
+    """One session in `sessions list --json`, from its sidecar's JSON (None: unreadable)."""
+    data = sidecar_json or {}
+    base: dict[str, Any] = {k: data.get(k) for k in LIST_KEYS}
+    if sidecar_json is None:
+        base.update(id=session_id, pinned=False)
+    base["size_bytes"] = size_bytes  # on disk, as budgets count it
+    base["status"] = "corrupt" if problems else "ok"
+    base["problems"] = list(problems)
+    return base
 
 
 @dataclass(frozen=True)

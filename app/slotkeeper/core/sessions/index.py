@@ -1,35 +1,79 @@
-"""Saved sessions by the token blocks they start with.
+"""The sessions index: what the sessions folder holds, so nothing has to read every file again.
 
-The front door asks, for every completion request, which saved session shares the longest
-prefix with the prompt. Comparing the prompt with every session's tokens would cost more with
-every session kept; instead each session's tokens are cut into blocks of ``BLOCK`` tokens and
-each block gets a hash chained on the ones before it, so a chain hash names a whole prefix. A
-lookup walks the prompt's chain and stops at the first hash no session has: its cost depends on
-the prompt, not on how many sessions there are.
+One index serves every question asked of the saved sessions:
 
-The index lives in memory in the running engine and is kept on disk (``load``/``save``), keyed
-on each KV file's name, size and mtime, so a restart reads only the token headers of sessions
-that are new or changed since (``sync`` repairs it from the folder, whoever changed it).
+- listing (``SessionStore.listing``, `sessions list`, the sessions page): each sidecar as it was
+  last read, keyed on its file's lstat (type, size, mtime, inode, ctime). A listing looks at every
+  entry of the folder with lstat (sizes always come from the file system) and reads again only
+  the sidecars whose stat changed, were added, or are too recent to trust (a write within the same
+  clock tick as the read keeps the stat). Sessions gone from the folder are dropped.
+- routing (the front desk): which saved session shares the longest prefix with a prompt. Each
+  session's tokens are cut into blocks of ``BLOCK`` tokens and each block gets a hash chained on
+  the ones before it, so a chain hash names a whole prefix; a lookup walks the prompt's chain and
+  stops at the first hash no session has: its cost depends on the prompt, not on how many
+  sessions there are.
+- lineage on save (``lineage_candidates``): which few sessions a slot's tokens can continue or
+  fork, from the block hashes, the hash of each session's first ``HEAD_TOKENS`` tokens (what a
+  fork must share at least) and of all but its last ``TAIL_SLACK`` tokens (what an update must
+  share); only those few have their token lists read and compared exactly.
+
+The token part of a session is keyed on its KV file's name, size and mtime. The index lives in
+memory in the running engine (inside its ``SessionStore``) and is kept on disk (``save``/``load``,
+0600 in the cache folder) so the next process (the CLI, the next launch) reads only what changed.
+The file is a cache: a damaged, missing or foreign one is rebuilt from the folder.
 """
 
 from __future__ import annotations
 
 import base64
+import heapq
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+import stat
+import sys
+import threading
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import xxhash
 
 from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.sessions.naming import SESSION_ID_RE
+from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar, SidecarError
 
 log = logging.getLogger(__name__)
 
 BLOCK = 64  # tokens per block: prefixes are found to the block, then measured exactly
-INDEX_VERSION = 1
+HEAD_TOKENS = 32  # lineage: the least a fork shares with its parent (lineage.DEFAULT_MIN_FORK_PREFIX)
+TAIL_SLACK = 8  # lineage: an update may leave a session this many tokens before its end
+INDEX_VERSION = 2
+RACY_NS = 2_000_000_000  # a file changed this recently may change again without its stat changing
+_BIG_ENDIAN = sys.byteorder == "big"
+
+Stamp = tuple[int, int, int, int, int]  # st_mode, st_size, st_mtime_ns, st_ino, st_ctime_ns
+
+
+def stamp_of(st) -> Stamp:
+    return (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
+def _le_bytes(values: Sequence[int], code: str) -> bytes:
+    arr = array(code, values)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """The token ids as little-endian i32 (what every hash here is computed over)."""
+    return _le_bytes(tokens if isinstance(tokens, (list, tuple, array)) else [int(t) for t in tokens], "i")
+
+
+assert array("i").itemsize == 4 and array("Q").itemsize == 8
 
 
 @dataclass(frozen=True)
@@ -41,6 +85,9 @@ class IndexedSession:
     mtime_ns: int
     n_tokens: int
     hashes: tuple[int, ...]  # one chain hash per whole block
+    head: int = 0  # hash of the first min(n_tokens, HEAD_TOKENS) tokens
+    anchor: int = 0  # chained hash of all but the last TAIL_SLACK tokens
+    tail: tuple[int, ...] = ()  # those last tokens: an update's shared length, exactly
 
 
 @dataclass(frozen=True)
@@ -58,21 +105,58 @@ class PrefixHit:
         return self.n_blocks * BLOCK
 
 
-def chain_hashes(tokens: Sequence[int] | np.ndarray) -> list[int]:
-    """The chain hash of every whole block of ``tokens``."""
-    arr = np.asarray(tokens, dtype="<i4")
+def _chain(raw: bytes) -> list[int]:
     out: list[int] = []
     h = 0
-    for i in range(len(arr) // BLOCK):
-        h = xxhash.xxh3_64_intdigest(arr[i * BLOCK:(i + 1) * BLOCK].tobytes(), seed=h)
+    step = BLOCK * 4
+    view = memoryview(raw)
+    for i in range(len(raw) // step):
+        h = xxhash.xxh3_64_intdigest(view[i * step:(i + 1) * step], seed=h)
         out.append(h)
     return out
 
 
+def chain_hashes(tokens: Sequence[int]) -> list[int]:
+    """The chain hash of every whole block of ``tokens``."""
+    return _chain(token_bytes(tokens))
+
+
+def _partial(raw: bytes, hashes: Sequence[int], n: int) -> int:
+    """The hash of the first ``n`` tokens, chained on the whole blocks before them."""
+    d = n // BLOCK
+    return xxhash.xxh3_64_intdigest(memoryview(raw)[d * BLOCK * 4:n * 4], seed=hashes[d - 1] if d else 0)
+
+
+def _head_len(n_tokens: int) -> int:
+    return min(n_tokens, HEAD_TOKENS)
+
+
+def _anchor_len(n_tokens: int) -> int:
+    return max(n_tokens - TAIL_SLACK, 0)
+
+
+def recency_key(last_used_at: str) -> tuple[str, float]:
+    """A sort key equal in order to ``parse_utc`` of a sidecar timestamp, without strptime:
+    the fixed-width seconds as text, then the fraction ("...:00Z" before "...:00.5Z")."""
+    body = last_used_at[:-1] if last_used_at.endswith("Z") else last_used_at
+    secs, _, frac = body.partition(".")
+    try:
+        return secs, float("0." + frac) if frac else 0.0
+    except ValueError:
+        return secs, 0.0
+
+
 class TokenIndex:
+    """Saved sessions by their token blocks (thread-safe)."""
+
     def __init__(self) -> None:
+        self.lock = threading.RLock()
         self._sessions: dict[str, IndexedSession] = {}
         self._by_hash: dict[int, set[str]] = {}
+        self._by_head: dict[tuple[int, int], set[str]] = {}
+        self._by_anchor: dict[tuple[int, int], set[str]] = {}
+        self._anchor_lens: dict[int, int] = {}  # anchor length -> how many sessions have it
+        self.dirty = False  # changed since it was loaded or saved
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -84,96 +168,315 @@ class TokenIndex:
         return self._sessions.get(session_id)
 
     def put(self, entry: IndexedSession) -> None:
-        self.remove(entry.id)
-        self._sessions[entry.id] = entry
-        for h in entry.hashes:
-            self._by_hash.setdefault(h, set()).add(entry.id)
+        with self.lock:
+            self.remove(entry.id)
+            self._sessions[entry.id] = entry
+            for h in entry.hashes:
+                self._by_hash.setdefault(h, set()).add(entry.id)
+            self._by_head.setdefault((_head_len(entry.n_tokens), entry.head), set()).add(entry.id)
+            a = _anchor_len(entry.n_tokens)
+            self._by_anchor.setdefault((a, entry.anchor), set()).add(entry.id)
+            self._anchor_lens[a] = self._anchor_lens.get(a, 0) + 1
+            self.dirty = True
 
     def add_tokens(self, session_id: str, model_sha256: str, kv_file: str, size: int, mtime_ns: int,
-                   tokens: Sequence[int] | np.ndarray) -> IndexedSession:
-        entry = IndexedSession(session_id, model_sha256, kv_file, size, mtime_ns, len(tokens),
-                               tuple(chain_hashes(tokens)))
+                   tokens: Sequence[int]) -> IndexedSession:
+        raw = token_bytes(tokens)
+        n = len(raw) // 4
+        hashes = _chain(raw)
+        a = _anchor_len(n)
+        entry = IndexedSession(session_id, model_sha256, kv_file, size, mtime_ns, n, tuple(hashes),
+                               xxhash.xxh3_64_intdigest(memoryview(raw)[:_head_len(n) * 4]),
+                               _partial(raw, hashes, a), tuple(int(t) for t in tokens[a:n]))
         self.put(entry)
         return entry
 
     def remove(self, session_id: str) -> None:
-        old = self._sessions.pop(session_id, None)
-        if old is None:
-            return
-        for h in old.hashes:
-            ids = self._by_hash.get(h)
-            if ids is not None:
-                ids.discard(session_id)
-                if not ids:
-                    del self._by_hash[h]
+        with self.lock:
+            old = self._sessions.pop(session_id, None)
+            if old is None:
+                return
+            self.dirty = True
+            for h in old.hashes:
+                ids = self._by_hash.get(h)
+                if ids is not None:
+                    ids.discard(session_id)
+                    if not ids:
+                        del self._by_hash[h]
+            for table, key in ((self._by_head, (_head_len(old.n_tokens), old.head)),
+                               (self._by_anchor, (_anchor_len(old.n_tokens), old.anchor))):
+                ids = table.get(key)
+                if ids is not None:
+                    ids.discard(session_id)
+                    if not ids:
+                        del table[key]
+            a = _anchor_len(old.n_tokens)
+            self._anchor_lens[a] -= 1
+            if not self._anchor_lens[a]:
+                del self._anchor_lens[a]
 
-    def longest_prefix(self, tokens: Sequence[int] | np.ndarray, model_sha256: str, limit: int = 4) -> list[PrefixHit]:
+    def longest_prefix(self, tokens: Sequence[int], model_sha256: str, limit: int = 4) -> list[PrefixHit]:
         """Sessions of this model sharing the most whole blocks with ``tokens`` (best first)."""
         best: list[PrefixHit] = []
-        for depth, h in enumerate(chain_hashes(tokens), start=1):
-            ids = [i for i in self._by_hash.get(h, ()) if self._sessions[i].model_sha256 == model_sha256]
-            if not ids:
-                break
-            best = [PrefixHit(i, depth) for i in sorted(ids)]
+        with self.lock:
+            for depth, h in enumerate(chain_hashes(tokens), start=1):
+                ids = [i for i in self._by_hash.get(h, ()) if self._sessions[i].model_sha256 == model_sha256]
+                if not ids:
+                    break
+                best = [PrefixHit(i, depth) for i in sorted(ids)]
         return best[:limit]
 
-    # -- keeping it true to the folder ----------------------------------------------------
-    def sync(self, sessions: Iterable[tuple[str, str, str, int, int]],
-             read_tokens: Callable[[str], Sequence[int]]) -> int:
-        """Make the index match the folder: ``sessions`` are (id, model_sha256, kv_file, size,
-        mtime_ns) of every healthy session; tokens are read only for the ones new or changed.
-        Returns how many were (re)read."""
-        seen = set()
-        read = 0
-        for sid, sha, kv_file, size, mtime_ns in sessions:
-            seen.add(sid)
-            have = self._sessions.get(sid)
-            if have and (have.kv_file, have.size, have.mtime_ns, have.model_sha256) == (kv_file, size, mtime_ns, sha):
-                continue
-            try:
-                tokens = read_tokens(sid)
-            except Exception as exc:  # an unreadable session is simply not offered
-                log.debug("not indexing %s: %s", sid, exc)
-                self.remove(sid)
-                continue
-            self.add_tokens(sid, sha, kv_file, size, mtime_ns, tokens)
-            read += 1
-        for sid in [s for s in self._sessions if s not in seen]:
-            self.remove(sid)
-        return read
+    def lineage_candidates(self, tokens: Sequence[int], model_sha256: str, prefer: str | None = None,
+                           n_prompt: int | None = None, limit: int = 8,
+                           order: Callable[[str], Any] | None = None) -> list[str]:
+        """The few sessions of this model whose token lists lineage must compare with ``tokens``,
+        found by hash lookups whose number does not grow with the number of sessions.
+
+        - Updates: a session lineage can update agrees with ``tokens`` up to its last TAIL_SLACK
+          tokens; its anchor (the chained hash of those) is looked up for every session length
+          the index holds, and its kept tail says exactly how many tokens it shares.
+        - Contained and forks: the more whole blocks a session shares, the more tokens; the
+          sessions of the deepest block the prompt's chain reaches come first, then shallower
+          ones, then (sharing no whole block) those sharing their first min(n, HEAD_TOKENS).
+        Each group by the most tokens it can share; ties by ``order`` (most recently used first,
+        the caller's key), the slot's own session (``prefer``) always among them. Returned in
+        that order: ``prefer``, then ``order``.
+        """
+        raw = token_bytes(tokens)
+        n_new = len(raw) // 4
+        if n_new == 0:
+            return []
+        chain = _chain(raw)
+        contained_at = None if n_prompt is None else min(n_prompt, n_new)
+        order = order or (lambda sid: sid)
+
+        def key(sid: str) -> tuple[bool, Any, str]:
+            return (sid != prefer, order(sid), sid)
+
+        with self.lock:
+            updates: list[tuple[int, tuple, str]] = []
+            for a in self._anchor_lens:
+                if a > n_new:
+                    continue
+                for sid in self._by_anchor.get((a, _partial(raw, chain, a)), ()):
+                    s = self._sessions[sid]
+                    if s.model_sha256 != model_sha256:
+                        continue
+                    n = 0
+                    while n < len(s.tail) and a + n < n_new and s.tail[n] == tokens[a + n]:
+                        n += 1
+                    updates.append((-(a + n), key(sid), sid))
+            seen = {u[2] for u in updates}
+            others: list[tuple[bool, int, bool, Any, str]] = []
+            depth = 0
+            while depth < len(chain) and chain[depth] in self._by_hash:
+                depth += 1
+            levels = [self._by_hash[chain[d - 1]] for d in range(depth, 0, -1)]
+            if len(levels) < 2:  # sharing no whole block (or one): by the head too
+                head: set[str] = set()
+                view = memoryview(raw)
+                for k in range(1, _head_len(n_new) + 1):
+                    head |= self._by_head.get((k, xxhash.xxh3_64_intdigest(view[:k * 4])), set())
+                levels.append(head)
+            sessions = self._sessions
+            for d, ids in zip(range(depth, -1, -1), levels):
+                # Every session here shares d whole blocks (a deeper one was seen before).
+                most_here = d * BLOCK + BLOCK - 1
+                for sid in ids:
+                    if sid in seen:
+                        continue
+                    seen.add(sid)
+                    s = sessions[sid]
+                    if s.model_sha256 != model_sha256:
+                        continue
+                    most = min(s.n_tokens, n_new, most_here)
+                    contained = contained_at is not None and most >= contained_at and s.n_tokens > contained_at
+                    others.append((not contained, -most, sid != prefer, order(sid), sid))
+                if len(others) >= limit:
+                    break
+            chosen = {c[-1] for c in heapq.nsmallest(max(limit // 2, 1), updates)}
+            chosen |= {c[-1] for c in heapq.nsmallest(max(limit - len(chosen), 1), others)}
+            if prefer is not None and prefer in self._sessions and self._sessions[prefer].model_sha256 == model_sha256:
+                chosen.add(prefer)
+        return sorted(chosen, key=key)
+
+
+def _shared_blocks(saved: Sequence[int], new: Sequence[int]) -> int:
+    """How many leading chain hashes agree (chains agree up to a point, then never again)."""
+    lo, hi = 0, min(len(saved), len(new))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if saved[mid - 1] == new[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass
+class SidecarRecord:
+    """One ``<id>.json`` as it was last read: its stat and its content (or why it is unreadable)."""
+
+    stamp: Stamp
+    data: dict[str, Any] | None  # Sidecar.to_json() of what was read
+    error: str | None = None
+    racy: bool = False  # read within RACY_NS of its mtime: read again before trusting it
+    _sidecar: Sidecar | None = field(default=None, repr=False)
+    _recency: tuple[str, float] | None = field(default=None, repr=False)
+    _newest: tuple[int, float] | None = field(default=None, repr=False)
+
+    @classmethod
+    def read(cls, stamp: Stamp, sidecar: Sidecar | None, error: str | None = None) -> SidecarRecord:
+        racy = time.time_ns() - stamp[2] < RACY_NS
+        return cls(stamp, None if sidecar is None else sidecar.to_json(), error, racy, sidecar)
+
+    def sidecar(self) -> Sidecar | None:
+        """The sidecar (built from the stored JSON on first use); SidecarError if it is not one."""
+        if self._sidecar is None and self.data is not None:
+            self._sidecar = Sidecar.from_index(self.data)
+        return self._sidecar
+
+    def newest_first(self) -> tuple[int, float]:
+        """A key that sorts the most recently used first (cached)."""
+        if self._newest is None:
+            secs, frac = self.recency()
+            digits = "".join(c for c in secs if c.isdigit())
+            self._newest = (-int(digits) if digits else 0, -frac)
+        return self._newest
+
+    def recency(self) -> tuple[str, float]:
+        if self._recency is None:
+            used = self.data.get("last_used_at") if self.data else None
+            self._recency = recency_key(used if isinstance(used, str) else "")
+        return self._recency
+
+
+class SessionsIndex(TokenIndex):
+    """The token index plus every sidecar as last read and the folder's entries' stat.
+
+    The store keeps it true (``SessionStore`` reads the folder and updates it on every change it
+    makes); this class only holds the data, under ``lock``.
+    """
+
+    def __init__(self, folder: Path | None = None) -> None:
+        super().__init__()
+        self.folder = str(folder) if folder is not None else ""
+        self.records: dict[str, SidecarRecord] = {}
+        # Every entry of the folder at the last look (lstat), kept true by the store's own changes.
+        self.files: dict[str, Stamp] = {}
+        self.scanned = False  # ``files`` has been filled by a look at the folder
+        # Sessions whose token part may need (re)reading: new or changed since it was indexed.
+        self.unindexed: set[str] = set()
+        # A KV file whose token header could not be read, by session: (kv_file, size, mtime_ns).
+        self.token_errors: dict[str, tuple[str, int, int]] = {}
+
+    def set_record(self, session_id: str, record: SidecarRecord) -> None:
+        with self.lock:
+            old = self.records.get(session_id)
+            self.records[session_id] = record
+            if old is None or old.data != record.data or old.error != record.error or old.stamp != record.stamp:
+                self.dirty = True
+            self.unindexed.add(session_id)
+
+    def forget(self, session_id: str) -> None:
+        with self.lock:
+            if self.records.pop(session_id, None) is not None:
+                self.dirty = True
+            self.remove(session_id)
+            self.unindexed.discard(session_id)
+            self.token_errors.pop(session_id, None)
+
+    def newest_first(self, session_id: str) -> tuple[int, float]:
+        rec = self.records.get(session_id)
+        if rec is None:
+            return (0, 0.0)
+        return rec._newest or rec.newest_first()
+
+    def usage_bytes(self) -> int:
+        """What the saved sessions' KV files took at the last look (what the budget counts)."""
+        with self.lock:
+            total = 0
+            for rec in self.records.values():
+                kv = rec.data.get("kv_file") if rec.data else None
+                st = self.files.get(kv) if isinstance(kv, str) else None
+                if st is not None and stat.S_ISREG(st[0]):
+                    total += st[1]
+            return total
 
     # -- on disk --------------------------------------------------------------------------
-    def to_json(self) -> dict:
-        return {"version": INDEX_VERSION, "block": BLOCK, "sessions": {
-            s.id: {"model_sha256": s.model_sha256, "kv_file": s.kv_file, "size": s.size, "mtime_ns": s.mtime_ns,
-                   "n_tokens": s.n_tokens,
-                   "hashes": base64.b64encode(np.asarray(s.hashes, dtype="<u8").tobytes()).decode("ascii")}
-            for s in self._sessions.values()}}
+    def to_json(self) -> dict[str, Any]:
+        with self.lock:
+            sessions: dict[str, Any] = {}
+            for sid, rec in self.records.items():
+                tok = self._sessions.get(sid)
+                sessions[sid] = {"stamp": list(rec.stamp), "sidecar": rec.data, "error": rec.error,
+                                 "tokens": None if tok is None else _tokens_json(tok)}
+            self.dirty = False
+            return {"version": INDEX_VERSION, "block": BLOCK, "head": HEAD_TOKENS, "slack": TAIL_SLACK,
+                    "sidecar_schema": SCHEMA_VERSION, "folder": self.folder, "sessions": sessions}
 
     def save(self, path: Path) -> None:
         write_index(path, self.to_json())
 
     @classmethod
-    def load(cls, path: Path) -> TokenIndex:
-        """The index kept on disk; an empty one when it is missing, damaged or of another layout
-        (``sync`` then rebuilds what is needed)."""
-        index = cls()
+    def load(cls, path: Path | None, folder: Path | None = None) -> SessionsIndex:
+        """The index kept on disk for ``folder``; an empty one when it is missing, damaged, of
+        another layout or of another folder (the store then reads the folder again)."""
+        index = cls(folder)
+        if path is None:
+            return index
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("version") != INDEX_VERSION or data.get("block") != BLOCK:
+            data = json.loads(path.read_bytes())
+            if (not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("block") != BLOCK
+                    or data.get("head") != HEAD_TOKENS or data.get("slack") != TAIL_SLACK
+                    or data.get("sidecar_schema") != SCHEMA_VERSION or data.get("folder") != index.folder):
                 return index
             for sid, d in data["sessions"].items():
-                hashes = np.frombuffer(base64.b64decode(d["hashes"]), dtype="<u8")
-                index.put(IndexedSession(str(sid), str(d["model_sha256"]), str(d["kv_file"]), int(d["size"]),
-                                         int(d["mtime_ns"]), int(d["n_tokens"]), tuple(int(h) for h in hashes)))
+                try:
+                    _load_one(index, sid, d)
+                except (ValueError, KeyError, TypeError, SidecarError):
+                    index.forget(sid)  # that one is read again from the folder
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             log.info("rebuilding the sessions index (%s)", exc)
-            return cls()
+            return cls(folder)
+        index.dirty = False
         return index
 
 
+def _tokens_json(s: IndexedSession) -> dict[str, Any]:
+    return {"model_sha256": s.model_sha256, "kv_file": s.kv_file, "size": s.size, "mtime_ns": s.mtime_ns,
+            "n_tokens": s.n_tokens, "head": s.head, "anchor": s.anchor, "tail": list(s.tail),
+            "hashes": base64.b64encode(_le_bytes(s.hashes, "Q")).decode("ascii")}
+
+
+def _load_one(index: SessionsIndex, sid: str, d: dict[str, Any]) -> None:
+    if not SESSION_ID_RE.fullmatch(sid):
+        raise ValueError(f"not a session id: {sid!r}")
+    stamp = tuple(int(v) for v in d["stamp"])
+    if len(stamp) != 5:
+        raise ValueError("bad stamp")
+    data, error = d["sidecar"], d["error"]
+    # A sidecar is checked when it is first used (``Sidecar.from_index``; the file is read again
+    # if it does not pass).
+    if data is None and not isinstance(error, str) or data is not None and not isinstance(data, dict):
+        raise ValueError("neither a sidecar nor an error")
+    rec = SidecarRecord(stamp, data, error if data is None else None)  # type: ignore[arg-type]
+    rec.racy = time.time_ns() - stamp[2] < RACY_NS
+    index.records[sid] = rec
+    index.unindexed.add(sid)
+    t = d["tokens"]
+    if t is not None:
+        raw = base64.b64decode(t["hashes"], validate=True)
+        hashes = array("Q", raw)
+        if _BIG_ENDIAN:
+            hashes.byteswap()
+        index.put(IndexedSession(sid, str(t["model_sha256"]), str(t["kv_file"]), int(t["size"]), int(t["mtime_ns"]),
+                                 int(t["n_tokens"]), tuple(hashes), int(t["head"]), int(t["anchor"]),
+                                 tuple(int(v) for v in t["tail"])))
+
+
 def write_index(path: Path, data: dict) -> None:
-    """Write an index's JSON (``TokenIndex.to_json``), atomically."""
-    atomic_write_text(path, json.dumps(data))
+    """Write an index's JSON (``SessionsIndex.to_json``), atomically and private (0600)."""
+    atomic_write_text(path, json.dumps(data, separators=(",", ":")))

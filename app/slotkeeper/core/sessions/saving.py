@@ -153,27 +153,37 @@ def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> _Incom
     return _Incoming(path, header.tokens, size, content_hash, header.n_media, hashed)
 
 
-def _candidates(store: SessionStore, facts: ServerFacts, prefer: str | None) -> list[tuple[SessionEntry, list[int]]]:
+LINEAGE_FINALISTS = 8  # sessions whose token lists a save compares (chosen by the index's hashes)
+
+
+def _candidates(store: SessionStore, tokens: list[int], facts: ServerFacts, prefer: str | None,
+                n_prompt: int | None) -> list[tuple[SessionEntry, list[int]]]:
+    """The saved sessions lineage compares with ``tokens``: the few the sessions index says can
+    share enough with them (``SessionsIndex.lineage_candidates``), whatever the number of sessions;
+    the slot's own session first, then the most recently used."""
+    store.index_tokens(only_model=facts.model_sha256)  # sessions that came in behind our back
+    index = store.index
     out = []
-    for entry in store.sessions():  # most recently used first
-        sc = entry.sidecar
+    for sid in index.lineage_candidates(tokens, facts.model_sha256, prefer, n_prompt, LINEAGE_FINALISTS,
+                                        index.newest_first):
+        entry = store.indexed(sid)
+        sc = entry.sidecar if entry is not None else None
         # A session marked corrupt is still a candidate when its token list reads: a good
         # save of the same conversation then replaces it (and clears the mark). One whose images
         # another projector read is not: this save must not overwrite what only that one restores.
-        if sc is None or sc.model_sha256 != facts.model_sha256 or media_mismatch(sc, facts):
+        if entry is None or sc is None or sc.model_sha256 != facts.model_sha256 or media_mismatch(sc, facts):
             continue
         try:
             out.append((entry, store.tokens(entry)))
         except (ValueError, OSError) as exc:  # one bad session never stops a save: skip it
             log.debug("lineage skips session %s: %s", entry.id, exc)
             continue
-    out.sort(key=lambda item: item[0].id != prefer)  # the slot's own session first
     return out
 
 
 def _classify(store: SessionStore, tokens: list[int], facts: ServerFacts,
               current_id: str | None, n_prompt: int | None = None) -> tuple[str, SessionEntry | None]:
-    candidates = _candidates(store, facts, current_id)
+    candidates = _candidates(store, tokens, facts, current_id, n_prompt)
     match = lineage.classify(tokens, [(e.id, t, e.sidecar.n_prompt if e.sidecar else None) for e, t in candidates],
                              new_n_prompt=n_prompt)
     previous = next((e for e, _ in candidates if e.id == match.session_id), None)
@@ -246,9 +256,12 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
         )  # fmt: skip
         write_sidecar_atomic(store.sidecar_path(sid), sidecar)
         fault_point("after_sidecar")
+        gone = None
         if kind == "update" and previous is not None and previous.sidecar.kv_file != final_name:
-            unlink_quietly(store.dir / previous.sidecar.kv_file)
-            store.forget_tokens(previous.sidecar.kv_file)
+            gone = previous.sidecar.kv_file
+            unlink_quietly(store.dir / gone)
+            store.forget_tokens(gone)
+        store.record_saved(sidecar, inc.tokens, gone)
     return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms, inc.tokens,
                        _mtime_ns(store.dir / final_name))
 

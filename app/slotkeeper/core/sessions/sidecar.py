@@ -20,13 +20,14 @@ import json
 import os
 import re
 import secrets
+import sys
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import xxhash
 
 from slotkeeper.core import families
@@ -131,7 +132,10 @@ def parse_utc(text: str) -> datetime:
 
 def tokens_digest(tokens: Sequence[int]) -> str:
     """xxh3_64 hex of the token ids as little-endian i32: a cheap identity for lineage."""
-    return xxhash.xxh3_64_hexdigest(np.asarray(tokens, dtype="<i4").tobytes())
+    arr = array("i", tokens)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return xxhash.xxh3_64_hexdigest(arr.tobytes())
 
 
 def content_hash_file(path: str | os.PathLike[str]) -> str:
@@ -213,7 +217,10 @@ def _mapping(value: object, key: str) -> Mapping[str, Any]:
     return value
 
 
-def _unknown_keys(d: Mapping[str, Any], known: Sequence[str]) -> dict[str, Any]:
+def _unknown_keys(d: Mapping[str, Any], known: Sequence[str] | frozenset[str]) -> dict[str, Any]:
+    if len(d) == len(known):  # the common case: exactly the known keys
+        if isinstance(known, frozenset) and known.issuperset(d):
+            return {}
     return {k: v for k, v in d.items() if k not in known}
 
 
@@ -369,14 +376,44 @@ class Sidecar:
                            else _matching(d, "mmproj_sha256", _SHA256_RE, "64 lowercase hex digits")),
             verified=FileStamp.from_json(d.get("verified")),
             continues=_bool(d, "continues") if "continues" in d else False,
-            extra=_unknown_keys(d, SIDECAR_KEYS),
+            extra=_unknown_keys(d, _SIDECAR_KEY_SET),
         )
+
+    @classmethod
+    def from_index(cls, d: Mapping[str, Any]) -> Sidecar:
+        """A sidecar from the JSON the sessions index keeps: ``to_json()`` of one ``from_json``
+        validated when its file was read. Only the fields that become file names are checked
+        again (``check_index_paths``); anything else odd raises SidecarError and the file is
+        read again."""
+        try:
+            # Keys written only when set (``WRITTEN_WHEN_SET``) are absent at their default.
+            kw = {key: d[key] if key not in WRITTEN_WHEN_SET else d.get(key, WRITTEN_WHEN_SET[key])
+                  for key in SIDECAR_KEYS}
+            last = kw["last_restore"]
+            if last is not None:
+                kw["last_restore"] = RestoreRecord(**{k: last[k] for k in RestoreRecord._KEYS},
+                                                   extra=_unknown_keys(last, RestoreRecord._KEYS))
+            kw["kv_args"] = list(kw["kv_args"])
+            kw["verified"] = FileStamp.from_json(kw["verified"])
+        except (KeyError, TypeError, SidecarError) as exc:
+            raise SidecarError(f"not a sidecar the index kept: {exc}") from None
+        cls.check_index_paths(d, kw["id"])
+        return cls(**kw, extra=_unknown_keys(d, _SIDECAR_KEY_SET))
+
+    @staticmethod
+    def check_index_paths(d: Mapping[str, Any], session_id: str) -> None:
+        """The id and the KV file name, which become paths: as ``from_json`` requires them."""
+        if not isinstance(d, Mapping) or d.get("id") != session_id or not isinstance(session_id, str) \
+                or not _ID_RE.fullmatch(session_id):
+            raise SidecarError(f"the index's sidecar is not {session_id!r}'s")
+        _kv_file_name(d)
 
 
 # The sidecar's keys in the order they are written: the dataclass fields, schema_version first.
 SIDECAR_KEYS: tuple[str, ...] = ("schema_version",) + tuple(
     f.name for f in fields(Sidecar) if f.name not in ("schema_version", "extra")
 )
+_SIDECAR_KEY_SET = frozenset(SIDECAR_KEYS)
 
 
 def _plain(value: Any) -> Any:

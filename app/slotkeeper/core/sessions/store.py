@@ -16,20 +16,30 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from slotkeeper.core.fsutil import NotARegularFile, ensure_private_folder, file_kind, fsync_dir, regular_size
-from slotkeeper.core.sessions import kvfile
-from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
+from slotkeeper.core.fsutil import (
+    NotARegularFile,
+    ensure_private_folder,
+    file_kind,
+    fsync_dir,
+    not_regular_error,
+    regular_size,
+)
+from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, list_row
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
+from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord, Stamp, stamp_of
 from slotkeeper.core.sessions.naming import (
     INCOMING_PREFIX,
     LOCK_NAME,
     OWN_KV_RE,
     SIDECAR_NAME_RE,
+    SIDECAR_SUFFIX,
     InvalidSessionId,
     owns_kv_file,
     sidecar_name,
@@ -63,14 +73,22 @@ def unlink_quietly(path: Path) -> None:
         pass
 
 
+TOKEN_LISTS_KEPT = 32  # token lists kept in memory (lineage's finalists, routing's best hits)
+
+
 class SessionStore:
-    def __init__(self, directory: Path, lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> None:
+    def __init__(self, directory: Path, lock_timeout: float = LOCK_TIMEOUT_SECONDS,
+                 index_file: Path | None = None) -> None:
+        """``index_file``: where the sessions index is kept between processes (read on first use)."""
         self.dir = Path(directory)
         self.ensure_folder()
         self.lock = FolderLock(self.dir / LOCK_NAME, lock_timeout)
+        self.index_file = index_file
+        self._index: SessionsIndex | None = None
+        self._index_loading = threading.Lock()
         # Token lists by KV file name: a KV file is never rewritten under the same name, so the
         # list read once stays true while the file's size and mtime do.
-        self._tokens: dict[str, tuple[int, int, list[int]]] = {}
+        self._tokens: OrderedDict[str, tuple[int, int, list[int]]] = OrderedDict()
         self._tokens_lock = threading.Lock()
 
     def ensure_folder(self) -> None:
@@ -86,71 +104,204 @@ class SessionStore:
         with self.lock.held(reading):
             yield
 
+    # -- the index ------------------------------------------------------------------------
+    @property
+    def index(self) -> SessionsIndex:
+        """The sessions index (``core.sessions.index``), loaded from ``index_file`` on first use."""
+        if self._index is None:
+            with self._index_loading:
+                if self._index is None:
+                    self._index = SessionsIndex.load(self.index_file, self.dir)
+        return self._index
+
+    def save_index(self) -> bool:
+        """Keep the index on disk for the next process, if it changed. True when written."""
+        index = self._index
+        if self.index_file is None or index is None or not index.dirty:
+            return False
+        from slotkeeper.core.sessions.index import write_index
+
+        write_index(self.index_file, index.to_json())
+        return True
+
+    def _scan(self) -> dict[str, Stamp]:
+        """Every entry of the folder with its lstat (never followed): one look, no file read."""
+        files: dict[str, Stamp] = {}
+        try:
+            it = os.scandir(self.dir)
+        except FileNotFoundError:
+            return files
+        with it:
+            for e in it:
+                try:
+                    files[e.name] = stamp_of(e.stat(follow_symlinks=False))
+                except OSError:  # gone since the directory was read
+                    continue
+        return files
+
+    def _read_record(self, session_id: str, stamp: Stamp) -> SidecarRecord:
+        try:
+            return SidecarRecord.read(stamp, load_sidecar(self.dir / sidecar_name(session_id)))
+        except (SidecarError, OSError, ValueError, RecursionError) as exc:
+            return SidecarRecord.read(stamp, None, str(exc))
+
+    def _refresh(self) -> dict[str, Stamp]:
+        """Bring the index up to the folder: sidecars new, changed (by their stat) or too recent
+        to trust are read; those gone are forgotten. Returns the folder's entries."""
+        files = self._scan()
+        index = self.index
+        with index.lock:
+            seen = set()
+            for name, st in files.items():
+                m = SIDECAR_NAME_RE.match(name)
+                if not m:
+                    continue
+                sid = m.group(1)
+                seen.add(sid)
+                rec = index.records.get(sid)
+                if rec is None or rec.racy or rec.stamp != st:
+                    index.set_record(sid, self._read_record(sid, st))
+            for sid in [s for s in index.records if s not in seen]:
+                index.forget(sid)
+            index.files = files
+            index.scanned = True
+        return files
+
+    def _record_entry(self, sid: str, rec: SidecarRecord, files: dict[str, Stamp]) -> SessionEntry:
+        """One session as listed, from its record and the folder's stat. Never raises for what
+        is in the folder: a file that cannot be read safely is the entry's problem."""
+        if rec.error is not None or rec.data is None:
+            return SessionEntry(sid, None, None, [f"unreadable sidecar: {rec.error}"])
+        try:
+            sc = rec.sidecar()
+        except SidecarError:  # the index's copy is not usable: read the file itself
+            rec = self._read_record(sid, rec.stamp)
+            self.index.set_record(sid, rec)
+            return self._record_entry(sid, rec, files)
+        assert sc is not None
+        size, problems = self._problems(sid, rec.data, files)
+        return SessionEntry(sc.id if sc.id == sid else sid, sc, self.dir / sc.kv_file, problems, size)
+
+    def _problems(self, sid: str, data: dict[str, Any], files: dict[str, Stamp]) -> tuple[int, list[str]]:
+        """(KV bytes on disk, problems) of a readable sidecar's JSON, with the folder's stat."""
+        problems: list[str] = []
+        sc_id, kv_file, corrupt = data["id"], data["kv_file"], data["corrupt"]
+        if sc_id != sid:
+            problems.append(f"sidecar {sid}{SIDECAR_SUFFIX} claims id {sc_id}")
+        if not owns_kv_file(sid, kv_file):
+            # A sidecar copied under another name: the file is another session's (or no one's).
+            problems.append(f"its KV file {kv_file} belongs to another session")
+        if corrupt:
+            problems.append(f"damaged: {corrupt['reason']}")
+        size, kv_problem = kv_stat_state(self.dir, kv_file, files.get(kv_file))
+        if kv_problem:
+            problems.append(kv_problem)
+        elif size != data["size_bytes"] and not corrupt:
+            problems.append(f"KV file is {size} bytes; {data['size_bytes']} were saved")
+        return size, problems
+
     # -- reading --------------------------------------------------------------------------
     def sidecar_path(self, session_id: str) -> Path:
         """``<dir>/<id>.json``; raises InvalidSessionId for anything that is not an id."""
         return self.dir / sidecar_name(session_id)
 
-    def _entry(self, sidecar_path: Path) -> SessionEntry:
-        """One session as listed. Never raises for what is in the folder: a file that cannot be read
-        safely (a symbolic link, a FIFO, JSON nested too deeply ...) is the entry's problem."""
-        sid = sidecar_path.name[: -len(".json")]
-        try:
-            sc = load_sidecar(sidecar_path)
-        except (SidecarError, OSError, ValueError, RecursionError) as exc:
-            return SessionEntry(sid, None, None, [f"unreadable sidecar: {exc}"])
-        kv = self.dir / sc.kv_file
-        problems: list[str] = []
-        if sc.id != sid:
-            problems.append(f"sidecar {sidecar_path.name} claims id {sc.id}")
-        if not owns_kv_file(sid, sc.kv_file):
-            # A sidecar copied under another name: the file is another session's (or no one's).
-            problems.append(f"its KV file {sc.kv_file} belongs to another session")
-        if sc.corrupt:
-            problems.append(f"damaged: {sc.corrupt['reason']}")
-        size, kv_problem = kv_file_state(kv)
-        if kv_problem:
-            problems.append(kv_problem)
-        elif size != sc.size_bytes and not sc.corrupt:
-            problems.append(f"KV file is {size} bytes; {sc.size_bytes} were saved")
-        return SessionEntry(sc.id if sc.id == sid else sid, sc, kv, problems, size)
-
     def listing(self) -> Listing:
+        """Every session and every other file, as the folder holds them now: each entry's lstat is
+        compared with the index, and only sidecars that changed are read."""
         with self.exclusive(reading=True):
-            names = sorted(os.listdir(self.dir)) if self.dir.exists() else []
-            entries: list[SessionEntry] = []
-            claimed: set[str] = set()
-            for name in names:
-                if SIDECAR_NAME_RE.match(name):
-                    entry = self._entry(self.dir / name)
+            files = self._refresh()
+            index = self.index
+            with index.lock:
+                entries: list[SessionEntry] = []
+                claimed: set[str] = set()
+                order: dict[str, tuple[str, float]] = {}
+                for sid, rec in index.records.items():
+                    entry = self._record_entry(sid, rec, files)
                     entries.append(entry)
-                    claimed.add(name)
+                    order[entry.id] = rec.recency()
+                    claimed.add(sid + SIDECAR_SUFFIX)
                     if entry.sidecar is not None:
                         claimed.add(entry.sidecar.kv_file)
             unmanaged = []
-            for name in names:
+            for name in sorted(files):
                 if name in claimed or name.startswith(".") or name.startswith(INCOMING_PREFIX):
                     continue
-                try:
-                    st = os.lstat(self.dir / name)  # never followed: a link is listed as a link
-                except OSError:
-                    continue
-                kind = file_kind(st.st_mode)
-                unmanaged.append(UnmanagedFile(name, st.st_size if kind == "file" else 0, kind))
-        entries.sort(key=lambda e: e.sidecar.last_used_at if e.sidecar else "", reverse=True)
+                mode, size = files[name][0], files[name][1]
+                kind = file_kind(mode)
+                unmanaged.append(UnmanagedFile(name, size if kind == "file" else 0, kind))
+        entries.sort(key=lambda e: (order.get(e.id, ("", 0.0)), e.id), reverse=True)
         return Listing(entries, unmanaged)
 
     def sessions(self) -> list[SessionEntry]:
         return self.listing().sessions
 
+    def listing_rows(self) -> list[dict[str, Any]]:
+        """``[entry.to_json() for entry in listing().sessions]``, straight from the index's copy of
+        each sidecar (nothing built that the JSON does not need: thousands list in a blink)."""
+        with self.exclusive(reading=True):
+            files = self._refresh()
+            index = self.index
+            with index.lock:
+                rows = []
+                for sid, rec in index.records.items():
+                    data = rec.data
+                    if rec.error is not None or data is None:
+                        row = list_row(sid, None, 0, [f"unreadable sidecar: {rec.error}"])
+                    else:
+                        try:
+                            Sidecar.check_index_paths(data, data.get("id"))
+                            size, problems = self._problems(sid, data, files)
+                        except (SidecarError, KeyError, TypeError):  # not what we wrote: the full way
+                            row = self._record_entry(sid, rec, files).to_json()
+                        else:
+                            row = list_row(data["id"] if data["id"] == sid else sid, data, size, problems)
+                    rows.append((rec.recency(), row["id"], row))
+        rows.sort(key=lambda r: r[:2], reverse=True)
+        return [r[2] for r in rows]
+
     def get(self, session_id: str) -> SessionEntry:
+        """One session as the folder holds it now (its sidecar read again only if it changed)."""
         path = self.sidecar_path(validate_session_id(session_id))
-        if not os.path.lexists(path):
-            raise SessionNotFound(session_id)
-        return self._entry(path)
+        index = self.index
+        try:
+            st = stamp_of(os.lstat(path))
+        except FileNotFoundError:
+            index.forget(session_id)
+            raise SessionNotFound(session_id) from None
+        with index.lock:
+            rec = index.records.get(session_id)
+            if rec is None or rec.racy or rec.stamp != st:
+                rec = self._read_record(session_id, st)
+                index.set_record(session_id, rec)
+            files = {path.name: st}
+            kv_file = rec.data.get("kv_file") if rec.data else None
+            if isinstance(kv_file, str):
+                kv_st = self._lstat(kv_file)
+                if kv_st is None:
+                    index.files.pop(kv_file, None)
+                else:
+                    files[kv_file] = index.files[kv_file] = kv_st
+                    index.unindexed.add(session_id)
+            index.files[path.name] = st
+            return self._record_entry(session_id, rec, files)
+
+    def indexed(self, session_id: str) -> SessionEntry | None:
+        """A session as the index saw it last (no file looked at), or None if it is not indexed."""
+        index = self.index
+        with index.lock:
+            rec = index.records.get(session_id)
+            return None if rec is None else self._record_entry(session_id, rec, index.files)
+
+    def _lstat(self, name: str) -> Stamp | None:
+        try:
+            return stamp_of(os.lstat(self.dir / name))
+        except OSError:
+            return None
 
     def tokens(self, entry: SessionEntry) -> list[int]:
         """The token list at the front of the session's KV file (read once per file version)."""
+        from slotkeeper.core.sessions import kvfile  # numpy: only where token lists are read
+
         assert entry.kv_path is not None
         st = os.lstat(entry.kv_path)
         if not stat.S_ISREG(st.st_mode):
@@ -158,32 +309,125 @@ class SessionStore:
         name = entry.kv_path.name
         with self._tokens_lock:
             hit = self._tokens.get(name)
-        if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
-            return hit[2]
+            if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
+                self._tokens.move_to_end(name)
+                return hit[2]
         tokens = kvfile.read_tokens(entry.kv_path).tokens
-        with self._tokens_lock:
-            self._tokens[name] = (st.st_size, st.st_mtime_ns, tokens)
+        self._keep_tokens(name, st.st_size, st.st_mtime_ns, tokens)
         return tokens
+
+    def _keep_tokens(self, name: str, size: int, mtime_ns: int, tokens: list[int]) -> None:
+        with self._tokens_lock:
+            self._tokens[name] = (size, mtime_ns, tokens)
+            self._tokens.move_to_end(name)
+            while len(self._tokens) > TOKEN_LISTS_KEPT:
+                self._tokens.popitem(last=False)
 
     def forget_tokens(self, kv_file: str) -> None:
         with self._tokens_lock:
             self._tokens.pop(kv_file, None)
+
+    def index_tokens(self, only_model: str | None = None) -> int:
+        """Read the token headers the index lacks (sessions new or changed since they were
+        indexed, e.g. behind the store's back), so routing and lineage see them. Returns how many
+        were read; one that cannot be read is not offered (and not tried again until it changes)."""
+        index = self.index
+        with index.lock:
+            todo = []
+            for sid in list(index.unindexed):
+                rec = index.records.get(sid)
+                data = rec.data if rec is not None else None
+                if data is None or rec.error is not None:
+                    index.unindexed.discard(sid)
+                    index.remove(sid)
+                    continue
+                if only_model is not None and data.get("model_sha256") != only_model:
+                    continue
+                index.unindexed.discard(sid)
+                kv_file, sha = data.get("kv_file"), data.get("model_sha256")
+                st = index.files.get(kv_file) if isinstance(kv_file, str) else None
+                if st is None or not stat.S_ISREG(st[0]) or not isinstance(sha, str):
+                    index.remove(sid)
+                    continue
+                key = (kv_file, st[1], st[2])
+                have = index.get(sid)
+                if have is not None and (have.kv_file, have.size, have.mtime_ns, have.model_sha256) == (*key, sha):
+                    continue
+                if index.token_errors.get(sid) == key:
+                    continue
+                todo.append((sid, sha, key))
+        read = 0
+        for sid, sha, (kv_file, size, mtime_ns) in todo:
+            try:
+                entry = self.indexed(sid)
+                if entry is None or entry.kv_path is None:
+                    continue
+                tokens = self.tokens(entry)
+            except Exception as exc:  # an unreadable session is simply not offered
+                log.debug("not indexing %s: %s", sid, exc)
+                with index.lock:
+                    index.remove(sid)
+                    index.token_errors[sid] = (kv_file, size, mtime_ns)
+                continue
+            index.add_tokens(sid, sha, kv_file, size, mtime_ns, tokens)
+            read += 1
+        return read
+
+    def open_index(self) -> int:
+        """Bring the whole index up to the folder, token lists included (a running engine does
+        this once). Returns how many token headers were read."""
+        with self.exclusive(reading=True):
+            self._refresh()
+        return self.index_tokens()
+
+    def usage_bytes(self) -> int:
+        """The saved sessions' bytes on disk as the index saw them last (no file looked at):
+        enough to know that a prune has nothing to do. A listing looks again."""
+        index = self.index
+        if not index.scanned:
+            return self.listing().total_bytes
+        return index.usage_bytes()
+
+    def record_saved(self, sidecar: Sidecar, tokens: Sequence[int] | None, gone_kv: str | None = None) -> None:
+        """A save wrote ``sidecar`` and its KV file (and removed ``gone_kv``): the index learns it
+        from what the save knows, with a stat of the two files."""
+        self._note_sidecar(sidecar.id, sidecar)
+        index = self.index
+        with index.lock:
+            if gone_kv is not None:
+                index.files.pop(gone_kv, None)
+            kv_st = self._lstat(sidecar.kv_file)
+            if kv_st is None:
+                index.files.pop(sidecar.kv_file, None)
+                return
+            index.files[sidecar.kv_file] = kv_st
+            if tokens is not None and stat.S_ISREG(kv_st[0]):
+                index.add_tokens(sidecar.id, sidecar.model_sha256, sidecar.kv_file, kv_st[1], kv_st[2], tokens)
+                self._keep_tokens(sidecar.kv_file, kv_st[1], kv_st[2], list(tokens))
+                index.unindexed.discard(sidecar.id)
+
+    def _note_sidecar(self, session_id: str, sidecar: Sidecar) -> None:
+        st = self._lstat(sidecar_name(session_id))
+        if st is None:
+            return
+        index = self.index
+        with index.lock:
+            index.files[sidecar_name(session_id)] = st
+            index.set_record(session_id, SidecarRecord.read(st, sidecar))
 
     # -- housekeeping ---------------------------------------------------------------------
     def sweep(self) -> list[str]:
         """Remove what an interrupted save left behind; never touches unmanaged files."""
         removed = []
         with self.exclusive():
-            names = os.listdir(self.dir)
-            claims: dict[str, str | None] = {}
-            for name in names:
-                m = SIDECAR_NAME_RE.match(name)
-                if m:
-                    try:
-                        claims[m.group(1)] = load_sidecar(self.dir / name).kv_file
-                    except (SidecarError, OSError, ValueError, RecursionError):
-                        claims[m.group(1)] = None  # unreadable: leave its files alone
-            for name in names:
+            files = self._refresh()
+            index = self.index
+            with index.lock:
+                # An unreadable sidecar (None) claims nothing known: its files are left alone.
+                claims: dict[str, str | None] = {
+                    sid: (rec.data.get("kv_file") if rec.data and rec.error is None else None)
+                    for sid, rec in index.records.items()}
+            for name in files:
                 path = self.dir / name
                 leftover = name.startswith(INCOMING_PREFIX) or (
                     name.startswith(".") and name.endswith(".tmp")
@@ -200,6 +444,9 @@ class SessionStore:
                         log.warning("could not remove %s from the sessions folder: %s", name, exc)
                         continue
                     removed.append(name)
+            with index.lock:
+                for name in removed:
+                    index.files.pop(name, None)
         if removed:
             log.info("removed leftovers of interrupted saves: %s", ", ".join(removed))
         return removed
@@ -212,6 +459,7 @@ class SessionStore:
                 raise SessionNotFound(session_id)
             sc = change(load_sidecar(path))
             write_sidecar_atomic(path, sc)
+            self._note_sidecar(session_id, sc)
             return sc
 
     def set_pinned(self, session_id: str, pinned: bool) -> Sidecar:
@@ -235,9 +483,15 @@ class SessionStore:
             kv_names |= {n for n in os.listdir(self.dir) if (m := OWN_KV_RE.match(n)) and m.group(1) == session_id}
             unlink_quietly(self.sidecar_path(session_id))  # sidecar first: a half-deleted session is a leftover
             fsync_dir(self.dir)
+            index = self.index
+            with index.lock:
+                index.forget(session_id)
+                index.files.pop(sidecar_name(session_id), None)
             for name in kv_names:
                 unlink_quietly(self.dir / name)
                 self.forget_tokens(name)
+                with index.lock:
+                    index.files.pop(name, None)
 
     # -- integrity ------------------------------------------------------------------------
     def verify(self, session_id: str) -> SessionEntry:
@@ -294,6 +548,15 @@ class SessionStore:
             self.update(session_id, change)
         except (SessionNotFound, SidecarError, InvalidSessionId, OSError) as exc:  # FolderBusy, FolderReadOnly
             log.debug("not recording the verified stamp of %s: %s", session_id, exc)
+
+
+def kv_stat_state(folder: Path, name: str, st: Stamp | None) -> tuple[int, str | None]:
+    """``kv_file_state`` of ``folder/name`` from a stat already taken (a listing's look at the folder)."""
+    if st is None:
+        return 0, f"KV file {name} is missing"
+    if not stat.S_ISREG(st[0]):
+        return 0, f"KV file {not_regular_error(folder / name, st[0])}"
+    return st[1], None
 
 
 def kv_file_state(path: Path) -> tuple[int, str | None]:
