@@ -293,3 +293,23 @@ def test_a_request_served_while_the_engine_is_still_getting_ready_is_saved(llama
     finally:
         gate.set()
         engine.stop()
+
+
+def test_a_resume_clears_the_previous_conversations_prompt_figures(llama_model, server_bin, port):
+    # What the Prompt bar shows comes from the slot view: after a Resume the slot holds another
+    # conversation that has had no request yet, so the previous request's figures must not stay.
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        converse(engine.base_url, ["First chat: about apples and pears in the orchard."], max_tokens=8)
+        older = engine.save_slot(0).id
+        converse(engine.base_url, ["Second chat: about trains and stations, and a long ride north."], max_tokens=8)
+        wait_until(lambda: engine.snapshot.slots[0].n_prompt > 0, what="the second chat's figures")
+        summary = engine.restore(older, 0)
+        assert summary is not None and summary.n_restored > 0
+        view = engine.snapshot.slots[0]
+        assert (view.session_id, view.n_prompt, view.cache_n, view.prompt_n) == (older, 0, 0, 0)
+        assert view.n_tokens == summary.n_restored
+    finally:
+        engine.stop(save=False)
