@@ -54,6 +54,26 @@ MODEL_INFO_DELAY_MS = 300
 DEMO_LABEL = "Demo model (random weights: it answers with gibberish)"
 
 
+
+def _path_combo() -> QComboBox:
+    """An editable list of files that shows long paths without stretching the dialog."""
+    combo = QComboBox()
+    combo.setEditable(True)
+    combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+    combo.setMinimumContentsLength(40)
+    combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+    return combo
+
+
+def _with_browse(field: QWidget, browse) -> QHBoxLayout:
+    """``field`` with a "Browse…" button after it."""
+    button = QPushButton("Browse…")
+    button.clicked.connect(browse)
+    row = QHBoxLayout()
+    row.addWidget(field, 1)
+    row.addWidget(button)
+    return row
+
 NO_PROJECTOR = "None (text only)"
 
 
@@ -117,47 +137,24 @@ class ServerTab(FormTab):
 
         self.server_bin = QLineEdit()
         self.server_bin.setPlaceholderText("found automatically")
-        browse_bin = QPushButton("Browse…")
-        browse_bin.clicked.connect(self._browse_binary)
-        row = QHBoxLayout()
-        row.addWidget(self.server_bin, 1)
-        row.addWidget(browse_bin)
-        form.addRow("llama-server:", row)
+        form.addRow("llama-server:", _with_browse(self.server_bin, self._browse_binary))
         self.binary_note = note("Looking for llama-server…")
         form.addRow("", self.binary_note)
 
-        self.model_combo = QComboBox()
-        self.model_combo.setEditable(True)
-        self.model_combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
-        self.model_combo.setMinimumContentsLength(40)
-        self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_combo = _path_combo()
         self.model_combo.lineEdit().setPlaceholderText("a .gguf file")
-        browse_model = QPushButton("Browse…")
-        browse_model.clicked.connect(self._browse_model)
-        row = QHBoxLayout()
-        row.addWidget(self.model_combo, 1)
-        row.addWidget(browse_model)
-        form.addRow("Model:", row)
+        form.addRow("Model:", _with_browse(self.model_combo, self._browse_model))
         self.model_note = note()
         form.addRow("", self.model_note)
         self.remembered_note = note()
         form.addRow("", self.remembered_note)
 
-        self.mmproj = QComboBox()
-        self.mmproj.setEditable(True)
-        self.mmproj.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
-        self.mmproj.setMinimumContentsLength(40)
-        self.mmproj.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.mmproj = _path_combo()
         self.mmproj.addItem(NO_PROJECTOR, "")
         self.mmproj.setToolTip("A vision model's multimodal projector (mmproj GGUF), passed as --mmproj so the "
                                "model can read images. A saved conversation holding images restores only with "
                                "the projector that read them.")
-        browse_mmproj = QPushButton("Browse…")
-        browse_mmproj.clicked.connect(self._browse_projector)
-        row = QHBoxLayout()
-        row.addWidget(self.mmproj, 1)
-        row.addWidget(browse_mmproj)
-        form.addRow("Projector:", row)
+        form.addRow("Projector:", _with_browse(self.mmproj, self._browse_projector))
 
         self.ctx = QSpinBox()
         self.ctx.setRange(256, 4 * 1024 * 1024)
