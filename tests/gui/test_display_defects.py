@@ -45,18 +45,19 @@ def test_a_slot_switched_to_another_chat_drops_the_old_title_and_badge_at_once(q
         engine.loop.call(_request_done(engine, 0, 420, fig))
     qtbot.waitUntil(lambda: bridge.slots and bridge.slots[0].n_tokens == 420)
     view = bridge.slots[0]
-    assert view.session_id is None and view.warning is None
-    # and the engine no longer takes it for loaded: a Resume restores it, delete and prune may take it
-    assert "aaaaaaaaaaaa" not in engine._policy.in_slots()
+    assert view.detached and view.warning is None
+    # the session stays the slot's own until the next save (it may be the same conversation sent
+    # again from its start): a Resume of it keeps what the slot holds, the in-slot guard keeps it
+    assert view.session_id == "aaaaaaaaaaaa" and "aaaaaaaaaaaa" in engine._policy.in_slots()
     page.slots_panel.set_titles({"aaaaaaaaaaaa": "The old chat"})
     gauge = page.slots_panel.gauges[0]
     assert gauge.title == "" and "not saved yet" in gauge.summary()
 
     # the same conversation going on keeps its title
-    engine._slots.set(0, session_id="aaaaaaaaaaaa", n_tokens=5000)
+    engine._slots.set(0, session_id="aaaaaaaaaaaa", n_tokens=5000, detached=False)
     fig = Figures(n_prompt=5100, cache_n=4990, prompt_n=110, prompt_ms=5.0, source="slot", saved_ms=900.0)
     engine.loop.call(_request_done(engine, 0, 5200, fig))
-    assert engine._slots.view(0).session_id == "aaaaaaaaaaaa"
+    assert engine._slots.view(0).session_id == "aaaaaaaaaaaa" and not engine._slots.view(0).detached
 
 
 def test_another_conversation_after_a_restore_raises_no_badge():

@@ -131,9 +131,5 @@ class AutosavePolicy:
         w.changed = False
         w.session_id = session_id
 
-    def left_slot(self, slot: int) -> None:
-        """Another conversation took ``slot``: the session it held is no longer in it."""
-        self.watch(slot).session_id = None
-
     def in_slots(self) -> set[str]:
         return {w.session_id for w in self.slots.values() if w.session_id}

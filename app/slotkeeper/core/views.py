@@ -23,6 +23,9 @@ class SlotView:
     n_tokens: int = 0  # tokens the slot holds after its last request
     running: bool = False
     warning: str | None = None
+    # The slot went on with another conversation (or far back in this one) since ``session_id``
+    # was saved or restored: that session's title no longer describes it, until the next save.
+    detached: bool = False
 
 
 @dataclass(frozen=True)

@@ -287,7 +287,8 @@ class SlotsPanel(QWidget):
             self.gauges.append(gauge)
         for gauge, view in zip(self.gauges, views):
             gauge.slot = view.id
-            gauge.session_id = view.session_id
+            # A slot that went on with another conversation is not named by its old session's title.
+            gauge.session_id = None if view.detached else view.session_id
             gauge.set_view(view)
-            gauge.set_title(self._titles.get(view.session_id, "") if view.session_id else "")
+            gauge.set_title(self._titles.get(gauge.session_id, "") if gauge.session_id else "")
         self.empty_label.setVisible(not views)

@@ -94,7 +94,7 @@ from slotkeeper.core.services.sessions import SessionsService, reconcile_search
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
 from slotkeeper.core.sessions.index import SessionsIndex
-from slotkeeper.core.sessions.lineage import common_prefix_len
+from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
 from slotkeeper.core.sessions.naming import new_incoming_name
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
 from slotkeeper.core.sessions.saving import SaveContext, SaveError, SaveOutcome, save_incoming, server_refused
@@ -699,7 +699,7 @@ class Engine:
         if facts is None:
             raise EngineError("the server is not ready")
         holder = next((w.slot for w in self._policy.slots.values() if w.session_id == session_id), None)
-        if holder is not None and (slot is None or slot == holder):
+        if holder is not None and (slot is None or slot == holder) and await self._still_holds(holder, session_id):
             # Already in a slot (possibly with newer, unsaved turns): restoring would go back in time.
             entry = await self.loop.run_io(self.store.get, session_id)
             summary = RestoreSummary(session_id, holder, 0, 0.0, entry.sidecar.title if entry.sidecar else "",
@@ -707,7 +707,8 @@ class Engine:
             self.events.emit(SessionRestored(summary))
             return summary
         if slot is None:
-            slot = self._free_slot(facts.n_parallel)
+            # The slot that held it went on with another conversation: bring it back there.
+            slot = holder if holder is not None else self._free_slot(facts.n_parallel)
         if not (0 <= slot < facts.n_parallel):
             raise EngineError(f"slot {slot} does not exist (the server has {facts.n_parallel})")
         async with self._slot_locks[slot]:
@@ -716,6 +717,24 @@ class Engine:
                     f"slot {slot} holds a conversation that could not be saved first; nothing was replaced",)))
                 return None
             return await self._restore_locked(session_id, slot, facts)
+
+    async def _still_holds(self, slot: int, session_id: str) -> bool:
+        """Whether ``slot`` still holds the conversation of ``session_id``, the session it was last
+        saved or restored as: yes unless it went on with another one since (its view is detached)
+        and its tokens no longer start with the session's (allowing the re-rendered last reply, as
+        lineage does). When that is not known, yes: a Resume never risks going back in time."""
+        if not self._slots.view(slot).detached:
+            return True
+        await self.desk.learn_lagging()
+        c = self.desk.content(slot)
+        if c.held >= UNKNOWN or not len(c.tokens):
+            return True
+        try:
+            entry = await self.loop.run_io(self.store.get, session_id)
+            saved = await self.loop.run_io(self.store.tokens, entry)
+        except (SessionNotFound, OSError, ValueError):
+            return True
+        return common_prefix_len(c.tokens, saved) >= len(saved) - DEFAULT_TAIL_SLACK
 
     async def _restore_locked(self, session_id: str, slot: int, facts: ServerFacts) -> RestoreSummary | None:
         w = self._policy.watch(slot)
@@ -736,7 +755,7 @@ class Engine:
                 # A failed restore leaves the slot empty.
                 w.session_id, w.changed = None, False
                 self.desk.erased(slot)
-                self._set_slot(slot, session_id=None, n_tokens=0)
+                self._set_slot(slot, session_id=None, n_tokens=0, detached=False)
                 raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
             tokens = await self.loop.run_io(self.store.tokens, entry)
             sc = await self.loop.run_io(record_restore, self.store, session_id, slot, result.n_restored)
@@ -750,7 +769,7 @@ class Engine:
         self.desk.restored(slot, tokens, result.restore_ms, result.n_read)
         self._slots.pending[slot] = PendingReuse(session_id, result.n_restored, sc.restore_mode)
         # The prompt figures were the previous conversation's: a restored slot has had no request yet.
-        self._set_slot(slot, session_id=session_id, n_tokens=result.n_restored, warning=None,
+        self._set_slot(slot, session_id=session_id, n_tokens=result.n_restored, warning=None, detached=False,
                        n_prompt=0, cache_n=0, prompt_n=0)
         summary = RestoreSummary(session_id, slot, result.n_restored, result.restore_ms, sc.title)
         self.events.emit(SessionRestored(summary))
@@ -802,7 +821,7 @@ class Engine:
             self._set_slot(slot, state="idle")
         sid = outcome.sidecar.id if outcome.sidecar else None
         self._policy.mark_saved(slot, sid, generation)
-        self._set_slot(slot, session_id=sid)
+        self._set_slot(slot, session_id=sid, detached=False)
         summary = save_summary(slot, reason, outcome)
         self._index_saved(outcome)
         self.events.emit(SessionSaved(summary))
@@ -1130,11 +1149,11 @@ class Engine:
         before = self._slots.view(slot)
         shown: dict[str, Any] = {}
         if before.session_id and 2 * fig.cache_n < before.n_tokens:
-            # Another conversation (or a rollback far back) in this slot: it no longer holds that
-            # session (a Resume of it restores it again, and it is no longer guarded as loaded); the
-            # next save names what it holds now. The old badge goes with the old title.
-            shown = {"session_id": None, "warning": None}
-            self._policy.left_slot(slot)
+            # Another conversation (or a rollback far back, which may be the same one sent again from
+            # its start) in this slot: its old title no longer describes it, and the old badge goes
+            # with it; the session stays the slot's own (a save, a Resume and the in-slot guard still
+            # treat it so) until the next save names what it holds now.
+            shown = {"detached": True, "warning": None}
         self._set_slot(slot, running=False, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
                        n_tokens=held, **shown)
         record = RequestRecord(at=at, slot=slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,

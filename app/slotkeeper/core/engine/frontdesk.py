@@ -209,7 +209,7 @@ class FrontDesk:
             raise FrontDeskError(503, "llama-server has no slots ready yet; try again shortly")
         if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
             raise FrontDeskError(400, f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
-        await self._learn_lagging()
+        await self.learn_lagging()
         session = None
         if tokens is not None and pinned_slot is None:
             # Only a session that beats every idle slot by the break-even could be chosen.
@@ -238,7 +238,7 @@ class FrontDesk:
             self._release(decision.slot)
             raise
 
-    async def _learn_lagging(self) -> None:
+    async def learn_lagging(self) -> None:
         """Bring every slot's tokens up to date (the full route compares them)."""
         waits = []
         for c in self.contents.values():
