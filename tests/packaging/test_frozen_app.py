@@ -285,3 +285,18 @@ def test_desktop_app_on_x11(bundle, user_env, tmp_path):
         env = {**user_env, "QT_QPA_PLATFORM": "xcb", "DISPLAY": display}
         text = _run_desktop_app(env, tmp_path)
         assert "Traceback" not in text and "qt.qpa.plugin" not in text, text[-4000:]
+
+
+def test_the_bundle_downloads_a_model_into_the_hugging_face_cache(bundle, user_env, tmp_path, hub, model_bytes):
+    # A local server that speaks the Hub's download API (tests/fake_hub.py), as in the unit tests.
+    from fake_hub import FILE, REPO
+
+    cache = tmp_path / "hf-cache"
+    env = {**user_env, "HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "0",
+           "HF_HUB_DISABLE_TELEMETRY": "1", "HOME": str(tmp_path)}
+    env.pop("HF_TOKEN", None)
+    done = subprocess.run([str(EXE), "models", "download", REPO, FILE, "--quiet"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.strip().splitlines()[-1])
+    assert path.read_bytes() == model_bytes and cache in path.parents
