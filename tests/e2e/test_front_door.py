@@ -376,7 +376,10 @@ def test_different_conversations_run_on_different_slots_at_once(llama_model, ser
             t.start()
         for t in threads:
             t.join()
-        assert {d.slot for d in events.of(ev.RequestDone)} == {0, 1}
+        # The answer goes out before the engine's bookkeeping: wait for both figures.
+        done = wait_until(lambda: len(events.of(ev.RequestDone)) >= 2 and events.of(ev.RequestDone),
+                          what="both requests' figures")
+        assert {d.slot for d in done} == {0, 1}
         assert not [s for s in events.of(ev.SessionSaved) if s.reason == "before switching conversations"]
     finally:
         engine.stop(save=False)
