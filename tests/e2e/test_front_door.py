@@ -77,7 +77,8 @@ def test_four_conversations_on_one_slot_survive_switching_and_a_restart(llama_mo
         for name in "ABCD":
             convs[name], r = turn(engine2.base_url, convs[name], "One more thing, please.")
             assert reused(r) >= 0.8, (name, r["timings"])
-        done = events2.of(ev.RequestDone)
+        done = wait_until(lambda: len(events2.of(ev.RequestDone)) == 4 and events2.of(ev.RequestDone),
+                          what="the four requests' figures")
         assert {d.source for d in done} <= {"slot", "restored"} and "restored" in {d.source for d in done}
         assert all(d.saved_ms > 0 for d in done)
     finally:
