@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
+from benchlib import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
@@ -41,10 +41,6 @@ from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
 WORDS = "the walkers went up the hill and came down again before the rain "
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def drop_from_page_cache(path: Path) -> None:

@@ -28,7 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
+from benchlib import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
@@ -51,10 +51,6 @@ WORDS = ("river mountain garden window letter candle summer harbour violin meado
          "pebble falcon ribbon compass cellar willow saddle").split()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def text(seed: int, n: int) -> str:

@@ -25,19 +25,12 @@ from pathlib import Path
 
 import httpx
 import psutil
+from benchlib import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "desktop"))
 
 from virtual_x import start_x, stop_x  # noqa: E402
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(display: str, data: Path, port: int, extra: list[str]) -> subprocess.Popen:

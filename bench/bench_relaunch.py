@@ -23,7 +23,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+from benchlib import free_port
 
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
@@ -45,10 +45,6 @@ WORDS = "the walkers went up the hill and came down again before the rain "
 RAW_POLL_SECONDS = 0.01
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def complete(http: httpx.Client, url: str, prompt: list[int]) -> dict:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+from benchlib import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
@@ -45,12 +46,6 @@ IDLE_SAVE = 1.0
 STREAM_TOKENS = 160
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_bin() -> str:

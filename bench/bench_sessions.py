@@ -33,6 +33,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
+from benchlib import free_port
 
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
@@ -52,12 +53,6 @@ TOPICS = ["the weather this week", "what to pack for rain", "maps and how to rea
 IDLE_SAVE_SECONDS = 0.3
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_bin() -> str:

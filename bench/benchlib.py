@@ -1,0 +1,11 @@
+"""What every benchmark here needs: a free loopback port (benchmarks never leave 127.0.0.1)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
