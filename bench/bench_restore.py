@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+from benchlib import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
@@ -28,12 +28,6 @@ from slotkeeper.core.modelgen import write_model  # noqa: E402
 from slotkeeper.core.paths import app_paths  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tokenize(url: str, text: str) -> list[int]:
@@ -68,7 +62,11 @@ def main() -> int:
         engine.start()
         assert engine.wait_ready(300) is ServerState.READY, engine.supervisor.message
         url = engine.base_url
-        httpx.post(f"{url}/slots/0", params={"action": "erase"}, timeout=60).raise_for_status()
+        # A cold start: empty the slot the launch restored the previous round into. The slot-file
+        # actions are closed at the front door, so this goes to llama-server's private address.
+        private, key = engine._upstream()
+        httpx.post(f"{private}/slots/0", params={"action": "erase"}, headers={"Authorization": f"Bearer {key}"},
+                   timeout=60).raise_for_status()
         # Token ids, so the conversation is exactly --tokens long; each round differs.
         prompt = tokenize(url, f"round {rnd} " + words * (args.tokens // 4))[: args.tokens]
         more = tokenize(url, " and one more thing")
