@@ -115,11 +115,11 @@ def _keep_index(service: SessionsService) -> None:
         pass
 
 
-def _list_json(rows: list[dict]) -> str:
+def _list_json(rows: list[bytes]) -> str:
     """A JSON array, one session per line (thousands of sessions print in a blink; jq pretty-prints)."""
     if not rows:
         return "[]"
-    return "[\n" + ",\n".join(map(json.dumps, rows)) + "\n]"
+    return (b"[\n" + b",\n".join(rows) + b"\n]").decode("utf-8")
 
 
 def _run(args: argparse.Namespace, service: SessionsService) -> int:

@@ -7,6 +7,7 @@ import shutil
 import stat
 import time
 
+import orjson
 import pytest
 from sessions_helpers import make_session, run_cli, write_slot_save
 
@@ -141,8 +142,8 @@ def test_a_listing_reads_only_the_sidecars_that_changed_and_repairs_the_rest(tmp
     assert by_id["cccccccccccc"].size_bytes == (folder / "cccccccccccc.00000000.kv").stat().st_size
     assert [u.name for u in listing.unmanaged] == ["bbbbbbbbbbbb.00000000.kv"]  # its sidecar is gone
 
-    # The JSON rows are the entries' own JSON, in the same order.
-    assert store.listing_rows() == [e.to_json() for e in store.listing().sessions]
+    # The JSON rows are the entries' own JSON, byte for byte, in the same order.
+    assert store.listing_rows() == [orjson.dumps(e.to_json()) for e in store.listing().sessions]
 
 
 def test_a_sidecar_replaced_behind_its_back_by_a_fifo_or_a_link_is_a_problem_not_a_hang(tmp_path):
@@ -159,7 +160,7 @@ def test_a_sidecar_replaced_behind_its_back_by_a_fifo_or_a_link_is_a_problem_not
     by_id = {e.id: e for e in store.listing().sessions}
     assert by_id["aaaaaaaaaaaa"].sidecar is None and "FIFO" in by_id["aaaaaaaaaaaa"].problems[0]
     assert "symbolic link" in by_id["bbbbbbbbbbbb"].problems[0] and by_id["bbbbbbbbbbbb"].size_bytes == 0
-    rows = {r["id"]: r for r in store.listing_rows()}
+    rows = {r["id"]: r for r in map(orjson.loads, store.listing_rows())}
     assert rows["aaaaaaaaaaaa"]["status"] == rows["bbbbbbbbbbbb"]["status"] == "corrupt"
 
 
@@ -189,11 +190,19 @@ def test_the_index_is_kept_private_on_disk_and_the_next_process_reads_nothing_un
     elsewhere = tmp_path / "copy"
     shutil.copytree(folder, elsewhere)
     assert len(SessionsIndex.load(index_file, elsewhere).records) == 0
-    # A tampered entry that would make a path of an id is dropped, never used.
-    data = json.loads(index_file.read_text())
-    sid = next(iter(data["sessions"]))
-    data["sessions"][sid]["sidecar"]["kv_file"] = "../../settings.json"
-    index_file.write_text(json.dumps(data))
+    # A tampered entry that would make a path of an id is dropped, never used: in the sidecar
+    # (a listing) and in the facts a JSON listing reads instead.
+    lines = index_file.read_bytes().split(b"\n")
+    meta, sidecar, row, tokens = lines[1].split(b"\t")
+    meta_d, sidecar_d = orjson.loads(meta), orjson.loads(sidecar)
+    sid = meta_d["id"]
+    meta_d["facts"]["kv_file"] = sidecar_d["kv_file"] = "../../settings.json"
+    lines[1] = b"\t".join((orjson.dumps(meta_d), orjson.dumps(sidecar_d), row, tokens))
+    index_file.write_bytes(b"\n".join(lines))
+    fifth = CountingStore(folder, index_file=index_file)
+    row = next(r for r in map(orjson.loads, fifth.listing_rows()) if r["id"] == sid)
+    assert row["kv_file"] == f"{sid}.00000000.kv" and row["status"] == "ok" and fifth.reads == [sid]
+    index_file.write_bytes(b"\n".join(lines))
     fourth = CountingStore(folder, index_file=index_file)
     entry = next(e for e in fourth.listing().sessions if e.id == sid)
     assert entry.kv_path.parent == folder and not entry.problems and fourth.reads == [sid]
@@ -259,3 +268,76 @@ def test_a_listing_of_many_sessions_reads_no_sidecar_twice(tmp_path, n):
     store.save_index()
     again = CountingStore(folder, index_file=tmp_path / "index.json")
     assert len(again.listing_rows()) == n and again.reads == []
+
+
+def test_loading_the_index_decodes_only_what_is_asked_for(tmp_path):
+    """A JSON listing reads each session's facts and ready row, never its sidecar or token part;
+    tokens are decoded when first asked for, and a save writes undecoded parts back unchanged."""
+    folder, index_file = tmp_path / "sessions", tmp_path / "index.json"
+    for i in range(6):
+        make_session(folder, f"{i:012x}", tokens=A[: 100 + i])
+    old_enough(*folder.iterdir())
+    first = SessionStore(folder, index_file=index_file)
+    expected = [orjson.dumps(e.to_json()) for e in first.listing().sessions]
+    assert first.index_tokens() == 6 and first.save_index()
+
+    lister = SessionStore(folder, index_file=index_file)
+    assert lister.listing_rows() == expected
+    index = lister.index
+    assert all(rec._data is None for rec in index.records.values())  # no sidecar decoded
+    assert len(index._pending_tokens) == 6 and not index._sessions  # no token part decoded
+    index.forget(f"{5:012x}")  # forgetting one needs none decoded
+    index.dirty = True
+    lister.save_index()  # the undecoded token parts go back as they were
+
+    router = SessionStore(folder, index_file=index_file)
+    assert router.index._pending_tokens and not router.index.dirty
+    assert router.index.longest_prefix(A[:300], SHA)[0].n_blocks == 1  # decoded on first use
+    assert not router.index._pending_tokens and not router.index.dirty  # decoding is not a change
+    router.listing()
+    assert router.index_tokens() == 1  # only the forgotten one is read from its file again
+    assert len(router.index) == 6
+
+
+def test_json_rows_of_an_unchanged_folder_are_printed_again_and_any_change_makes_new_ones(tmp_path):
+    folder, index_file = tmp_path / "sessions", tmp_path / "index.json"
+    for i in range(4):
+        make_session(folder, f"{i:012x}", tokens=A[: 100 + i])
+    old_enough(*folder.iterdir())
+    rows = SessionStore(folder, index_file=index_file).listing_rows()
+    assert index_file.with_suffix(".rows").exists()
+
+    again = CountingStore(folder, index_file=index_file)
+    assert again.listing_rows() == rows and again._index is None  # the index was not even loaded
+
+    def fresh_rows():
+        store = CountingStore(folder, index_file=index_file)
+        got = store.listing_rows()
+        assert got == [orjson.dumps(e.to_json()) for e in SessionStore(folder).listing().sessions]
+        return store, got
+
+    # A KV file that grew (same sidecar): its row says so.
+    with open(folder / f"{1:012x}.00000000.kv", "ab") as f:
+        f.write(b"junk")
+    old_enough(folder / f"{1:012x}.00000000.kv")
+    store, got = fresh_rows()
+    assert store._index is not None and got != rows
+    assert orjson.loads(got[[orjson.loads(r)["id"] for r in got].index(f"{1:012x}")])["status"] == "corrupt"
+    # A file added, a sidecar rewritten with its old times put back: new rows.
+    (folder / "notes.txt").write_text("x")
+    old_enough(folder / "notes.txt")
+    assert fresh_rows()[0]._index is not None
+    SessionStore(folder).set_pinned(f"{2:012x}", True)
+    old_enough(*folder.iterdir())
+    store, got = fresh_rows()
+    assert {orjson.loads(r)["id"]: orjson.loads(r)["pinned"] for r in got}[f"{2:012x}"]
+    # A folder that changed a moment ago keeps no rows (a stat may not show a change yet).
+    index_file.with_suffix(".rows").unlink()
+    SessionStore(folder).set_pinned(f"{3:012x}", True)
+    fresh_rows()
+    assert not index_file.with_suffix(".rows").exists()
+    # A damaged rows file is not used.
+    old_enough(*folder.iterdir())
+    fresh_rows()
+    index_file.with_suffix(".rows").write_bytes(b"junk")
+    assert fresh_rows()[0]._index is not None

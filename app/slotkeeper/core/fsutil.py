@@ -184,16 +184,21 @@ def fsync_private(path: Path, mode: int = PRIVATE_FILE_MODE) -> None:
 
 
 def atomic_write_text(path: Path, text: str, mode: int = PRIVATE_FILE_MODE) -> None:
+    """``atomic_write_bytes`` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
     """``path`` ends up as the old file or the whole new one: temp file, fsync, rename, fsync dir.
     Private (0600) unless told otherwise; a missing folder is created 0700."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+        with os.fdopen(fd, "wb") as fh:
             if hasattr(os, "fchmod"):
                 os.fchmod(fh.fileno(), mode)
-            fh.write(text)
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

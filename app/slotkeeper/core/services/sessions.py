@@ -20,7 +20,6 @@ import sqlite3
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
 
 from slotkeeper.core.sessions import pruner
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
@@ -135,8 +134,8 @@ class SessionsService:
     def listing(self) -> Listing:
         return self.store.listing()
 
-    def listing_json(self) -> list[dict[str, Any]]:
-        """What `sessions list --json` prints: ``e.to_json()`` of each listed session."""
+    def listing_json(self) -> list[bytes]:
+        """What `sessions list --json` prints: ``e.to_json()`` of each listed session, as JSON."""
         return self.store.listing_rows()
 
     def get(self, session_id: str) -> SessionEntry:

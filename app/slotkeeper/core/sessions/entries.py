@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from slotkeeper.core.sessions.sidecar import SIDECAR_KEYS, Sidecar
 
 # `sessions list --json` shows every sidecar key but these internals.
@@ -38,14 +40,27 @@ class SessionEntry:
 def list_row(session_id: str, sidecar_json: dict[str, Any] | None, size_bytes: int,
              problems: list[str]) -> dict[str, Any]:
     """One session in `sessions list --json`, from its sidecar's JSON (None: unreadable)."""
-    data = sidecar_json or {}
-    base: dict[str, Any] = {k: data.get(k) for k in LIST_KEYS}
+    base = row_base(sidecar_json or {})
     if sidecar_json is None:
         base.update(id=session_id, pinned=False)
-    base["size_bytes"] = size_bytes  # on disk, as budgets count it
-    base["status"] = "corrupt" if problems else "ok"
-    base["problems"] = list(problems)
+    base.update(row_end(size_bytes, problems))
     return base
+
+
+def row_base(sidecar_json: dict[str, Any]) -> dict[str, Any]:
+    """The sidecar's part of a list row (what the sessions index keeps ready as JSON)."""
+    return {k: sidecar_json.get(k) for k in LIST_KEYS if k != "size_bytes"}
+
+
+def row_end(size_bytes: int, problems: list[str]) -> dict[str, Any]:
+    """What the folder adds to a list row: the KV file's size on disk (as budgets count it), and
+    the problems a cheap look found."""
+    return {"size_bytes": size_bytes, "status": "corrupt" if problems else "ok", "problems": list(problems)}
+
+
+def finish_row(base_json: bytes, size_bytes: int, problems: list[str]) -> bytes:
+    """``orjson.dumps(list_row(...))`` from ``orjson.dumps(row_base(sidecar))``, without decoding it."""
+    return base_json[:-1] + b"," + orjson.dumps(row_end(size_bytes, problems))[1:]
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-import psutil
-
 from slotkeeper.core.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -29,6 +27,8 @@ def read_in_slots(path: Path) -> frozenset[str]:
     except (OSError, ValueError, KeyError, TypeError):
         return frozenset()
     try:
+        import psutil  # here: the CLI that lists sessions starts faster without it
+
         alive = psutil.pid_exists(pid)
     except Exception:
         alive = True

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import heapq
-import json
 import logging
 import stat
 import sys
@@ -35,22 +34,24 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import xxhash
 
-from slotkeeper.core.fsutil import atomic_write_text
-from slotkeeper.core.sessions.naming import SESSION_ID_RE
-from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar, SidecarError
+from slotkeeper.core.fsutil import atomic_write_bytes
+from slotkeeper.core.sessions.entries import row_base
+from slotkeeper.core.sessions.naming import SESSION_ID_RE, is_scratch
+from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar
 
 log = logging.getLogger(__name__)
 
 BLOCK = 64  # tokens per block: prefixes are found to the block, then measured exactly
 HEAD_TOKENS = 32  # lineage: the least a fork shares with its parent (lineage.DEFAULT_MIN_FORK_PREFIX)
 TAIL_SLACK = 8  # lineage: an update may leave a session this many tokens before its end
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 RACY_NS = 2_000_000_000  # a file changed this recently may change again without its stat changing
 _BIG_ENDIAN = sys.byteorder == "big"
 
@@ -158,16 +159,23 @@ class TokenIndex:
         self._anchor_lens: dict[int, int] = {}  # anchor length -> how many sessions have it
         self.dirty = False  # changed since it was loaded or saved
 
+    def _tokens_ready(self) -> None:
+        """Decode token parts kept aside (``SessionsIndex``); every reader of them calls this first."""
+
     def __len__(self) -> int:
+        self._tokens_ready()
         return len(self._sessions)
 
     def __contains__(self, session_id: str) -> bool:
+        self._tokens_ready()
         return session_id in self._sessions
 
     def get(self, session_id: str) -> IndexedSession | None:
+        self._tokens_ready()
         return self._sessions.get(session_id)
 
     def put(self, entry: IndexedSession) -> None:
+        self._tokens_ready()
         with self.lock:
             self.remove(entry.id)
             self._sessions[entry.id] = entry
@@ -192,6 +200,7 @@ class TokenIndex:
         return entry
 
     def remove(self, session_id: str) -> None:
+        self._tokens_ready()
         with self.lock:
             old = self._sessions.pop(session_id, None)
             if old is None:
@@ -217,6 +226,7 @@ class TokenIndex:
 
     def longest_prefix(self, tokens: Sequence[int], model_sha256: str, limit: int = 4) -> list[PrefixHit]:
         """Sessions of this model sharing the most whole blocks with ``tokens`` (best first)."""
+        self._tokens_ready()
         best: list[PrefixHit] = []
         with self.lock:
             for depth, h in enumerate(chain_hashes(tokens), start=1):
@@ -242,6 +252,7 @@ class TokenIndex:
         the caller's key), the slot's own session (``prefer``) always among them. Returned in
         that order: ``prefer``, then ``order``.
         """
+        self._tokens_ready()
         raw = token_bytes(tokens)
         n_new = len(raw) // 4
         if n_new == 0:
@@ -313,22 +324,69 @@ def _shared_blocks(saved: Sequence[int], new: Sequence[int]) -> int:
     return lo
 
 
-@dataclass
-class SidecarRecord:
-    """One ``<id>.json`` as it was last read: its stat and its content (or why it is unreadable)."""
+# What a listing needs of each sidecar without decoding it (kept beside it in the index file).
+FACT_KEYS = ("id", "kv_file", "size_bytes", "corrupt", "last_used_at", "model_sha256")
 
-    stamp: Stamp
-    data: dict[str, Any] | None  # Sidecar.to_json() of what was read
-    error: str | None = None
-    racy: bool = False  # read within RACY_NS of its mtime: read again before trusting it
-    _sidecar: Sidecar | None = field(default=None, repr=False)
-    _recency: tuple[str, float] | None = field(default=None, repr=False)
-    _newest: tuple[int, float] | None = field(default=None, repr=False)
+
+class SidecarRecord:
+    """One ``<id>.json`` as it was last read: its stat and its content (or why it is unreadable).
+
+    The content is kept three ways, each made from ``data`` (``Sidecar.to_json()`` of what was
+    read) on first use and kept in the index file, so a process that loads the index decodes
+    nothing it does not use: ``raw`` (the JSON), ``facts`` (FACT_KEYS: what a listing checks and
+    sorts by) and ``row`` (the `sessions list --json` row without its size, status and problems).
+    """
+
+    __slots__ = ("stamp", "error", "racy", "_data", "_raw", "_facts", "_row", "_sidecar", "_recency", "_newest")
+
+    def __init__(self, stamp: Stamp, data: dict[str, Any] | None, error: str | None = None, racy: bool = False,
+                 sidecar: Sidecar | None = None, *, raw: bytes | None = None,
+                 facts: dict[str, Any] | None = None, row: bytes | None = None) -> None:
+        self.stamp = stamp
+        self.error = error
+        self.racy = racy
+        self._data = data
+        self._raw = raw
+        self._facts = facts
+        self._row = row
+        self._sidecar = sidecar
+        self._recency: tuple[str, float] | None = None
+        self._newest: tuple[int, float] | None = None
 
     @classmethod
     def read(cls, stamp: Stamp, sidecar: Sidecar | None, error: str | None = None) -> SidecarRecord:
         racy = time.time_ns() - stamp[2] < RACY_NS
         return cls(stamp, None if sidecar is None else sidecar.to_json(), error, racy, sidecar)
+
+    @property
+    def data(self) -> dict[str, Any] | None:
+        """``Sidecar.to_json()`` of what was read (decoded from the index file on first use)."""
+        if self._data is None and self._raw is not None:
+            self._data = orjson.loads(self._raw)
+        return self._data
+
+    def raw(self) -> bytes | None:
+        if self._raw is None and self._data is not None:
+            self._raw = orjson.dumps(self._data)
+        return self._raw
+
+    def facts(self) -> dict[str, Any] | None:
+        if self._facts is None and self.error is None:
+            data = self.data
+            if data is not None:
+                self._facts = {k: data.get(k) for k in FACT_KEYS}
+        return self._facts
+
+    def row(self) -> bytes | None:
+        """The list row's sidecar part (``entries.row_base``) as JSON."""
+        if self._row is None and self.error is None:
+            data = self.data
+            if data is not None:
+                self._row = orjson.dumps(row_base(data))
+        return self._row
+
+    def same_content(self, other: SidecarRecord) -> bool:
+        return self.error == other.error and self.stamp == other.stamp and self.raw() == other.raw()
 
     def sidecar(self) -> Sidecar | None:
         """The sidecar (built from the stored JSON on first use); SidecarError if it is not one."""
@@ -346,7 +404,8 @@ class SidecarRecord:
 
     def recency(self) -> tuple[str, float]:
         if self._recency is None:
-            used = self.data.get("last_used_at") if self.data else None
+            facts = self.facts()
+            used = facts.get("last_used_at") if facts else None
             self._recency = recency_key(used if isinstance(used, str) else "")
         return self._recency
 
@@ -369,12 +428,13 @@ class SessionsIndex(TokenIndex):
         self.unindexed: set[str] = set()
         # A KV file whose token header could not be read, by session: (kv_file, size, mtime_ns).
         self.token_errors: dict[str, tuple[str, int, int]] = {}
+        self._pending_tokens: dict[str, bytes] = {}  # token parts from the file, not decoded yet
 
     def set_record(self, session_id: str, record: SidecarRecord) -> None:
         with self.lock:
             old = self.records.get(session_id)
             self.records[session_id] = record
-            if old is None or old.data != record.data or old.error != record.error or old.stamp != record.stamp:
+            if old is None or not old.same_content(record):
                 self.dirty = True
             self.unindexed.add(session_id)
 
@@ -382,7 +442,10 @@ class SessionsIndex(TokenIndex):
         with self.lock:
             if self.records.pop(session_id, None) is not None:
                 self.dirty = True
-            self.remove(session_id)
+            if self._pending_tokens:  # none decoded yet: nothing else holds its tokens
+                self._pending_tokens.pop(session_id, None)
+            else:
+                self.remove(session_id)
             self.unindexed.discard(session_id)
             self.token_errors.pop(session_id, None)
 
@@ -397,26 +460,32 @@ class SessionsIndex(TokenIndex):
         with self.lock:
             total = 0
             for rec in self.records.values():
-                kv = rec.data.get("kv_file") if rec.data else None
+                facts = rec.facts()
+                kv = facts.get("kv_file") if facts else None
                 st = self.files.get(kv) if isinstance(kv, str) else None
                 if st is not None and stat.S_ISREG(st[0]):
                     total += st[1]
             return total
 
     # -- on disk --------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
+    def to_bytes(self) -> bytes:
+        """The index file: a header line, then one line per session of four tab-separated JSON
+        parts (stat and facts, the sidecar, its list row, its token part), so that loading it
+        decodes the small first part only (orjson never writes a raw tab or newline)."""
         with self.lock:
-            sessions: dict[str, Any] = {}
+            head = orjson.dumps({"version": INDEX_VERSION, "block": BLOCK, "head": HEAD_TOKENS, "slack": TAIL_SLACK,
+                                 "sidecar_schema": SCHEMA_VERSION, "folder": self.folder})
+            lines = [head]
             for sid, rec in self.records.items():
+                meta = orjson.dumps({"id": sid, "stamp": rec.stamp, "error": rec.error, "facts": rec.facts()})
                 tok = self._sessions.get(sid)
-                sessions[sid] = {"stamp": list(rec.stamp), "sidecar": rec.data, "error": rec.error,
-                                 "tokens": None if tok is None else _tokens_json(tok)}
+                tokens = self._pending_tokens.get(sid, b"") if tok is None else orjson.dumps(_tokens_json(tok))
+                lines.append(b"\t".join((meta, rec.raw() or b"", rec.row() or b"", tokens)))
             self.dirty = False
-            return {"version": INDEX_VERSION, "block": BLOCK, "head": HEAD_TOKENS, "slack": TAIL_SLACK,
-                    "sidecar_schema": SCHEMA_VERSION, "folder": self.folder, "sessions": sessions}
+            return b"\n".join(lines) + b"\n"
 
     def save(self, path: Path) -> None:
-        write_index(path, self.to_json())
+        write_index(path, self.to_bytes())
 
     @classmethod
     def load(cls, path: Path | None, folder: Path | None = None) -> SessionsIndex:
@@ -426,16 +495,19 @@ class SessionsIndex(TokenIndex):
         if path is None:
             return index
         try:
-            data = json.loads(path.read_bytes())
+            lines = path.read_bytes().split(b"\n")
+            data = orjson.loads(lines[0])
             if (not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("block") != BLOCK
                     or data.get("head") != HEAD_TOKENS or data.get("slack") != TAIL_SLACK
                     or data.get("sidecar_schema") != SCHEMA_VERSION or data.get("folder") != index.folder):
                 return index
-            for sid, d in data["sessions"].items():
-                try:
-                    _load_one(index, sid, d)
-                except (ValueError, KeyError, TypeError, SidecarError):
-                    index.forget(sid)  # that one is read again from the folder
+            now = time.time_ns()
+            for line in lines[1:]:
+                if line:
+                    try:
+                        _load_one(index, line, now)
+                    except (ValueError, KeyError, TypeError, IndexError):
+                        pass  # that one is read again from the folder
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -444,6 +516,21 @@ class SessionsIndex(TokenIndex):
         index.dirty = False
         return index
 
+    # -- token parts loaded on first use -------------------------------------------------
+    def _tokens_ready(self) -> None:
+        """Token parts read from the file are decoded when something first asks for tokens (a
+        listing never does)."""
+        if self._pending_tokens:
+            with self.lock:
+                pending, self._pending_tokens = self._pending_tokens, {}
+                dirty = self.dirty
+                for sid, blob in pending.items():
+                    try:
+                        self.put(_tokens_entry(sid, orjson.loads(blob)))
+                    except (ValueError, KeyError, TypeError):
+                        self.unindexed.add(sid)  # read again from its KV file
+                self.dirty = dirty
+
 
 def _tokens_json(s: IndexedSession) -> dict[str, Any]:
     return {"model_sha256": s.model_sha256, "kv_file": s.kv_file, "size": s.size, "mtime_ns": s.mtime_ns,
@@ -451,32 +538,81 @@ def _tokens_json(s: IndexedSession) -> dict[str, Any]:
             "hashes": base64.b64encode(_le_bytes(s.hashes, "Q")).decode("ascii")}
 
 
-def _load_one(index: SessionsIndex, sid: str, d: dict[str, Any]) -> None:
-    if not SESSION_ID_RE.fullmatch(sid):
+def _tokens_entry(sid: str, t: dict[str, Any]) -> IndexedSession:
+    raw = base64.b64decode(t["hashes"], validate=True)
+    hashes = array("Q", raw)
+    if _BIG_ENDIAN:
+        hashes.byteswap()
+    return IndexedSession(sid, str(t["model_sha256"]), str(t["kv_file"]), int(t["size"]), int(t["mtime_ns"]),
+                          int(t["n_tokens"]), tuple(hashes), int(t["head"]), int(t["anchor"]),
+                          tuple(int(v) for v in t["tail"]))
+
+
+def _load_one(index: SessionsIndex, line: bytes, now: int) -> None:
+    meta_b, raw, row, tokens = line.split(b"\t")
+    meta = orjson.loads(meta_b)
+    sid = meta["id"]
+    if not isinstance(sid, str) or not SESSION_ID_RE.fullmatch(sid):
         raise ValueError(f"not a session id: {sid!r}")
-    stamp = tuple(int(v) for v in d["stamp"])
+    stamp = tuple(int(v) for v in meta["stamp"])
     if len(stamp) != 5:
         raise ValueError("bad stamp")
-    data, error = d["sidecar"], d["error"]
+    error, facts = meta["error"], meta["facts"]
     # A sidecar is checked when it is first used (``Sidecar.from_index``; the file is read again
-    # if it does not pass).
-    if data is None and not isinstance(error, str) or data is not None and not isinstance(data, dict):
+    # if it does not pass); the facts a listing uses are checked there too (``check_index_paths``).
+    if error is None:
+        if not raw or not row or not isinstance(facts, dict) or set(facts) != set(FACT_KEYS):
+            raise ValueError("neither a sidecar nor an error")
+        rec = SidecarRecord(stamp, None, None, raw=raw, facts=facts, row=row)  # type: ignore[arg-type]
+    elif isinstance(error, str):
+        rec = SidecarRecord(stamp, None, error)  # type: ignore[arg-type]
+    else:
         raise ValueError("neither a sidecar nor an error")
-    rec = SidecarRecord(stamp, data, error if data is None else None)  # type: ignore[arg-type]
-    rec.racy = time.time_ns() - stamp[2] < RACY_NS
+    rec.racy = now - stamp[2] < RACY_NS
     index.records[sid] = rec
     index.unindexed.add(sid)
-    t = d["tokens"]
-    if t is not None:
-        raw = base64.b64decode(t["hashes"], validate=True)
-        hashes = array("Q", raw)
-        if _BIG_ENDIAN:
-            hashes.byteswap()
-        index.put(IndexedSession(sid, str(t["model_sha256"]), str(t["kv_file"]), int(t["size"]), int(t["mtime_ns"]),
-                                 int(t["n_tokens"]), tuple(hashes), int(t["head"]), int(t["anchor"]),
-                                 tuple(int(v) for v in t["tail"])))
+    if tokens:
+        index._pending_tokens[sid] = tokens
 
 
-def write_index(path: Path, data: dict) -> None:
-    """Write an index's JSON (``SessionsIndex.to_json``), atomically and private (0600)."""
-    atomic_write_text(path, json.dumps(data, separators=(",", ":")))
+def write_index(path: Path, data: bytes) -> None:
+    """Write an index file (``SessionsIndex.to_bytes``), atomically and private (0600)."""
+    atomic_write_bytes(path, data)
+
+
+# -- ready list rows ---------------------------------------------------------------------
+# `sessions list --json` of a folder that has not changed since the last one prints the rows it
+# printed then: they are a function of the folder's entries and their lstat (sidecars are read
+# again only when their stat changes, the same trust the index puts in it), so they are kept
+# with a digest of every entry's name and stat, and printed again while the digest agrees.
+ROWS_VERSION = 1
+
+
+def rows_key(files: dict[str, Stamp], folder: Path, now_ns: int | None = None) -> str | None:
+    """The digest that names this look at the folder, or None when an entry changed too recently
+    to trust its stat (within RACY_NS: it may change again without its stat changing)."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    look = sorted(item for item in files.items() if not is_scratch(item[0]))
+    if look and now_ns - max(st[2] for _, st in look) < RACY_NS:
+        return None
+    h = xxhash.xxh3_128(f"{ROWS_VERSION}/{INDEX_VERSION}/{SCHEMA_VERSION}/{folder}".encode())
+    h.update(repr(look).encode())
+    return h.hexdigest()
+
+
+def read_rows(path: Path, key: str) -> list[bytes] | None:
+    """The rows kept for ``key``, or None (another look, no file, or a damaged one)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head, _, body = data.partition(b"\n")
+    if head != key.encode() or not body.endswith(b"\n"):
+        return None
+    return body[:-1].split(b"\n") if len(body) > 1 else []
+
+
+def write_rows(path: Path, key: str, rows: list[bytes]) -> None:
+    """Keep ``rows`` for ``key`` (each one line: orjson never writes a raw newline)."""
+    atomic_write_bytes(path, key.encode() + b"\n" + b"".join(r + b"\n" for r in rows))
+

@@ -21,6 +21,13 @@ KV_SUFFIX = ".kv"
 INCOMING_PREFIX = "incoming-"
 LOCK_NAME = ".lock"  # hidden: never listed as an unmanaged file
 
+
+def is_scratch(name: str) -> bool:
+    """Hidden files (the lock, temp files of atomic writes) and llama-server's files being
+    written: never listed, never part of what a listing shows."""
+    return name.startswith(".") or name.startswith(INCOMING_PREFIX)
+
+
 SESSION_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 SESSION_ID_RE = re.compile(SESSION_ID_PATTERN)
 # \Z, not $: "$" also matches before a trailing newline, and a file name may end with one.

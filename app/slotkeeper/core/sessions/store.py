@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from slotkeeper.core.fsutil import (
     NotARegularFile,
     ensure_private_folder,
@@ -31,9 +33,17 @@ from slotkeeper.core.fsutil import (
     not_regular_error,
     regular_size,
 )
-from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, list_row
+from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
-from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord, Stamp, stamp_of
+from slotkeeper.core.sessions.index import (
+    SessionsIndex,
+    SidecarRecord,
+    Stamp,
+    read_rows,
+    rows_key,
+    stamp_of,
+    write_rows,
+)
 from slotkeeper.core.sessions.naming import (
     INCOMING_PREFIX,
     LOCK_NAME,
@@ -41,6 +51,7 @@ from slotkeeper.core.sessions.naming import (
     SIDECAR_NAME_RE,
     SIDECAR_SUFFIX,
     InvalidSessionId,
+    is_scratch,
     owns_kv_file,
     sidecar_name,
     validate_session_id,
@@ -121,7 +132,7 @@ class SessionStore:
             return False
         from slotkeeper.core.sessions.index import write_index
 
-        write_index(self.index_file, index.to_json())
+        write_index(self.index_file, index.to_bytes())
         return True
 
     def _scan(self) -> dict[str, Stamp]:
@@ -145,10 +156,11 @@ class SessionStore:
         except (SidecarError, OSError, ValueError, RecursionError) as exc:
             return SidecarRecord.read(stamp, None, str(exc))
 
-    def _refresh(self) -> dict[str, Stamp]:
-        """Bring the index up to the folder: sidecars new, changed (by their stat) or too recent
-        to trust are read; those gone are forgotten. Returns the folder's entries."""
-        files = self._scan()
+    def _refresh(self, files: dict[str, Stamp] | None = None) -> dict[str, Stamp]:
+        """Bring the index up to the folder (as ``files``, a ``_scan`` just made, says, or a new
+        look): sidecars new, changed (by their stat) or too recent to trust are read; those gone
+        are forgotten. Returns the folder's entries."""
+        files = self._scan() if files is None else files
         index = self.index
         with index.lock:
             seen = set()
@@ -224,7 +236,7 @@ class SessionStore:
                         claimed.add(entry.sidecar.kv_file)
             unmanaged = []
             for name in sorted(files):
-                if name in claimed or name.startswith(".") or name.startswith(INCOMING_PREFIX):
+                if name in claimed or is_scratch(name):
                     continue
                 mode, size = files[name][0], files[name][1]
                 kind = file_kind(mode)
@@ -235,29 +247,43 @@ class SessionStore:
     def sessions(self) -> list[SessionEntry]:
         return self.listing().sessions
 
-    def listing_rows(self) -> list[dict[str, Any]]:
-        """``[entry.to_json() for entry in listing().sessions]``, straight from the index's copy of
-        each sidecar (nothing built that the JSON does not need: thousands list in a blink)."""
+    def listing_rows(self) -> list[bytes]:
+        """`sessions list --json`'s rows as JSON: ``orjson.dumps(entry.to_json())`` of each of
+        ``listing().sessions``. From the rows kept for the same look at the folder when nothing
+        changed (``index.rows_key``), else made from the facts and the ready row the index keeps
+        of each sidecar (nothing decoded): thousands list in a blink."""
         with self.exclusive(reading=True):
-            files = self._refresh()
+            files = self._scan()
+            rows_file = self.index_file.with_suffix(".rows") if self.index_file is not None else None
+            key = rows_key(files, self.dir) if rows_file is not None else None
+            if key is not None and (kept := read_rows(rows_file, key)) is not None:
+                return kept
+            files = self._refresh(files)
             index = self.index
             with index.lock:
                 rows = []
                 for sid, rec in index.records.items():
-                    data = rec.data
-                    if rec.error is not None or data is None:
-                        row = list_row(sid, None, 0, [f"unreadable sidecar: {rec.error}"])
+                    facts = rec.facts()
+                    if facts is None:
+                        row = orjson.dumps(list_row(sid, None, 0, [f"unreadable sidecar: {rec.error}"]))
                     else:
                         try:
-                            Sidecar.check_index_paths(data, data.get("id"))
-                            size, problems = self._problems(sid, data, files)
+                            Sidecar.check_index_paths(facts, facts.get("id"))
+                            size, problems = self._problems(sid, facts, files)
+                            base = rec.row()
                         except (SidecarError, KeyError, TypeError):  # not what we wrote: the full way
-                            row = self._record_entry(sid, rec, files).to_json()
+                            row = orjson.dumps(self._record_entry(sid, rec, files).to_json())
                         else:
-                            row = list_row(data["id"] if data["id"] == sid else sid, data, size, problems)
-                    rows.append((rec.recency(), row["id"], row))
+                            row = finish_row(base, size, problems)
+                    rows.append((rec.recency(), sid, row))
         rows.sort(key=lambda r: r[:2], reverse=True)
-        return [r[2] for r in rows]
+        out = [r[2] for r in rows]
+        if key is not None:
+            try:
+                write_rows(rows_file, key, out)
+            except OSError as exc:  # a cache: a failure costs time only
+                log.debug("could not keep the list rows: %s", exc)
+        return out
 
     def get(self, session_id: str) -> SessionEntry:
         """One session as the folder holds it now (its sidecar read again only if it changed)."""
@@ -274,7 +300,7 @@ class SessionStore:
                 rec = self._read_record(session_id, st)
                 index.set_record(session_id, rec)
             files = {path.name: st}
-            kv_file = rec.data.get("kv_file") if rec.data else None
+            kv_file = facts.get("kv_file") if (facts := rec.facts()) else None
             if isinstance(kv_file, str):
                 kv_st = self._lstat(kv_file)
                 if kv_st is None:
@@ -336,7 +362,7 @@ class SessionStore:
             todo = []
             for sid in list(index.unindexed):
                 rec = index.records.get(sid)
-                data = rec.data if rec is not None else None
+                data = rec.facts() if rec is not None else None
                 if data is None or rec.error is not None:
                     index.unindexed.discard(sid)
                     index.remove(sid)
@@ -425,7 +451,7 @@ class SessionStore:
             with index.lock:
                 # An unreadable sidecar (None) claims nothing known: its files are left alone.
                 claims: dict[str, str | None] = {
-                    sid: (rec.data.get("kv_file") if rec.data and rec.error is None else None)
+                    sid: (facts.get("kv_file") if (facts := rec.facts()) and rec.error is None else None)
                     for sid, rec in index.records.items()}
             for name in files:
                 path = self.dir / name
