@@ -223,6 +223,12 @@ def load_run_settings(args: argparse.Namespace, extra: list[str]):
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     """Headless: the engine loop runs on this thread until SIGINT/SIGTERM, then saves and stops."""
+    from slotkeeper.core.engine.launching import prelaunch
+
+    paths, _service, settings = load_run_settings(args, extra)
+    # llama-server loads the model while the rest of Slotkeeper is imported and built.
+    pre = prelaunch(paths, settings)
+
     import asyncio
 
     from slotkeeper.core import events as ev
@@ -231,12 +237,16 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     from slotkeeper.core.server.command import is_loopback
     from slotkeeper.core.server.state import ServerState
 
-    paths, _service, settings = load_run_settings(args, extra)
     try:
-        engine = Engine(paths, settings, own_thread=False)
-    except EngineError as exc:
-        print(f"slotkeeper: {exc}", file=sys.stderr)
-        return 1
+        engine = Engine(paths, settings, own_thread=False, prelaunched=pre)
+    except BaseException as exc:
+        if pre is not None:  # never leave the server it started behind
+            pre.supervisor.stop()
+            pre.front_socket.close()
+        if isinstance(exc, EngineError):
+            print(f"slotkeeper: {exc}", file=sys.stderr)
+            return 1
+        raise
     if settings.profile.model_path == DEMO_MODEL:
         log.warning(DEMO_NOTICE)
     engine.events.subscribe(ServeLog().on_event)

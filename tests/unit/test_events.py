@@ -74,3 +74,30 @@ def test_emitting_from_many_threads_while_subscribing():
     for t in threads:
         t.join()
     assert len(got) == 800
+
+
+def test_a_held_bus_delivers_what_came_before_its_listeners_in_order_then_everything_as_it_comes():
+    import threading
+
+    from slotkeeper.core.events import EventBus, ServerStateChanged
+    from slotkeeper.core.server.state import ServerState
+
+    bus = EventBus(held=True)
+    bus.emit(ServerStateChanged(ServerState.STARTING, "preparing"))
+    bus.emit(ServerStateChanged(ServerState.STARTING, "loading the model"))
+    got: list[str] = []
+    late = threading.Event()
+
+    def listener(e):
+        got.append(e.message)
+        if e.message == "preparing":  # an event emitted while the held ones are being delivered
+            t = threading.Thread(target=lambda: (bus.emit(ServerStateChanged(ServerState.READY, "ready")), late.set()))
+            t.start()
+            t.join()
+
+    bus.subscribe(listener, ServerStateChanged)
+    assert got == []
+    bus.release()
+    assert late.is_set() and got == ["preparing", "loading the model", "ready"]
+    bus.emit(ServerStateChanged(ServerState.STOPPING, "stopping"))
+    assert got[-1] == "stopping"

@@ -165,9 +165,22 @@ Handler = Callable[[Event], None]
 
 
 class EventBus:
-    def __init__(self) -> None:
+    def __init__(self, held: bool = False) -> None:
+        """``held``: events wait in order until ``release()`` (for listeners that arrive later)."""
         self._lock = threading.Lock()
         self._handlers: list[tuple[tuple[type[Event], ...], Handler]] = []
+        self._held: list[Event] | None = [] if held else None
+
+    def release(self) -> None:
+        """Deliver the events held so far, in order, then every event as it comes."""
+        while True:
+            with self._lock:
+                if not self._held:
+                    self._held = None
+                    return
+                batch, self._held = self._held, []
+            for event in batch:
+                self._deliver(event)
 
     def subscribe(self, handler: Callable[[E], None], *types: type[E]) -> Callable[[], None]:
         """Call ``handler`` for events of ``types`` (every event when none). Returns an unsubscribe."""
@@ -188,6 +201,13 @@ class EventBus:
     def emit(self, event: Event) -> None:
         if not isinstance(event, Event):
             raise TypeError(f"{event!r} is not an event")
+        with self._lock:
+            if self._held is not None:
+                self._held.append(event)
+                return
+        self._deliver(event)
+
+    def _deliver(self, event: Event) -> None:
         with self._lock:
             handlers = [h for types, h in self._handlers if isinstance(event, types)]
         for handler in handlers:

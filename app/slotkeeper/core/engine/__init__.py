@@ -8,8 +8,24 @@
 - ``resume``    whether a saved session can be resumed now, and why not (for every face)
 """
 
-from slotkeeper.core.engine.engine import Engine, EngineSnapshot
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.model import DEMO_MODEL, ModelChoice
 
+if TYPE_CHECKING:
+    from slotkeeper.core.engine.engine import Engine, EngineSnapshot
+
 __all__ = ["DEMO_MODEL", "Engine", "EngineError", "EngineSnapshot", "ModelChoice"]
+
+
+def __getattr__(name: str) -> Any:
+    # The engine (the front door's HTTP stack, the search index ...) is imported on first use, so
+    # `slotkeeper serve` can start llama-server first (``launching.prelaunch``).
+    if name in ("Engine", "EngineSnapshot"):
+        from slotkeeper.core.engine import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,16 +22,13 @@ import concurrent.futures
 import logging
 import os
 import sqlite3
-import sys
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-
-import psutil
 
 from slotkeeper.core import datalock, families, modelgen
 from slotkeeper.core.autosave import IDLE_POLL_SECONDS, POLL_SECONDS, AutosavePolicy
@@ -39,11 +36,11 @@ from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.frontdesk import UNKNOWN, Figures, FrontDesk, FrontDeskError, restore_mode
 from slotkeeper.core.engine.frontdoor import FrontDoor
+from slotkeeper.core.engine.launching import LaunchPlan, Prelaunched, binary_facts_cache, plan_launch
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.model import (
     LLAMA_BUILD_FALLBACK,
     ModelChoice,
-    check_launch,
     llama_build_tag,
     model_facts_cache,
     profile_model_name,
@@ -74,20 +71,13 @@ from slotkeeper.core.events import (
     SlotsChanged,
     WarningRaised,
 )
-from slotkeeper.core.file_facts import FileFactsCache
 from slotkeeper.core.history import RequestHistory, RequestRecord
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.server.command import (
-    CommandError,
-    build_argv,
-    exposes_without_key,
-    launch_environment,
     server_api_key,
-    without_api_key,
 )
-from slotkeeper.core.server.locate import FLAGS_VERSION, ServerBinaryNotFound, locate_server, probe_flags
-from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
+from slotkeeper.core.server.private import PrivateAddress
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
 from slotkeeper.core.services.sessions import SessionsService, reconcile_search
@@ -154,15 +144,16 @@ class EngineSnapshot:
 
 class Engine:
     def __init__(self, paths: AppPaths, settings: Settings, events: EventBus | None = None,
-                 *, own_thread: bool = True) -> None:
+                 *, own_thread: bool = True, prelaunched: Prelaunched | None = None) -> None:
         """``own_thread``: run the engine loop on a thread of its own (the desktop app, tests);
-        False when the caller runs it with ``run()`` (`slotkeeper serve`)."""
+        False when the caller runs it with ``run()`` (`slotkeeper serve`). ``prelaunched``: a
+        launch ``launching.prelaunch`` began for these settings, which the first start takes over."""
         self.paths = paths.ensure()
         try:
             datalock.acquire(paths.engine_lock_file, str(paths.data_dir))
         except datalock.DataDirBusy as exc:
             raise EngineError(str(exc)) from exc
-        self.events = events or EventBus()
+        self.events = prelaunched.events if prelaunched is not None else events or EventBus()
         self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
         # What was said in every saved conversation (searched by the faces through the service).
         self.search = SearchIndex(paths.search_index_file)
@@ -172,16 +163,22 @@ class Engine:
                                         search=self.search,
                                         on_repaired=lambda r: self.events.emit(SearchIndexRepaired(r.added, r.dropped)))
         self.hashes = ModelHashCache(paths.hash_cache_file)
-        self.model_facts = model_facts_cache(paths.model_facts_file)
-        self.binary_facts = FileFactsCache(paths.binary_facts_file, FLAGS_VERSION)
         self.history = RequestHistory(paths.history_file)
-        self.supervisor = Supervisor(
-            spec_factory=self._launch_spec,
-            log_path=paths.server_log,
-            state_file=paths.server_state_file,
-            events=self.events,
-            before_stopping_leftover=self._save_leftover,
-        )
+        self._prelaunched = prelaunched
+        if prelaunched is not None:
+            self.model_facts, self.binary_facts = prelaunched.model_facts, prelaunched.binary_facts
+            self.supervisor = prelaunched.supervisor
+            self.supervisor.set_planner(self._launch_spec, self._save_leftover)
+        else:
+            self.model_facts = model_facts_cache(paths.model_facts_file)
+            self.binary_facts = binary_facts_cache(paths.binary_facts_file)
+            self.supervisor = Supervisor(
+                spec_factory=self._launch_spec,
+                log_path=paths.server_log,
+                state_file=paths.server_state_file,
+                events=self.events,
+                before_stopping_leftover=self._save_leftover,
+            )
         self.loop = EngineLoop()
         self.ready = threading.Event()  # set once launch restores are done (for wait_ready)
 
@@ -360,11 +357,15 @@ class Engine:
         if self._closed:
             log.info("not starting llama-server: Slotkeeper is quitting")
             return
-        await self._sweep_once()
+        pre, self._prelaunched = self._prelaunched, None
+        if pre is None:
+            await self._sweep_once()
+        elif self._swept is None:  # llama-server is loading already: tidy the folder meanwhile
+            self._swept = asyncio.ensure_future(self.loop.run_io(self._open_folder))
         if not self.front.running:
             profile = self._settings.profile
             try:
-                await self.front.start(profile.host, profile.port)
+                await self.front.start(profile.host, profile.port, sock=pre.front_socket if pre else None)
             except OSError as exc:
                 who = await self.loop.run_io(port_user, profile.host, profile.port)
                 what = (f"Port {profile.port} on {profile.host} is already in use by {who}" if who
@@ -378,6 +379,10 @@ class Engine:
         self._resume_id = resume_id
         self._crashed = False
         self._publish()
+        if pre is not None:
+            self._take_plan(pre.plan)
+            self.events.release()  # what the supervisor said before the engine was listening
+            return
         self.supervisor.start()
 
     async def _sweep_once(self) -> None:
@@ -490,44 +495,23 @@ class Engine:
             raise SupervisorError("Slotkeeper is quitting") from exc
 
     async def _prepare_launch(self) -> LaunchSpec:
-        profile = self._settings.profile
-        try:
-            model = await self.loop.run_io(resolve_model, profile.model_path, self.paths.models_dir,
-                                           self.model_facts)
-            await self.loop.run_io(resolve_projector, profile.mmproj_path)  # a clear refusal, before llama-server's
-            binary = await self.loop.run_io(locate_server, profile.server_bin)
-            flags = await self.loop.run_io(probe_flags, binary, 15.0, self.binary_facts)
-            private = await self.loop.run_io(self._private_address)
-            # llama-server listens privately; the front door has the user's host and port.
-            server_profile = replace(profile, host=LOOPBACK, port=private.port,
-                                     extra_args=without_api_key(profile.extra_args))
-            argv = build_argv(binary.argv_prefix, server_profile, model.path, self.paths.sessions_dir,
-                              supported_flags=flags)
-        except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
-            raise SupervisorError(str(exc)) from exc
-        memory = psutil.virtual_memory()
-        check = check_launch(model, profile, memory.total, memory.available)
-        if check.refusal:
-            raise SupervisorError(check.refusal)
-        self._model = model
-        self._launched = profile
-        self._private = private
-        self._close_http()  # a client of the previous address
-        self._start_hashing(model.path)
-        if model.is_demo:
-            self.events.emit(NoticeRaised(modelgen.DEMO_NOTICE))
-        for note in (swa_note(model, profile), *check.warnings, *exposure_notes(profile)):
-            if note:
-                self.events.emit(WarningRaised(note))
-        self._publish()
-        record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args)).to_json(),
-                  "model_path": str(model.path)}
-        return LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)
+        plan = await self.loop.run_io(lambda: plan_launch(self.paths, self._settings.profile, self.model_facts,
+                                                          self.binary_facts, self.supervisor.leftover_port()))
+        self._take_plan(plan)
+        return plan.spec
 
-    def _private_address(self) -> PrivateAddress:  # an I/O thread, while the supervisor waits
-        leftover = self.supervisor.leftover_port()
-        return private_address(self.paths.private_address_file,
-                               lambda port: port != leftover and port_user(LOOPBACK, port) is not None)
+    def _take_plan(self, plan: LaunchPlan) -> None:
+        """A launch begins (on the loop): what it runs, and what to say about it."""
+        self._model = plan.model
+        self._launched = plan.profile
+        self._private = plan.private
+        self._close_http()  # a client of the previous address
+        self._start_hashing(plan.model.path)
+        if plan.model.is_demo:
+            self.events.emit(NoticeRaised(modelgen.DEMO_NOTICE))
+        for note in plan.notes:
+            self.events.emit(WarningRaised(note))
+        self._publish()
 
     def _upstream(self) -> tuple[str, str]:
         """llama-server's private base URL and key (the front door's way in)."""
@@ -642,6 +626,7 @@ class Engine:
         return None if path is None else self.hashes.compute(path)
 
     async def _launch_restores(self) -> list[RestoreSummary]:
+        await self._sweep_once()  # the folder tidied and the index up to date (a prelaunch does it meanwhile)
         facts = self._facts
         assert facts is not None
         n_slots = facts.n_parallel
@@ -1241,20 +1226,6 @@ def describe_save_error(slot: int | None, exc: BaseException) -> str:
         return str(exc)
     log.error("saving slot %s failed", slot, exc_info=exc)
     return f"unexpected error: {exc}"
-
-
-def exposure_notes(profile: ServerProfile) -> list[str]:
-    """What to say up front about who can reach the server and see its key."""
-    notes = []
-    if exposes_without_key(profile.host, profile.extra_args):
-        notes.append(
-            f"llama-server listens on {profile.host}, beyond this machine, and no API key is set: anyone who "
-            f"can reach port {profile.port} can use it and read its conversations. Add --api-key-file FILE "
-            "to its arguments (or set LLAMA_API_KEY), or listen on 127.0.0.1.")
-    if any(a == "--api-key" or a.startswith("--api-key=") for a in sys.argv):
-        notes.append("The API key given on Slotkeeper's command line is visible to other users (ps); "
-                     "give it with --api-key-file FILE or the LLAMA_API_KEY environment variable instead.")
-    return notes
 
 
 def describe(http: LlamaClient, tokens: list[int]) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -75,13 +76,17 @@ class FrontDoor:
         self.port = 0
 
     # -- lifecycle ------------------------------------------------------------------------
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> None:
+        """Listen on ``host`` ``port``, or on ``sock``: that address, already claimed."""
         app = web.Application(client_max_size=1024**3)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         try:
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            if sock is not None:
+                await web.SockSite(runner, sock).start()
+            else:
+                await web.TCPSite(runner, host, port, reuse_address=True).start()
         except OSError as exc:
             await runner.cleanup()
             raise OSError(exc.errno, f"cannot listen on {host} port {port}: {exc.strerror or exc}") from exc

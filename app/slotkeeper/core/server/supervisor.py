@@ -223,6 +223,12 @@ class Supervisor:
         self.adopted = False
         self.last_exit_code: int | None = None
 
+    def set_planner(self, spec_factory: Callable[[], LaunchSpec],
+                    before_stopping_leftover: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Who plans the launches from now on (an engine taking over a supervisor already started)."""
+        self._spec_factory = spec_factory
+        self._before_stopping_leftover = before_stopping_leftover
+
     # -- observable state -----------------------------------------------------------------
     @property
     def state(self) -> ServerState:

@@ -1,0 +1,174 @@
+"""What to launch, and launching it before the rest of Slotkeeper has even been imported.
+
+``plan_launch`` works out llama-server's command line from the settings (the model and its facts,
+the binary and its flags, the private address): the engine calls it for every launch.
+
+``prelaunch`` is `slotkeeper serve`'s head start. Loading a model takes llama-server a while; so
+does importing the engine (the front door's HTTP stack, the search index ...). ``prelaunch``
+needs only the light modules: it takes the data folder's lock, claims the front door's port,
+plans the launch and starts the supervisor, whose thread starts llama-server; the engine, built
+afterwards, takes the running supervisor over (``Engine(prelaunched=...)``) and sees every event
+it emitted meanwhile (they wait in a held ``EventBus``). Whenever something is not plain (a server
+an earlier run left, a busy port, a launch that would be refused) it steps aside and the engine
+does the launch, and says what is wrong, as it always does.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psutil
+
+from slotkeeper.core import datalock
+from slotkeeper.core.engine.errors import EngineError
+from slotkeeper.core.engine.model import (
+    ModelChoice,
+    check_launch,
+    model_facts_cache,
+    resolve_model,
+    resolve_projector,
+    swa_note,
+)
+from slotkeeper.core.events import EventBus
+from slotkeeper.core.file_facts import FileFactsCache
+from slotkeeper.core.paths import AppPaths
+from slotkeeper.core.server.command import (
+    CommandError,
+    build_argv,
+    exposes_without_key,
+    launch_environment,
+    without_api_key,
+)
+from slotkeeper.core.server.locate import FLAGS_VERSION, ServerBinaryNotFound, locate_server, probe_flags
+from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
+from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
+from slotkeeper.core.settings import ServerProfile, Settings, SettingsError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    spec: LaunchSpec
+    model: ModelChoice
+    profile: ServerProfile  # the settings launched (the engine's "running profile")
+    private: PrivateAddress
+    notes: tuple[str, ...]  # warnings to show once launched
+
+
+def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsCache,
+                binary_facts: FileFactsCache, leftover_port: int | None) -> LaunchPlan:
+    """llama-server's launch for ``profile``; SupervisorError with a user-facing sentence when it
+    cannot be launched (missing model or binary, bad arguments, not enough memory)."""
+    try:
+        model = resolve_model(profile.model_path, paths.models_dir, model_facts)
+        resolve_projector(profile.mmproj_path)  # a clear refusal, before llama-server's
+        binary = locate_server(profile.server_bin)
+        flags = probe_flags(binary, 15.0, binary_facts)
+        private = private_address(paths.private_address_file,
+                                  lambda port: port != leftover_port and port_user(LOOPBACK, port) is not None)
+        # llama-server listens privately; the front door has the user's host and port.
+        server_profile = replace(profile, host=LOOPBACK, port=private.port,
+                                 extra_args=without_api_key(profile.extra_args))
+        argv = build_argv(binary.argv_prefix, server_profile, model.path, paths.sessions_dir, supported_flags=flags)
+    except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
+        raise SupervisorError(str(exc)) from exc
+    memory = psutil.virtual_memory()
+    check = check_launch(model, profile, memory.total, memory.available)
+    if check.refusal:
+        raise SupervisorError(check.refusal)
+    notes = tuple(n for n in (swa_note(model, profile), *check.warnings, *exposure_notes(profile)) if n)
+    record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args)).to_json(),
+              "model_path": str(model.path)}
+    spec = LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)
+    return LaunchPlan(spec, model, profile, private, notes)
+
+
+def exposure_notes(profile: ServerProfile) -> list[str]:
+    """What to say up front about who can reach the server and see its key."""
+    notes = []
+    if exposes_without_key(profile.host, profile.extra_args):
+        notes.append(
+            f"llama-server listens on {profile.host}, beyond this machine, and no API key is set: anyone who "
+            f"can reach port {profile.port} can use it and read its conversations. Add --api-key-file FILE "
+            "to its arguments (or set LLAMA_API_KEY), or listen on 127.0.0.1.")
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in sys.argv):
+        notes.append("The API key given on Slotkeeper's command line is visible to other users (ps); "
+                     "give it with --api-key-file FILE or the LLAMA_API_KEY environment variable instead.")
+    return notes
+
+
+def binary_facts_cache(cache_file: Path) -> FileFactsCache:
+    return FileFactsCache(cache_file, FLAGS_VERSION)
+
+
+@dataclass
+class Prelaunched:
+    """A launch under way before the engine exists: the engine takes all of it over."""
+
+    supervisor: Supervisor
+    plan: LaunchPlan
+    events: EventBus  # held: the engine subscribes, then releases it
+    front_socket: socket.socket  # the front door's address, already claimed
+    model_facts: FileFactsCache
+    binary_facts: FileFactsCache
+
+
+def prelaunch(paths: AppPaths, settings: Settings) -> Prelaunched | None:
+    """Start llama-server for ``settings`` now, or None when the engine had better do it."""
+    profile = settings.profile
+    try:
+        datalock.acquire(paths.engine_lock_file, str(paths.data_dir))
+    except (datalock.DataDirBusy, OSError):
+        return None  # the engine says so
+    events = EventBus(held=True)
+    supervisor = Supervisor(spec_factory=_no_spec, log_path=paths.server_log, state_file=paths.server_state_file,
+                            events=events)
+    if supervisor.leftover_port() is not None:
+        return None  # an earlier run's server: the engine adopts it, or saves its slots and stops it
+    sock = claim_address(profile.host, profile.port)
+    if sock is None:
+        return None
+    model_facts = model_facts_cache(paths.model_facts_file)
+    binary_facts = binary_facts_cache(paths.binary_facts_file)
+    try:
+        plan = plan_launch(paths, profile, model_facts, binary_facts, None)
+    except SupervisorError:
+        sock.close()
+        return None
+    supervisor.set_planner(lambda: plan.spec)  # this launch; the engine plans the next ones
+    supervisor.start()
+    log.debug("llama-server started before the engine was built")
+    return Prelaunched(supervisor, plan, events, sock, model_facts, binary_facts)
+
+
+def _no_spec() -> LaunchSpec:
+    raise SupervisorError("no launch planned")
+
+
+def claim_address(host: str, port: int) -> socket.socket | None:
+    """A listening socket on the front door's address (as aiohttp would open it), or None."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        if len(infos) != 1:
+            return None  # several addresses (a name such as localhost): the engine opens them all
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError:
+        return None
+    try:
+        if sys.platform != "win32":  # as aiohttp's reuse_address (on Windows it would share a busy port)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        return None
+    return sock
