@@ -33,9 +33,10 @@ from typing import Any, TypeVar
 
 import psutil
 
-from slotkeeper.core import datalock, families, modelgen
+from slotkeeper.core import datalock, families
 from slotkeeper.core.autosave import IDLE_POLL_SECONDS, POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
+from slotkeeper.core.demo_model import DEMO_NOTICE
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.frontdesk import UNKNOWN, Figures, FrontDesk, FrontDeskError, restore_mode
 from slotkeeper.core.engine.frontdoor import FrontDoor
@@ -515,7 +516,7 @@ class Engine:
         self._close_http()  # a client of the previous address
         self._start_hashing(model.path)
         if model.is_demo:
-            self.events.emit(NoticeRaised(modelgen.DEMO_NOTICE))
+            self.events.emit(NoticeRaised(DEMO_NOTICE))
         for note in (swa_note(model, profile), *check.warnings, *exposure_notes(profile)):
             if note:
                 self.events.emit(WarningRaised(note))
