@@ -421,3 +421,29 @@ def test_reading_model_facts_imports_neither_gguf_nor_numpy(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"imported: {out.stdout.strip()}"
+
+
+def test_only_writing_the_demo_model_imports_gguf() -> None:
+    # modelgen (gguf + numpy) is imported where the demo model is written, not to name it.
+    modules = ["slotkeeper.core.engine", "slotkeeper.cli"]
+    try:
+        import PySide6  # noqa: F401
+    except ImportError:  # a core-only install: no GUI to check
+        pass
+    else:
+        modules += ["slotkeeper.gui.bridge", "slotkeeper.gui.first_run", "slotkeeper.gui.model_switch",
+                    "slotkeeper.gui.settings.server_tab"]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    if 'gguf' in sys.modules or 'slotkeeper.core.modelgen' in sys.modules:\n"
+        "        print(name)\n"
+        "        break\n"
+    )
+    app_dir = Path(slotkeeper.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app_dir), os.environ.get("PYTHONPATH", "")]),
+           "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"importing {out.stdout.strip()} imported gguf"
