@@ -290,12 +290,15 @@ class _Parser:
             raise CorruptHeader("too many array items to step over", pos)
         end = self.end
         if itype == _STRING:
+            # The hot loop of a real model (a 262k-token vocabulary): no bounds check of our own,
+            # unpack_from refuses to read past the buffer (struct.error, OverflowError past 2**63).
             unpack = self._u64.unpack_from
             buf = self.buf
-            for _ in range(count):
-                if pos + 8 > end:
-                    raise TruncatedHeader("the file ends inside a skipped string array", pos)
-                pos += 8 + unpack(buf, pos)[0]
+            try:
+                for _ in range(count):
+                    pos += 8 + unpack(buf, pos)[0]
+            except (struct.error, OverflowError):
+                raise TruncatedHeader("the file ends inside a skipped string array", min(pos, end)) from None
             if pos > end:
                 raise TruncatedHeader("the file ends inside a skipped string array", end)
             return pos
