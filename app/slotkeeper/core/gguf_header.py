@@ -55,7 +55,7 @@ _MAX_KV = 1 << 16  # metadata keys (real models: under 100)
 _MAX_TENSORS = 1 << 18  # tensor infos (real models: a few thousand, ~50k for unmerged MoE experts)
 _MAX_TEXT = 1 << 26  # bytes of strings decoded over the whole header; a value past it is skipped
 _MAX_VALUES = 1 << 20  # array elements turned into Python objects, over the whole header
-_MAX_WALK = 1 << 24  # items stepped over one by one in skipped string / nested arrays (~2 s)
+_MAX_WALK = 1 << 22  # items stepped over one by one in skipped string / nested arrays (~0.5 s)
 _MAX_DEPTH = 8  # nested arrays (llama.cpp refuses any nesting; gguf-py flattens it)
 _MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses a tensor with more dimensions
 
