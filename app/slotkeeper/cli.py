@@ -232,8 +232,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     import asyncio
 
     from slotkeeper.core import events as ev
+    from slotkeeper.core.demo_model import DEMO_NOTICE
     from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineError
-    from slotkeeper.core.modelgen import DEMO_NOTICE
     from slotkeeper.core.server.command import is_loopback
     from slotkeeper.core.server.state import ServerState
 

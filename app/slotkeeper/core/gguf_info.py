@@ -1,8 +1,10 @@
 """Model facts from GGUF metadata, and the KV-cache memory llama.cpp will allocate for them.
 
-Only the header (metadata and tensor index) is read, through ``gguf.GGUFReader``, which
+Only the header (metadata and tensor index) is read, by ``core.gguf_header``, which
 memory-maps the file; tensor data is never touched, so a 20 GB model costs a few page
-faults, not a 20 GB read.
+faults, not a 20 GB read. It is plain Python on purpose: gguf-py's reader needs gguf and
+numpy (~22 MB and ~0.3 s of import), which neither the desktop app nor ``slotkeeper serve``
+should pay just to learn a model's shape.
 
 Why this matters to Slotkeeper: a sliding-window (SWA) model's default KV cache keeps only
 the last window of cells on its sliding layers, and such a state cannot be fully restored
@@ -28,16 +30,11 @@ from __future__ import annotations
 
 import math
 import os
-import struct
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import gguf
-import numpy as np
-
-from slotkeeper.core import families
+from slotkeeper.core import families, gguf_header
 from slotkeeper.core.units import human_bytes
 
 __all__ = [
@@ -262,77 +259,11 @@ class ModelInfo:
         return self.n_recurrent_layers * (self.recurrent_r + self.recurrent_s) * 4
 
 
-# Arrays longer than this are skipped, not parsed: they are the tokenizer's vocabulary and
-# merges (150k-260k strings), which the stock reader turns into one numpy view per element
-# (~40 s for a Gemma 3 vocabulary). Per-layer arrays are never longer than llama.cpp's
-# LLAMA_MAX_LAYERS (512).
-_SKIP_ARRAY_LEN = 512
-
-
-class _StrictReader(gguf.GGUFReader):
-    """GGUFReader that fails on a read past the end of the file and skips huge arrays.
-
-    The stock reader returns a short (even empty) array past the end; on a truncated or
-    corrupt header that surfaces as an IndexError deep inside, or, for a garbage array
-    length, as a loop that never advances. Failing at the first short read turns both into
-    one clear error. Skipped arrays read back as empty lists.
-    """
-
-    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
-        arr = super()._get(offset, dtype, count, override_order)
-        if len(arr) < int(count):
-            raise _TruncatedError(offset)
-        return arr
-
-    def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
-        if raw_type == gguf.GGUFValueType.ARRAY:
-            raw_itype = self._get(orig_offs, np.uint32)
-            alen = self._get(orig_offs + 4, np.uint64)
-            count = int(alen[0])
-            if count > _SKIP_ARRAY_LEN:
-                payload = self._array_payload_size(orig_offs + 12, int(raw_itype[0]), count)
-                if payload is not None:
-                    types = [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType(int(raw_itype[0]))]
-                    return 12 + payload, [raw_itype, alen], [], types
-        return super()._get_field_parts(orig_offs, raw_type)
-
-    def _array_payload_size(self, offs: int, raw_itype: int, count: int) -> int | None:
-        """Bytes taken by ``count`` items of ``raw_itype`` at ``offs``, without parsing them."""
-        itype = gguf.GGUFValueType(raw_itype)
-        scalar = self.gguf_scalar_to_np.get(itype)
-        end = len(self.data)
-        if scalar is not None:
-            size = count * np.dtype(scalar).itemsize
-        elif itype == gguf.GGUFValueType.STRING:
-            # Walk the u64 length prefixes; each step moves at least 8 bytes, so a garbage
-            # count stops at the end of the file.
-            swapped = self.byte_order == "S"
-            little = (sys.byteorder == "little") != swapped
-            unpack = struct.Struct("<Q" if little else ">Q").unpack_from
-            buf = self.data.data  # a memoryview over the mapping; no copy
-            pos = offs
-            for _ in range(count):
-                if pos + 8 > end:
-                    raise _TruncatedError(pos)
-                pos += 8 + unpack(buf, pos)[0]
-            size = pos - offs
-        else:
-            return None  # nested arrays: rare, let the stock reader handle them
-        if offs + size > end:
-            raise _TruncatedError(offs)
-        return size
-
-
-class _TruncatedError(Exception):
-    pass
-
-
 def read_model_info(path: str | Path) -> ModelInfo:
     """Read a GGUF model's facts; raise ModelFileError with a user-facing message on failure."""
     path = Path(path)
     file_size = _check_file(path)
-    reader = _open_reader(path)
-    return _model_info_from_fields(path, file_size, _Fields(reader, path))
+    return _model_info_from_fields(path, file_size, _Fields(_read_header(path), path))
 
 
 def model_info_to_json(info: ModelInfo) -> dict[str, Any]:
@@ -358,7 +289,7 @@ def facts_version() -> str:
     from slotkeeper import __version__
 
     parts = [f"model-info-1:{__version__}"]
-    for module in (__file__, families.__file__):
+    for module in (__file__, gguf_header.__file__, families.__file__):
         try:
             st = os.stat(module)
             parts.append(f"{st.st_size}:{st.st_mtime_ns}")
@@ -372,11 +303,7 @@ def read_architecture(path: str | Path) -> str:
     header alone; ModelFileError with a user-facing message when the file cannot be read."""
     path = Path(path)
     _check_file(path)
-    return str(_Fields(_open_reader(path), path).require("general.architecture"))
-
-
-_GGUF_MAGIC = b"GGUF"
-_MIN_HEADER = 24  # magic, version, tensor count, kv count
+    return str(_Fields(_read_header(path), path).require("general.architecture"))
 
 
 def _check_file(path: Path) -> int:
@@ -392,23 +319,27 @@ def _check_file(path: Path) -> int:
         raise ModelFileError(f"Cannot read {path}: {exc.strerror or exc}") from exc
     if size == 0:
         raise ModelFileError(f"{path.name} is empty, so it is not a GGUF model.")
-    if head[:4] != _GGUF_MAGIC:
+    if head[:4] != gguf_header.GGUF_MAGIC:
         raise ModelFileError(
             f"{path.name} is not a GGUF model ({_describe_non_gguf(path, head)}). "
             "llama-server only loads GGUF files."
         )
-    if size < _MIN_HEADER:
+    if size < gguf_header.HEADER_MIN:
         raise ModelFileError(
             f"{path.name} is truncated: only {size} bytes, not even a GGUF header."
         )
     version = int.from_bytes(head[4:8], "little")
     if version & 0xFFFF == 0:  # written on a big-endian machine
         version = int.from_bytes(head[4:8], "big")
-    if version not in gguf.READER_SUPPORTED_VERSIONS:
-        raise ModelFileError(
-            f"{path.name} is GGUF version {version}, which this version of Slotkeeper cannot read."
-        )
+    if version not in gguf_header.SUPPORTED_VERSIONS:
+        raise _unsupported_version(path, version)
     return size
+
+
+def _unsupported_version(path: Path, version: int) -> ModelFileError:
+    return ModelFileError(
+        f"{path.name} is GGUF version {version}, which this version of Slotkeeper cannot read."
+    )
 
 
 def _describe_non_gguf(path: Path, head: bytes) -> str:
@@ -428,17 +359,19 @@ def _describe_non_gguf(path: Path, head: bytes) -> str:
     return f"it does not start with the GGUF signature; its first bytes are {head[:4].hex(' ')}"
 
 
-def _open_reader(path: Path) -> gguf.GGUFReader:
+def _read_header(path: Path) -> gguf_header.GGUFHeader:
     try:
-        return _StrictReader(path, "r")
-    except _TruncatedError as exc:
+        return gguf_header.read_header(path)
+    except gguf_header.TruncatedHeader as exc:
         raise ModelFileError(
             f"{path.name} is truncated: the file ends before the data its GGUF header "
             "describes. Was the download interrupted? Download the model again."
         ) from exc
+    except gguf_header.UnsupportedVersion as exc:  # _check_file says so first; the file changed since
+        raise _unsupported_version(path, exc.version) from exc
     except OSError as exc:
         raise ModelFileError(f"Cannot read {path}: {exc.strerror or exc}") from exc
-    except Exception as exc:  # any other parse failure means a damaged header
+    except Exception as exc:  # CorruptHeader, or any other parse failure: a damaged header
         raise ModelFileError(
             f"{path.name} is corrupt: its GGUF header could not be parsed. "
             "Download the model again."
@@ -446,22 +379,19 @@ def _open_reader(path: Path) -> gguf.GGUFReader:
 
 
 class _Fields:
-    """Typed access to a reader's metadata with user-facing errors for missing keys."""
+    """Typed access to a header's metadata with user-facing errors for missing keys."""
 
-    def __init__(self, reader: gguf.GGUFReader, path: Path) -> None:
-        self._reader = reader
+    def __init__(self, header: gguf_header.GGUFHeader, path: Path) -> None:
+        self._fields = header.fields
         self._path = path
 
     def get(self, key: str) -> Any:
-        fld = self._reader.fields.get(key)
-        if fld is None:
-            return None
-        try:
-            return fld.contents()
-        except Exception as exc:  # a value that does not decode is corruption
+        value = self._fields.get(key)
+        if value is gguf_header.UNREADABLE:  # a value that does not decode is corruption
             raise ModelFileError(
                 f"{self._path.name} is corrupt: metadata key {key} is unreadable."
-            ) from exc
+            )
+        return value
 
     def require(self, key: str) -> Any:
         value = self.get(key)

@@ -37,6 +37,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from slotkeeper.core.demo_model import DEMO_FILENAME, DEMO_NOTICE
+
 __all__ = [
     "DEMO_FILENAME",
     "DEMO_NOTICE",
@@ -44,12 +46,6 @@ __all__ = [
     "ensure_demo_model",
     "write_model",
 ]
-
-DEMO_NOTICE = (
-    "The demo model has random weights: it answers with gibberish. It exists so you can "
-    "try Slotkeeper without downloading a model."
-)
-DEMO_FILENAME = "slotkeeper-demo-llama.gguf"
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

@@ -59,7 +59,7 @@ def resolved_model_file(model_path: str | None, models_dir: Path) -> str | None:
     if not model_path:
         return None
     if model_path == DEMO_MODEL:
-        from slotkeeper.core.modelgen import DEMO_FILENAME
+        from slotkeeper.core.demo_model import DEMO_FILENAME
 
         return os.path.realpath(models_dir / DEMO_FILENAME)
     return os.path.realpath(os.path.expanduser(model_path))

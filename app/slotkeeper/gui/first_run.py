@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from slotkeeper.core.demo_model import DEMO_NOTICE
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.modelgen import DEMO_NOTICE
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.jobs import JobRunner, describe_error
 

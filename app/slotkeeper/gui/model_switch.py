@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import events as ev
-from slotkeeper.core import gguf_info, modelgen
+from slotkeeper.core import gguf_info
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.choosing import (
     LaunchSanity,
@@ -109,6 +109,8 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
     key = profile.model_path or model_path
     models_dir = bridge.paths.models_dir
     if key == DEMO_MODEL:
+        from slotkeeper.core import modelgen  # gguf and numpy, only to write the demo model
+
         file = modelgen.ensure_demo_model(models_dir)
     else:
         file = Path(key).expanduser()

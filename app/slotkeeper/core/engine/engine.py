@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from slotkeeper.core import datalock, families, modelgen
+from slotkeeper.core import datalock, families
 from slotkeeper.core.autosave import IDLE_POLL_SECONDS, POLL_SECONDS, AutosavePolicy
 from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
+from slotkeeper.core.demo_model import DEMO_NOTICE
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.frontdesk import UNKNOWN, Figures, FrontDesk, FrontDeskError, restore_mode
 from slotkeeper.core.engine.frontdoor import FrontDoor
@@ -508,7 +509,7 @@ class Engine:
         self._close_http()  # a client of the previous address
         self._start_hashing(plan.model.path)
         if plan.model.is_demo:
-            self.events.emit(NoticeRaised(modelgen.DEMO_NOTICE))
+            self.events.emit(NoticeRaised(DEMO_NOTICE))
         for note in plan.notes:
             self.events.emit(WarningRaised(note))
         self._publish()

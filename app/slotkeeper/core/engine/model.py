@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core import gguf_info, modelgen
+from slotkeeper.core import gguf_info
 from slotkeeper.core.client import Props
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.file_facts import FileFactsCache, file_stamp
@@ -36,7 +36,12 @@ def resolve_model(model_path: str | None, models_dir: Path, facts: FileFactsCach
     if not model_path:
         raise EngineError("No model chosen: pick a GGUF file (--model PATH) or use --demo.")
     is_demo = model_path == DEMO_MODEL
-    path = modelgen.ensure_demo_model(models_dir) if is_demo else Path(model_path).expanduser()
+    if is_demo:
+        from slotkeeper.core import modelgen  # gguf and numpy, only to write the demo model
+
+        path = modelgen.ensure_demo_model(models_dir)
+    else:
+        path = Path(model_path).expanduser()
     info = gguf_info.model_info_from_json(facts.get(path, "model"), path) if facts is not None else None
     if info is not None:
         return ModelChoice(path.resolve(), info, is_demo)

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from slotkeeper.core import gguf_info, modelgen
+from slotkeeper.core import gguf_info
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.choosing import LaunchSanity, ModelIdentity, launch_sanity
 from slotkeeper.core.engine.model import swa_explanation
@@ -490,7 +490,12 @@ class ServerTab(FormTab):
         bridge = self.bridge
 
         def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]]:
-            path = modelgen.ensure_demo_model(models_dir) if value == DEMO_MODEL else Path(value).expanduser()
+            if value == DEMO_MODEL:
+                from slotkeeper.core import modelgen  # gguf and numpy, only to write the demo model
+
+                path = modelgen.ensure_demo_model(models_dir)
+            else:
+                path = Path(value).expanduser()
             info = gguf_info.read_model_info(path)
             real = resolved_model_file(value, models_dir) or str(path)
             memory = psutil.virtual_memory()
