@@ -109,9 +109,9 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
     key = profile.model_path or model_path
     models_dir = bridge.paths.models_dir
     if key == DEMO_MODEL:
-        from slotkeeper.core import modelgen  # gguf and numpy, only to write the demo model
+        from slotkeeper.core.demo_model import ensure_demo_model  # the demo model: copied or written
 
-        file = modelgen.ensure_demo_model(models_dir)
+        file = ensure_demo_model(models_dir)
     else:
         file = Path(key).expanduser()
         if not file.is_file():

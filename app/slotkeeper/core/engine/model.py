@@ -37,9 +37,9 @@ def resolve_model(model_path: str | None, models_dir: Path, facts: FileFactsCach
         raise EngineError("No model chosen: pick a GGUF file (--model PATH) or use --demo.")
     is_demo = model_path == DEMO_MODEL
     if is_demo:
-        from slotkeeper.core import modelgen  # gguf and numpy, only to write the demo model
+        from slotkeeper.core.demo_model import ensure_demo_model  # the demo model: copied or written
 
-        path = modelgen.ensure_demo_model(models_dir)
+        path = ensure_demo_model(models_dir)
     else:
         path = Path(model_path).expanduser()
     info = gguf_info.model_info_from_json(facts.get(path, "model"), path) if facts is not None else None

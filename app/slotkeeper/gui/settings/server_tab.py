@@ -491,9 +491,9 @@ class ServerTab(FormTab):
 
         def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]]:
             if value == DEMO_MODEL:
-                from slotkeeper.core import modelgen  # gguf and numpy, only to write the demo model
+                from slotkeeper.core.demo_model import ensure_demo_model  # the demo model: copied or written
 
-                path = modelgen.ensure_demo_model(models_dir)
+                path = ensure_demo_model(models_dir)
             else:
                 path = Path(value).expanduser()
             info = gguf_info.read_model_info(path)
