@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/bench_cold_restore.py [--tokens 8200] [--rounds 5] [--work DIR]
 
+With --work, the saved sessions stay there and a later run with the same folder reuses them
+(the prefill takes minutes).
+
 Setup (not timed): the generated "bench-kv" model (an 8B model's 128 KiB of KV per token, with
 little compute), one slot; a --tokens conversation is prefilled and saved by Slotkeeper (8,200
 tokens: a 1.0 GiB file), and a one-token conversation is saved too.
@@ -86,11 +89,17 @@ def main() -> int:
             r = http.post(f"{private_url}/tokenize", json={"content": WORDS * (args.tokens // 10 + 10),
                                                            "add_special": False}, timeout=60)
             prompt = [int(t) for t in r.json()["tokens"]][: args.tokens]
-            print(f"setup: prefilling {len(prompt)} tokens (once, not timed) ...", flush=True)
-            t0 = time.perf_counter()
-            big = save_conversation(engine, http, prompt)
-            print(f"setup: prefill and save {time.perf_counter() - t0:.1f} s", flush=True)
-            small = save_conversation(engine, http, prompt[:1])
+            kept = {e.sidecar.n_tokens: e.id for e in engine.store.listing().sessions
+                    if e.sidecar is not None and not e.problems}
+            if len(prompt) in kept and 1 in kept:  # a --work folder of an earlier run: its saves serve again
+                big, small = kept[len(prompt)], kept[1]
+                print(f"setup: the {len(prompt)}-token and one-token sessions saved by an earlier run", flush=True)
+            else:
+                print(f"setup: prefilling {len(prompt)} tokens (once, not timed) ...", flush=True)
+                t0 = time.perf_counter()
+                big = save_conversation(engine, http, prompt)
+                print(f"setup: prefill and save {time.perf_counter() - t0:.1f} s", flush=True)
+                small = save_conversation(engine, http, prompt[:1])
             entry = engine.store.get(big)
             kv = entry.kv_path
             print(f"session file {kv.stat().st_size / 2**30:.2f} GiB ({entry.sidecar.n_tokens} tokens)", flush=True)
