@@ -441,7 +441,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     if not args.verbose:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        # The Hub downloads' HTTP clients log every request at INFO: hub_download's own (httpx) and
+        # huggingface_hub's (httpx2). Naming a logger imports nothing.
+        for name in ("httpx", "httpx2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     from slotkeeper.core.settings import SettingsError
 
     if args.command not in ("model-info", "models"):

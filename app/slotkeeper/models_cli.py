@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import threading
 import time
@@ -53,8 +52,6 @@ def add_models_parser(sub, add_global_options: Callable[[argparse.ArgumentParser
 
 
 def run_models_command(args: argparse.Namespace) -> int:
-    if not args.verbose:  # huggingface_hub's HTTP client logs every request at INFO
-        logging.getLogger("httpx2").setLevel(logging.WARNING)
     if args.action == "list-curated":
         return _list_curated(args.ctx, args.json)
     return _download(args)

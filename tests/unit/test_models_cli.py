@@ -65,3 +65,21 @@ def test_download_refuses_a_corrupted_file(hub, capsys):
 def test_download_of_an_unknown_curated_id_is_a_usage_error(capsys):
     assert main(["models", "download", "no-such-model"]) == 2
     assert "qwen3-4b" in capsys.readouterr().err
+
+
+def test_download_logs_no_http_requests_unless_verbose(hub, tmp_path):
+    # The app's own process: the levels are set by main(), before any HTTP client is imported.
+    import os
+    import subprocess
+    import sys
+
+    def download(*flags: str) -> str:
+        env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / f"cache{flags}")}
+        done = subprocess.run([sys.executable, "-m", "slotkeeper", "models", "download", *flags, REPO, FILE],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    assert "HTTP Request" not in download("--quiet")
+    verbose = download("-v")
+    assert "httpx: HTTP Request: GET" in verbose and "httpx2: HTTP Request: HEAD" in verbose, verbose

@@ -1,14 +1,29 @@
-"""A typed httpx client for llama-server's HTTP API."""
+"""A small typed client for llama-server's HTTP API, on the standard library's http.client.
+
+llama-server runs on this machine and Slotkeeper talks to it over plain HTTP: a few keep-alive
+connections in a thread-safe pool are all this needs. (httpx, used for the Hub downloads only,
+costs megabytes of memory and a noticeable part of start-up to import.)
+"""
 
 from __future__ import annotations
 
+import http.client
+import json
+import select
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
+from urllib.parse import urlencode, urlsplit
 
 DEFAULT_TIMEOUT = 10.0
 SLOT_ACTION_TIMEOUT = 600.0  # a busy slot defers the action until it is idle; big files take time
+# Idle connections kept for reuse, and for how long: llama-server (cpp-httplib) closes a
+# keep-alive connection after 5 s idle; dropping it a little sooner spares a request the retry.
+MAX_IDLE_CONNECTIONS = 4
+KEEPALIVE_EXPIRY = 4.0
+# Failures that mean a reused connection had been closed by the server before our request reached it.
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 
 class ServerError(Exception):
@@ -73,29 +88,78 @@ class RestoreResult:
     restore_ms: float
 
 
-def _error_message(resp: httpx.Response) -> tuple[str, str | None]:
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    reason: str
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def _error_message(resp: _Response) -> tuple[str, str | None]:
     try:
         body = resp.json()
     except ValueError:
-        return (resp.text.strip() or resp.reason_phrase), None
+        return (resp.text.strip() or resp.reason), None
     err = body.get("error") if isinstance(body, dict) else None
     if isinstance(err, dict):
-        return str(err.get("message", resp.reason_phrase)), err.get("type")
+        return str(err.get("message", resp.reason)), err.get("type")
     if isinstance(err, str):
         return err, None
-    return resp.text.strip() or resp.reason_phrase, None
+    return resp.text.strip() or resp.reason, None
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """True if an idle connection can no longer be used: the server closed it (an idle keep-alive
+    connection that is readable has seen the end of the stream, as in urllib3's is_connection_dropped)."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    if hasattr(select, "poll"):  # select.select() fails on descriptors past FD_SETSIZE
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+class _StaleConnection(Exception):
+    """A reused connection failed before any byte of the answer: the server had closed it."""
 
 
 class LlamaClient:
+    """Safe to share between threads: each request has a connection to itself, taken from a small
+    pool of keep-alive connections (or a new one) and given back when the answer is read."""
+
     def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT, api_key: str | None = None,
                  slot_action_timeout: float = SLOT_ACTION_TIMEOUT):
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
         self.slot_action_timeout = slot_action_timeout
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        url = urlsplit(self.base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"not an http:// URL: {base_url!r}")
+        self._connection_class = (http.client.HTTPSConnection if url.scheme == "https"
+                                  else http.client.HTTPConnection)
+        self._host, self._port, self._prefix = url.hostname, url.port, url.path  # hostname: no [brackets]
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._lock = threading.Lock()
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []  # (connection, idle since)
+        self._closed = False
 
     def close(self) -> None:
-        self._http.close()
+        """Close the idle connections; a request still running finishes, and so does any made later,
+        on a connection of its own that is then closed."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.close()
 
     def __enter__(self) -> LlamaClient:
         return self
@@ -104,24 +168,88 @@ class LlamaClient:
         self.close()
 
     # -- plumbing -------------------------------------------------------------------------
-    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, params: dict[str, str] | None = None,
+                 body: Any = None, timeout: float | None = None) -> _Response:
+        target = self._prefix + path + (f"?{urlencode(params)}" if params else "")
+        headers = dict(self._headers)
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        timeout = self.timeout if timeout is None else timeout
         try:
-            resp = self._http.request(method, url, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise ServerUnavailable(f"llama-server at {self.base_url} timed out ({url})") from exc
-        except httpx.TransportError as exc:
+            resp = self._send(method, target, payload, headers, timeout)
+        except TimeoutError as exc:  # never retried: the server may be working on the request
+            raise ServerUnavailable(f"llama-server at {self.base_url} timed out ({path})") from exc
+        except (OSError, http.client.HTTPException) as exc:
             raise ServerUnavailable(f"llama-server at {self.base_url} is not answering: {exc}") from exc
-        if resp.status_code >= 400:
+        if resp.status >= 400:
             message, etype = _error_message(resp)
-            raise ServerError(resp.status_code, message, etype)
+            raise ServerError(resp.status, message, etype)
         return resp
 
-    def _json(self, method: str, url: str, **kwargs: Any) -> Any:
-        resp = self._request(method, url, **kwargs)
+    def _send(self, method: str, target: str, payload: bytes | None, headers: dict[str, str],
+              timeout: float) -> _Response:
+        conn = self._idle_connection()
+        if conn is not None:
+            try:
+                return self._exchange(conn, True, method, target, payload, headers, timeout)
+            except _StaleConnection:
+                pass  # the server closed it just as the request went out: once more, on a new one
+        conn = self._connection_class(self._host, self._port, timeout=timeout)
+        return self._exchange(conn, False, method, target, payload, headers, timeout)
+
+    def _exchange(self, conn: http.client.HTTPConnection, reused: bool, method: str, target: str,
+                  payload: bytes | None, headers: dict[str, str], timeout: float) -> _Response:
+        """One request and its whole answer on ``conn``, which is then pooled or closed."""
+        try:
+            if reused:  # a new connection has it from the start, for connecting too
+                conn.sock.settimeout(timeout)
+            try:
+                conn.request(method, target, body=payload, headers=headers)
+                answer = conn.getresponse()
+            except _STALE as exc:
+                if reused:
+                    raise _StaleConnection from exc
+                raise
+            resp = _Response(answer.status, answer.reason, answer.read())
+        except BaseException:
+            conn.close()
+            raise
+        if answer.will_close:
+            conn.close()
+        else:
+            self._release(conn)
+        return resp
+
+    def _idle_connection(self) -> http.client.HTTPConnection | None:
+        """The most recently used idle connection still open, or None."""
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                conn, since = self._idle.pop()
+            if time.monotonic() - since < KEEPALIVE_EXPIRY and not _dropped(conn):
+                return conn
+            conn.close()
+
+    def _release(self, conn: http.client.HTTPConnection) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [c for c, since in self._idle if now - since >= KEEPALIVE_EXPIRY]
+            self._idle = [(c, since) for c, since in self._idle if now - since < KEEPALIVE_EXPIRY]
+            keep = not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS
+            if keep:
+                self._idle.append((conn, now))
+        for c in expired if keep else [*expired, conn]:
+            c.close()
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = self._request(method, path, **kwargs)
         try:
             return resp.json()
         except ValueError as exc:
-            raise ServerError(resp.status_code, f"invalid JSON from {url}") from exc
+            raise ServerError(resp.status, f"invalid JSON from {path}") from exc
 
     # -- endpoints ------------------------------------------------------------------------
     def health(self) -> Health:
@@ -168,7 +296,7 @@ class LlamaClient:
         return out
 
     def detokenize(self, tokens: list[int]) -> str:
-        d = self._json("POST", "/detokenize", json={"tokens": list(tokens)})
+        d = self._json("POST", "/detokenize", body={"tokens": list(tokens)})
         return str(d.get("content", ""))
 
     def _slot_action(self, slot: int, action: str, body: dict[str, Any] | None, timeout: float | None) -> Any:
@@ -178,7 +306,7 @@ class LlamaClient:
             "POST",
             f"/slots/{slot}",
             params={"action": action},
-            json=body or {},
+            body=body or {},
             timeout=self.slot_action_timeout if timeout is None else timeout,
         )
 
