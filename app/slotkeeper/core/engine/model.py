@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slotkeeper.core import gguf_info
-from slotkeeper.core.client import Props
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.file_facts import FileFactsCache, file_stamp
 from slotkeeper.core.server.command import kv_affecting_args
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ServerProfile
 from slotkeeper.core.units import human_bytes
+
+if TYPE_CHECKING:
+    from slotkeeper.core.client import Props  # http.client: imported once llama-server runs
 
 DEMO_MODEL = ":demo:"  # the profile's model_path value that means "the embedded demo model"
 LLAMA_BUILD_FALLBACK = "unknown"

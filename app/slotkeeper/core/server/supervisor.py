@@ -24,7 +24,6 @@ from typing import Any
 
 import psutil
 
-from slotkeeper.core.client import LlamaClient, ServerUnavailable
 from slotkeeper.core.events import EventBus, ServerAdopted, ServerLoading, ServerStateChanged
 from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.server import logfile
@@ -437,6 +436,8 @@ class Supervisor:
         deadline = time.monotonic() + self.health_timeout
         started = time.monotonic()
         last_report = 0.0
+        from slotkeeper.core.client import LlamaClient, ServerUnavailable  # here: llama-server starts sooner
+
         with LlamaClient(spec.base_url, timeout=2.0) as client:
             while True:
                 if self._stop_requested.is_set():
@@ -526,6 +527,8 @@ class Supervisor:
         child = _Child(None, proc)
         same = list(data.get("argv", [])) == list(spec.argv)
         if same:
+            from slotkeeper.core.client import LlamaClient, ServerUnavailable
+
             try:
                 with LlamaClient(spec.base_url, timeout=2.0) as client:
                     healthy = client.health().ok
