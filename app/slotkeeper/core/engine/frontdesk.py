@@ -17,12 +17,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from slotkeeper.core import families
 from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
 from slotkeeper.core.sessions.compat import ServerFacts
-from slotkeeper.core.sessions.lineage import common_prefix_len
+from slotkeeper.core.tokens import TokenArray, as_tokens, common_prefix_len, no_tokens
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.engine import Engine
@@ -112,7 +110,7 @@ def exact_only(mode: str) -> bool:
 class SlotContent:
     """What a slot holds, as far as the engine knows."""
 
-    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    tokens: TokenArray = field(default_factory=no_tokens)
     n_prompt: int = 0  # the last request's prompt (its reply follows it in the slot)
     held: int = 0  # tokens the slot holds in all
     fragile_until: int = 0  # restored tokens that must not be rolled back into (exact-only models)
@@ -120,8 +118,8 @@ class SlotContent:
     last_used: float = 0.0
     shape: RequestShape | None = None  # the last request, while the slot holds its prompt and nothing else
     # ``tokens`` may lag one fast request behind: ``learn`` gives the real ones when routing needs them
-    learn: Callable[[], Awaitable[np.ndarray | None]] | None = None
-    learning: asyncio.Future[np.ndarray | None] | None = None
+    learn: Callable[[], Awaitable[TokenArray | None]] | None = None
+    learning: asyncio.Future[TokenArray | None] | None = None
 
     def forget(self) -> None:
         """What it holds now comes from elsewhere (a restore, an erase): no lagging tokens."""
@@ -131,7 +129,7 @@ class SlotContent:
 @dataclass
 class Ticket:
     slot: int | None  # None: llama-server picks (our queue is full)
-    tokens: np.ndarray | None  # the request's prompt tokens, when known
+    tokens: TokenArray | None  # the request's prompt tokens, when known
     expected_prefix: int = 0
     source: str = "none"  # where the cache is expected to come from
     started: float = field(default_factory=time.monotonic)
@@ -180,9 +178,9 @@ class FrontDesk:
     def content(self, slot: int) -> SlotContent:
         return self.contents.setdefault(slot, SlotContent())
 
-    def restored(self, slot: int, tokens: Sequence[int] | np.ndarray, restore_ms: float, n_read: int) -> None:
+    def restored(self, slot: int, tokens: Sequence[int] | TokenArray, restore_ms: float, n_read: int) -> None:
         """A session was restored into ``slot``: it holds exactly its tokens now."""
-        arr = np.asarray(tokens, dtype=np.int64)
+        arr = as_tokens(tokens)
         fragile = len(arr) if exact_only(restore_mode(self.e.facts_now())) else 0
         c = self.content(slot)
         c.tokens, c.n_prompt, c.held, c.fragile_until = arr, len(arr), len(arr), fragile
@@ -192,7 +190,7 @@ class FrontDesk:
 
     def erased(self, slot: int) -> None:
         c = self.content(slot)
-        c.tokens, c.n_prompt, c.held, c.fragile_until = np.zeros(0, dtype=np.int64), 0, 0, 0
+        c.tokens, c.n_prompt, c.held, c.fragile_until = no_tokens(), 0, 0, 0
         c.forget()
 
     def break_even_tokens(self, size_bytes: int) -> int:
@@ -201,7 +199,7 @@ class FrontDesk:
         return int(restore_ms * self.prefill_tokens_per_ms)
 
     # -- admitting a request --------------------------------------------------------------
-    async def admit(self, tokens: np.ndarray | None, pinned_slot: int | None = None) -> Ticket:
+    async def admit(self, tokens: TokenArray | None, pinned_slot: int | None = None) -> Ticket:
         """Route a request and prepare its slot; the slot is leased until ``finish``."""
         await self.e.wait_serving(READY_WAIT_SECONDS)
         n_slots = len(self.contents)
@@ -253,7 +251,7 @@ class FrontDesk:
                 log.debug("could not learn a slot's tokens: %s", exc)
                 tokens = None
             if c.learning is fut:  # not replaced by a newer request meanwhile
-                c.tokens = tokens if tokens is not None else np.zeros(0, dtype=np.int64)
+                c.tokens = tokens if tokens is not None else no_tokens()
                 c.learn = c.learning = None
 
     def admit_continuation(self, shape: RequestShape | None, pinned_slot: int | None = None) -> Ticket | None:
@@ -283,7 +281,7 @@ class FrontDesk:
         log.debug("request -> slot %s: continues its last request", best)
         return Ticket(best, None, c.held, "slot", shape=shape)
 
-    async def _prepare(self, r: Route, tokens: np.ndarray | None) -> Ticket:
+    async def _prepare(self, r: Route, tokens: TokenArray | None) -> Ticket:
         e = self.e
         ticket = Ticket(r.slot, tokens, r.expected_prefix, "slot" if r.expected_prefix else "none")
         async with e.slot_lock(r.slot):
@@ -302,7 +300,7 @@ class FrontDesk:
         log.debug("request -> slot %s: %s", r.slot, r.reason)
         return ticket
 
-    def _slot_options(self, tokens: np.ndarray | None, pinned: int | None) -> list[SlotOption]:
+    def _slot_options(self, tokens: TokenArray | None, pinned: int | None) -> list[SlotOption]:
         out = []
         for i, c in self.contents.items():
             if pinned is not None and i != pinned:
@@ -313,7 +311,7 @@ class FrontDesk:
                                   w.changed, c.last_used, c.fragile_until))
         return out
 
-    async def _session_option(self, tokens: np.ndarray, beat: int) -> SessionOption | None:
+    async def _session_option(self, tokens: TokenArray, beat: int) -> SessionOption | None:
         mode = restore_mode(self.e.facts_now())
         if mode == families.RESTORE_NEVER:
             return None
@@ -348,7 +346,7 @@ class FrontDesk:
 
     # -- when it is done ------------------------------------------------------------------
     def finish(self, ticket: Ticket, outcome: Outcome,
-               learn: Callable[[], Awaitable[np.ndarray | None]] | None = None) -> None:
+               learn: Callable[[], Awaitable[TokenArray | None]] | None = None) -> None:
         """Record what the request did (called once, also when the client went away).
 
         A request that came in the fast way has no tokens yet: ``learn`` finds them when a full
@@ -369,7 +367,7 @@ class FrontDesk:
             c.n_prompt = cache_n + prompt_n
             c.learn, c.learning = learn, None
         else:
-            tokens = ticket.tokens if ticket.tokens is not None else np.zeros(0, dtype=np.int64)
+            tokens = ticket.tokens if ticket.tokens is not None else no_tokens()
             if ticket.tokens is not None and ticket.source != "recomputed":
                 shared = common_prefix_len(tokens, c.tokens)
                 if shared < len(c.tokens) and c.tokens[shared] < 0:

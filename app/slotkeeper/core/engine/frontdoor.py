@@ -27,11 +27,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import numpy as np
 import orjson
 from aiohttp import web
 
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
+from slotkeeper.core.tokens import TokenArray, tokens_from_json
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.frontdesk import FrontDesk
@@ -201,7 +201,7 @@ class FrontDoor:
                 asyncio.ensure_future(self._prompt_tokens(path, body)).add_done_callback(
                     lambda f: self._finish_tokenized(ticket, outcome, f))
 
-    def _finish_tokenized(self, ticket: Ticket, outcome: Outcome, f: asyncio.Future[np.ndarray | None]) -> None:
+    def _finish_tokenized(self, ticket: Ticket, outcome: Outcome, f: asyncio.Future[TokenArray | None]) -> None:
         ticket.tokens = None if f.cancelled() or f.exception() is not None else f.result()
         self.desk.finish(ticket, outcome)
 
@@ -236,7 +236,7 @@ class FrontDoor:
             return error_response(503, "llama-server went away during the request (it is being restarted)",
                                   "unavailable_error")
 
-    async def _prompt_tokens(self, path: str, body: dict[str, Any]) -> np.ndarray | None:
+    async def _prompt_tokens(self, path: str, body: dict[str, Any]) -> TokenArray | None:
         """The request's prompt as llama-server will tokenize it (None when it cannot be known)."""
         url, key = self._upstream()
         assert self._session is not None
@@ -259,7 +259,7 @@ class FrontDoor:
                                           json={"content": prompt, "add_special": True, "parse_special": True}) as r:
                 if r.status != 200:
                     return None
-                return np.asarray(orjson.loads(await r.read()).get("tokens", []), dtype=np.int64)
+                return tokens_from_json(orjson.loads(await r.read()).get("tokens", []))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as exc:
             log.debug("could not tokenize the request: %s", exc)
             return None
@@ -290,15 +290,9 @@ def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
     return orjson.dumps({**body, "id_slot": slot})
 
 
-def token_list(prompt: list[Any]) -> np.ndarray | None:
-    """A prompt given as token ids, or None when it is anything else (text pieces, mixed)."""
-    try:
-        arr = np.asarray(prompt)
-    except (ValueError, TypeError, OverflowError):
-        return None
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        return None
-    return arr.astype(np.int64, copy=False)
+def token_list(prompt: list[Any]) -> TokenArray | None:
+    """A prompt given as token ids, or None when it is anything else (text pieces, mixed, empty)."""
+    return tokens_from_json(prompt) if prompt else None
 
 
 def timings_of(data: bytes) -> dict[str, Any] | None:

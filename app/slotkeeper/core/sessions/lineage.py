@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
+from slotkeeper.core.tokens import as_tokens, common_prefix_len
 
 __all__ = ["Match", "MatchKind", "classify", "common_prefix_len"]
 
@@ -46,28 +46,6 @@ class Match:
     common_prefix: int
 
 
-TokenArray = np.ndarray
-
-
-def _as_array(tokens: Sequence[int] | TokenArray) -> TokenArray:
-    # int64 holds every token id and the -1 placeholders some builds use for media.
-    return np.asarray(tokens, dtype=np.int64)
-
-
-def common_prefix_len(a: Sequence[int] | TokenArray, b: Sequence[int] | TokenArray) -> int:
-    """Number of leading positions where ``a`` and ``b`` hold the same token."""
-    return _common_prefix(_as_array(a), _as_array(b))
-
-
-def _common_prefix(a: TokenArray, b: TokenArray) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differs = a[:n] != b[:n]
-    first = int(np.argmax(differs))  # index of the first True, or 0 if none
-    return first if differs[first] else n
-
-
 def classify(
     new_tokens: Sequence[int],
     candidates: Iterable[tuple[str, Sequence[int]] | tuple[str, Sequence[int], int | None]],
@@ -80,9 +58,9 @@ def classify(
     ``candidates`` are (session_id, tokens) or (session_id, tokens, n_prompt), most recently
     used first; that order breaks ties. ``n_prompt`` (the saved slot's last prompt length, when
     known) narrows the tail slack to the reply after that prompt: two conversations that differ
-    in their last user message are never one update, however short they are. Token lists may be lists or numpy int64 arrays; arrays skip a conversion that
-    costs ~5 ms per 130k-token list, so a caller holding many sessions should cache
-    them as arrays.
+    in their last user message are never one update, however short they are. Token lists may be
+    lists or token arrays (``core.tokens``); arrays skip a conversion that costs a few ms per
+    100k-token list, so a caller holding many sessions should cache them as arrays.
 
     An update beats a fork even when the fork candidate shares more tokens: the updated
     session already holds everything the new tokens repeat, so no data is lost and no
@@ -96,7 +74,7 @@ def classify(
     """
     if tail_slack < 0 or min_fork_prefix < 0:
         raise ValueError("tail_slack and min_fork_prefix must not be negative")
-    new = _as_array(new_tokens)
+    new = as_tokens(new_tokens)
     best_update: Match | None = None
     best_contained: Match | None = None
     best_fork: Match | None = None
@@ -104,8 +82,8 @@ def classify(
     longest_shared = 0
     for session_id, tokens, *rest in candidates:
         n_prompt = rest[0] if rest else None
-        saved = _as_array(tokens)
-        shared = _common_prefix(new, saved)
+        saved = as_tokens(tokens)
+        shared = common_prefix_len(new, saved)
         longest_shared = max(longest_shared, shared)
         # Strict ">" keeps the earlier (more recent) candidate on ties.
         if _is_update(shared, len(new), len(saved), tail_slack, min_fork_prefix, n_prompt):

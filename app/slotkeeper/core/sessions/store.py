@@ -33,6 +33,7 @@ from slotkeeper.core.fsutil import (
     not_regular_error,
     regular_size,
 )
+from slotkeeper.core.sessions import kvfile
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
 from slotkeeper.core.sessions.index import (
@@ -326,8 +327,6 @@ class SessionStore:
 
     def tokens(self, entry: SessionEntry) -> list[int]:
         """The token list at the front of the session's KV file (read once per file version)."""
-        from slotkeeper.core.sessions import kvfile  # numpy: only where token lists are read
-
         assert entry.kv_path is not None
         st = os.lstat(entry.kv_path)
         if not stat.S_ISREG(st.st_mode):
