@@ -83,3 +83,10 @@ def test_download_logs_no_http_requests_unless_verbose(hub, tmp_path):
     assert "HTTP Request" not in download("--quiet")
     verbose = download("-v")
     assert "httpx: HTTP Request: GET" in verbose and "httpx2: HTTP Request: HEAD" in verbose, verbose
+
+
+def test_the_models_default_context_is_the_catalogs():
+    from slotkeeper import models_cli
+    from slotkeeper.core import model_catalog
+
+    assert models_cli.DEFAULT_CTX == model_catalog.DEFAULT_CTX
