@@ -3,8 +3,8 @@
     .venv/bin/python bench/bench_idle.py [--seconds 60]
 
 Two apps run side by side under one virtual X display with a tray host (the window hidden in
-the tray, as a user leaves it), each with the demo model: one as it comes, one with llama-server
-at `-lv 4`, whose log says `update_slots: all slots are idle` twice a second. After they settle,
+the tray, as a user leaves it), each with the demo model (written beforehand, as the first run
+leaves it): one as it comes, one with llama-server at `-lv 4`, whose log says `update_slots: all slots are idle` twice a second. After they settle,
 each app process's CPU time (its threads: engine loop, /slots poller, log tailer, Qt) and RSS are
 sampled over the same window; llama-server's own CPU is shown apart. Prints % of one core and
 MB, and the -lv 4 app against the plain one. Needs Xvfb and trayer (tests/system-deps.sh).
@@ -31,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "desktop"))
 
 from virtual_x import start_x, stop_x  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "app"))
+from slotkeeper.core.demo_model import ensure_demo_model  # noqa: E402
+from slotkeeper.core.paths import app_paths  # noqa: E402
 
 
 def launch(display: str, data: Path, port: int, extra: list[str]) -> subprocess.Popen:
@@ -72,6 +76,7 @@ def main() -> int:
     try:
         for name, extra in (("plain", []), ("lv4", ["-lv", "4"])):
             port = free_port()
+            ensure_demo_model(app_paths(work / name).models_dir)  # as after the first run (which writes it)
             apps[name] = launch(display, work / name, port, extra)
             wait_healthy(port, apps[name])
         time.sleep(args.settle)

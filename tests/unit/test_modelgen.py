@@ -10,8 +10,9 @@ import gguf
 import pytest
 
 from slotkeeper.core import modelgen
+from slotkeeper.core.demo_model import ensure_demo_model
 from slotkeeper.core.gguf_info import kv_estimate, read_model_info
-from slotkeeper.core.modelgen import DEMO_FILENAME, DEMO_NOTICE, ensure_demo_model, write_model
+from slotkeeper.core.modelgen import DEMO_FILENAME, DEMO_NOTICE, write_model
 
 
 def sha(path: Path) -> str:

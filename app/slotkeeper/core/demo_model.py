@@ -7,11 +7,13 @@ code that only names the demo model or warns about it imports these from here, a
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 import sys
 from pathlib import Path
 
-__all__ = ["DEMO_FILENAME", "DEMO_NOTICE", "bundled_demo_model", "ensure_demo_model"]
+__all__ = ["DEMO_FILENAME", "DEMO_NOTICE", "bundled_demo_model", "ensure_demo_model", "is_demo_model"]
 
 DEMO_NOTICE = (
     "The demo model has random weights: it answers with gibberish. It exists so you can "
@@ -34,21 +36,36 @@ def bundled_demo_model() -> Path | None:
     return path if path.is_file() else None
 
 
+# What modelgen writes for the demo model (tests/unit/test_demo_model.py keeps these true): a copy
+# on disk that matches is used as it is, without importing modelgen and numpy into the app.
+DEMO_SIZE = 1_584_672
+DEMO_SHA256 = "50783a8d6d4caa95ae49b7aa26856b80825b51a71bd6fbbd304e99af826e0bc4"
+
+
+def is_demo_model(path: Path) -> bool:
+    """``path`` is a regular file holding exactly the demo model."""
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size != DEMO_SIZE:
+                return False
+            return hashlib.sha256(fh.read()).hexdigest() == DEMO_SHA256
+    except OSError:
+        return False
+
+
 def ensure_demo_model(models_dir: str | Path) -> Path:
-    """The demo model's path in ``models_dir``: copied from the packaged app's own copy, or written
-    (``modelgen``) on first use, and reused after."""
+    """The demo model's path in ``models_dir``: used as it is when it is the demo model, else
+    copied from the packaged app's own copy, or written (``modelgen``)."""
+    path = Path(models_dir) / DEMO_FILENAME
+    if is_demo_model(path):
+        return path
     bundled = bundled_demo_model()
     if bundled is None:
         from slotkeeper.core import modelgen  # gguf and numpy, only to write the demo model
 
-        return modelgen.ensure_demo_model(models_dir)
-    path = Path(models_dir) / DEMO_FILENAME
+        return modelgen.write_model(path, "demo", seed=0)
     data = bundled.read_bytes()
-    try:
-        if path.is_file() and path.read_bytes() == data:
-            return path
-    except OSError:
-        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.part")
     try:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +42,6 @@ __all__ = [
     "DEMO_FILENAME",
     "DEMO_NOTICE",
     "MODEL_KINDS",
-    "ensure_demo_model",
     "write_model",
 ]
 
@@ -438,21 +436,3 @@ def write_gguf_atomic(path: str | Path, arch: str, fill: Callable[[gguf.GGUFWrit
         tmp.unlink(missing_ok=True)
         raise
     return path
-
-
-@functools.cache
-def _expected_size(kind: str, seed: int) -> int:
-    """Size of the file write_model produces, measured once per process (the demo is ~2 MB)."""
-    with tempfile.TemporaryDirectory(prefix="slotkeeper-modelgen-") as tmp:
-        return write_model(Path(tmp) / "probe.gguf", kind, seed).stat().st_size
-
-
-def ensure_demo_model(models_dir: str | Path) -> Path:
-    """The demo model's path in ``models_dir``, written on first use and reused after."""
-    path = Path(models_dir) / DEMO_FILENAME
-    try:
-        if path.is_file() and path.stat().st_size == _expected_size("demo", 0):
-            return path
-    except OSError:
-        pass
-    return write_model(path, "demo", seed=0)
