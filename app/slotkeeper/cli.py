@@ -458,6 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "model-info":
             return cmd_model_info(args)
         if args.command == "sessions":
+            if args.action == "list" and args.json:
+                from slotkeeper.sessions_list import print_kept_rows
+
+                if print_kept_rows(args.data_dir):
+                    return 0
             from slotkeeper.sessions_cli import run_sessions_command
 
             return run_sessions_command(args)

@@ -23,6 +23,7 @@ from slotkeeper.core.sessions.sidecar import SidecarError
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.settings import SettingsError, load_settings
 from slotkeeper.core.units import human_bytes
+from slotkeeper.sessions_list import list_json, print_bytes
 
 UNMANAGED_NOTE = ("not Slotkeeper's: they do not count towards the budget and are never deleted "
                   "automatically")
@@ -115,17 +116,10 @@ def _keep_index(service: SessionsService) -> None:
         pass
 
 
-def _list_json(rows: list[bytes]) -> str:
-    """A JSON array, one session per line (thousands of sessions print in a blink; jq pretty-prints)."""
-    if not rows:
-        return "[]"
-    return (b"[\n" + b",\n".join(rows) + b"\n]").decode("utf-8")
-
-
 def _run(args: argparse.Namespace, service: SessionsService) -> int:
     if args.action == "list":
         if args.json:
-            print(_list_json(service.listing_json()))
+            print_bytes(list_json(service.listing_json()))
             return 0
         listing = service.listing()
         _print_table(listing.sessions, listing.unmanaged, listing.total_bytes)

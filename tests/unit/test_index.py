@@ -341,3 +341,48 @@ def test_json_rows_of_an_unchanged_folder_are_printed_again_and_any_change_makes
     fresh_rows()
     index_file.with_suffix(".rows").write_bytes(b"junk")
     assert fresh_rows()[0]._index is not None
+
+
+def test_the_rows_format_names_the_index_and_sidecar_layouts_it_was_made_for():
+    from slotkeeper.core.sessions import rows
+    from slotkeeper.core.sessions.index import INDEX_VERSION
+    from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION
+
+    assert rows.ROWS_FORMAT.split("/")[1:] == [f"index-{INDEX_VERSION}", f"sidecar-{SCHEMA_VERSION}"]
+
+
+def _cli_list_json(data_dir) -> tuple[list, bool]:
+    """`sessions list --json` in a fresh interpreter: its rows, and whether it imported the store."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import json, sys
+        from slotkeeper import cli
+        code = cli.main(["sessions", "--data-dir", {str(data_dir)!r}, "list", "--json"])
+        sys.stderr.write(json.dumps({{"code": code, "store": "slotkeeper.core.sessions.store" in sys.modules}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    info = json.loads(r.stderr.strip().splitlines()[-1])
+    assert info["code"] == 0
+    return json.loads(r.stdout), info["store"]
+
+
+def test_the_cli_prints_an_unchanged_folders_rows_without_loading_the_sessions_code(tmp_path):
+    paths = app_paths(tmp_path / "data").ensure()
+    for i in range(3):
+        make_session(paths.sessions_dir, f"{i:012x}", tokens=A[:80 + i])
+    old_enough(*paths.sessions_dir.iterdir())
+    first, loaded = _cli_list_json(paths.data_dir)
+    assert loaded and len(first) == 3  # the full way, which keeps the rows
+    again, loaded = _cli_list_json(paths.data_dir)
+    assert not loaded and again == first  # the kept rows, nothing else
+    (paths.sessions_dir / f"{1:012x}.json").unlink()  # a change: the full way again
+    third, loaded = _cli_list_json(paths.data_dir)
+    assert loaded and [r["id"] for r in third] == [r["id"] for r in first if r["id"] != f"{1:012x}"]
+    (paths.sessions_dir / f"{0:012x}.json").unlink()
+    (paths.sessions_dir / f"{2:012x}.json").unlink()
+    old_enough(paths.sessions_dir)
+    assert _cli_list_json(paths.data_dir)[0] == []
+    assert _cli_list_json(paths.data_dir) == ([], False)  # an empty listing is kept too

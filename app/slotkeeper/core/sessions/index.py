@@ -43,7 +43,8 @@ import xxhash
 
 from slotkeeper.core.fsutil import atomic_write_bytes
 from slotkeeper.core.sessions.entries import row_base
-from slotkeeper.core.sessions.naming import SESSION_ID_RE, is_scratch
+from slotkeeper.core.sessions.naming import SESSION_ID_RE
+from slotkeeper.core.sessions.rows import RACY_NS, Stamp
 from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,7 @@ BLOCK = 64  # tokens per block: prefixes are found to the block, then measured e
 HEAD_TOKENS = 32  # lineage: the least a fork shares with its parent (lineage.DEFAULT_MIN_FORK_PREFIX)
 TAIL_SLACK = 8  # lineage: an update may leave a session this many tokens before its end
 INDEX_VERSION = 3
-RACY_NS = 2_000_000_000  # a file changed this recently may change again without its stat changing
 _BIG_ENDIAN = sys.byteorder == "big"
-
-Stamp = tuple[int, int, int, int, int]  # st_mode, st_size, st_mtime_ns, st_ino, st_ctime_ns
-
-
-def stamp_of(st) -> Stamp:
-    return (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def _le_bytes(values: Sequence[int], code: str) -> bytes:
@@ -578,41 +572,3 @@ def _load_one(index: SessionsIndex, line: bytes, now: int) -> None:
 def write_index(path: Path, data: bytes) -> None:
     """Write an index file (``SessionsIndex.to_bytes``), atomically and private (0600)."""
     atomic_write_bytes(path, data)
-
-
-# -- ready list rows ---------------------------------------------------------------------
-# `sessions list --json` of a folder that has not changed since the last one prints the rows it
-# printed then: they are a function of the folder's entries and their lstat (sidecars are read
-# again only when their stat changes, the same trust the index puts in it), so they are kept
-# with a digest of every entry's name and stat, and printed again while the digest agrees.
-ROWS_VERSION = 1
-
-
-def rows_key(files: dict[str, Stamp], folder: Path, now_ns: int | None = None) -> str | None:
-    """The digest that names this look at the folder, or None when an entry changed too recently
-    to trust its stat (within RACY_NS: it may change again without its stat changing)."""
-    now_ns = time.time_ns() if now_ns is None else now_ns
-    look = sorted(item for item in files.items() if not is_scratch(item[0]))
-    if look and now_ns - max(st[2] for _, st in look) < RACY_NS:
-        return None
-    h = xxhash.xxh3_128(f"{ROWS_VERSION}/{INDEX_VERSION}/{SCHEMA_VERSION}/{folder}".encode())
-    h.update(repr(look).encode())
-    return h.hexdigest()
-
-
-def read_rows(path: Path, key: str) -> list[bytes] | None:
-    """The rows kept for ``key``, or None (another look, no file, or a damaged one)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    head, _, body = data.partition(b"\n")
-    if head != key.encode() or not body.endswith(b"\n"):
-        return None
-    return body[:-1].split(b"\n") if len(body) > 1 else []
-
-
-def write_rows(path: Path, key: str, rows: list[bytes]) -> None:
-    """Keep ``rows`` for ``key`` (each one line: orjson never writes a raw newline)."""
-    atomic_write_bytes(path, key.encode() + b"\n" + b"".join(r + b"\n" for r in rows))
-

@@ -36,15 +36,7 @@ from slotkeeper.core.fsutil import (
 from slotkeeper.core.sessions import kvfile
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
-from slotkeeper.core.sessions.index import (
-    SessionsIndex,
-    SidecarRecord,
-    Stamp,
-    read_rows,
-    rows_key,
-    stamp_of,
-    write_rows,
-)
+from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord
 from slotkeeper.core.sessions.naming import (
     INCOMING_PREFIX,
     LOCK_NAME,
@@ -57,6 +49,7 @@ from slotkeeper.core.sessions.naming import (
     sidecar_name,
     validate_session_id,
 )
+from slotkeeper.core.sessions.rows import Stamp, read_rows, rows_file, rows_key, scan, stamp_of, write_rows
 from slotkeeper.core.sessions.sidecar import (
     Sidecar,
     SidecarError,
@@ -138,18 +131,7 @@ class SessionStore:
 
     def _scan(self) -> dict[str, Stamp]:
         """Every entry of the folder with its lstat (never followed): one look, no file read."""
-        files: dict[str, Stamp] = {}
-        try:
-            it = os.scandir(self.dir)
-        except FileNotFoundError:
-            return files
-        with it:
-            for e in it:
-                try:
-                    files[e.name] = stamp_of(e.stat(follow_symlinks=False))
-                except OSError:  # gone since the directory was read
-                    continue
-        return files
+        return scan(self.dir)
 
     def _read_record(self, session_id: str, stamp: Stamp) -> SidecarRecord:
         try:
@@ -255,9 +237,9 @@ class SessionStore:
         of each sidecar (nothing decoded): thousands list in a blink."""
         with self.exclusive(reading=True):
             files = self._scan()
-            rows_file = self.index_file.with_suffix(".rows") if self.index_file is not None else None
-            key = rows_key(files, self.dir) if rows_file is not None else None
-            if key is not None and (kept := read_rows(rows_file, key)) is not None:
+            kept_in = rows_file(self.index_file) if self.index_file is not None else None
+            key = rows_key(files, self.dir) if kept_in is not None else None
+            if kept_in is not None and key is not None and (kept := read_rows(kept_in, key)) is not None:
                 return kept
             files = self._refresh(files)
             index = self.index
@@ -279,9 +261,9 @@ class SessionStore:
                     rows.append((rec.recency(), sid, row))
         rows.sort(key=lambda r: r[:2], reverse=True)
         out = [r[2] for r in rows]
-        if key is not None:
+        if kept_in is not None and key is not None:
             try:
-                write_rows(rows_file, key, out)
+                write_rows(kept_in, key, out)
             except OSError as exc:  # a cache: a failure costs time only
                 log.debug("could not keep the list rows: %s", exc)
         return out

@@ -1,0 +1,43 @@
+"""`slotkeeper sessions list --json`, fast: when the sessions folder looks as it did at the last
+listing, the rows printed then are printed again (``core.sessions.rows``), before the sessions
+code is even imported. Anything else (a changed folder, a folder that is not safe to use) goes
+the full way (``sessions_cli``), which also says what is wrong."""
+
+from __future__ import annotations
+
+import sys
+
+
+def print_kept_rows(data_dir: str | None) -> bool:
+    """Print the kept rows and return True, or return False and print nothing."""
+    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.sessions.rows import kept_listing
+
+    try:
+        paths = app_paths(data_dir).ensure()  # refuses folders other users could write to
+        listing = kept_listing(paths.sessions_dir, paths.sessions_index_file)
+    except (OSError, ValueError):
+        return False
+    if listing is None:
+        return False
+    print_bytes(listing)
+    return True
+
+
+def list_json(rows: list[bytes]) -> bytes:
+    """A JSON array, one session per line (thousands of sessions print in a blink; jq pretty-prints)."""
+    if not rows:
+        return b"[]"
+    return b"[\n" + b",\n".join(rows) + b"\n]"
+
+
+def print_bytes(data: bytes) -> None:
+    """``data`` (UTF-8) and a newline on stdout, as they are (megabytes of rows: no round trip
+    through str)."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # no byte stream under it (a test's capture, a windowed app)
+        print(data.decode("utf-8"))
+        return
+    sys.stdout.flush()
+    out.write(data + b"\n")
+    out.flush()
