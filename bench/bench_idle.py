@@ -1,13 +1,14 @@
 """The desktop app at rest: CPU and memory while nothing happens, measured with psutil.
 
-    .venv/bin/python bench/bench_idle.py [--seconds 60]
+    .venv/bin/python bench/bench_idle.py [--seconds 60] [--app dist/slotkeeper/slotkeeper]
 
 Two apps run side by side under one virtual X display with a tray host (the window hidden in
 the tray, as a user leaves it), each with the demo model (written beforehand, as the first run
-leaves it): one as it comes, one with llama-server at `-lv 4`, whose log says `update_slots: all slots are idle` twice a second. After they settle,
-each app process's CPU time (its threads: engine loop, /slots poller, log tailer, Qt) and RSS are
-sampled over the same window; llama-server's own CPU is shown apart. Prints % of one core and
-MB, and the -lv 4 app against the plain one. Needs Xvfb and trayer (tests/system-deps.sh).
+leaves it): one as it comes, one with llama-server at `-lv 4`, whose log says
+`update_slots: all slots are idle` twice a second. After they settle, each app process's CPU
+time (its threads: engine loop, /slots poller, log tailer, Qt) and RSS are sampled over the same
+window; llama-server's own CPU is shown apart. Prints % of one core and MB, and the -lv 4 app
+against the plain one. --app measures a packaged app instead of the source tree. Needs Xvfb and trayer (tests/system-deps.sh).
 Only loopback is used.
 """
 
@@ -37,11 +38,12 @@ from slotkeeper.core.demo_model import ensure_demo_model  # noqa: E402
 from slotkeeper.core.paths import app_paths  # noqa: E402
 
 
-def launch(display: str, data: Path, port: int, extra: list[str]) -> subprocess.Popen:
+def launch(display: str, data: Path, port: int, extra: list[str], app: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "DISPLAY": display, "QT_QPA_PLATFORM": "xcb", "PYTHONPATH": str(ROOT / "app")}
     env.pop("SLOTKEEPER_HOME", None)
     log = open(data.parent / f"{data.name}.stderr", "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([sys.executable, "-m", "slotkeeper", "--data-dir", str(data), "--demo",
+    program = [app] if app else [sys.executable, "-m", "slotkeeper"]
+    return subprocess.Popen([*program, "--data-dir", str(data), "--demo",
                              "--port", str(port), *(["--", *extra] if extra else [])],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -69,6 +71,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--settle", type=float, default=10.0, help="seconds to wait after the server is ready")
+    ap.add_argument("--app", help="the packaged app to measure (e.g. dist/slotkeeper/slotkeeper; default: from source)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="slotkeeper-bench-idle-"))
     display, xprocs = start_x(tray=True)
@@ -77,7 +80,7 @@ def main() -> int:
         for name, extra in (("plain", []), ("lv4", ["-lv", "4"])):
             port = free_port()
             ensure_demo_model(app_paths(work / name).models_dir)  # as after the first run (which writes it)
-            apps[name] = launch(display, work / name, port, extra)
+            apps[name] = launch(display, work / name, port, extra, args.app)
             wait_healthy(port, apps[name])
         time.sleep(args.settle)
         procs = {name: psutil.Process(p.pid) for name, p in apps.items()}
