@@ -8,8 +8,8 @@ leaves it): one as it comes, one with llama-server at `-lv 4`, whose log says
 `update_slots: all slots are idle` twice a second. After they settle, each app process's CPU
 time (its threads: engine loop, /slots poller, log tailer, Qt) and RSS are sampled over the same
 window; llama-server's own CPU is shown apart. Prints % of one core and MB, and the -lv 4 app
-against the plain one. --app measures a packaged app instead of the source tree. Needs Xvfb and trayer (tests/system-deps.sh).
-Only loopback is used.
+against the plain one. --app measures a packaged app instead of the source tree. Needs Xvfb and
+trayer (tests/system-deps.sh). Only loopback is used.
 """
 
 from __future__ import annotations
