@@ -26,17 +26,20 @@ SCRIPT = textwrap.dedent("""
     from slotkeeper.core.engine.launching import prelaunch
 
     model, server_bin, port, heavy = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
+    wait = sys.argv[5] == "wait"  # else the engine is built at once, as `serve` does
     settings = Settings(profile=ServerProfile(model_path=model, server_bin=server_bin, port=port, ctx=2048),
                         idle_save_seconds=3600)
     paths = app_paths()
     pre = prelaunch(paths, settings)
     assert pre is not None
-    pid = pre.supervisor.pid
-    loaded_before = sorted(m for m in heavy if m in sys.modules)
     # The server loads (and may even be ready) while the engine is imported and built.
     deadline = time.monotonic() + 120
-    while pre.supervisor.state.value != "ready" and time.monotonic() < deadline:
+    while wait and pre.supervisor.state.value != "ready" and time.monotonic() < deadline:
         time.sleep(0.02)
+    while pre.supervisor.pid is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pid = pre.supervisor.pid
+    loaded_before = sorted(m for m in heavy if m in sys.modules)
     from slotkeeper.core import events as ev
     from slotkeeper.core.engine import Engine
     engine = Engine(paths, settings, prelaunched=pre)
@@ -53,8 +56,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_prelaunched(llama_model, server_bin, port, env):
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(llama_model), server_bin, str(port), ",".join(HEAVY)],
+def run_prelaunched(llama_model, server_bin, port, env, wait=True):
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(llama_model), server_bin, str(port), ",".join(HEAVY),
+                             "wait" if wait else "now"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line:
@@ -77,12 +81,13 @@ def test_serve_starts_llama_server_before_the_engine_and_the_engine_takes_it_ove
         proc.communicate("\n", timeout=120)
     assert proc.returncode == 0, proc.stderr
 
-    # Next launch: the conversation saved at shutdown is restored into the prelaunched server, and
-    # the next turn hits that cache.
+    # Next launch, the engine built at once (the launch may not have begun): the conversation saved
+    # at shutdown is restored into the prelaunched server, and the next turn hits that cache.
     saved = [p.stem for p in (isolated_home / "sessions").glob("*.json")]
-    proc, out = run_prelaunched(llama_model, server_bin, port, env)
+    proc, out = run_prelaunched(llama_model, server_bin, port, env, wait=False)
     try:
         assert out["restored"] == saved and len(saved) == 1, out
+        assert out["server_pid"] == out["pid"] and out["states"].count("ready") == 1, out
         _, resp = converse(out["url"], USER_TURNS[:3])
         assert resp["timings"]["cache_n"] > 0.8 * (resp["timings"]["cache_n"] + resp["timings"]["prompt_n"])
     finally:

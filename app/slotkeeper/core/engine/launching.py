@@ -122,6 +122,7 @@ def prelaunch(paths: AppPaths, settings: Settings) -> Prelaunched | None:
     """Start llama-server for ``settings`` now, or None when the engine had better do it."""
     profile = settings.profile
     try:
+        paths.ensure()  # the folders llama-server writes into, checked as private
         datalock.acquire(paths.engine_lock_file, str(paths.data_dir))
     except (datalock.DataDirBusy, OSError):
         return None  # the engine says so
@@ -140,8 +141,7 @@ def prelaunch(paths: AppPaths, settings: Settings) -> Prelaunched | None:
     except SupervisorError:
         sock.close()
         return None
-    supervisor.set_planner(lambda: plan.spec)  # this launch; the engine plans the next ones
-    supervisor.start()
+    supervisor.start(plan.spec)  # this launch; the engine plans the next ones
     log.debug("llama-server started before the engine was built")
     return Prelaunched(supervisor, plan, events, sock, model_facts, binary_facts)
 

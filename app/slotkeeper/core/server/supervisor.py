@@ -214,6 +214,7 @@ class Supervisor:
         self._message = ""
         self._child: _Child | None = None
         self._spec: LaunchSpec | None = None
+        self._first_spec: LaunchSpec | None = None  # planned before start() (a prelaunch)
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self.tailer: logfile.LogTailer | None = None
@@ -274,13 +275,15 @@ class Supervisor:
         self.events.emit(ServerStateChanged(state, message, tuple(log_tail), pid, delay))
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> None:
-        """Begin starting the server in the background; watch ``state`` / events for progress."""
+    def start(self, spec: LaunchSpec | None = None) -> None:
+        """Begin starting the server in the background; watch ``state`` / events for progress.
+        ``spec``: this launch, planned already (later ones ask the spec factory)."""
         with self._lock:
             if self._state in (ServerState.STARTING, ServerState.READY, ServerState.RESTARTING):
                 return
             if self._thread and self._thread.is_alive():
                 return
+            self._first_spec = spec
             self._stop_requested.clear()
             self.policy.reset()
             self._set_state(ServerState.STARTING, "preparing")
@@ -379,7 +382,9 @@ class Supervisor:
         self._clear_state_file()
 
     def _launch_or_adopt(self) -> bool:
-        spec = self._spec_factory()  # may raise SupervisorError (missing binary, bad model ...)
+        spec, self._first_spec = self._first_spec, None
+        if spec is None:
+            spec = self._spec_factory()  # may raise SupervisorError (missing binary, bad model ...)
         self._spec = spec
         if self._try_adopt(spec):
             return True
