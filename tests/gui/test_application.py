@@ -148,3 +148,28 @@ def test_quit_says_when_conversations_could_not_be_saved(qtbot, paths, monkeypat
         app.unsaved_box.accept()
     assert app.done and app.exit_code == 1
     app.deleteLater()
+
+
+def test_an_app_left_in_the_tray_builds_its_window_only_when_it_is_shown(qtbot, paths, monkeypatch):
+    """The window and its pages (~20 MB) are built the first time they are needed; what happened
+    before (a warning, the activity list) is there when they are."""
+    from slotkeeper.core.events import WarningRaised
+    from slotkeeper.gui.tray import TrayController
+
+    monkeypatch.setattr(TrayController, "show", lambda self: (self.tray.show(), True)[1])  # a tray host shows it
+    app = SlotkeeperApp(paths, Settings().with_profile(model_path=DEMO_MODEL), tray_available=True)
+    assert app._window is None
+    app.engine.events.emit(WarningRaised("the port is open to the network"))
+    qtbot.waitUntil(lambda: app.bridge.last_warning == "the port is open to the network", timeout=5000)
+    assert app._window is None
+    app.show_window("sessions")
+    window = app.window
+    qtbot.addWidget(window)
+    assert window.isVisible() and window.hide_on_close  # closing it hides it to the tray
+    assert window.server_page.warning_box.text() == "the port is open to the network"
+    assert window.tabs.currentWidget() is window.sessions_page
+    assert app.switcher.parent_widget is window
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.request_quit()
+    assert not window.isVisible()
+    app.deleteLater()

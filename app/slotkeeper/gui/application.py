@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
@@ -30,11 +30,13 @@ from slotkeeper.core.views import SavesReport
 from slotkeeper.gui import icons, theme
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.first_run import FirstRunDialog
-from slotkeeper.gui.main_window import MainWindow
 from slotkeeper.gui.model_switch import ModelSwitcher
 from slotkeeper.gui.notifications import Notifier
-from slotkeeper.gui.settings.dialog import SettingsDialog
 from slotkeeper.gui.tray import TrayController
+
+if TYPE_CHECKING:
+    from slotkeeper.gui.main_window import MainWindow
+    from slotkeeper.gui.settings.dialog import SettingsDialog
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +157,10 @@ class SlotkeeperApp(QObject):
         self.engine = engine or Engine(paths, settings)
         self.bridge = EngineBridge(self.engine, settings_service or SettingsService(paths.settings_file), self)
         self.notifier = Notifier(self.bridge, self)
-        self.window = MainWindow(self.bridge)
-        self.switcher = ModelSwitcher(self.bridge, self.window)
+        # The main window is built when first needed (~20 MB): an app left in the tray never builds it.
+        self._window: MainWindow | None = None
+        self._hide_on_close = False
+        self.switcher = ModelSwitcher(self.bridge)
         self.chooser: FirstRunDialog | None = None
         self.tray: TrayController | None = None
         self.settings_dialog: SettingsDialog | None = None
@@ -174,23 +178,36 @@ class SlotkeeperApp(QObject):
             self.tray.quitRequested.connect(self.request_quit)
             self.tray.modelRequested.connect(self.choose_model)
             self.tray.chooseModelRequested.connect(self.open_model_chooser)
-            self.window.hide_on_close = self.tray.show()
-        self.window.settingsRequested.connect(self.open_settings)
-        self.window.quitRequested.connect(self.request_quit)
-        self.window.modelRequested.connect(self.choose_model)
-        self.window.chooseModelRequested.connect(self.open_model_chooser)
+            self._hide_on_close = self.tray.show()
         self.notifier.notify.connect(self._notify)
 
         chose_now = False
         if first_run and not settings.profile.model_path:
             chose_now = self.run_first_run()
         has_model = bool(settings.profile.model_path) or chose_now
-        if not self.window.hide_on_close or chose_now or not has_model:
+        if not self._hide_on_close or chose_now or not has_model:
             self.window.show()
         if (start_now or settings.start_server_on_launch) and settings.profile.model_path:
             self.bridge.start_server(resume_id=resume_id)
 
     # -- windows --------------------------------------------------------------------------
+    @property
+    def window(self) -> MainWindow:
+        """The main window, built on first use (the tray's "Show window", a notification without
+        a tray, a test)."""
+        if self._window is None:
+            from slotkeeper.gui.main_window import MainWindow
+
+            window = MainWindow(self.bridge)
+            window.hide_on_close = self._hide_on_close
+            window.settingsRequested.connect(self.open_settings)
+            window.quitRequested.connect(self.request_quit)
+            window.modelRequested.connect(self.choose_model)
+            window.chooseModelRequested.connect(self.open_model_chooser)
+            self.switcher.parent_widget = window
+            self._window = window
+        return self._window
+
     def show_window(self, tab: str = "") -> None:
         self.window.bring_forward(tab)
 
@@ -200,7 +217,9 @@ class SlotkeeperApp(QObject):
             self.settings_dialog.raise_()
             self.settings_dialog.activateWindow()
             return
-        dialog = SettingsDialog(self.bridge, self.window)
+        from slotkeeper.gui.settings.dialog import SettingsDialog  # built when asked for
+
+        dialog = SettingsDialog(self.bridge, self._window)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.finished.connect(self._settings_closed)
         self.settings_dialog = dialog
@@ -212,7 +231,7 @@ class SlotkeeperApp(QObject):
         self.settings_dialog = None
 
     def run_first_run(self) -> bool:
-        dialog = FirstRunDialog(self.bridge.jobs, self.window, search_dirs=self.bridge.model_search_dirs)
+        dialog = FirstRunDialog(self.bridge.jobs, self._window, search_dirs=self.bridge.model_search_dirs)
         accepted = dialog.exec() == FirstRunDialog.DialogCode.Accepted and dialog.chosen
         chosen = dialog.chosen
         dialog.deleteLater()
@@ -227,7 +246,7 @@ class SlotkeeperApp(QObject):
             self.chooser.raise_()
             self.chooser.activateWindow()
             return
-        dialog = FirstRunDialog(self.bridge.jobs, self.window, search_dirs=self.bridge.model_search_dirs,
+        dialog = FirstRunDialog(self.bridge.jobs, self._window, search_dirs=self.bridge.model_search_dirs,
                                 welcome=False)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.chooser = dialog
@@ -331,8 +350,9 @@ class SlotkeeperApp(QObject):
         if self.settings_dialog is not None:
             self.settings_dialog.reject()
         self.bridge.quitting = True
-        self.window.hide_on_close = False
-        self.window.close()
+        if self._window is not None:
+            self._window.hide_on_close = False
+            self._window.close()
         self.bridge.close()
 
 

@@ -153,6 +153,7 @@ class EngineBridge(QObject):
         self._listing_again = False
         # Slotkeeper's own actions since the app started (the Server tab's activity list).
         self.journal: list[JournalEntry] = []
+        self.last_warning: str | None = None  # the newest WarningRaised's message
         self._search_seq = 0
 
         self._eventQueued.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
@@ -309,6 +310,8 @@ class EngineBridge(QObject):
             self.activity = event.activity
         elif isinstance(event, ev.RequestDone):
             self._append_history(event)
+        elif isinstance(event, ev.WarningRaised):
+            self.last_warning = event.message  # for a window built after it
         entry = journal_entry(event)
         if entry is not None:
             self.journal.append(entry)

@@ -90,6 +90,8 @@ class ServerPage(QWidget):
         bridge.on(ev.EngineReady, self.refresh)
         bridge.on(ev.ActivityChanged, self.refresh)  # the state icon shows what the engine is doing
         bridge.on(ev.WarningRaised, self._on_warning)
+        if bridge.last_warning:  # raised before this page was built (the window is built when first shown)
+            self.show_warning(bridge.last_warning)
         bridge.logLines.connect(self.log_view.append_lines)
         self.activity_view.set_entries(bridge.journal)
         bridge.journalAdded.connect(self.activity_view.add)
