@@ -27,9 +27,9 @@ PACKAGE = ROOT / "app" / "slotkeeper"
 # PyObjC. Nothing under packaging/ or tests/ is walked: those folders are outside app/slotkeeper.
 PLATFORM_ONLY = {"msvcrt", "winreg", "fcntl", "AppKit"}
 
-# gguf_info.py reads metadata values with gguf.ReaderField.contents(). That method first
-# appears in gguf 0.16.0: the 0.14.0 wheel (the release before; there is no 0.15) has
-# ReaderField without it, so an older pin installs and then fails on the first model read.
+# The tests check the app's GGUF header reader against gguf.ReaderField.contents(). That method
+# first appears in gguf 0.16.0: the 0.14.0 wheel (the release before; there is no 0.15) has
+# ReaderField without it, so an older pin installs and then fails there.
 GGUF_FIRST_WITH_CONTENTS = (0, 16)
 
 
@@ -121,6 +121,6 @@ def test_gguf_minimum_has_reader_field_contents():
 
 
 def test_numpy_is_a_direct_dependency_with_a_minimum():
-    # Imported by gguf_info, modelgen and the sessions code, not only pulled in by gguf;
-    # modelgen needs np.random.default_rng (numpy 1.17).
+    # Imported by modelgen (the demo model, from source), not only pulled in by gguf; modelgen
+    # needs np.random.default_rng (numpy 1.17).
     assert _minimum("numpy") >= (1, 17)
