@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import free_port
+from benchlib import alternate, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
@@ -124,17 +124,7 @@ def main() -> int:
                 assert r.json()["n_restored"] == entry.sidecar.n_tokens
                 return took
 
-            sk, raw = [], []
-            for rnd in range(args.rounds):
-                order = [("slotkeeper", slotkeeper_round), ("raw", raw_round)]
-                if rnd % 2:
-                    order.reverse()
-                line = []
-                for name, fn in order:
-                    took = fn()
-                    (sk if name == "slotkeeper" else raw).append(took)
-                    line.append(f"{name} {took:.3f} s")
-                print(f"round {rnd}: " + " | ".join(line), flush=True)
+            sk, raw = alternate(args.rounds, lambda: (slotkeeper_round(), ""), lambda: (raw_round(), ""))
     finally:
         engine.close(save=False)
     s, r = statistics.median(sk), statistics.median(raw)

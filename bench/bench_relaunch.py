@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import free_port
+from benchlib import alternate, free_port
 
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
@@ -197,18 +197,12 @@ def main() -> int:
         shutil.copyfile(kv, raw_dir / "conversation.kv")
         print(f"conversation: {len(prompt)} tokens, save file {kv.stat().st_size / 2**20:.0f} MiB", flush=True)
         raw_round()  # warm-up
-        sk_times, raw_times = [], []
+        def noted(fn):
+            took, timings = fn()
+            return took, f"cache_n {timings['cache_n']}, prompt_n {timings['prompt_n']}"
+
         try:
-            for rnd in range(args.rounds):
-                order = [("slotkeeper", slotkeeper_round), ("raw", raw_round)]
-                if rnd % 2:
-                    order.reverse()
-                line = []
-                for name, fn in order:
-                    took, timings = fn()
-                    (sk_times if name == "slotkeeper" else raw_times).append(took)
-                    line.append(f"{name} {took:.3f} s (cache_n {timings['cache_n']}, prompt_n {timings['prompt_n']})")
-                print(f"round {rnd}: " + " | ".join(line), flush=True)
+            sk_times, raw_times = alternate(args.rounds, lambda: noted(slotkeeper_round), lambda: noted(raw_round))
         finally:
             raw.stop()
             if serve.proc is not None:

@@ -1,11 +1,32 @@
-"""What every benchmark here needs: a free loopback port (benchmarks never leave 127.0.0.1)."""
+"""What the benchmarks here share: a free loopback port (benchmarks never leave 127.0.0.1) and
+rounds that alternate Slotkeeper and raw llama-server."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def alternate(rounds: int, slotkeeper: Callable[[], tuple[float, str]],
+              raw: Callable[[], tuple[float, str]]) -> tuple[list[float], list[float]]:
+    """``rounds`` rounds of Slotkeeper against raw llama-server, the order flipped every other round
+    so the machine's drift falls on both alike; each side returns (seconds, a note for the line).
+    Prints a line per round; returns the seconds of each side."""
+    times: dict[str, list[float]] = {"slotkeeper": [], "raw": []}
+    for rnd in range(rounds):
+        order = [("slotkeeper", slotkeeper), ("raw", raw)]
+        if rnd % 2:
+            order.reverse()
+        line = []
+        for name, fn in order:
+            took, note = fn()
+            times[name].append(took)
+            line.append(f"{name} {took:.3f} s{f' ({note})' if note else ''}")
+        print(f"round {rnd}: " + " | ".join(line), flush=True)
+    return times["slotkeeper"], times["raw"]
