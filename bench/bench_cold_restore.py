@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from benchlib import alternate, free_port
+from benchlib import alternate, free_port, report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
@@ -127,9 +126,7 @@ def main() -> int:
             sk, raw = alternate(args.rounds, lambda: (slotkeeper_round(), ""), lambda: (raw_round(), ""))
     finally:
         engine.close(save=False)
-    s, r = statistics.median(sk), statistics.median(raw)
-    print(f"cold restore of {kv.stat().st_size / 2**30:.2f} GiB, median of {args.rounds}: Slotkeeper {s:.3f} s, "
-          f"raw llama-server {r:.3f} s: {s / r:.2f}x")
+    report(f"cold restore of {kv.stat().st_size / 2**30:.2f} GiB", sk, raw)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0

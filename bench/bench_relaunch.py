@@ -23,7 +23,6 @@ import argparse
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import alternate, free_port
+from benchlib import alternate, free_port, report
 
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
@@ -207,9 +206,7 @@ def main() -> int:
             raw.stop()
             if serve.proc is not None:
                 serve.proc.kill()
-    s, r = statistics.median(sk_times), statistics.median(raw_times)
-    print(f"relaunch -> first reply, median of {args.rounds}: Slotkeeper {s:.3f} s, raw llama-server {r:.3f} s: "
-          f"{s / r:.2f}x")
+    report("relaunch -> first reply", sk_times, raw_times)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0

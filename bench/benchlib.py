@@ -4,6 +4,7 @@ rounds that alternate Slotkeeper and raw llama-server."""
 from __future__ import annotations
 
 import socket
+import statistics
 from collections.abc import Callable
 
 
@@ -30,3 +31,9 @@ def alternate(rounds: int, slotkeeper: Callable[[], tuple[float, str]],
             line.append(f"{name} {took:.3f} s{f' ({note})' if note else ''}")
         print(f"round {rnd}: " + " | ".join(line), flush=True)
     return times["slotkeeper"], times["raw"]
+
+
+def report(what: str, slotkeeper: list[float], raw: list[float]) -> None:
+    """The medians of ``alternate``'s rounds, and their ratio."""
+    s, r = statistics.median(slotkeeper), statistics.median(raw)
+    print(f"{what}, median of {len(slotkeeper)}: Slotkeeper {s:.3f} s, raw llama-server {r:.3f} s: {s / r:.2f}x")

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import time
 from array import array
-from itertools import chain
+from itertools import chain, filterfalse
 from pathlib import Path
 
 import xxhash
 
 from slotkeeper.core.fsutil import atomic_write_bytes
-from slotkeeper.core.sessions.naming import INCOMING_PREFIX
+from slotkeeper.core.sessions.naming import is_scratch
 
 Stamp = tuple[int, int, int, int, int]  # st_mode, st_size, st_mtime_ns, st_ino, st_ctime_ns
 RACY_NS = 2_000_000_000  # a file changed this recently may change again without its stat changing
@@ -54,7 +54,7 @@ def rows_key(files: dict[str, Stamp], folder: Path, now_ns: int | None = None) -
     to trust its stat (within RACY_NS: it may change again without its stat changing). Hidden and
     ``incoming-`` files are left out, as a listing leaves them out."""
     now_ns = time.time_ns() if now_ns is None else now_ns
-    names = sorted(name for name in files if name[:1] != "." and not name.startswith(INCOMING_PREFIX))  # is_scratch
+    names = sorted(filterfalse(is_scratch, files))
     try:
         stamps = array("q", chain.from_iterable(map(files.__getitem__, names)))
     except OverflowError:  # an inode number beyond 63 bits: its hash stands in (ints hash the same everywhere)
@@ -67,11 +67,15 @@ def rows_key(files: dict[str, Stamp], folder: Path, now_ns: int | None = None) -
     return h.hexdigest()
 
 
-def read_rows(path: Path, key: str) -> list[bytes] | None:
-    """The rows kept for ``key``, or None (another look, no file, or a damaged one)."""
-    body = _kept_body(path, key)
-    if body is None:
-        return None
+def kept(folder: Path, index_file: Path, files: dict[str, Stamp] | None = None) -> tuple[str | None, bytes | None]:
+    """This look at the folder (``files``, or a new ``scan``): its key, and the rows kept for it, a
+    line each (None: none kept for this look, or the look is too recent to keep rows at all)."""
+    key = rows_key(scan(folder) if files is None else files, folder)
+    return key, None if key is None else _kept_body(rows_file(index_file), key)
+
+
+def split_rows(body: bytes) -> list[bytes]:
+    """The rows of a kept body."""
     return body[:-1].split(b"\n") if body else []
 
 
@@ -100,8 +104,7 @@ def rows_file(index_file: Path) -> Path:
 def kept_listing(folder: Path, index_file: Path) -> bytes | None:
     """The last listing's JSON array (a session per line, as ``sessions_list.list_json`` makes it)
     when the folder looks as it did then, else None."""
-    key = rows_key(scan(folder), folder)
-    body = None if key is None else _kept_body(rows_file(index_file), key)
+    _, body = kept(folder, index_file)
     if body is None:
         return None
     return b"[\n" + body[:-1].replace(b"\n", b",\n") + b"\n]" if body else b"[]"

@@ -49,7 +49,7 @@ from slotkeeper.core.sessions.naming import (
     sidecar_name,
     validate_session_id,
 )
-from slotkeeper.core.sessions.rows import Stamp, read_rows, rows_file, rows_key, scan, stamp_of, write_rows
+from slotkeeper.core.sessions.rows import Stamp, kept, rows_file, scan, split_rows, stamp_of, write_rows
 from slotkeeper.core.sessions.sidecar import (
     Sidecar,
     SidecarError,
@@ -232,15 +232,16 @@ class SessionStore:
 
     def listing_rows(self) -> list[bytes]:
         """`sessions list --json`'s rows as JSON: ``orjson.dumps(entry.to_json())`` of each of
-        ``listing().sessions``. From the rows kept for the same look at the folder when nothing
-        changed (``index.rows_key``), else made from the facts and the ready row the index keeps
-        of each sidecar (nothing decoded): thousands list in a blink."""
+        ``listing().sessions``. The rows kept for the same look at the folder when nothing changed
+        (``rows.kept``), else made from the facts and the ready row the index keeps of each sidecar
+        (nothing decoded), and kept: thousands list in a blink."""
         with self.exclusive(reading=True):
             files = self._scan()
-            kept_in = rows_file(self.index_file) if self.index_file is not None else None
-            key = rows_key(files, self.dir) if kept_in is not None else None
-            if kept_in is not None and key is not None and (kept := read_rows(kept_in, key)) is not None:
-                return kept
+            key = None
+            if self.index_file is not None:
+                key, body = kept(self.dir, self.index_file, files)
+                if body is not None:
+                    return split_rows(body)
             files = self._refresh(files)
             index = self.index
             with index.lock:
@@ -261,9 +262,9 @@ class SessionStore:
                     rows.append((rec.recency(), sid, row))
         rows.sort(key=lambda r: r[:2], reverse=True)
         out = [r[2] for r in rows]
-        if kept_in is not None and key is not None:
+        if self.index_file is not None and key is not None:
             try:
-                write_rows(kept_in, key, out)
+                write_rows(rows_file(self.index_file), key, out)
             except OSError as exc:  # a cache: a failure costs time only
                 log.debug("could not keep the list rows: %s", exc)
         return out
