@@ -81,3 +81,14 @@ def test_helpers():
     text = describe_flags(ServerProfile(ctx=8192, parallel=2, flash_attn=True, swa_full=True, extra_args=("-t", "8")))
     assert text == ("context 8,192 (4,096 per slot), 2 slots, flash attention on, K f16 / V f16, "
                     "--swa-full, -t 8")
+
+
+def test_when_ready_the_header_gives_the_front_doors_address_not_llama_servers(qtbot, page, bridge, engine,
+                                                                             monkeypatch):
+    from slotkeeper.gui.bridge import EngineBridge
+
+    monkeypatch.setattr(EngineBridge, "facts", property(lambda self: object()))  # launch work done
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.READY, "http://127.0.0.1:40111"))
+    assert page.state_label.text() == "Ready"
+    assert page.state_message.text() == bridge.base_url and "40111" not in bridge.base_url

@@ -230,6 +230,8 @@ class ServerPage(QWidget):
         message = b.state_message
         if state is ServerState.READY and not ready:
             message = "llama-server answers; identifying the model and restoring conversations…"
+        elif state is ServerState.READY:
+            message = b.base_url  # where clients go: the front door, not llama-server's private address
         has_model = bool(b.settings.profile.model_path)
         if state is ServerState.STOPPED and not has_model:
             message = ("No model chosen yet. Choose a GGUF model (one found on this computer, a file, or the "
