@@ -227,7 +227,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 
     paths, _service, settings = load_run_settings(args, extra)
     # llama-server loads the model while the rest of Slotkeeper is imported and built.
-    pre = prelaunch(paths, settings)
+    pre = prelaunch(paths, settings, getattr(args, "command_line", None))
 
     import asyncio
 
@@ -432,9 +432,11 @@ def _data_folder_problem(data_dir: str | None) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command_line = list(argv)
     argv, extra = _split_extra(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = command_line
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,4 +1,4 @@
-"""`slotkeeper serve`'s head start: llama-server is started before the engine is imported, and the
+"""`slotkeeper serve`'s prelaunch: llama-server is started before the engine is imported, and the
 engine takes that launch over (its events, its restores) as if it had made it."""
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def test_extra_args_cannot_undo_what_slotkeeper_relies_on(flag):
 
 
 def test_the_api_key_goes_in_the_environment_never_on_the_command_line():
-    from slotkeeper.core.server.command import launch_environment, without_api_key
+    from slotkeeper.core.server.command import without_api_key
+    from slotkeeper.core.server.spawn import launch_environment
 
     extra = ("-t", "4", "--api-key", "s3cret", "--api-key=other", "--api-key-file", "k.txt", "--alias", "x")
     argv = build_argv(("x",), ServerProfile(extra_args=extra), "m", "s")

@@ -1,12 +1,14 @@
-"""What to launch, and launching it before the rest of Slotkeeper has even been imported.
+"""What to launch, and launching it before the engine has even been imported.
 
 ``plan_launch`` works out llama-server's command line from the settings (the model and its facts,
 the binary and its flags, the private address): the engine calls it for every launch.
 
-``prelaunch`` is `slotkeeper serve`'s head start. Loading a model takes llama-server a while; so
-does importing the engine (the front door's HTTP stack, the search index ...). ``prelaunch``
-needs only the light modules: it takes the data folder's lock, claims the front door's port,
-plans the launch and starts the supervisor, whose thread starts llama-server; the engine, built
+``prelaunch`` lets `slotkeeper serve` load the model and build the engine at once. Loading a
+model takes llama-server a while; so does importing the engine (the front door's HTTP stack, the
+search index ...). ``prelaunch`` needs only the light modules: it takes the data folder's lock,
+claims the front door's port, plans the launch and starts the supervisor, whose thread starts
+llama-server (or supervises the one the head start began from the last launch's note, when it
+runs exactly the planned command line: ``core/server/headstart.py``); the engine, built
 afterwards, takes the running supervisor over (``Engine(prelaunched=...)``) and sees every event
 it emitted meanwhile (they wait in a held ``EventBus``). Whenever something is not plain (a server
 an earlier run left, a busy port, a launch that would be refused) it steps aside and the engine
@@ -18,6 +20,8 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,15 +40,16 @@ from slotkeeper.core.engine.model import (
 from slotkeeper.core.events import EventBus
 from slotkeeper.core.file_facts import FileFactsCache
 from slotkeeper.core.paths import AppPaths
+from slotkeeper.core.server import headstart
 from slotkeeper.core.server.command import (
     CommandError,
     build_argv,
     exposes_without_key,
-    launch_environment,
     without_api_key,
 )
 from slotkeeper.core.server.locate import FLAGS_VERSION, ServerBinaryNotFound, locate_server, probe_flags
 from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
+from slotkeeper.core.server.spawn import launch_environment
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
 from slotkeeper.core.settings import ServerProfile, Settings, SettingsError
 
@@ -118,8 +123,16 @@ class Prelaunched:
     binary_facts: FileFactsCache
 
 
-def prelaunch(paths: AppPaths, settings: Settings) -> Prelaunched | None:
-    """Start llama-server for ``settings`` now, or None when the engine had better do it."""
+def prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] | None = None) -> Prelaunched | None:
+    """Start llama-server for ``settings`` now, or None when the engine had better do it.
+    ``command_line``: `serve`'s arguments, noted for the next run's head start (``headstart``)."""
+    try:
+        return _prelaunch(paths, settings, command_line)
+    finally:
+        headstart.discard()  # an early server the plan did not confirm never runs on
+
+
+def _prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] | None) -> Prelaunched | None:
     profile = settings.profile
     try:
         paths.ensure()  # the folders llama-server writes into, checked as private
@@ -136,13 +149,21 @@ def prelaunch(paths: AppPaths, settings: Settings) -> Prelaunched | None:
         return None
     model_facts = model_facts_cache(paths.model_facts_file)
     binary_facts = binary_facts_cache(paths.binary_facts_file)
+    early = headstart.early()
     try:
-        plan = plan_launch(paths, profile, model_facts, binary_facts, None)
+        plan = plan_launch(paths, profile, model_facts, binary_facts, early.port if early else None)
     except SupervisorError:
         sock.close()
+        headstart.forget(paths)
         return None
-    supervisor.start(plan.spec)  # this launch; the engine plans the next ones
-    log.debug("llama-server started before the engine was built")
+    child = headstart.take(plan.spec.argv, plan.spec.env or {})
+    supervisor.start(plan.spec, child=child)  # this launch; the engine plans the next ones
+    if command_line is not None:
+        headstart.remember(paths, command_line, plan.spec.argv, plan.private.port)
+    if child is not None:
+        log.debug("llama-server has had a head start of %.0f ms", (time.monotonic() - early.started) * 1000)
+    else:
+        log.debug("llama-server started before the engine was built")
     return Prelaunched(supervisor, plan, events, sock, model_facts, binary_facts)
 
 

@@ -137,11 +137,6 @@ def server_api_key(extra_args: tuple[str, ...], environ: Mapping[str, str] | Non
     return env.get("LLAMA_API_KEY") or None
 
 
-def launch_environment(private_key: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """llama-server's environment: ours, with the private key only Slotkeeper knows."""
-    return {**(os.environ if environ is None else environ), "LLAMA_API_KEY": private_key}
-
-
 def exposes_without_key(host: str, extra_args: tuple[str, ...], environ: Mapping[str, str] | None = None) -> bool:
     """True when the server would listen beyond this machine with no ``--api-key`` or
     ``--api-key-file``: anyone on the network could use it and read its conversations."""

@@ -27,8 +27,8 @@ import psutil
 from slotkeeper.core.events import EventBus, ServerAdopted, ServerLoading, ServerStateChanged
 from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.server import logfile
-from slotkeeper.core.server.child_env import child_environment
 from slotkeeper.core.server.restart import RestartPolicy
+from slotkeeper.core.server.spawn import spawn_server
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import connect_url
 
@@ -215,6 +215,7 @@ class Supervisor:
         self._child: _Child | None = None
         self._spec: LaunchSpec | None = None
         self._first_spec: LaunchSpec | None = None  # planned before start() (a prelaunch)
+        self._first_child: subprocess.Popen | None = None  # ... and perhaps already running (a head start)
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self.tailer: logfile.LogTailer | None = None
@@ -275,15 +276,17 @@ class Supervisor:
         self.events.emit(ServerStateChanged(state, message, tuple(log_tail), pid, delay))
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self, spec: LaunchSpec | None = None) -> None:
+    def start(self, spec: LaunchSpec | None = None, child: subprocess.Popen | None = None) -> None:
         """Begin starting the server in the background; watch ``state`` / events for progress.
-        ``spec``: this launch, planned already (later ones ask the spec factory)."""
+        ``spec``: this launch, planned already (later ones ask the spec factory); ``child``: the
+        llama-server already started for ``spec`` (by ``spawn_server``), which this supervises."""
         with self._lock:
             if self._state in (ServerState.STARTING, ServerState.READY, ServerState.RESTARTING):
                 return
             if self._thread and self._thread.is_alive():
                 return
             self._first_spec = spec
+            self._first_child = child if spec is not None else None
             self._stop_requested.clear()
             self.policy.reset()
             self._set_state(ServerState.STARTING, "preparing")
@@ -383,42 +386,31 @@ class Supervisor:
 
     def _launch_or_adopt(self) -> bool:
         spec, self._first_spec = self._first_spec, None
+        started, self._first_child = self._first_child, None
         if spec is None:
             spec = self._spec_factory()  # may raise SupervisorError (missing binary, bad model ...)
         self._spec = spec
-        if self._try_adopt(spec):
-            return True
-        who = port_user(spec.host, spec.port)
-        if who is not None:
-            raise PortInUse(
-                f"Port {spec.port} on {spec.host} is already in use by {who}. "
-                "Choose another port in Settings (or --port); Slotkeeper does not stop programs it did not start."
-            )
-        logfile.rotate(self.log_path, force=True)
-        self._start_tailer(from_end=False)
-        out = logfile.open_for_child(self.log_path)
-        kwargs: dict[str, object] = {}
-        if os.name == "nt":
-            kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP | getattr(subprocess, "CREATE_NO_WINDOW", 0)
-        else:
-            kwargs["start_new_session"] = True
+        if started is None:
+            if self._try_adopt(spec):
+                return True
+            who = port_user(spec.host, spec.port)
+            if who is not None:
+                raise PortInUse(
+                    f"Port {spec.port} on {spec.host} is already in use by {who}. "
+                    "Choose another port in Settings (or --port); Slotkeeper does not stop programs it did not start."
+                )
         try:
             with self._lock:
                 if self._stop_requested.is_set():
+                    if started is not None:
+                        started.kill()
+                        started.wait()
                     return False  # stopped while preparing: never start a server nobody wants
-                popen = subprocess.Popen(
-                    list(spec.argv),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=child_environment(spec.env),
-                    **kwargs,
-                )
+                popen = started or spawn_server(spec.argv, spec.env, self.log_path)
                 self._child = _Child(popen, psutil.Process(popen.pid))
         except OSError as exc:
             raise SupervisorError(f"could not run {spec.argv[0]}: {exc.strerror or exc}") from exc
-        finally:
-            out.close()
+        self._start_tailer(from_end=False)  # the log was rotated before the spawn: all of it is this run's
         self.adopted = False
         self._write_state_file(spec)
         self._set_state(ServerState.STARTING, "loading the model", pid=popen.pid)
