@@ -1,0 +1,187 @@
+"""`slotkeeper serve`'s head start (core/server/headstart.py), with the real llama-server: the
+second launch with the same command line starts llama-server from the first launch's note, the
+planned launch takes that process over, and the saved conversation is restored into it; an early
+server that is not exactly the planned one never runs on; a busy folder gets no early server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import psutil
+import pytest
+from e2e_helpers import USER_TURNS, converse, wait_until
+
+pytestmark = pytest.mark.e2e
+
+TAKEN_OVER = "llama-server has had a head start of"
+
+
+class Serve:
+    """`python -m slotkeeper serve` as a user runs it, with the debug log kept."""
+
+    def __init__(self, home, model, server_bin, port) -> None:
+        self.argv = [sys.executable, "-m", "slotkeeper", "-v", "--data-dir", str(home), "serve", "--model", str(model),
+                     "--server-bin", server_bin, "--port", str(port), "--ctx", "2048", "--idle-save", "3600"]
+        self.home = home
+        self.url = f"http://127.0.0.1:{port}"
+        self.err = home.parent / "serve-stderr.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Serve:
+        self.err.write_text("")
+        with self.err.open("a") as err:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=err, text=True)
+        for line in self.proc.stdout:
+            if line.startswith("ready "):
+                return self
+        self.proc.wait(30)
+        raise AssertionError(f"serve did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.err.read_text()
+
+    def stop(self) -> str:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        assert self.proc.wait(120) == 0, self.log()
+        return self.log()
+
+
+def servers_of(home) -> list[psutil.Process]:
+    """The llama-servers running on ``home``'s sessions folder."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if str(home / "sessions") in cmd:
+            found.append(p)
+    return found
+
+
+def test_the_next_serve_starts_llama_server_from_the_note_and_restores_into_it(
+        llama_model, server_bin, port, isolated_home):
+    serve = Serve(isolated_home, llama_model, server_bin, port)
+    serve.start()
+    converse(serve.url, USER_TURNS[:2])
+    first_log = serve.stop()
+    assert TAKEN_OVER not in first_log  # nothing noted yet: the plain launch
+    note = json.loads((isolated_home / "cache" / "last-launch.json").read_text())
+    assert note["command_line"] == serve.argv[3:]
+
+    serve.start()
+    try:
+        assert TAKEN_OVER in serve.log(), serve.log()
+        pid = json.loads((isolated_home / "state" / "server.json").read_text())["pid"]
+        assert [p.pid for p in servers_of(isolated_home)] == [pid]  # one llama-server: the early one, supervised
+
+        # The same command line while it runs: the folder is in use, no second llama-server starts.
+        busy = subprocess.run(serve.argv, capture_output=True, text=True, timeout=120)
+        assert busy.returncode != 0 and "already running" in busy.stderr and "Traceback" not in busy.stderr
+        assert [p.pid for p in servers_of(isolated_home)] == [pid]
+
+        _, resp = converse(serve.url, USER_TURNS[:3])  # the conversation saved at shutdown was restored
+        t = resp["timings"]
+        assert t["cache_n"] > 0.8 * (t["cache_n"] + t["prompt_n"]), t
+    finally:
+        serve.stop()
+    assert servers_of(isolated_home) == []
+
+
+def test_an_early_server_that_is_not_the_planned_one_is_stopped_and_the_plan_launched(
+        llama_model, server_bin, port, isolated_home):
+    serve = Serve(isolated_home, llama_model, server_bin, port)
+    serve.start()
+    serve.stop()
+    # A note whose inputs all still hold but whose llama-server command line is not what the plan
+    # makes (as if something the note cannot see had changed): the early server is the wrong one.
+    path = isolated_home / "cache" / "last-launch.json"
+    note = json.loads(path.read_text())
+    argv = note["server_argv"]
+    argv[argv.index("--ctx-size") + 1] = "4096"
+    path.write_text(json.dumps(note))
+
+    serve.start()
+    try:
+        assert TAKEN_OVER not in serve.log()
+        running = servers_of(isolated_home)
+        assert len(running) == 1 and "4096" not in running[0].cmdline(), [p.cmdline() for p in running]
+        props = httpx.get(f"{serve.url}/props", timeout=30).json()
+        assert props["default_generation_settings"]["n_ctx"] == 2048  # the planned launch
+        converse(serve.url, USER_TURNS[:1])
+    finally:
+        serve.stop()
+    # The plan's command line is noted again, and the next launch gets its head start.
+    assert json.loads(path.read_text())["server_argv"][argv.index("--ctx-size") + 1] == "2048"
+    serve.start()
+    try:
+        assert TAKEN_OVER in serve.log()
+    finally:
+        serve.stop()
+
+
+BEGIN = textwrap.dedent("""
+    import json, sys, time
+    from slotkeeper.core.server import headstart
+    headstart.begin(sys.argv[2:])
+    early = headstart.early()
+    heavy = [m for m in sys.argv[1].split(",") if m in sys.modules]
+    print(json.dumps({"pid": early.popen.pid if early else None, "heavy": heavy}), flush=True)
+    time.sleep(120)
+""")
+
+# What the head start must not wait for: the command line, the settings, the engine, psutil ...
+HEAVY = ("argparse", "slotkeeper.cli", "slotkeeper.core.settings", "slotkeeper.core.engine", "psutil", "asyncio",
+         "aiohttp", "http.client", "slotkeeper.core.server.supervisor", "slotkeeper.core.gguf_header")
+
+
+def test_the_head_start_imports_nothing_heavy_and_a_stop_before_the_take_over_stops_its_server(
+        llama_model, server_bin, port, isolated_home):
+    serve = Serve(isolated_home, llama_model, server_bin, port)
+    serve.start()
+    serve.stop()
+    proc = subprocess.Popen([sys.executable, "-c", BEGIN, ",".join(HEAVY), *serve.argv[3:]],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        out = json.loads(proc.stdout.readline())
+        assert out["pid"] is not None and out["heavy"] == []
+        early = psutil.Process(out["pid"])
+        assert str(isolated_home / "sessions") in early.cmdline()
+        proc.send_signal(signal.SIGTERM)  # e.g. a logout while the app starts
+        proc.wait(30)
+        wait_until(lambda: not early.is_running() or early.status() == psutil.STATUS_ZOMBIE, 30,
+                   what="the early llama-server stopped")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert servers_of(isolated_home) == []
+    # And the next launch still starts (its lock was the dead process's).
+    serve.start()
+    time.sleep(0.1)
+    assert len(servers_of(isolated_home)) == 1
+    serve.stop()
+
+
+def test_without_a_note_or_with_another_command_line_there_is_no_head_start(
+        llama_model, server_bin, port, isolated_home):
+    serve = Serve(isolated_home, llama_model, server_bin, port)
+    serve.start()
+    serve.stop()
+    serve.argv[serve.argv.index("--idle-save") + 1] = "3000"  # another command line: its own note
+    serve.start()
+    try:
+        assert TAKEN_OVER not in serve.log()
+    finally:
+        serve.stop()
+    os.remove(isolated_home / "cache" / "last-launch.json")
+    serve.start()
+    try:
+        assert TAKEN_OVER not in serve.log()
+        assert len(servers_of(isolated_home)) == 1
+    finally:
+        serve.stop()
