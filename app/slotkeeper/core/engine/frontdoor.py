@@ -26,11 +26,10 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
-from aiohttp import web
 
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
+from slotkeeper.core.engine.httpstack import aiohttp, web
 from slotkeeper.core.tokens import TokenArray, tokens_from_json
 
 if TYPE_CHECKING:
