@@ -5,9 +5,10 @@ import sys
 
 
 def main() -> int:
-    from slotkeeper.core.server import headstart
+    if "serve" in sys.argv[1:]:  # other commands do not even import it
+        from slotkeeper.core.server import headstart
 
-    headstart.begin(sys.argv[1:])
+        headstart.begin(sys.argv[1:])
     from slotkeeper.cli import main as cli_main
 
     return cli_main()

@@ -130,3 +130,14 @@ def test_commands_other_than_serve_read_no_note(noted, spawned, monkeypatch):
     assert read == []
     headstart.begin(COMMAND_LINE)
     assert read == [COMMAND_LINE]
+
+
+def test_other_commands_do_not_import_the_head_start(isolated_home):
+    import subprocess
+    import sys
+
+    for args in (["--version"], ["sessions", "list", "--json"]):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slotkeeper", *args],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "slotkeeper.core.server.headstart" not in r.stderr and "slotkeeper.cli" in r.stderr
