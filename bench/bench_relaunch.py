@@ -1,6 +1,7 @@
 """Relaunch to first reply, Slotkeeper vs raw llama-server, side by side in one run.
 
-    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--model PATH] [--work DIR]
+    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--kind bench|bench-kv] [--model PATH]
+                                             [--work DIR]
 
 Setup (not timed): the ~200 MB bench model; `slotkeeper serve` prefills a --tokens conversation
 and saves it at shutdown; a copy of that save file goes to raw llama-server's own folder.
@@ -143,14 +144,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=8000, help="conversation length in tokens")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--model", help="GGUF to use (default: the generated ~200 MB bench model)")
+    ap.add_argument("--model", help="GGUF to use (default: a generated model of --kind)")
+    ap.add_argument("--kind", choices=("bench", "bench-kv"), default="bench",
+                    help="the generated model: bench (~200 MB, loads in ~0.5 s) or bench-kv (an 8B model's KV "
+                         "per token: 2 GiB of KV at 16K context, a load of seconds)")
     ap.add_argument("--work", help="folder for the model, the data and the logs (default: a new temporary one)")
     args = ap.parse_args()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="slotkeeper-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model) if args.model else work / "bench.gguf"
+    model = Path(args.model) if args.model else work / f"{args.kind}.gguf"
     if not model.exists():
-        write_model(model, "bench")
+        write_model(model, args.kind)
     ctx = max(16384, args.tokens + 1024)
     home, raw_dir = work / "home", work / "raw"
     shutil.rmtree(home, ignore_errors=True)
