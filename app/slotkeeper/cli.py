@@ -241,8 +241,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         engine = Engine(paths, settings, own_thread=False, prelaunched=pre)
     except BaseException as exc:
         if pre is not None:  # never leave the server it started behind
-            pre.supervisor.stop()
-            pre.front_socket.close()
+            pre.abandon()
         if isinstance(exc, EngineError):
             print(f"slotkeeper: {exc}", file=sys.stderr)
             return 1
@@ -374,13 +373,22 @@ def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
         print("slotkeeper: no display to open the desktop app on (DISPLAY and WAYLAND_DISPLAY are unset). "
               "`slotkeeper serve` runs without one.", file=sys.stderr)
         return 1
+    start_now = bool(args.model or args.demo)
+    pre = None
+    if (start_now or settings.start_server_on_launch) and settings.profile.model_path:
+        from slotkeeper.core.engine.launching import prelaunch
+
+        # The model loads while Qt starts; the app's engine takes the launch over.
+        pre = prelaunch(paths, settings, getattr(args, "command_line", None))
     try:
         from slotkeeper.gui.application import run_gui
     except ImportError as exc:  # e.g. Qt's system libraries are missing
+        if pre is not None:
+            pre.abandon()
         print(f"slotkeeper: the desktop app cannot start: {exc}. `slotkeeper serve` runs without it.",
               file=sys.stderr)
         return 1
-    return run_gui(args, paths, service, settings, start_now=bool(args.model or args.demo))
+    return run_gui(args, paths, service, settings, start_now=start_now, prelaunched=pre)
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
-"""`slotkeeper serve`'s head start (core/server/headstart.py), with the real llama-server: the
-second launch with the same command line starts llama-server from the first launch's note, the
-planned launch takes that process over, and the saved conversation is restored into it; an early
-server that is not exactly the planned one never runs on; a busy folder gets no early server."""
+"""The head start (core/server/headstart.py), with the real llama-server: the second launch of
+`slotkeeper serve` (or of the desktop app) with the same command line starts llama-server from the
+first launch's note, the planned launch takes that process over, and the saved conversation is
+restored into it; an early server that is not exactly the planned one never runs on; a busy
+folder gets no early server."""
 
 from __future__ import annotations
 
@@ -47,11 +48,33 @@ class Serve:
     def log(self) -> str:
         return self.err.read_text()
 
-    def stop(self) -> str:
+    def stop(self, sig: int = signal.SIGINT) -> str:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGINT)
+        self.proc.send_signal(sig)
         assert self.proc.wait(120) == 0, self.log()
         return self.log()
+
+
+class DesktopApp(Serve):
+    """The desktop app (`python -m slotkeeper` without a command) on Qt's offscreen platform."""
+
+    def __init__(self, home, model, server_bin, port) -> None:
+        super().__init__(home, model, server_bin, port)
+        self.argv.remove("serve")
+
+    def start(self) -> DesktopApp:
+        self.err.write_text("")
+        with self.err.open("a") as err:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=err,
+                                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+        # Requests wait at the front door until the launch restores are done.
+        wait_until(lambda: "server ready" in self.log() or self.proc.poll() is not None, 120,
+                   what="the app's llama-server ready")
+        assert self.proc.poll() is None, self.log()
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:  # as a desktop session ending: it saves first
+        return super().stop(sig)
 
 
 def servers_of(home) -> list[psutil.Process]:
@@ -185,3 +208,34 @@ def test_without_a_note_or_with_another_command_line_there_is_no_head_start(
         assert len(servers_of(isolated_home)) == 1
     finally:
         serve.stop()
+
+
+def test_the_desktop_app_gets_the_head_start_too(llama_model, server_bin, port, isolated_home):
+    app = DesktopApp(isolated_home, llama_model, server_bin, port)
+    app.start()
+    converse(app.url, USER_TURNS[:2])
+    assert TAKEN_OVER not in app.stop()
+    assert json.loads((isolated_home / "cache" / "last-launch.json").read_text())["command_line"] == app.argv[3:]
+
+    app.start()
+    try:
+        assert TAKEN_OVER in app.log(), app.log()
+        assert len(servers_of(isolated_home)) == 1
+        _, resp = converse(app.url, USER_TURNS[:3])  # restored at launch into the early server
+        t = resp["timings"]
+        assert t["cache_n"] > 0.8 * (t["cache_n"] + t["prompt_n"]), t
+    finally:
+        app.stop()
+    assert servers_of(isolated_home) == []
+
+
+def test_a_desktop_app_that_cannot_start_leaves_no_llama_server(llama_model, server_bin, port, isolated_home):
+    # Qt's libraries missing: the app's launch began before the GUI was imported, and is stopped.
+    script = ("import sys; sys.modules['slotkeeper.gui.application'] = None\n"
+              "from slotkeeper.cli import main; raise SystemExit(main(sys.argv[1:]))")
+    app = DesktopApp(isolated_home, llama_model, server_bin, port)
+    r = subprocess.run([sys.executable, "-c", script, *app.argv[3:]], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert r.returncode == 1 and "the desktop app cannot start" in r.stderr and "Traceback" not in r.stderr
+    assert (isolated_home / "logs" / "llama-server.log").exists()  # it had been started
+    assert servers_of(isolated_home) == [] and not (isolated_home / "state" / "server.json").exists()

@@ -123,15 +123,6 @@ def test_data_dir_is_found_anywhere_before_the_extra_arguments():
     assert headstart._data_dir(["serve"]) is None
 
 
-def test_commands_other_than_serve_read_no_note(noted, spawned, monkeypatch):
-    read = []
-    monkeypatch.setattr(headstart, "_start", lambda argv: read.append(argv))
-    headstart.begin(["sessions", "list"])
-    assert read == []
-    headstart.begin(COMMAND_LINE)
-    assert read == [COMMAND_LINE]
-
-
 def test_other_commands_do_not_import_the_head_start(isolated_home):
     import subprocess
     import sys

@@ -35,6 +35,7 @@ from slotkeeper.gui.notifications import Notifier
 from slotkeeper.gui.tray import TrayController
 
 if TYPE_CHECKING:
+    from slotkeeper.core.engine.launching import Prelaunched
     from slotkeeper.gui.main_window import MainWindow
     from slotkeeper.gui.settings.dialog import SettingsDialog
 
@@ -151,10 +152,11 @@ class SlotkeeperApp(QObject):
         tray_available: bool | None = None,
         engine: Engine | None = None,
         first_run: bool = True,
+        prelaunched: Prelaunched | None = None,
     ) -> None:
         super().__init__()
         self.paths = paths
-        self.engine = engine or Engine(paths, settings)
+        self.engine = engine or Engine(paths, settings, prelaunched=prelaunched)
         self.bridge = EngineBridge(self.engine, settings_service or SettingsService(paths.settings_file), self)
         self.notifier = Notifier(self.bridge, self)
         # The main window is built when first needed (~20 MB): an app left in the tray never builds it.
@@ -380,9 +382,11 @@ def _install_signal_handlers(on_signal: Callable[[], None]) -> Callable[[], None
 
 def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsService, settings: Settings,
             start_now: bool = False, first_run: bool = True,
-            on_started: Callable[[SlotkeeperApp], None] | None = None) -> int:
+            on_started: Callable[[SlotkeeperApp], None] | None = None,
+            prelaunched: Prelaunched | None = None) -> int:
     """Run the desktop app until Quit. ``settings`` are this run's (saved + command line);
     ``start_now`` starts the server at once (a model was given on the command line);
+    ``prelaunched``: that launch, begun before Qt was imported (the engine takes it over);
     ``on_started(app)`` runs once everything is built (the desktop test drives the app from it).
     Returns the process exit code: 0, also when another instance was asked to show itself."""
     owned = QApplication.instance() is None  # ours to shut down (a test's shared one is not)
@@ -396,7 +400,11 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsS
     if not app.property("slotkeeper_follows_scheme"):  # light or dark as the system is, once per app
         theme.follow_color_scheme(app)
         app.setProperty("slotkeeper_follows_scheme", True)
-    code = _run(app, args, paths, service, settings, start_now, first_run, on_started)
+    try:
+        code = _run(app, args, paths, service, settings, start_now, first_run, on_started, prelaunched)
+    finally:
+        if prelaunched is not None and not prelaunched.taken:
+            prelaunched.abandon()  # never leave a server nobody took over
     # Every Qt object of ours is deleted in _run; their Python wrappers go now, while Python is
     # whole. Left to the interpreter's final collection, PySide wrappers can crash the process at
     # exit ("bool_dealloc"), which a user sees as "Slotkeeper quit unexpectedly".
@@ -409,7 +417,7 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsS
 
 def _run(app: QApplication, args: argparse.Namespace | None, paths: AppPaths, service: SettingsService,
          settings: Settings, start_now: bool, first_run: bool,
-         on_started: Callable[[SlotkeeperApp], None] | None) -> int:
+         on_started: Callable[[SlotkeeperApp], None] | None, prelaunched: Prelaunched | None) -> int:
     instance = SingleInstance(instance_key(paths))
     if instance.notify_running():
         log.info("Slotkeeper is already running for %s; asked it to show its window", paths.data_dir)
@@ -419,7 +427,7 @@ def _run(app: QApplication, args: argparse.Namespace | None, paths: AppPaths, se
 
     try:
         sk = SlotkeeperApp(paths, settings, service, resume_id=getattr(args, "resume", None), start_now=start_now,
-                           first_run=first_run)
+                           first_run=first_run, prelaunched=prelaunched)
     except EngineError as exc:  # e.g. `slotkeeper serve` already uses this data folder
         log.error("%s", exc)
         QMessageBox.critical(None, APP_DISPLAY_NAME, f"Slotkeeper cannot start: {exc}.")

@@ -167,6 +167,7 @@ class Engine:
         self.history = RequestHistory(paths.history_file)
         self._prelaunched = prelaunched
         if prelaunched is not None:
+            prelaunched.taken = True
             self.model_facts, self.binary_facts = prelaunched.model_facts, prelaunched.binary_facts
             self.supervisor = prelaunched.supervisor
             self.supervisor.set_planner(self._launch_spec, self._save_leftover)

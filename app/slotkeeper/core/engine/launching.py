@@ -3,7 +3,7 @@
 ``plan_launch`` works out llama-server's command line from the settings (the model and its facts,
 the binary and its flags, the private address): the engine calls it for every launch.
 
-``prelaunch`` lets `slotkeeper serve` load the model and build the engine at once. Loading a
+``prelaunch`` lets `slotkeeper serve` (and the desktop app) load the model and build the engine at once. Loading a
 model takes llama-server a while; so does importing the engine (the front door's HTTP stack, the
 search index ...). ``prelaunch`` needs only the light modules: it takes the data folder's lock,
 claims the front door's port, plans the launch and starts the supervisor, whose thread starts
@@ -121,6 +121,12 @@ class Prelaunched:
     front_socket: socket.socket  # the front door's address, already claimed
     model_facts: FileFactsCache
     binary_facts: FileFactsCache
+    taken: bool = False  # an engine owns it now (and stops it when it closes)
+
+    def abandon(self) -> None:
+        """Stop this launch (nobody will take it over): no server is left behind."""
+        self.supervisor.stop()
+        self.front_socket.close()
 
 
 def prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] | None = None) -> Prelaunched | None:

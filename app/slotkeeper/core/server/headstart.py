@@ -1,12 +1,13 @@
-"""`slotkeeper serve`'s head start: llama-server started before the rest of Slotkeeper is imported.
+"""The head start: llama-server started before the rest of Slotkeeper is imported.
 
 Loading the model is the longest step of a relaunch, so it should begin at once. Every launch
-that `serve` plans leaves a note (``cache/last-launch.json``): the command line `serve` was given,
+that `serve` (or the desktop app, when it starts the server at launch) plans leaves a note
+(``cache/last-launch.json``): the command line Slotkeeper was given,
 llama-server's command line it planned, and what that plan was made from (Slotkeeper's version,
 the working folder, the environment variables it reads, and the size, mtime and inode of the
 settings file, the private address file and of every file on llama-server's command line: the
-binary, the model, ...). When `serve` runs again with the same command line and nothing of that
-has changed, ``begin`` (the standard library plus the light path, lock and spawn helpers) takes
+binary, the model, ...). When Slotkeeper runs again with the same command line and nothing of
+that has changed, ``begin`` (the standard library plus the light path, lock and spawn helpers) takes
 the data folder's lock and starts that llama-server, tens of milliseconds after the process began.
 
 Nothing is trusted on the note's word: ``prelaunch`` plans the launch in full, as always, and
@@ -34,7 +35,6 @@ from slotkeeper import __version__
 
 NOTE_NAME = "last-launch.json"  # in the cache folder
 NOTE_VERSION = 1
-COMMAND = "serve"
 ENV_PREFIXES = ("SLOTKEEPER_", "LLAMA_")  # ... and PATH: what finding the binary and the folders read
 
 
@@ -53,9 +53,10 @@ _early: Early | None = None
 
 
 def begin(argv: Sequence[str]) -> None:
-    """Start llama-server now if the note of the last `serve` launch still holds; never raises."""
+    """Start llama-server now if the note of the last launch with this command line still holds;
+    never raises."""
     global _early
-    if COMMAND not in argv or _early is not None:
+    if _early is not None:
         return
     try:
         _early = _start(list(argv))
