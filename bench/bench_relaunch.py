@@ -1,6 +1,6 @@
 """Relaunch to first reply, Slotkeeper vs raw llama-server, side by side in one run.
 
-    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--kind bench|bench-kv] [--model PATH]
+    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--kind bench|bench-kv] [--desktop] [--model PATH]
                                              [--work DIR]
 
 Setup (not timed): the ~200 MB bench model; `slotkeeper serve` prefills a --tokens conversation
@@ -92,6 +92,37 @@ class Serve:
             self.proc = None
 
 
+class Desktop(Serve):
+    """The desktop app (Qt's offscreen platform) in its own process, started with a model: it
+    launches the server at once. A client cannot know when it is ready, so the request is sent
+    at once and again every 10 ms while the connection is refused."""
+
+    def __init__(self, home: Path, model: Path, ctx: int, log: Path) -> None:
+        super().__init__(home, model, ctx, log)
+        self.argv.remove("serve")
+
+    def start(self) -> None:
+        with self.log.open("a") as err:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                         env={**serve_environment(self.log.parent), "QT_QPA_PLATFORM": "offscreen"})
+
+    def complete(self, http: httpx.Client, prompt: list[int]) -> dict:
+        while True:
+            try:
+                return complete(http, self.url, prompt)
+            except httpx.ConnectError:
+                if self.proc is None or self.proc.poll() is not None:
+                    raise RuntimeError(f"the desktop app stopped; see {self.log}") from None
+                time.sleep(RAW_POLL_SECONDS)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)  # as the desktop session ending: saves, stops llama-server
+            if self.proc.wait(300) != 0:
+                raise RuntimeError(f"the desktop app exited with {self.proc.returncode}; see {self.log}")
+            self.proc = None
+
+
 class Raw:
     """llama-server with Slotkeeper's arguments, restarted and restored by hand."""
 
@@ -148,6 +179,8 @@ def main() -> int:
     ap.add_argument("--kind", choices=("bench", "bench-kv"), default="bench",
                     help="the generated model: bench (~200 MB, loads in ~0.5 s) or bench-kv (an 8B model's KV "
                          "per token: 2 GiB of KV at 16K context, a load of seconds)")
+    ap.add_argument("--desktop", action="store_true",
+                    help="time the desktop app (started with the model, Qt offscreen) instead of `serve`")
     ap.add_argument("--work", help="folder for the model, the data and the logs (default: a new temporary one)")
     args = ap.parse_args()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="slotkeeper-bench-"))
@@ -162,6 +195,7 @@ def main() -> int:
     raw_dir.mkdir(mode=0o700)
     serve = Serve(home, model, ctx, work / "serve.log")
     raw = Raw(model, ctx, raw_dir, work / "raw.log")
+    desktop = Desktop(home, model, ctx, work / "desktop.log") if args.desktop else None
 
     with httpx.Client() as http:
         print(f"setup: prefilling {args.tokens} tokens (once, not timed) ...", flush=True)
@@ -180,6 +214,12 @@ def main() -> int:
 
         def slotkeeper_round() -> tuple[float, dict]:
             t0 = time.perf_counter()
+            if desktop is not None:
+                desktop.start()
+                timings = desktop.complete(http, prompt + more)
+                took = time.perf_counter() - t0
+                desktop.stop()
+                return took, timings
             serve.start()
             timings = complete(http, serve.url, prompt + more)
             took = time.perf_counter() - t0
@@ -210,7 +250,7 @@ def main() -> int:
             raw.stop()
             if serve.proc is not None:
                 serve.proc.kill()
-    report("relaunch -> first reply", sk_times, raw_times)
+    report("relaunch -> first reply" + (" (desktop app)" if desktop else ""), sk_times, raw_times)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0
