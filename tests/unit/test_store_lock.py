@@ -169,3 +169,15 @@ def test_listing_a_deleted_folder_finds_nothing_and_does_not_create_it(tmp_path)
     assert not store.dir.exists(), "the lock never creates the folder (it would with the umask's mode)"
     with pytest.raises(FileNotFoundError, match="is missing"):
         store.sweep()
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes")
+def test_the_lock_file_is_private_like_every_file_slotkeeper_writes(isolated_home):
+    old = os.umask(0o022)
+    try:
+        store = SessionStore(app_paths().ensure().sessions_dir)
+        with store.lock.held():
+            pass
+    finally:
+        os.umask(old)
+    assert oct((store.dir / LOCK_NAME).stat().st_mode & 0o777) == oct(0o600)

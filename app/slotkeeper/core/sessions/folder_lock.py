@@ -47,7 +47,8 @@ class FolderLock:
     def __init__(self, path: Path, timeout: float = LOCK_TIMEOUT_SECONDS) -> None:
         self.path = Path(path)
         self.timeout = timeout
-        self._lock = filelock.FileLock(str(path), timeout=timeout, thread_local=True)
+        # 0600, as every file Slotkeeper writes (filelock would use 0644, less the umask).
+        self._lock = filelock.FileLock(str(path), timeout=timeout, thread_local=True, mode=0o600)
 
     @property
     def folder(self) -> Path:
