@@ -88,11 +88,20 @@ from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
 from slotkeeper.core.sessions.naming import new_incoming_name
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
-from slotkeeper.core.sessions.saving import SaveContext, SaveError, SaveOutcome, save_incoming, server_refused
+from slotkeeper.core.sessions.saving import (
+    SaveContext,
+    SaveError,
+    SaveOutcome,
+    Written,
+    check_written,
+    commit_written,
+    server_refused,
+)
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.settings import ServerProfile, Settings, SettingsError, connect_url
+from slotkeeper.core.tokens import TokenArray, as_tokens
 from slotkeeper.core.views import Activity, RestoreSummary, SavesReport, SaveSummary, SlotView
 
 log = logging.getLogger(__name__)
@@ -101,6 +110,7 @@ T = TypeVar("T")
 
 SHUTDOWN_SAVE_TIMEOUT_SECONDS = 120.0
 SLOT_ACTION_TIMEOUT_SECONDS = 600.0  # a busy slot defers the action until it is idle
+SWITCH_REASON = "before switching conversations"
 LAUNCH_ATTEMPTS = 3
 HASH_PROGRESS_SECONDS = 0.5
 LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
@@ -199,6 +209,7 @@ class Engine:
         self._policy = AutosavePolicy(settings.idle_save_seconds, changes_from_polls=False)
         self._slots = SlotTable()
         self._slot_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._commits: dict[asyncio.Future, TokenArray] = {}  # saves committing after a switch, and their tokens
         self._activity = Activity()
         self._http: LlamaClient | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -423,6 +434,7 @@ class Engine:
             await self.front.stop()
         self._serving.clear()
         self._stop_poller()
+        await self.await_commits()  # saves finishing after a switch: before llama-server stops
         if self._after_ready is not None and not self._after_ready.done():
             self._after_ready.cancel()
         report = SavesReport()
@@ -745,13 +757,17 @@ class Engine:
                 self._set_slot(slot, session_id=None, n_tokens=0, detached=False)
                 raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
             tokens = await self.loop.run_io(self.store.tokens, entry)
-            sc = await self.loop.run_io(record_restore, self.store, session_id, slot, result.n_restored)
         except RestoreRefused as exc:
             self.events.emit(SessionRefused(session_id, slot, tuple(exc.reasons)))
             return None
         finally:
             w.busy_with = None
             self._set_slot(slot, state="idle")
+        # In order with the reuse recorded after the first request; off the request's path (the
+        # folder lock may be held by a save committing after a switch).
+        self.loop.in_background(record_restore, self.store, session_id, slot, result.n_restored,
+                                what="recording the restore")
+        sc = entry.sidecar
         self._policy.mark_restored(slot, session_id)
         self.desk.restored(slot, tokens, result.restore_ms, result.n_read)
         self._slots.pending[slot] = PendingReuse(session_id, result.n_restored, sc.restore_mode)
@@ -830,6 +846,13 @@ class Engine:
     async def _write_session(self, http: LlamaClient, ctx: SaveContext, slot: int, current_id: str | None,
                              timeout: float, n_prompt: int | None = None) -> SaveOutcome:
         """llama-server writes the slot; the save protocol turns the file into a session. Raises."""
+        written, save_ms = await self._write_slot(http, slot, timeout)
+        if written is None:
+            return SaveOutcome("empty", None)
+        return await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt)
+
+    async def _write_slot(self, http: LlamaClient, slot: int, timeout: float) -> tuple[Written | None, float]:
+        """llama-server writes the slot to an incoming file, checked whole (None: the slot was empty)."""
         await self.loop.run_io(self.store.ensure_folder)  # recreated if deleted; still private
         name = new_incoming_name()
         try:
@@ -837,9 +860,14 @@ class Engine:
         except ServerError as exc:
             await self.loop.run_io(unlink_quietly, self.store.dir / name)
             raise server_refused(self.store, slot, exc.message) from exc
+        written = await self.loop.run_io(check_written, self.store, name, result.n_written, slot)
+        return written, result.save_ms
+
+    async def _commit_written(self, http: LlamaClient, ctx: SaveContext, written: Written, current_id: str | None,
+                              save_ms: float, n_prompt: int | None) -> SaveOutcome:
         described = Described(http)  # keeps the conversation's text for the search index
-        outcome = await self.loop.run_io(save_incoming, self.store, name, result.n_written, slot, ctx,
-                                         described, current_id, result.save_ms, n_prompt)
+        outcome = await self.loop.run_io(commit_written, self.store, written, ctx, described, current_id, save_ms,
+                                         n_prompt)
         sc = outcome.sidecar
         if sc is not None and outcome.kind in ("new", "update", "fork"):
             self.loop.in_background(index_saved, self.search, sc.id, sc.kv_file, sc.model_sha256, sc.title,
@@ -1025,10 +1053,66 @@ class Engine:
 
     async def save_before_switching(self, slot: int) -> bool:
         """Save what ``slot`` holds before another conversation takes it (its lock is held).
-        False: it could not be saved, so it must not be replaced."""
+        False: it could not be saved, so it must not be replaced.
+
+        Only llama-server's write waits: once the file is whole (its size and token list
+        checked), the other conversation may take the slot, and the rest of the save (hash,
+        fsync, lineage, title, commit) runs beside the request. A request that could use the
+        session being committed waits for it (``await_commits``), and so does a stop."""
         if self._saves_never_help():  # nothing worth keeping in it
-            return await self._save_locked(slot, "before switching conversations") is None
-        return await self._save_locked(slot, "before switching conversations") is not None
+            return await self._save_locked(slot, SWITCH_REASON) is None
+        facts, model = self._facts, self._model
+        if facts is None or model is None:
+            return False
+        w = self._policy.watch(slot)
+        generation, current_id = w.generation, w.session_id
+        n_prompt = self.desk.content(slot).n_prompt
+        known = 0 < n_prompt < UNKNOWN and restore_mode(facts) == families.RESTORE_WORKS
+        ctx = SaveContext(facts, model.info.arch, self._llama_build)
+        http = self._client()
+        w.busy_with = "saving"
+        self._set_slot(slot, state="saving")
+        try:
+            written, save_ms = await self._write_slot(http, slot, SLOT_ACTION_TIMEOUT_SECONDS)
+        except Exception as exc:  # not written: the conversation stays in its slot
+            self._save_failed(slot, describe_save_error(slot, exc))
+            return False
+        finally:
+            w.busy_with = None
+            self._set_slot(slot, state="idle")
+        self._policy.mark_saved(slot, None, generation)  # the slot is about to hold another conversation
+        if written is not None:
+            commit = asyncio.ensure_future(self._finish_switch_save(http, ctx, written, current_id, save_ms,
+                                                                    n_prompt if known else None))
+            self._commits[commit] = as_tokens(written.tokens)
+            commit.add_done_callback(lambda done: self._commits.pop(done, None))
+        return True
+
+    async def _finish_switch_save(self, http: LlamaClient, ctx: SaveContext, written: Written,
+                                  current_id: str | None, save_ms: float, n_prompt: int | None) -> None:
+        slot = written.slot
+        try:
+            outcome = await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt)
+        except Exception as exc:  # the slot holds another conversation by now
+            message = describe_save_error(slot, exc)
+            log.warning("the save of the conversation slot %s held before a switch failed: %s", slot, message)
+            self.events.emit(SaveFailed(slot, f"{message} (the conversation it held before the switch keeps "
+                                              "its previous save)"))
+            return
+        self._index_saved(outcome)
+        self.events.emit(SessionSaved(save_summary(slot, SWITCH_REASON, outcome)))
+        if outcome.kind in ("new", "update", "fork"):
+            await self._prune()
+
+    async def await_commits(self, tokens: TokenArray | None = None, beat: int = 0) -> None:
+        """Until the saves committing after a switch are done: every one, or (``tokens``) those
+        sharing more than ``beat`` tokens with them (the ones a route could choose)."""
+        while True:
+            waits = [c for c, held in self._commits.items()
+                     if tokens is None or common_prefix_len(tokens, held) > beat]
+            if not waits:
+                return
+            await asyncio.wait(waits)
 
     async def restore_for_request(self, session_id: str, slot: int) -> RestoreSummary | None:
         facts = self._facts

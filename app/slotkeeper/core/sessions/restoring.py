@@ -50,11 +50,15 @@ def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts) -
     return entry
 
 
-def record_restore(store: SessionStore, session_id: str, slot: int, n_restored: int) -> Sidecar:
-    """The session was restored into ``slot``: it is the most recently used now."""
+def record_restore(store: SessionStore, session_id: str, slot: int, n_restored: int) -> None:
+    """The session was restored into ``slot``: it is the most recently used now (a session
+    deleted or damaged since is left as it is)."""
     now = format_utc(utc_now())
     record = RestoreRecord(at=now, slot=slot, n_restored=n_restored)
-    return store.update(session_id, lambda s: replace(s, last_used_at=now, last_restore=record))
+    try:
+        store.update(session_id, lambda s: replace(s, last_used_at=now, last_restore=record))
+    except (SessionNotFound, SidecarError):
+        pass
 
 
 def record_reuse(store: SessionStore, session_id: str, cache_n: int, prompt_n: int, effective: bool,

@@ -42,7 +42,8 @@ from slotkeeper.core.units import human_bytes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FAULT_ENV", "SaveContext", "SaveError", "SaveOutcome", "save_incoming", "server_refused"]
+__all__ = ["FAULT_ENV", "SaveContext", "SaveError", "SaveOutcome", "Written", "check_written", "commit_written",
+           "save_incoming", "server_refused"]
 
 # Test-only fault injection: SLOTKEEPER_FAULT=<step> ends the process at that step of a save,
 # as a power cut or kill -9 would, so the crash-safety tests exercise the real code path.
@@ -106,6 +107,18 @@ def server_refused(store: SessionStore, slot: int, message: str) -> SaveError:
     return SaveError(f"llama-server could not save slot {slot}: {message}{space_hint(store.dir)}")
 
 
+@dataclass(frozen=True)
+class Written:
+    """A slot llama-server has written to an incoming file, its size and token list checked: the
+    rest of the save (``commit_written``) may follow later; until then that file is the only copy."""
+
+    path: Path
+    tokens: list[int]
+    size: int
+    n_media: int
+    slot: int
+
+
 def save_incoming(
     store: SessionStore,
     incoming_name: str,
@@ -119,20 +132,48 @@ def save_incoming(
 ) -> SaveOutcome:
     """Turn the file llama-server just wrote into a session (steps 1-4); the incoming file is
     gone afterwards whatever happens. Raises SaveError."""
+    written = check_written(store, incoming_name, n_written, slot)
+    if written is None:
+        return SaveOutcome("empty", None)
+    return commit_written(store, written, ctx, describe, current_id, save_ms, n_prompt)
+
+
+def check_written(store: SessionStore, incoming_name: str, n_written: int, slot: int) -> Written | None:
+    """Step 1's quick part: llama-server wrote the whole file, and its token list reads. None: the
+    slot was empty. The file is gone unless it is returned. Raises SaveError."""
     path = store.dir / incoming_name
     try:
         fault_point("after_server_write")
-        incoming = _check(store, path, n_written, slot)
-        if incoming is None:
-            return SaveOutcome("empty", None)
+        written = _check(store, path, n_written, slot)
+    except (kvfile.KvFileError, OSError) as exc:
+        unlink_quietly(path)
+        raise SaveError(f"saving slot {slot} failed: {exc}") from exc
+    except BaseException:
+        unlink_quietly(path)
+        raise
+    if written is None:
+        unlink_quietly(path)
+    return written
+
+
+def commit_written(store: SessionStore, written: Written, ctx: SaveContext, describe: Describe,
+                   current_id: str | None = None, save_ms: float = 0.0, n_prompt: int | None = None) -> SaveOutcome:
+    """The rest of the save (step 1's hash and fsync, steps 2-4); the incoming file is gone
+    afterwards whatever happens. Raises SaveError."""
+    path = written.path
+    try:
+        content_hash, hashed = hash_with_stamp(path)
+        fsync_private(path)  # 0600 before it becomes a session: llama-server writes with the umask
+        fault_point("after_hash")
+        incoming = _Incoming(path, written.tokens, written.size, content_hash, written.n_media, hashed)
         return _commit(store, incoming, ctx, describe, current_id, save_ms, n_prompt)
     except (kvfile.KvFileError, OSError) as exc:
-        raise SaveError(f"saving slot {slot} failed: {exc}") from exc
+        raise SaveError(f"saving slot {written.slot} failed: {exc}") from exc
     finally:
         unlink_quietly(path)
 
 
-def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> _Incoming | None:
+def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> Written | None:
     try:
         size = regular_size(path)  # lstat: a link or a FIFO in its place is never followed
     except FileNotFoundError:
@@ -147,10 +188,7 @@ def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> _Incom
     header = kvfile.read_tokens(path)
     if header.n_tokens == 0:
         return None
-    content_hash, hashed = hash_with_stamp(path)
-    fsync_private(path)  # 0600 before it becomes a session: llama-server writes with the umask
-    fault_point("after_hash")
-    return _Incoming(path, header.tokens, size, content_hash, header.n_media, hashed)
+    return Written(path, header.tokens, size, header.n_media, slot)
 
 
 LINEAGE_FINALISTS = 8  # sessions whose token lists a save compares (chosen by the index's hashes)
