@@ -151,6 +151,11 @@ class Raw:
             time.sleep(RAW_POLL_SECONDS)
         raise RuntimeError(f"llama-server did not start; see {self.log}")
 
+    def save(self, http: httpx.Client, filename: str) -> dict:
+        r = http.post(f"{self.url}/slots/0", params={"action": "save"}, json={"filename": filename}, timeout=600)
+        r.raise_for_status()
+        return r.json()
+
     def restore(self, http: httpx.Client, filename: str) -> dict:
         r = http.post(f"{self.url}/slots/0", params={"action": "restore"}, json={"filename": filename},
                       timeout=600)
