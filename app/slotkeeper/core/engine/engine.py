@@ -1080,7 +1080,9 @@ class Engine:
         finally:
             w.busy_with = None
             self._set_slot(slot, state="idle")
-        self._policy.mark_saved(slot, None, generation)  # the slot is about to hold another conversation
+        # The slot is about to hold another conversation (a restore names it; a new one has none yet).
+        self._policy.mark_saved(slot, None, generation)
+        self._set_slot(slot, session_id=None, detached=False)
         if written is not None:
             commit = asyncio.ensure_future(self._finish_switch_save(http, ctx, written, current_id, save_ms,
                                                                     n_prompt if known else None))
