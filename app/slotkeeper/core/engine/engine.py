@@ -1082,6 +1082,7 @@ class Engine:
             self._set_slot(slot, state="idle")
         # The slot is about to hold another conversation (a restore names it; a new one has none yet).
         self._policy.mark_saved(slot, None, generation)
+        w.session_id = None  # the slot's view and the sessions in slots say the same
         self._set_slot(slot, session_id=None, detached=False)
         if written is not None:
             commit = asyncio.ensure_future(self._finish_switch_save(http, ctx, written, current_id, save_ms,
