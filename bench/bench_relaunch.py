@@ -66,6 +66,7 @@ class Serve:
     """`slotkeeper serve` in its own process."""
 
     def __init__(self, home: Path, model: Path, ctx: int, log: Path) -> None:
+        self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model", str(model),
@@ -127,6 +128,7 @@ class Raw:
     """llama-server with Slotkeeper's arguments, restarted and restored by hand."""
 
     def __init__(self, model: Path, ctx: int, folder: Path, log: Path) -> None:
+        self.folder = folder
         binary = locate_server()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -169,6 +171,17 @@ class Raw:
             self.proc = None
 
 
+def both_sides(work: Path, model: Path, tokens: int) -> tuple[Serve, Raw, int]:
+    """`slotkeeper serve` on a new data folder (work/home) and raw llama-server on a new folder of
+    its own (work/raw), with a context that holds ``tokens`` and more; and that context."""
+    ctx = max(16384, tokens + 1024)
+    home, raw_dir = work / "home", work / "raw"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    raw_dir.mkdir(mode=0o700)
+    return Serve(home, model, ctx, work / "serve.log"), Raw(model, ctx, raw_dir, work / "raw.log"), ctx
+
+
 def session_file(home: Path) -> Path:
     files = sorted((home / "sessions").glob("*.kv"))
     if len(files) != 1:
@@ -193,13 +206,8 @@ def main() -> int:
     model = Path(args.model) if args.model else work / f"{args.kind}.gguf"
     if not model.exists():
         write_model(model, args.kind)
-    ctx = max(16384, args.tokens + 1024)
-    home, raw_dir = work / "home", work / "raw"
-    shutil.rmtree(home, ignore_errors=True)
-    shutil.rmtree(raw_dir, ignore_errors=True)
-    raw_dir.mkdir(mode=0o700)
-    serve = Serve(home, model, ctx, work / "serve.log")
-    raw = Raw(model, ctx, raw_dir, work / "raw.log")
+    serve, raw, ctx = both_sides(work, model, args.tokens)
+    home, raw_dir = serve.home, raw.folder
     desktop = Desktop(home, model, ctx, work / "desktop.log") if args.desktop else None
 
     with httpx.Client() as http:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
-from bench_relaunch import WORDS, Raw, Serve, complete
+from bench_relaunch import WORDS, both_sides, complete
 from benchlib import alternate, report
 
 from slotkeeper.core.modelgen import write_model
@@ -48,13 +48,7 @@ def main() -> int:
     model = work / "bench.gguf"
     if not model.exists():
         write_model(model, "bench")
-    ctx = max(16384, args.tokens + 1024)
-    home, raw_dir = work / "home", work / "raw"
-    shutil.rmtree(home, ignore_errors=True)
-    shutil.rmtree(raw_dir, ignore_errors=True)
-    raw_dir.mkdir(mode=0o700)
-    serve = Serve(home, model, ctx, work / "serve.log")
-    raw = Raw(model, ctx, raw_dir, work / "raw.log")
+    serve, raw, _ = both_sides(work, model, args.tokens)
     with httpx.Client() as http:
         serve.start()
         raw.start(http)

@@ -77,6 +77,13 @@ class DesktopApp(Serve):
         return super().stop(sig)
 
 
+def assert_next_turn_restored(url: str) -> None:
+    """The third turn of the conversation saved after two reuses what was restored."""
+    _, resp = converse(url, USER_TURNS[:3])
+    t = resp["timings"]
+    assert t["cache_n"] > 0.8 * (t["cache_n"] + t["prompt_n"]), t
+
+
 def servers_of(home) -> list[psutil.Process]:
     """The llama-servers running on ``home``'s sessions folder."""
     found = []
@@ -108,9 +115,7 @@ def test_the_next_serve_starts_llama_server_from_the_note_and_restores_into_it(
         assert busy.returncode != 0 and "already running" in busy.stderr and "Traceback" not in busy.stderr
         assert [p.pid for p in servers_of(isolated_home)] == [pid]
 
-        _, resp = converse(serve.url, USER_TURNS[:3])  # the conversation saved at shutdown was restored
-        t = resp["timings"]
-        assert t["cache_n"] > 0.8 * (t["cache_n"] + t["prompt_n"]), t
+        assert_next_turn_restored(serve.url)  # the conversation saved at shutdown
     finally:
         serve.stop()
     assert servers_of(isolated_home) == []
@@ -221,9 +226,7 @@ def test_the_desktop_app_gets_the_head_start_too(llama_model, server_bin, port, 
     try:
         assert TAKEN_OVER in app.log(), app.log()
         assert len(servers_of(isolated_home)) == 1
-        _, resp = converse(app.url, USER_TURNS[:3])  # restored at launch into the early server
-        t = resp["timings"]
-        assert t["cache_n"] > 0.8 * (t["cache_n"] + t["prompt_n"]), t
+        assert_next_turn_restored(app.url)  # restored at launch into the early server
     finally:
         app.stop()
     assert servers_of(isolated_home) == []
