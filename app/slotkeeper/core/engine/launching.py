@@ -3,9 +3,9 @@
 ``plan_launch`` works out llama-server's command line from the settings (the model and its facts,
 the binary and its flags, the private address): the engine calls it for every launch.
 
-``prelaunch`` lets `slotkeeper serve` (and the desktop app) load the model and build the engine at once. Loading a
-model takes llama-server a while; so does importing the engine (the front door's HTTP stack, the
-search index ...). ``prelaunch`` needs only the light modules: it takes the data folder's lock,
+``prelaunch`` lets `slotkeeper serve` (and the desktop app) load the model and build the engine
+at once. Loading a model takes llama-server a while; so does importing the engine (the front
+door's HTTP stack, the search index ...). ``prelaunch`` needs only the light modules: it takes the data folder's lock,
 claims the front door's port, plans the launch and starts the supervisor, whose thread starts
 llama-server (or supervises the one the head start began from the last launch's note, when it
 runs exactly the planned command line: ``core/server/headstart.py``); the engine, built
@@ -131,7 +131,7 @@ class Prelaunched:
 
 def prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] | None = None) -> Prelaunched | None:
     """Start llama-server for ``settings`` now, or None when the engine had better do it.
-    ``command_line``: `serve`'s arguments, noted for the next run's head start (``headstart``)."""
+    ``command_line``: Slotkeeper's arguments, noted for the next run's head start (``headstart``)."""
     try:
         return _prelaunch(paths, settings, command_line)
     finally:
