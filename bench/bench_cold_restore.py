@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from benchlib import alternate, free_port, report
+from benchlib import alternate, free_port, generated_model, report, work_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from slotkeeper.core.engine import Engine  # noqa: E402
-from slotkeeper.core.modelgen import write_model  # noqa: E402
 from slotkeeper.core.paths import app_paths  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
@@ -70,12 +67,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", help="folder for the model and the data (default: a new temporary one)")
     args = ap.parse_args()
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="slotkeeper-bench-", dir=os.getcwd()))
-    work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.work, parent=os.getcwd()) as work:
+        return measure(args, work)
+
+
+def measure(args: argparse.Namespace, work: Path) -> int:
     os.environ["SLOTKEEPER_HOME"] = str(work / "home")
-    model = work / "bench-kv.gguf"
-    if not model.exists():
-        write_model(model, "bench-kv")
+    model = generated_model(work, "bench-kv")
     settings = Settings(profile=ServerProfile(model_path=str(model), port=free_port(), ctx=max(16384, args.tokens + 512),
                                               parallel=1),
                         idle_save_seconds=3600, restore_on_start=0)
@@ -127,8 +125,6 @@ def main() -> int:
     finally:
         engine.close(save=False)
     report(f"cold restore of {kv.stat().st_size / 2**30:.2f} GiB", sk, raw)
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -26,17 +26,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from benchlib import alternate, free_port, report
+from benchlib import alternate, free_port, generated_model, report, work_folder
 
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
 
-from slotkeeper.core.modelgen import write_model  # noqa: E402
 from slotkeeper.core.server.command import build_argv  # noqa: E402
 from slotkeeper.core.server.locate import locate_server, probe_flags  # noqa: E402
 from slotkeeper.core.settings import ServerProfile  # noqa: E402
@@ -201,11 +199,12 @@ def main() -> int:
                     help="time the desktop app (started with the model, Qt offscreen) instead of `serve`")
     ap.add_argument("--work", help="folder for the model, the data and the logs (default: a new temporary one)")
     args = ap.parse_args()
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="slotkeeper-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model) if args.model else work / f"{args.kind}.gguf"
-    if not model.exists():
-        write_model(model, args.kind)
+    with work_folder(args.work) as work:
+        return measure(args, work)
+
+
+def measure(args: argparse.Namespace, work: Path) -> int:
+    model = Path(args.model) if args.model else generated_model(work, args.kind)
     serve, raw, ctx = both_sides(work, model, args.tokens)
     home, raw_dir = serve.home, raw.folder
     desktop = Desktop(home, model, ctx, work / "desktop.log") if args.desktop else None
@@ -264,8 +263,6 @@ def main() -> int:
             if serve.proc is not None:
                 serve.proc.kill()
     report("relaunch -> first reply" + (" (desktop app)" if desktop else ""), sk_times, raw_times)
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

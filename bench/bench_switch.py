@@ -22,16 +22,12 @@ of every reply. Loopback only; compare the ratio, not the seconds.
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 from bench_relaunch import WORDS, both_sides, complete
-from benchlib import alternate, report
-
-from slotkeeper.core.modelgen import write_model
+from benchlib import alternate, generated_model, report, work_folder
 
 OTHER = "a sailor crossed the bay in a small boat while the wind was rising "
 SETTLE_SECONDS = 1.5  # after every round, on both sides: what finishes after a reply does not fall on the next
@@ -43,12 +39,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--work", help="folder for the model, the data and the logs (default: a new temporary one)")
     args = ap.parse_args()
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="slotkeeper-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    model = work / "bench.gguf"
-    if not model.exists():
-        write_model(model, "bench")
-    serve, raw, _ = both_sides(work, model, args.tokens)
+    with work_folder(args.work) as work:
+        return measure(args, work)
+
+
+def measure(args: argparse.Namespace, work: Path) -> int:
+    serve, raw, _ = both_sides(work, generated_model(work, "bench"), args.tokens)
     with httpx.Client() as http:
         serve.start()
         raw.start(http)
@@ -103,8 +99,6 @@ def main() -> int:
             raw.stop()
             serve.stop()
     report(f"switch between two {args.tokens}-token conversations on one slot", sk_times, raw_times)
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

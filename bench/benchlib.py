@@ -1,17 +1,43 @@
-"""What the benchmarks here share: a free loopback port (benchmarks never leave 127.0.0.1) and
-rounds that alternate Slotkeeper and raw llama-server."""
+"""What the benchmarks here share: a free loopback port (benchmarks never leave 127.0.0.1), the
+work folder and its generated model, and rounds that alternate Slotkeeper and raw llama-server."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import statistics
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def work_folder(given: str | None, parent: str | None = None) -> Iterator[Path]:
+    """The benchmark's folder: --work's (created if missing, and kept: a later run reuses what it
+    holds), or a new temporary one under ``parent``, removed after a run that ends well (a failed
+    run keeps its logs to look at)."""
+    work = Path(given) if given else Path(tempfile.mkdtemp(prefix="slotkeeper-bench-", dir=parent))
+    work.mkdir(parents=True, exist_ok=True)
+    yield work
+    if not given:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def generated_model(work: Path, kind: str) -> Path:
+    """The generated model of ``kind`` in ``work``, written once (a --work folder keeps it)."""
+    model = work / f"{kind}.gguf"
+    if not model.exists():
+        from slotkeeper.core.modelgen import write_model
+
+        write_model(model, kind)
+    return model
 
 
 def alternate(rounds: int, slotkeeper: Callable[[], tuple[float, str]],

@@ -212,9 +212,10 @@ class FrontDesk:
         if tokens is not None and pinned_slot is None:
             # Only a session that beats every idle slot by the break-even could be chosen.
             beat = max((o.prefix for o in self._slot_options(tokens, None) if not o.busy), default=0)
+            beat += self.break_even_tokens(0)
             # A conversation saved as it left its slot may still be committing: it could be the best.
-            await self.e.await_commits(tokens, beat + self.break_even_tokens(0))
-            session = await self._session_option(tokens, beat + self.break_even_tokens(0))
+            await self.e.await_commits(tokens, beat)
+            session = await self._session_option(tokens, beat)
         queued = False
         while True:
             async with self._route_lock:
