@@ -16,6 +16,7 @@ import logging
 import os
 import stat
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
@@ -60,6 +61,7 @@ from slotkeeper.core.sessions.sidecar import (
     write_sidecar_atomic,
 )
 from slotkeeper.core.sessions.stamps import FileStamp, hash_with_stamp
+from slotkeeper.core.tokens import TYPECODE, TokenArray, as_tokens
 
 log = logging.getLogger(__name__)
 
@@ -308,8 +310,9 @@ class SessionStore:
         except OSError:
             return None
 
-    def tokens(self, entry: SessionEntry) -> list[int]:
-        """The token list at the front of the session's KV file (read once per file version)."""
+    def tokens(self, entry: SessionEntry) -> TokenArray:
+        """The token list at the front of the session's KV file (read once per file version), as
+        a token array: the kept lists take 4 bytes a token (a list of ints takes about 36)."""
         assert entry.kv_path is not None
         st = os.lstat(entry.kv_path)
         if not stat.S_ISREG(st.st_mode):
@@ -320,11 +323,11 @@ class SessionStore:
             if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
                 self._tokens.move_to_end(name)
                 return hit[2]
-        tokens = kvfile.read_tokens(entry.kv_path).tokens
+        tokens = as_tokens(kvfile.read_tokens(entry.kv_path).tokens)
         self._keep_tokens(name, st.st_size, st.st_mtime_ns, tokens)
         return tokens
 
-    def _keep_tokens(self, name: str, size: int, mtime_ns: int, tokens: list[int]) -> None:
+    def _keep_tokens(self, name: str, size: int, mtime_ns: int, tokens: TokenArray) -> None:
         with self._tokens_lock:
             self._tokens[name] = (size, mtime_ns, tokens)
             self._tokens.move_to_end(name)
@@ -411,7 +414,7 @@ class SessionStore:
             index.files[sidecar.kv_file] = kv_st
             if tokens is not None and stat.S_ISREG(kv_st[0]):
                 index.add_tokens(sidecar.id, sidecar.model_sha256, sidecar.kv_file, kv_st[1], kv_st[2], tokens)
-                self._keep_tokens(sidecar.kv_file, kv_st[1], kv_st[2], list(tokens))
+                self._keep_tokens(sidecar.kv_file, kv_st[1], kv_st[2], array(TYPECODE, tokens))  # a copy
                 index.unindexed.discard(sidecar.id)
 
     def _note_sidecar(self, session_id: str, sidecar: Sidecar) -> None:
