@@ -14,7 +14,9 @@ Each round, in alternating order:
   `POST /slots/0?action=restore`, then the same request.
 The clock runs from the process start to the reply. Both stop afterwards (Slotkeeper with SIGINT:
 its shutdown save, untimed, finds the conversation unchanged after the first round). Prints the
-median of each, the ratio, and cache_n of every reply (the restore was used). Loopback only.
+median of each, the ratio, and cache_n of every reply (the restore was used); with `serve` on
+Linux, also the CPU each side has used by the time it is ready (Slotkeeper's Python and its
+llama-server, raw llama-server alone), which bounds Slotkeeper's side from below. Loopback only.
 Timings are noisy on shared machines: compare the ratio, not the seconds.
 """
 
@@ -24,13 +26,14 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-from benchlib import alternate, free_port, generated_model, report, work_folder
+from benchlib import alternate, child_pids, cpu_seconds, free_port, generated_model, report, work_folder
 
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
@@ -71,6 +74,7 @@ class Serve:
                      "--port", str(self.port), "--ctx", str(ctx), "--parallel", "1", "--idle-save", "3600"]
         self.log = log
         self.proc: subprocess.Popen | None = None
+        self.cpu_at_ready: list[tuple[float, float]] = []  # (Slotkeeper's Python, its llama-server) per start
 
     def start(self) -> None:
         with self.log.open("a") as err:
@@ -80,6 +84,9 @@ class Serve:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith("ready "):
+                own, server = cpu_seconds(self.proc.pid), [cpu_seconds(c) for c in child_pids(self.proc.pid)]
+                if own is not None and len(server) == 1 and server[0] is not None:
+                    self.cpu_at_ready.append((own, server[0]))
                 return
         raise RuntimeError(f"slotkeeper serve did not start; see {self.log}")
 
@@ -134,6 +141,7 @@ class Raw:
         self.argv = build_argv(binary.argv_prefix, profile, model, folder, supported_flags=probe_flags(binary))
         self.log = log
         self.proc: subprocess.Popen | None = None
+        self.cpu_at_ready: list[float] = []
 
     def start(self, http: httpx.Client) -> None:
         with self.log.open("a") as out:
@@ -143,6 +151,9 @@ class Raw:
         while time.monotonic() < deadline:
             try:
                 if http.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    cpu = cpu_seconds(self.proc.pid)
+                    if cpu is not None:
+                        self.cpu_at_ready.append(cpu)
                     return
             except httpx.TransportError:
                 pass
@@ -256,6 +267,8 @@ def measure(args: argparse.Namespace, work: Path) -> int:
             took, timings = fn()
             return took, f"cache_n {timings['cache_n']}, prompt_n {timings['prompt_n']}"
 
+        serve.cpu_at_ready.clear()
+        raw.cpu_at_ready.clear()
         try:
             sk_times, raw_times = alternate(args.rounds, lambda: noted(slotkeeper_round), lambda: noted(raw_round))
         finally:
@@ -263,7 +276,21 @@ def measure(args: argparse.Namespace, work: Path) -> int:
             if serve.proc is not None:
                 serve.proc.kill()
     report("relaunch -> first reply" + (" (desktop app)" if desktop else ""), sk_times, raw_times)
+    if serve.cpu_at_ready and raw.cpu_at_ready:
+        cpu_breakdown(serve.cpu_at_ready, raw.cpu_at_ready)
     return 0
+
+
+def cpu_breakdown(serve: list[tuple[float, float]], raw: list[float]) -> None:
+    """Where the CPU goes before the first reply can be served: Slotkeeper's Python start-up
+    shares the cores with the model load, which raw llama-server has to itself."""
+    py = statistics.median(p for p, _ in serve)
+    server = statistics.median(s for _, s in serve)
+    alone = statistics.median(raw)
+    cores = os.cpu_count() or 1
+    print(f"CPU used until ready (median, /proc): Slotkeeper's Python {py:.2f} s + its llama-server {server:.2f} s; "
+          f"raw llama-server {alone:.2f} s. On {cores} cores Slotkeeper's side needs at least "
+          f"{(py + server) / cores:.2f} s of wall time for that CPU alone.")
 
 
 if __name__ == "__main__":

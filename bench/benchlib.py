@@ -3,6 +3,7 @@ work folder and its generated model, and rounds that alternate Slotkeeper and ra
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import statistics
@@ -10,6 +11,23 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far (Linux's /proc; None elsewhere or once gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of ``pid`` (Linux's /proc; empty elsewhere)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def free_port() -> int:
@@ -41,25 +59,27 @@ def generated_model(work: Path, kind: str) -> Path:
 
 
 def alternate(rounds: int, slotkeeper: Callable[[], tuple[float, str]],
-              raw: Callable[[], tuple[float, str]]) -> tuple[list[float], list[float]]:
-    """``rounds`` rounds of Slotkeeper against raw llama-server, the order flipped every other round
-    so the machine's drift falls on both alike; each side returns (seconds, a note for the line).
-    Prints a line per round; returns the seconds of each side."""
-    times: dict[str, list[float]] = {"slotkeeper": [], "raw": []}
+              raw: Callable[[], tuple[float, str]],
+              names: tuple[str, str] = ("slotkeeper", "raw")) -> tuple[list[float], list[float]]:
+    """``rounds`` rounds of Slotkeeper against raw llama-server (or the two sides ``names`` says),
+    the order flipped every other round so the machine's drift falls on both alike; each side
+    returns (seconds, a note for the line). Prints a line per round; returns the seconds of each side."""
+    times: tuple[list[float], list[float]] = ([], [])
     for rnd in range(rounds):
-        order = [("slotkeeper", slotkeeper), ("raw", raw)]
+        order = [(0, slotkeeper), (1, raw)]
         if rnd % 2:
             order.reverse()
         line = []
-        for name, fn in order:
+        for side, fn in order:
             took, note = fn()
-            times[name].append(took)
-            line.append(f"{name} {took:.3f} s{f' ({note})' if note else ''}")
+            times[side].append(took)
+            line.append(f"{names[side]} {took:.3f} s{f' ({note})' if note else ''}")
         print(f"round {rnd}: " + " | ".join(line), flush=True)
-    return times["slotkeeper"], times["raw"]
+    return times
 
 
-def report(what: str, slotkeeper: list[float], raw: list[float]) -> None:
+def report(what: str, slotkeeper: list[float], raw: list[float],
+           names: tuple[str, str] = ("Slotkeeper", "raw llama-server")) -> None:
     """The medians of ``alternate``'s rounds, and their ratio."""
     s, r = statistics.median(slotkeeper), statistics.median(raw)
-    print(f"{what}, median of {len(slotkeeper)}: Slotkeeper {s:.3f} s, raw llama-server {r:.3f} s: {s / r:.2f}x")
+    print(f"{what}, median of {len(slotkeeper)}: {names[0]} {s:.3f} s, {names[1]} {r:.3f} s: {s / r:.2f}x")
