@@ -155,15 +155,22 @@ def test_an_early_server_that_is_not_the_planned_one_is_stopped_and_the_plan_lau
 
 BEGIN = textwrap.dedent("""
     import json, sys, time
-    from slotkeeper.core.server import headstart
+    from slotkeeper.core.server import headstart, spawn
+    heavy = None
+    real_spawn = spawn.spawn_server
+    def spawn_server(*args, **kwargs):  # what is imported by the time llama-server starts
+        global heavy
+        heavy = [m for m in sys.argv[1].split(",") if m in sys.modules]
+        return real_spawn(*args, **kwargs)
+    spawn.spawn_server = spawn_server
     headstart.begin(sys.argv[2:])
     early = headstart.early()
-    heavy = [m for m in sys.argv[1].split(",") if m in sys.modules]
     print(json.dumps({"pid": early.popen.pid if early else None, "heavy": heavy}), flush=True)
     time.sleep(120)
 """)
 
 # What the head start must not wait for: the command line, the settings, the engine, psutil ...
+# (psutil comes right after the spawn, to record the server)
 HEAVY = ("argparse", "slotkeeper.cli", "slotkeeper.core.settings", "slotkeeper.core.engine", "psutil", "asyncio",
          "aiohttp", "http.client", "slotkeeper.core.server.supervisor", "slotkeeper.core.gguf_header")
 
@@ -193,6 +200,43 @@ def test_the_head_start_imports_nothing_heavy_and_a_stop_before_the_take_over_st
     time.sleep(0.1)
     assert len(servers_of(isolated_home)) == 1
     serve.stop()
+
+
+KILLED_BEFORE_THE_TAKE_OVER = textwrap.dedent("""
+    import json, os, signal, sys
+    from slotkeeper.core.server import headstart
+    headstart.begin(sys.argv[1:])
+    early = headstart.early()
+    print(json.dumps({"pid": early.popen.pid if early else None}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as a crash or a `kill -9` before the take-over
+""")
+
+
+def test_a_kill_before_the_take_over_leaves_a_record_and_the_next_serve_stops_that_server(
+        llama_model, server_bin, port, isolated_home):
+    serve = Serve(isolated_home, llama_model, server_bin, port)
+    serve.start()
+    converse(serve.url, USER_TURNS[:2])
+    serve.stop()
+    proc = subprocess.run([sys.executable, "-c", KILLED_BEFORE_THE_TAKE_OVER, *serve.argv[3:]],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    pid = json.loads(proc.stdout)["pid"]
+    state = json.loads((isolated_home / "state" / "server.json").read_text())
+    assert state["pid"] == pid and state["early"] is True
+    assert [p.pid for p in servers_of(isolated_home)] == [pid]  # left running, and recorded
+
+    serve.start()
+    try:
+        log = serve.log()
+        assert f"stopping llama-server pid {pid} left by an earlier session (started early" in log, log
+        assert "saving the conversations of a server left" not in log and "could not save" not in log
+        assert pid not in [p.pid for p in servers_of(isolated_home)] and len(servers_of(isolated_home)) == 1
+        assert "early" not in json.loads((isolated_home / "state" / "server.json").read_text())
+        assert_next_turn_restored(serve.url)  # a launch of its own restored the saved conversation
+    finally:
+        serve.stop()
+    assert servers_of(isolated_home) == []
 
 
 def test_without_a_note_or_with_another_command_line_there_is_no_head_start(

@@ -5,6 +5,7 @@ here the spawn is recorded instead."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -21,7 +22,7 @@ def spawned(monkeypatch):
     calls = []
 
     class FakePopen:
-        pid = 12345
+        pid = os.getpid()  # a live process, as the state file must name one
 
         def poll(self):
             return None
@@ -68,6 +69,26 @@ def test_the_note_starts_exactly_its_server_and_only_for_its_command_line(noted,
     early = headstart.early()
     assert early is not None and early.env["LLAMA_API_KEY"] == "k" * 43
     assert headstart.take(server_argv, {**early.env, "LLAMA_API_KEY": "another"}) is None  # not the plan's
+    assert spawned[-1] == "killed" and headstart.early() is None
+
+
+def test_the_early_server_is_recorded_at_once_and_the_record_goes_with_it(noted, spawned):
+    paths, server_argv, port = noted
+    headstart.begin(COMMAND_LINE)
+    state = json.loads(paths.server_state_file.read_text())
+    # Should this process die before the take-over, the next launch finds it (and stops it unsaved).
+    assert state["early"] is True and state["pid"] == os.getpid() and state["argv"] == server_argv
+    assert state["port"] == port and state["host"] == "127.0.0.1" and state["create_time"] > 0
+    headstart.discard()
+    assert spawned[-1] == "killed" and not paths.server_state_file.exists()
+
+
+def test_an_early_server_that_cannot_be_recorded_is_stopped(noted, spawned, monkeypatch):
+    def no_room(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spawn, "write_state_file", no_room)
+    headstart.begin(COMMAND_LINE)
     assert spawned[-1] == "killed" and headstart.early() is None
 
 

@@ -148,14 +148,14 @@ def _prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] 
     events = EventBus(held=True)
     supervisor = Supervisor(spec_factory=_no_spec, log_path=paths.server_log, state_file=paths.server_state_file,
                             events=events)
-    if supervisor.leftover_port() is not None:
+    early = headstart.early()
+    if supervisor.leftover_port(ours=early.popen.pid if early else None) is not None:
         return None  # an earlier run's server: the engine adopts it, or saves its slots and stops it
     sock = claim_address(profile.host, profile.port)
     if sock is None:
         return None
     model_facts = model_facts_cache(paths.model_facts_file)
     binary_facts = binary_facts_cache(paths.binary_facts_file)
-    early = headstart.early()
     try:
         plan = plan_launch(paths, profile, model_facts, binary_facts, early.port if early else None)
     except SupervisorError:

@@ -30,6 +30,7 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from slotkeeper import __version__
 
@@ -47,6 +48,7 @@ class Early:
     env: dict[str, str]
     port: int  # its private port
     started: float  # time.monotonic()
+    state_file: Path  # names it (``early``) until the supervisor takes it over and writes its own
 
 
 _early: Early | None = None
@@ -79,7 +81,7 @@ def _stop_with_it(signum: int, _frame) -> None:
 def _start(argv: list[str]) -> Early | None:
     from slotkeeper.core import datalock
     from slotkeeper.core.paths import app_paths
-    from slotkeeper.core.server.spawn import launch_environment, spawn_server
+    from slotkeeper.core.server.spawn import launch_environment, spawn_server, write_state_file
 
     paths = app_paths(_data_dir(argv))
     try:
@@ -108,7 +110,16 @@ def _start(argv: list[str]) -> Early | None:
         return None  # a server an earlier run left may be alive: the engine adopts or stops it
     env = launch_environment(key)
     popen = spawn_server(server_argv, env, paths.server_log)
-    return Early(popen, tuple(server_argv), env, port, time.monotonic())
+    found = Early(popen, tuple(server_argv), env, port, time.monotonic(), paths.server_state_file)
+    try:  # recorded at once: should this process die unannounced, the next launch stops it
+        import psutil
+
+        write_state_file(found.state_file, popen.pid, psutil.Process(popen.pid).create_time(), server_argv,
+                         _host(server_argv), port, early=True)
+    except Exception:
+        _stop(found)
+        return None
+    return found
 
 
 def inputs(paths, server_argv: Sequence[str]) -> dict:
@@ -179,13 +190,30 @@ def discard() -> None:
     """Stop the early llama-server (nobody took it over)."""
     global _early
     found, _early = _early, None
-    if found is None or found.popen.poll() is not None:
-        return
-    found.popen.kill()
+    if found is not None:
+        _stop(found)
+
+
+def _stop(found: Early) -> None:
+    if found.popen.poll() is None:
+        found.popen.kill()
+        try:
+            found.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            return  # still there: its state file lets the next launch stop it
     try:
-        found.popen.wait(10)
-    except subprocess.TimeoutExpired:
+        if json.loads(found.state_file.read_text(encoding="utf-8")).get("pid") == found.popen.pid:
+            found.state_file.unlink()
+    except (OSError, ValueError, AttributeError):
         pass
+
+
+def _host(server_argv: Sequence[str]) -> str:
+    """llama-server's ``--host`` (the private address is a loopback one)."""
+    for i, arg in enumerate(server_argv[:-1]):
+        if arg == "--host":
+            return server_argv[i + 1]
+    return "127.0.0.1"
 
 
 def _data_dir(argv: Sequence[str]) -> str | None:

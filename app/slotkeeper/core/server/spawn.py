@@ -1,4 +1,5 @@
-"""Starting llama-server: the one way it is spawned, by the supervisor and by `serve`'s head start.
+"""Starting llama-server: the one way it is spawned, by the supervisor and by `serve`'s head start,
+and the state file each writes for it (how a later run recognises a server left running).
 
 Light on purpose (the standard library and the log-file helpers): ``headstart`` calls
 it before the rest of Slotkeeper is imported.
@@ -6,10 +7,13 @@ it before the rest of Slotkeeper is imported.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from slotkeeper.core.server import logfile
 from slotkeeper.core.server.child_env import child_environment
@@ -35,3 +39,17 @@ def spawn_server(argv: Sequence[str], env: Mapping[str, str] | None, log_path: P
                                 env=child_environment(None if env is None else dict(env)), **kwargs)
     finally:
         out.close()
+
+
+def write_state_file(path: Path, pid: int, create_time: float, argv: Sequence[str], host: str, port: int,
+                     launch: Mapping[str, Any] | None = None, early: bool = False) -> None:
+    """Record a running llama-server (``create_time`` as psutil gives it: with the pid, it tells
+    this process from a later one with a reused pid). ``early``: started by the head start and
+    not yet taken over, so it has never been sent a conversation. OSError when it cannot be written."""
+    from slotkeeper.core.fsutil import atomic_write_text
+
+    data = {"pid": pid, "create_time": create_time, "argv": list(argv), "host": host, "port": port,
+            "started_at": time.time(), "launch": dict(launch or {})}
+    if early:
+        data["early"] = True
+    atomic_write_text(path, json.dumps(data, indent=2))

@@ -25,10 +25,9 @@ from typing import Any
 import psutil
 
 from slotkeeper.core.events import EventBus, ServerAdopted, ServerLoading, ServerStateChanged
-from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.server import logfile
 from slotkeeper.core.server.restart import RestartPolicy
-from slotkeeper.core.server.spawn import spawn_server
+from slotkeeper.core.server.spawn import spawn_server, write_state_file
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import connect_url
 
@@ -471,16 +470,7 @@ class Supervisor:
     def _write_state_file(self, spec: LaunchSpec) -> None:
         child = self._child
         assert child is not None
-        data = {
-            "pid": child.pid,
-            "create_time": child.create_time,
-            "argv": list(spec.argv),
-            "host": spec.host,
-            "port": spec.port,
-            "started_at": time.time(),
-            "launch": spec.record or {},
-        }
-        atomic_write_text(self.state_file, json.dumps(data, indent=2))
+        write_state_file(self.state_file, child.pid, child.create_time, spec.argv, spec.host, spec.port, spec.record)
 
     def _clear_state_file(self) -> None:
         try:
@@ -488,10 +478,11 @@ class Supervisor:
         except FileNotFoundError:
             pass
 
-    def leftover_port(self) -> int | None:
-        """The port of a server an earlier run left running (still alive), if any."""
+    def leftover_port(self, ours: int | None = None) -> int | None:
+        """The port of a server an earlier run left running (still alive), if any. ``ours``: the
+        pid of the server this process's head start began, which is not a leftover."""
         found = self._our_leftover()
-        if found is None:
+        if found is None or found[0].pid == ours:
             return None
         try:
             return int(found[1]["port"])
@@ -522,8 +513,11 @@ class Supervisor:
             return False
         proc, data = found
         child = _Child(None, proc)
+        # Started early by a head start nobody took over: it holds no conversation, and a launch of
+        # our own restores the saved ones (an adopted server's slots are taken as they are).
+        early = bool(data.get("early"))
         same = list(data.get("argv", [])) == list(spec.argv)
-        if same:
+        if same and not early:
             from slotkeeper.core.client import LlamaClient, ServerUnavailable
 
             try:
@@ -541,13 +535,14 @@ class Supervisor:
                 log.info("adopted llama-server pid %s left running by an earlier session", proc.pid)
                 self.events.emit(ServerAdopted(proc.pid))
                 return True
-        if self._before_stopping_leftover is not None and not self._stop_requested.is_set():
+        if not early and self._before_stopping_leftover is not None and not self._stop_requested.is_set():
             self._set_state(ServerState.STARTING, "saving the conversations of a server left by an earlier session")
             try:
                 self._before_stopping_leftover(data)
             except Exception:  # its conversations are lost, but the new launch goes on
                 log.exception("saving the slots of the server left running failed")
-        log.info("stopping llama-server pid %s left by an earlier session (settings changed)", proc.pid)
+        log.info("stopping llama-server pid %s left by an earlier session (%s)", proc.pid,
+                 "started early and never taken over" if early else "settings changed")
         self._set_state(ServerState.STARTING, "stopping a server left by an earlier session")
         self._terminate(child, self.stop_grace)
         self._clear_state_file()
