@@ -13,6 +13,7 @@ import pytest
 from slotkeeper.core import datalock
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.server import headstart, spawn
+from slotkeeper.core.server.supervisor import Supervisor
 
 COMMAND_LINE = ["serve", "--port", "8080"]
 
@@ -78,7 +79,11 @@ def test_the_early_server_is_recorded_at_once_and_the_record_goes_with_it(noted,
     state = json.loads(paths.server_state_file.read_text())
     # Should this process die before the take-over, the next launch finds it (and stops it unsaved).
     assert state["early"] is True and state["pid"] == os.getpid() and state["argv"] == server_argv
-    assert state["port"] == port and state["host"] == "127.0.0.1" and state["create_time"] > 0
+    assert state["port"] == port and state["host"] == "127.0.0.1"
+    # The supervisor's own check of the record (pid and start time) recognises it ...
+    supervisor = Supervisor(spec_factory=lambda: None, log_path=paths.server_log, state_file=paths.server_state_file)
+    assert supervisor.leftover_port() == port
+    assert supervisor.leftover_port(ours=os.getpid()) is None  # ... and the process that began it is not a leftover
     headstart.discard()
     assert spawned[-1] == "killed" and not paths.server_state_file.exists()
 

@@ -38,6 +38,7 @@ from slotkeeper.core.sessions.sidecar import (
 )
 from slotkeeper.core.sessions.stamps import carried_over, hash_with_stamp
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
+from slotkeeper.core.tokens import TokenArray
 from slotkeeper.core.units import human_bytes
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ LINEAGE_FINALISTS = 8  # sessions whose token lists a save compares (chosen by t
 
 
 def _candidates(store: SessionStore, tokens: list[int], facts: ServerFacts, prefer: str | None,
-                n_prompt: int | None) -> list[tuple[SessionEntry, list[int]]]:
+                n_prompt: int | None) -> list[tuple[SessionEntry, TokenArray]]:
     """The saved sessions lineage compares with ``tokens``: the few the sessions index says can
     share enough with them (``SessionsIndex.lineage_candidates``), whatever the number of sessions;
     the slot's own session first, then the most recently used."""

@@ -94,8 +94,9 @@ class SessionStore:
         self._index: SessionsIndex | None = None
         self._index_loading = threading.Lock()
         # Token lists by KV file name: a KV file is never rewritten under the same name, so the
-        # list read once stays true while the file's size and mtime do.
-        self._tokens: OrderedDict[str, tuple[int, int, list[int]]] = OrderedDict()
+        # list read once stays true while the file's size and mtime do. Callers share these
+        # arrays: nobody changes one in place.
+        self._tokens: OrderedDict[str, tuple[int, int, TokenArray]] = OrderedDict()
         self._tokens_lock = threading.Lock()
 
     def ensure_folder(self) -> None:
