@@ -1,7 +1,7 @@
 """Relaunch to first reply, Slotkeeper vs raw llama-server, side by side in one run.
 
-    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--kind bench|bench-kv] [--desktop] [--model PATH]
-                                             [--work DIR]
+    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--kind bench|bench-kv] [--desktop [--tray]]
+                                             [--model PATH] [--work DIR]
 
 Setup (not timed): the ~200 MB bench model; `slotkeeper serve` prefills a --tokens conversation
 and saves it at shutdown; a copy of that save file goes to raw llama-server's own folder.
@@ -99,18 +99,21 @@ class Serve:
 
 
 class Desktop(Serve):
-    """The desktop app (Qt's offscreen platform) in its own process, started with a model: it
-    launches the server at once. A client cannot know when it is ready, so the request is sent
-    at once and again every 10 ms while the connection is refused."""
+    """The desktop app in its own process, started with a model: it launches the server at once.
+    On Qt's offscreen platform (no tray: the window is built at once), or on ``display`` (an X
+    display with a tray host: the app lives in the tray and builds no window). A client cannot know
+    when it is ready, so the request is sent at once and again every 10 ms while the connection is
+    refused."""
 
-    def __init__(self, home: Path, model: Path, ctx: int, log: Path) -> None:
+    def __init__(self, home: Path, model: Path, ctx: int, log: Path, display: str | None = None) -> None:
         super().__init__(home, model, ctx, log)
         self.argv.remove("serve")
+        self.qt = {"DISPLAY": display, "QT_QPA_PLATFORM": "xcb"} if display else {"QT_QPA_PLATFORM": "offscreen"}
 
     def start(self) -> None:
         with self.log.open("a") as err:
             self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                                         env={**serve_environment(self.log.parent), "QT_QPA_PLATFORM": "offscreen"})
+                                         env={**serve_environment(self.log.parent), **self.qt})
 
     def complete(self, http: httpx.Client, prompt: list[int]) -> dict:
         while True:
@@ -208,17 +211,28 @@ def main() -> int:
                          "per token: 2 GiB of KV at 16K context, a load of seconds)")
     ap.add_argument("--desktop", action="store_true",
                     help="time the desktop app (started with the model, Qt offscreen) instead of `serve`")
+    ap.add_argument("--tray", action="store_true",
+                    help="with --desktop: on a virtual X display with a tray host (Xvfb and trayer), as the app "
+                         "usually runs, instead of Qt offscreen")
     ap.add_argument("--work", help="folder for the model, the data and the logs (default: a new temporary one)")
     args = ap.parse_args()
+    if args.tray and not args.desktop:
+        ap.error("--tray times the desktop app: add --desktop")
     with work_folder(args.work) as work:
-        return measure(args, work)
+        if not args.tray:
+            return measure(args, work)
+        sys.path.insert(0, str(APP.parent / "tests" / "desktop"))
+        from virtual_x import virtual_x
+
+        with virtual_x(tray=True) as display:
+            return measure(args, work, display)
 
 
-def measure(args: argparse.Namespace, work: Path) -> int:
+def measure(args: argparse.Namespace, work: Path, display: str | None = None) -> int:
     model = Path(args.model) if args.model else generated_model(work, args.kind)
     serve, raw, ctx = both_sides(work, model, args.tokens)
     home, raw_dir = serve.home, raw.folder
-    desktop = Desktop(home, model, ctx, work / "desktop.log") if args.desktop else None
+    desktop = Desktop(home, model, ctx, work / "desktop.log", display) if args.desktop else None
 
     with httpx.Client() as http:
         print(f"setup: prefilling {args.tokens} tokens (once, not timed) ...", flush=True)
@@ -275,7 +289,8 @@ def measure(args: argparse.Namespace, work: Path) -> int:
             raw.stop()
             if serve.proc is not None:
                 serve.proc.kill()
-    report("relaunch -> first reply" + (" (desktop app)" if desktop else ""), sk_times, raw_times)
+    what = " (desktop app, in the tray)" if display else " (desktop app, no tray)" if desktop else ""
+    report("relaunch -> first reply" + what, sk_times, raw_times)
     if serve.cpu_at_ready and raw.cpu_at_ready:
         cpu_breakdown(serve.cpu_at_ready, raw.cpu_at_ready)
     return 0
