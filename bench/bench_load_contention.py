@@ -3,9 +3,10 @@
     .venv/bin/python bench/bench_load_contention.py [--rounds 6] [--busy 1.0] [--kind bench] [--work DIR]
 
 A relaunch of Slotkeeper runs Python's start-up on the same cores as llama-server's model load.
-This shows what any such neighbour costs llama-server: each round starts llama-server (with the
-arguments Slotkeeper gives it) and polls `/health` every 5 ms, once alone and once while a
-separate process spins for --busy seconds of CPU (the order flips every other round). Prints
+This shows what any such neighbour costs llama-server: each round starts llama-server as
+bench_relaunch's raw side does (Slotkeeper's arguments, `/health` polled every 10 ms), once alone
+and once while a separate process spins for --busy seconds of CPU (the order flips every other
+round). Prints
 the median time to ready of each, their ratio, and the CPU llama-server used (Linux's /proc):
 when it grows with the same work, its threads spent it waiting. Loopback only.
 """
@@ -17,17 +18,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
-from benchlib import alternate, cpu_seconds, free_port, generated_model, report, work_folder
-
-APP = Path(__file__).resolve().parents[1] / "app"
-sys.path.insert(0, str(APP))
-
-from slotkeeper.core.server.command import build_argv  # noqa: E402
-from slotkeeper.core.server.locate import locate_server, probe_flags  # noqa: E402
-from slotkeeper.core.settings import ServerProfile  # noqa: E402
+from bench_relaunch import Raw
+from benchlib import alternate, generated_model, report, work_folder
 
 BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}:\n    pass\n"
 
@@ -41,39 +35,29 @@ def main() -> int:
     ap.add_argument("--work", help="folder for the model and the log (default: a new temporary one)")
     args = ap.parse_args()
     with work_folder(args.work) as work:
-        model = generated_model(work, args.kind)
-        binary = locate_server()
-        port = free_port()
         folder = work / "contention-slots"
         folder.mkdir(mode=0o700, exist_ok=True)
-        profile = ServerProfile(model_path=str(model), host="127.0.0.1", port=port, ctx=args.ctx, parallel=1)
-        argv = build_argv(binary.argv_prefix, profile, model, folder, supported_flags=probe_flags(binary))
+        server = Raw(generated_model(work, args.kind), args.ctx, folder, work / "contention.log")
         cpu: dict[bool, list[float]] = {False: [], True: []}
 
         def start(busy: bool) -> tuple[float, str]:
-            with httpx.Client() as http, (work / "contention.log").open("a") as log:
+            neighbours: list[subprocess.Popen] = []
+
+            def spawn_neighbour() -> None:
+                neighbours.append(subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=args.busy)]))
+
+            with httpx.Client() as http:
                 t0 = time.perf_counter()
-                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-                neighbour = (subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=args.busy)])
-                             if busy else None)
                 try:
-                    while True:
-                        try:
-                            if http.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                                break
-                        except httpx.TransportError:
-                            pass
-                        if proc.poll() is not None:
-                            raise RuntimeError(f"llama-server stopped; see {work / 'contention.log'}")
-                        time.sleep(0.005)
+                    server.start(http, spawn_neighbour if busy else None)
                     took = time.perf_counter() - t0
-                    used = cpu_seconds(proc.pid)
                 finally:
-                    proc.terminate()
-                    proc.wait(60)
-                    if neighbour is not None:
-                        neighbour.kill()
-                        neighbour.wait()
+                    server.stop()
+                    for p in neighbours:
+                        p.kill()
+                        p.wait()
+            used = server.cpu_at_ready[-1] if server.cpu_at_ready else None
+            server.cpu_at_ready.clear()
             if used is not None:
                 cpu[busy].append(used)
             return took, "" if used is None else f"CPU {used:.2f} s"

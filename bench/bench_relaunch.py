@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -146,10 +147,13 @@ class Raw:
         self.proc: subprocess.Popen | None = None
         self.cpu_at_ready: list[float] = []
 
-    def start(self, http: httpx.Client) -> None:
+    def start(self, http: httpx.Client, after_spawn: Callable[[], None] | None = None) -> None:
+        """Start llama-server and wait for /health; ``after_spawn`` runs right after the spawn."""
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        if after_spawn is not None:
+            after_spawn()
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:

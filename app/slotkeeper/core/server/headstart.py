@@ -115,7 +115,7 @@ def _start(argv: list[str]) -> Early | None:
         import psutil
 
         write_state_file(found.state_file, popen.pid, psutil.Process(popen.pid).create_time(), server_argv,
-                         _host(server_argv), port, early=True)
+                         _option(server_argv, "--host") or "127.0.0.1", port, early=True)
     except Exception:
         _stop(found)
         return None
@@ -208,22 +208,19 @@ def _stop(found: Early) -> None:
         pass
 
 
-def _host(server_argv: Sequence[str]) -> str:
-    """llama-server's ``--host`` (the private address is a loopback one)."""
-    for i, arg in enumerate(server_argv[:-1]):
-        if arg == "--host":
-            return server_argv[i + 1]
-    return "127.0.0.1"
-
-
 def _data_dir(argv: Sequence[str]) -> str | None:
     """``--data-dir``'s value (a global option, anywhere before ``--``)."""
+    return _option(argv, "--data-dir")
+
+
+def _option(argv: Sequence[str], name: str) -> str | None:
+    """The value of option ``name`` (``name VALUE`` or ``name=VALUE``) before any ``--``."""
     for i, arg in enumerate(argv):
         if arg == "--":
             break
-        if arg == "--data-dir" and i + 1 < len(argv):
+        if arg == name and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--data-dir="):
+        if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     return None
 
