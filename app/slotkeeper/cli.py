@@ -54,25 +54,34 @@ def _port(value: str) -> int:
 
 def add_server_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `serve` and the desktop app; they override saved settings for one run."""
-    g = p.add_argument_group("server")
+    from slotkeeper.core.settings import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_SAVE_SECONDS, ServerProfile
+    from slotkeeper.core.units import human_bytes
+
+    defaults = ServerProfile()  # what the settings hold until changed
+    g = p.add_argument_group("server", "Each option overrides the saved setting for this run; the defaults "
+                             "are what the settings start with.")
     m = g.add_mutually_exclusive_group()
     m.add_argument("--model", metavar="PATH", help="GGUF model to serve")
     m.add_argument("--demo", action="store_true", help="serve the embedded demo model (random weights: it answers with gibberish)")
     g.add_argument("--mmproj", metavar="PATH", help="multimodal projector (mmproj GGUF) for a model that reads images")
     g.add_argument("--server-bin", metavar="PATH", help="llama-server binary to run (default: found automatically)")
-    g.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    g.add_argument("--port", type=_port, help="port to listen on")
-    g.add_argument("--ctx", type=_positive_int, metavar="N", help="total context size (split between slots)")
-    g.add_argument("--parallel", type=_positive_int, metavar="N", help="number of slots (-np)")
+    g.add_argument("--host", help=f"address to bind (default {defaults.host})")
+    g.add_argument("--port", type=_port, help=f"port to listen on (default {defaults.port})")
+    g.add_argument("--ctx", type=_positive_int, metavar="N",
+                   help=f"total context size, split between slots (default {defaults.ctx})")
+    g.add_argument("--parallel", type=_positive_int, metavar="N",
+                   help=f"number of slots, -np (default {defaults.parallel})")
     g.add_argument("--flash-attn", type=_on_off, metavar="on|off", help="flash attention")
     g.add_argument("--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
     g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
     g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None, help="full-size cache for sliding-window layers (needed to restore sessions of SWA models)")
     s = p.add_argument_group("sessions")
-    s.add_argument("--idle-save", type=_seconds, metavar="S", help="save a slot S seconds after its reply ends (default 10; 0 = at once)")
+    s.add_argument("--idle-save", type=_seconds, metavar="S",
+                   help=f"save a slot S seconds after its reply ends (default {DEFAULT_IDLE_SAVE_SECONDS:g}; 0 = at once)")
     s.add_argument("--restore", type=_count, metavar="N", help="restore the N most recent compatible sessions at launch (default: one per slot)")
     s.add_argument("--resume", metavar="ID", help="restore this saved session into slot 0 first")
-    s.add_argument("--budget", type=_size, metavar="SIZE", help="disk budget for saved sessions, e.g. 20G (default 20 GiB)")
+    s.add_argument("--budget", type=_size, metavar="SIZE",
+                   help=f"disk budget for saved conversations, e.g. 20G (default {human_bytes(DEFAULT_BUDGET_BYTES)})")
 
 
 def _size(value: str) -> int:
@@ -102,6 +111,67 @@ def _defaults_from_root(sub: argparse.ArgumentParser) -> None:
             action.default = argparse.SUPPRESS
 
 
+class _SessionsActionParser(argparse.ArgumentParser):
+    """A `sessions ACTION` parser. A session id may start with "-" (the sidecar schema allows it;
+    Slotkeeper's own ids are hex), which argparse takes for an option: it must come after `--`,
+    and an error says so instead of "arguments are required" or "unrecognized arguments"."""
+
+    _given: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
+        parsed, extras = super().parse_known_args(args, namespace)
+        if self._dashed(extras):
+            self.error("")  # unrecognized: left to the root parser, which would not say why
+        return parsed, extras
+
+    def error(self, message: str):
+        dashed = self._dashed(self._given)
+        if dashed:
+            what = "a session id" if any(a.dest == "id" for a in self._actions) else "a word to find"
+            message = (f"{dashed!r} is not an option; if it is {what}, put -- before it: "
+                       f"`{self.prog} -- {dashed}`")
+        super().error(message)
+
+    def _dashed(self, args: list[str]) -> str | None:
+        """The first argument before any ``--`` that looks like an id but is taken for an option."""
+        from slotkeeper.core.sessions.naming import SESSION_ID_RE
+
+        options = self._option_string_actions
+        shorts = {o[1] for o in options if len(o) == 2 and o[1] != "-"}
+        for arg in args:
+            if arg == "--":
+                return None
+            if not arg.startswith("-") or arg == "-" or not SESSION_ID_RE.fullmatch(arg) or arg in options:
+                continue
+            if arg.startswith("--") and any(o.startswith(arg) for o in options):  # an abbreviation
+                continue
+            if not arg.startswith("--") and set(arg[1:]) <= shorts:  # flags together: -vh
+                continue
+            return arg
+        return None
+
+
+def _command_word(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The command on a command line (`serve`, `sessions` ...), None for the desktop app: the
+    first word before any ``--`` that is neither an option nor the value of one."""
+    takes_value = {o for a in parser._actions if a.nargs != 0 for o in a.option_strings}
+    longs = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+        if "=" not in arg:
+            matches = [arg] if arg in takes_value or arg in longs else [o for o in longs if o.startswith(arg)]
+            if len(matches) == 1 and matches[0] in takes_value:
+                i += 1  # its value
+        i += 1
+    return None
+
+
 def _split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
@@ -110,11 +180,16 @@ def _split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from slotkeeper.core.sessions.naming import MIN_ID_PREFIX
+    from slotkeeper.core.settings import ServerProfile, connect_url
+
+    defaults = ServerProfile()  # what the settings start with: the app's and serve's defaults
+    address = connect_url(defaults.host, defaults.port)
     parser = argparse.ArgumentParser(
         prog="slotkeeper",
         description="Keeps a local LLM's memory warm: runs llama-server on a private port and serves "
-        "its API at your address, sends each request to the slot holding its conversation (brought "
-        "back from disk when needed), saves each slot's KV cache and restores it after a restart. "
+        f"its API at your address (by default {address}), sends each request to the slot holding its "
+        "conversation (brought back from disk when needed), saves each slot's KV cache and restores it after a restart. "
         "With no command, opens the desktop app (tray icon); "
         "the server and session options below apply to it as to `serve`. Arguments after `--` "
         "go to llama-server.",
@@ -128,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run llama-server headless (no Qt) until SIGINT/SIGTERM",
         description="Run and supervise llama-server without the desktop app and serve its API at "
-        "--host/--port. Prints `ready http://HOST:PORT` (the address for clients) once the server "
-        "answers and the launch restores are done. Arguments after `--` go to llama-server.",
+        f"--host/--port (by default {address}). Prints `ready http://HOST:PORT` (the address for "
+        "clients) once the server answers and the launch restores are done. Arguments after `--` go to llama-server.",
     )
     _add_global_options(serve)
     add_server_options(serve)
@@ -141,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reads GGUF metadata only (never the weights).",
     )
     info.add_argument("path", metavar="PATH")
-    info.add_argument("--ctx", type=_positive_int, default=4096, metavar="N", help="total context (default 4096)")
+    info.add_argument("--ctx", type=_positive_int, default=defaults.ctx, metavar="N",
+                      help=f"total context (default {defaults.ctx}, the app's and serve's)")
     info.add_argument("--parallel", type=_positive_int, default=1, metavar="N", help="slots (default 1)")
     info.add_argument("--ubatch", type=_positive_int, default=512, metavar="N", help="micro-batch (default 512)")
     info.add_argument("--cache-type-k", default="f16", metavar="T")
@@ -154,27 +230,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     sess = sub.add_parser(
         "sessions",
-        help="list, search, inspect, verify, pin, delete and prune saved sessions",
-        description="Works on the same folder as the app, with or without a running server.",
+        help="list, search, inspect, verify, pin, delete and prune saved conversations",
+        description="Works on the same folder as the app, with or without a running server. ID is a "
+        "session id as `sessions list` shows it, or its start when no other id starts so (at least "
+        f"{MIN_ID_PREFIX} characters, as git takes commits). An id that starts with '-' goes after --: "
+        "`slotkeeper sessions show -- -abc`.",
     )
     _add_global_options(sess)
-    ssub = sess.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ssub = sess.add_subparsers(dest="action", metavar="ACTION", required=True,
+                               parser_class=_SessionsActionParser)
 
     def action(name: str, text: str) -> argparse.ArgumentParser:
         a = ssub.add_parser(name, help=text)
         _add_global_options(a)
         return a
 
-    action("list", "saved sessions, most recently used first").add_argument("--json", action="store_true")
-    p = action("show", "one session in full")
-    p.add_argument("id")
-    p.add_argument("--json", action="store_true")
-    for name, text in (("delete", "delete a session (its KV file and sidecar)"),
-                       ("pin", "keep a session whatever the budget"),
-                       ("unpin", "let the budget prune a session again")):
-        action(name, text).add_argument("id")
-    action("verify", "check size and content hash (all sessions, or one)").add_argument("id", nargs="?")
-    p = action("prune", "delete least-recently-used sessions until under the budget")
+    p = action("list", "saved conversations, most recently used first")
+    p.add_argument("--json", action="store_true", help="every field of each, for scripts")
+    p = action("show", "one saved conversation: a summary to read")
+    id_help = "session id, or its start"
+    p.add_argument("id", metavar="ID", help=id_help)
+    p.add_argument("--json", action="store_true", help="every field, for scripts")
+    for name, text in (("delete", "delete a saved conversation (its KV file and sidecar)"),
+                       ("pin", "keep a saved conversation whatever the budget"),
+                       ("unpin", "let the budget prune a saved conversation again")):
+        action(name, text).add_argument("id", metavar="ID", help=id_help)
+    action("verify", "check size and content hash (all saved conversations, or one)").add_argument(
+        "id", metavar="ID", nargs="?", help=id_help)
+    p = action("prune", "delete the least recently used saved conversations until under the budget")
     p.add_argument("--budget", type=_size, metavar="SIZE", help="budget to prune to (default: the setting)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
     p = action("search", "saved conversations by anything said in them, with the matching passage")
@@ -441,8 +524,12 @@ def _data_folder_problem(data_dir: str | None) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command_line = list(argv)
-    argv, extra = _split_extra(argv)
     parser = build_parser()
+    extra: list[str] = []
+    if _command_word(parser, argv) in (None, "serve"):
+        # Arguments after `--` go to llama-server; the other commands take `--` as argparse
+        # does (`sessions show -- -abc`: an id that starts with "-").
+        argv, extra = _split_extra(argv)
     args = parser.parse_args(argv)
     args.command_line = command_line
     logging.basicConfig(

@@ -29,6 +29,9 @@ def is_scratch(name: str) -> bool:
 
 
 SESSION_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+# The start of an id names a session (on the command line) from this many characters, as git
+# takes commits; a shorter one only as a whole id.
+MIN_ID_PREFIX = 4
 SESSION_ID_RE = re.compile(SESSION_ID_PATTERN)
 # \Z, not $: "$" also matches before a trailing newline, and a file name may end with one.
 OWN_KV_RE = re.compile(r"^([0-9a-f]{12})\.([0-9a-f]{8})\.kv\Z")
