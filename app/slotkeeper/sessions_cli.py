@@ -10,16 +10,18 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterable
 
+from slotkeeper.core.families import describe_restore_mode
 from slotkeeper.core.paths import app_paths
-from slotkeeper.core.services.sessions import SearchResult, SessionInUse, SessionsService
-from slotkeeper.core.sessions.compat import swa_mode
+from slotkeeper.core.services.sessions import AmbiguousSessionId, SearchResult, SessionInUse, SessionsService
+from slotkeeper.core.sessions.compat import model_file_name, swa_mode
 from slotkeeper.core.sessions.entries import SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_SECONDS
 from slotkeeper.core.sessions.in_slots import read_in_slots
 from slotkeeper.core.sessions.naming import InvalidSessionId
-from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
-from slotkeeper.core.sessions.sidecar import SidecarError
+from slotkeeper.core.sessions.search import SearchHit, SearchIndex, SearchUnavailable
+from slotkeeper.core.sessions.sidecar import RestoreRecord, Sidecar, SidecarError, parse_utc
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.settings import SettingsError, load_settings
 from slotkeeper.core.units import human_bytes
@@ -27,21 +29,110 @@ from slotkeeper.sessions_list import list_json, print_bytes
 
 UNMANAGED_NOTE = ("not Slotkeeper's: they do not count towards the budget and are never deleted "
                   "automatically")
+TITLE_WIDTH = 50  # characters of a title in the list (cut with "…")
+MODEL_WIDTH = 32  # characters of a model's name in the list (cut in the middle with "…")
+
+
+def as_argument(session_id: str) -> str:
+    """A session id as the last argument of a command line: after ``--`` if it starts with "-"."""
+    return f"-- {session_id}" if session_id.startswith("-") else session_id
+
+
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, with an "s" unless there is one: "1 saved conversation", "3 files"."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` on one line, at most ``width`` characters; a cut one ends with "…"."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1].rstrip() + "…"
+
+
+def cut_middle(text: str, width: int) -> str:
+    """At most ``width`` characters, cut in the middle ("…"): a model's name differs at either end."""
+    if len(text) <= width:
+        return text
+    tail = (width - 1) // 2
+    return text[: width - 1 - tail] + "…" + text[len(text) - tail:]
+
+
+def local_time(stamp: str) -> str:
+    """A sidecar's UTC timestamp as this machine's local time, to the minute (as written if odd)."""
+    try:
+        return parse_utc(stamp).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return stamp
+
+
+def short_model_name(model_path: str) -> str:
+    """A model's file name without ".gguf" and its quantization, case kept:
+    "/m/Qwen3-8B-Q4_K_M.gguf" -> "Qwen3-8B"."""
+    # The cut the model chooser makes (imported here: only the table needs it).
+    from slotkeeper.core.discovery import model_base_name
+
+    stem = file_stem(model_path)
+    base = model_base_name(model_file_name(model_path))  # the same cut, in lower case
+    return stem[: len(base)] or stem
+
+
+def file_stem(model_path: str) -> str:
+    name = model_file_name(model_path)
+    return name[:-5] if name.lower().endswith(".gguf") else name
+
+
+def model_labels(sidecars: Iterable[Sidecar]) -> dict[str, str]:
+    """model_sha256 -> the model's name in the list: its short name, or where two different
+    models (files of other content) would show the same, what tells them apart: their file
+    names, and the start of their SHA-256 where the file names are the same too."""
+    paths: dict[str, str] = {}
+    for sc in sidecars:
+        paths.setdefault(sc.model_sha256, sc.model_path)  # the most recent save's path
+    by_short: dict[str, list[str]] = {}
+    for sha, path in paths.items():
+        by_short.setdefault(short_model_name(path), []).append(sha)
+    labels: dict[str, str] = {}
+    for short, shas in by_short.items():
+        if len(shas) == 1:
+            labels[shas[0]] = cut_middle(short, MODEL_WIDTH)
+            continue
+        stems = [file_stem(paths[sha]) for sha in shas]
+        for sha, stem in zip(shas, stems):
+            if stems.count(stem) == 1:
+                labels[sha] = cut_middle(stem, MODEL_WIDTH)
+            else:
+                labels[sha] = f"{cut_middle(stem, MODEL_WIDTH - 11)} ({sha[:8]})"
+    return labels
+
+
+def restore_words(mode: str) -> str:
+    """The restore mode in the list's words (`show` has the full sentence)."""
+    return describe_restore_mode(mode).split(" (")[0]
 
 
 def _print_table(entries: list[SessionEntry], unmanaged: list[UnmanagedFile], total: int) -> None:
     if not entries:
-        print("No saved sessions.")
+        print("No saved conversations yet." if not unmanaged else "No saved conversations.")
+        _print_unmanaged(unmanaged)
+        return
+    labels = model_labels(e.sidecar for e in entries if e.sidecar is not None)
+    rows = [("", "ID", "MODEL", "TOKENS", "SIZE", "LAST USED", "RESTORES", "TITLE")]
     for e in entries:
         s = e.sidecar
-        flag = "*" if s and s.pinned else " "
         status = "" if e.status == "ok" else "  [CORRUPT]"
+        size = human_bytes(e.size_bytes)
         if s is None:
-            print(f"{flag} {e.id:<12}  {'?':>8}  {human_bytes(e.size_bytes):>10}  (unreadable){status}")
+            rows.append((" ", e.id, "?", "?", size, "?", "?", "(unreadable)" + status))
             continue
-        print(f"{flag} {e.id:<12}  {s.n_tokens:>8}  {human_bytes(e.size_bytes):>10}  {s.last_used_at[:19]}  "
-              f"{swa_mode(s):<26}  {s.title[:50]}{status}")
-    print(f"{len(entries)} session(s), {human_bytes(total)} on disk  (* = pinned)")
+        rows.append(("*" if s.pinned else " ", e.id, labels[s.model_sha256], f"{s.n_tokens:,}", size,
+                     local_time(s.last_used_at), restore_words(s.restore_mode), cut(s.title, TITLE_WIDTH) + status))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    right = {3, 4}  # numbers
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        print(f"{cells[0]} {'  '.join(cells[1:])}  {r[-1]}".rstrip())
+    pinned = "  (* = pinned)" if any(e.sidecar is not None and e.sidecar.pinned for e in entries) else ""
+    print(f"{plural(len(entries), 'saved conversation')}, {human_bytes(total)} on disk{pinned}")
     _print_unmanaged(unmanaged)
 
 
@@ -49,19 +140,64 @@ def _print_unmanaged(unmanaged: list[UnmanagedFile] | tuple[UnmanagedFile, ...])
     if not unmanaged:
         return
     size = human_bytes(sum(u.size_bytes for u in unmanaged))
-    print(f"{len(unmanaged)} unmanaged file(s), {size}, {UNMANAGED_NOTE}:")
+    print(f"{plural(len(unmanaged), 'unmanaged file')}, {size}, {UNMANAGED_NOTE}:")
     for u in unmanaged:
         what = human_bytes(u.size_bytes) if u.kind == "file" else u.kind
         print(f"  {u.name!r:<40}  {what}")
 
 
-def _show(entry: SessionEntry) -> None:
-    data = entry.to_json()
-    width = max(len(k) for k in data)
-    for key, value in data.items():
-        if isinstance(value, (dict, list)):
-            value = json.dumps(value)
-        print(f"{key:<{width}}  {value}")
+def _show(entry: SessionEntry, service: SessionsService) -> None:
+    """One session for a person to read; every field is in `--json`."""
+    s = entry.sidecar
+    rows: list[tuple[str, str]] = [("id", entry.id)]
+    if s is None:
+        print("(a saved conversation whose sidecar cannot be read)")
+        rows.append(("size", f"{human_bytes(entry.size_bytes)} on disk"))
+    else:
+        print(s.title or "(untitled)")
+        if s.preview and s.preview != s.title:
+            rows.append(("preview", cut(s.preview, 100)))
+        rows += [
+            ("model", f"{s.model_path} ({s.arch}, sha256 {s.model_sha256[:8]}…)"),
+            ("tokens", f"{s.n_tokens:,} of the {s.n_ctx_slot:,} its slot held"
+                       + (f", {plural(s.n_media, 'image')}" if s.n_media else "")),
+            ("size", f"{human_bytes(entry.size_bytes)} on disk"),
+            ("first saved", local_time(s.created_at)),
+            ("last used", local_time(s.last_used_at)),
+            ("pinned", "yes (kept whatever the budget)" if s.pinned else "no"),
+            ("restore", f"{describe_restore_mode(s.restore_mode)}; {swa_mode(s)}"),
+            ("saved with", f"llama-server {s.llama_build}, {plural(s.n_parallel, 'slot')}, "
+                           f"K/V cache {s.cache_type_k}/{s.cache_type_v}, "
+                           f"flash attention {'on' if s.flash_attn else 'off'}"
+                           + (", unified KV cache" if s.kv_unified else "")),
+        ]
+        if s.last_restore is not None:
+            rows.append(("last restore", _restore_text(s.last_restore)))
+        if s.parent:
+            rows.append(("continues" if s.continues else "branched from", _parent_text(s.parent, service)))
+    rows.append(("status", "ok" if not entry.problems else "CORRUPT"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+    for problem in entry.problems:
+        print(f"  {'':<{width}}  - {problem}")
+    print(f"every field: `slotkeeper sessions show --json {as_argument(entry.id)}`")
+
+
+def _restore_text(r: RestoreRecord) -> str:
+    text = f"{local_time(r.at)} into slot {r.slot}, {r.n_restored:,} tokens"
+    if r.effective is not None:
+        reused = f", {r.cache_n:,} reused" if r.cache_n is not None else ""
+        text += f"{reused} ({'worth it' if r.effective else 'not worth it'})"
+    return text
+
+
+def _parent_text(parent: str, service: SessionsService) -> str:
+    try:
+        sc = service.get(parent).sidecar
+    except (SessionNotFound, InvalidSessionId, OSError):
+        return f"{parent} (no longer saved)"
+    return f"{parent} ({cut(sc.title, TITLE_WIDTH)})" if sc is not None else parent
 
 
 def sessions_service(paths, timeout: float = LOCK_TIMEOUT_SECONDS) -> SessionsService:
@@ -100,7 +236,8 @@ def run_sessions_command(args: argparse.Namespace) -> int:
             return _run(args, service)
         finally:
             _keep_index(service)
-    except (SessionNotFound, SessionInUse, InvalidSessionId, SidecarError, OSError, SearchUnavailable) as exc:
+    except (SessionNotFound, SessionInUse, InvalidSessionId, AmbiguousSessionId, SidecarError, OSError,
+            SearchUnavailable) as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 1
     except SettingsError as exc:
@@ -124,34 +261,65 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
         listing = service.listing()
         _print_table(listing.sessions, listing.unmanaged, listing.total_bytes)
         return 0
-    if args.action == "show":
-        entry = service.get(args.id)
-        print(json.dumps(entry.to_json(), indent=2)) if args.json else _show(entry)
-        return 0
-    if args.action == "delete":
-        service.delete(args.id)
-        print(f"deleted {args.id}")
-        return 0
-    if args.action in ("pin", "unpin"):
-        service.set_pinned(args.id, args.action == "pin")
-        print(f"{args.action}ned {args.id}")
-        return 0
-    if args.action == "verify":
-        ids = [args.id] if args.id else [e.id for e in service.listing().sessions]
-        bad = 0
-        for sid in ids:
-            entry = service.verify(sid)
-            if entry.problems:
-                bad += 1
-                print(f"{sid}  CORRUPT  {'; '.join(entry.problems)}")
-            else:
-                print(f"{sid}  ok")
-        return 1 if bad else 0
     if args.action == "prune":
         return _prune(args, service)
     if args.action == "search":
         return _search(args, service)
+    if args.action == "verify" and not args.id:
+        return _verify(service, [e.id for e in service.listing().sessions])
+    try:
+        sid = service.resolve_id(args.id)
+    except AmbiguousSessionId as exc:
+        _print_ambiguous(exc, service)
+        return 1
+    if args.action == "show":
+        entry = service.get(sid)
+        print(json.dumps(entry.to_json(), indent=2)) if args.json else _show(entry, service)
+        return 0
+    if args.action == "delete":
+        title = _title(service, sid)
+        service.delete(sid)
+        print(f"deleted {sid}{title}")
+        return 0
+    if args.action in ("pin", "unpin"):
+        sc = service.set_pinned(sid, args.action == "pin")
+        print(f"{args.action}ned {sid}  {cut(sc.title, TITLE_WIDTH)}")
+        return 0
+    if args.action == "verify":
+        return _verify(service, [sid])
     return 2
+
+
+def _verify(service: SessionsService, ids: list[str]) -> int:
+    bad = 0
+    for sid in ids:
+        entry = service.verify(sid)
+        if entry.problems:
+            bad += 1
+            print(f"{sid}  CORRUPT  {'; '.join(entry.problems)}")
+        else:
+            print(f"{sid}  ok")
+    return 1 if bad else 0
+
+
+def _title(service: SessionsService, sid: str) -> str:
+    """"  TITLE" of a session, or "" when its sidecar cannot be read (it can still be deleted)."""
+    try:
+        sc = service.get(sid).sidecar
+    except (SessionNotFound, SidecarError, OSError):
+        return ""
+    return f"  {cut(sc.title, TITLE_WIDTH)}" if sc is not None else ""
+
+
+def _print_ambiguous(exc: AmbiguousSessionId, service: SessionsService) -> None:
+    """Which sessions the start of an id could mean, with their titles, on stderr."""
+    if not exc.candidates:
+        print(f"slotkeeper: {exc}", file=sys.stderr)
+        return
+    print(f"slotkeeper: {exc.prefix!r} could be any of {plural(len(exc.candidates), 'saved conversation')}; "
+          "give more of the id:", file=sys.stderr)
+    for sid in exc.candidates:
+        print(f"  {sid}{_title(service, sid)}", file=sys.stderr)
 
 
 def _prune(args: argparse.Namespace, service: SessionsService) -> int:
@@ -172,24 +340,35 @@ def _prune(args: argparse.Namespace, service: SessionsService) -> int:
     return 0 if outcome.result.ok else 1
 
 
+def hit_json(hit: SearchHit) -> dict:
+    """A search result in `search --json`: each matched word once (a passage often has the same
+    word twice: asked, then answered), first spelling first."""
+    data = hit.to_json()
+    seen: dict[str, str] = {}
+    for word in data["matches"]:
+        seen.setdefault(word.casefold(), word)
+    data["matches"] = list(seen.values())
+    return data
+
+
 def _search(args: argparse.Namespace, service: SessionsService) -> int:
     """Exit 0 with results, 1 when nothing matched (like grep)."""
     result: SearchResult = service.search(" ".join(args.words), limit=args.limit)
     if args.json:
-        print(json.dumps([h.to_json() for h in result.hits], indent=2, ensure_ascii=False))
+        print(json.dumps([hit_json(h) for h in result.hits], indent=2, ensure_ascii=False))
         return 0 if result.hits else 1
     if not result.hits:
         print(f"No saved conversation mentions {' '.join(args.words)!r}.")
         return 1
     for hit in result.hits:
         note = "" if hit.complete else "  (title and preview only so far)"
-        print(f"{hit.id}  {hit.title[:70]}{note}")
+        print(f"{hit.id}  {cut(hit.title, 70)}{note}")
         print(f"    {' '.join(hit.plain().split())}")
     n = result.total
     best = f" (the best {len(result.hits)} shown; --limit N for more)" if n > len(result.hits) else ""
     print(f"{n} conversation{'s' if n != 1 else ''} found{best}; resume one with `slotkeeper serve --resume ID` "
           "or from the app")
     if result.partial:
-        print("Some sessions are indexed by title and preview only: their full text is added while a server "
+        print("Some conversations are indexed by title and preview only: their full text is added while a server "
               "of their model runs.", file=sys.stderr)
     return 0

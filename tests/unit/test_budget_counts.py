@@ -80,8 +80,8 @@ def test_the_cli_shows_files_that_are_not_ours_and_says_they_do_not_count(paths)
     (paths.sessions_dir / "junk.bin").write_bytes(b"\0" * 5000)
     r = run_cli(paths.data_dir, "list")
     assert r.returncode == 0, r.stderr
-    assert "3 session(s), 2.9 KiB on disk" in r.stdout  # the sessions only
-    assert "1 unmanaged file(s), 4.9 KiB, not Slotkeeper's: they do not count towards the budget" in r.stdout
+    assert "3 saved conversations, 2.9 KiB on disk" in r.stdout  # the sessions only
+    assert "1 unmanaged file, 4.9 KiB, not Slotkeeper's: they do not count towards the budget" in r.stdout
     assert "'junk.bin'" in r.stdout
     r = run_cli(paths.data_dir, "prune", "--budget", "3000", "--dry-run")
     assert r.returncode == 0 and "would delete" not in r.stdout

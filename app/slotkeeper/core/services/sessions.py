@@ -25,6 +25,8 @@ from slotkeeper.core.sessions import pruner
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.naming import (
     KV_SUFFIX,
+    MIN_ID_PREFIX,
+    SIDECAR_NAME_RE,
     SIDECAR_SUFFIX,
     InvalidSessionId,
     is_hidden_or_in_progress,
@@ -34,7 +36,7 @@ from slotkeeper.core.sessions.search import IndexedText, Reconciled, SearchHit, 
 from slotkeeper.core.sessions.sidecar import Sidecar
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 
-__all__ = ["PruneOutcome", "SearchResult", "SessionInUse", "SessionsService", "reconcile_search"]
+__all__ = ["AmbiguousSessionId", "PruneOutcome", "SearchResult", "SessionInUse", "SessionsService", "reconcile_search"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,26 @@ class SessionInUse(Exception):
         super().__init__(f"{session_id} is loaded in a slot of the running server; it can be deleted "
                          "once another conversation replaces it")
         self.session_id = session_id
+
+
+AMBIGUOUS_SHOWN = 10  # candidates an ambiguous id's message names
+
+
+class AmbiguousSessionId(ValueError):
+    """The start of an id given for a session is the start of several (``candidates``), or too
+    short to be taken as one (no candidates)."""
+
+    def __init__(self, prefix: str, candidates: list[str]) -> None:
+        if candidates:
+            shown = ", ".join(candidates[:AMBIGUOUS_SHOWN])
+            more = f" and {len(candidates) - AMBIGUOUS_SHOWN} more" if len(candidates) > AMBIGUOUS_SHOWN else ""
+            text = f"{prefix!r} is the start of {len(candidates)} session ids ({shown}{more}); give more of the id"
+        else:
+            text = f"{prefix!r} is too short to pick a session by the start of its id: give at least " \
+                   f"{MIN_ID_PREFIX} characters"
+        super().__init__(text)
+        self.prefix = prefix
+        self.candidates = candidates
 
 
 @dataclass(frozen=True)
@@ -140,6 +162,23 @@ class SessionsService:
 
     def get(self, session_id: str) -> SessionEntry:
         return self.store.get(session_id)
+
+    def resolve_id(self, given: str) -> str:
+        """The id of the one saved session ``given`` names: its whole id, or (as git takes commits)
+        the start of exactly one id, at least MIN_ID_PREFIX characters. Raises InvalidSessionId
+        (a path, an empty string ...), AmbiguousSessionId (candidates sorted), SessionNotFound."""
+        validate_session_id(given)
+        if os.path.lexists(self.store.sidecar_path(given)):
+            return given
+        candidates = sorted(m.group(1) for name in os.listdir(self.store.dir)
+                            if (m := SIDECAR_NAME_RE.match(name)) and m.group(1).startswith(given))
+        if not candidates:
+            raise SessionNotFound(given)
+        if len(given) < MIN_ID_PREFIX:
+            raise AmbiguousSessionId(given, [])
+        if len(candidates) > 1:
+            raise AmbiguousSessionId(given, candidates)
+        return candidates[0]
 
     def in_slots(self) -> frozenset[str]:
         return frozenset(self._in_slots())
