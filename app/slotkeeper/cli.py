@@ -74,12 +74,12 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flash-attn", type=_on_off, metavar="on|off", help="flash attention")
     g.add_argument("--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
     g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
-    g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None, help="full-size cache for sliding-window layers (needed to restore sessions of SWA models)")
+    g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None, help="full-size cache for sliding-window layers (needed to restore conversations of SWA models)")
     s = p.add_argument_group("sessions")
     s.add_argument("--idle-save", type=_seconds, metavar="S",
                    help=f"save a slot S seconds after its reply ends (default {DEFAULT_IDLE_SAVE_SECONDS:g}; 0 = at once)")
-    s.add_argument("--restore", type=_count, metavar="N", help="restore the N most recent compatible sessions at launch (default: one per slot)")
-    s.add_argument("--resume", metavar="ID", help="restore this saved session into slot 0 first")
+    s.add_argument("--restore", type=_count, metavar="N", help="restore the N most recent compatible saved conversations at launch (default: one per slot)")
+    s.add_argument("--resume", metavar="ID", help="restore this saved conversation (its session id) into slot 0 first")
     s.add_argument("--budget", type=_size, metavar="SIZE",
                    help=f"disk budget for saved conversations, e.g. 20G (default {human_bytes(DEFAULT_BUDGET_BYTES)})")
 

@@ -65,3 +65,15 @@ def test_other_commands_refuse_stray_arguments_after_double_dash(tmp_path, capsy
         main(["sessions", "list", "--data-dir", str(tmp_path), "--", "--threads"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "unrecognized arguments: -- --threads" in err, "not dropped without a word"
+
+
+def test_help_calls_them_conversations(capsys):
+    """What people read says "conversations"; the command names keep "sessions"."""
+    text = help_text(capsys)
+    assert "prune saved conversations" in text and "sessions list, search" in text
+    for said in ("restore conversations of SWA models", "most recent compatible saved conversations",
+                 "restore this saved conversation", "disk budget for saved conversations"):
+        assert said in text, said
+    text = help_text(capsys, "sessions")
+    assert "list saved conversations, most recently used first" in text
+    assert "delete a saved conversation" in text and "ID is a session id" in text
