@@ -78,7 +78,7 @@ def test_kv_affecting_arguments_are_picked_out_with_their_values():
     assert kv_affecting_args(("--threads", "2")) == ()
 
 
-@pytest.mark.parametrize("flag", ["--cache-idle-slots", "--no-slots", "-kvu", "--no-swa-full"])
+@pytest.mark.parametrize("flag", ["--cache-idle-slots", "--api-prefix", "-kvu", "--no-swa-full"])
 def test_extra_args_cannot_undo_what_slotkeeper_relies_on(flag):
     with pytest.raises(CommandError, match=flag):
         build_argv(("x",), ServerProfile(extra_args=(flag,)), "m", "s")

@@ -10,8 +10,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
-from slotkeeper.core.engine.frontdoor import SseTimings, parse_object, timings_of, token_list, with_slot
+from slotkeeper.core.engine.frontdoor import (
+    BadBody,
+    SseTimings,
+    parse_object,
+    single_prompt,
+    timings_of,
+    token_list,
+    with_slot,
+)
 
 
 def test_the_slot_goes_in_front_and_the_clients_bytes_stay_as_they_were():
@@ -34,10 +43,25 @@ def test_an_empty_object_and_no_slot():
     assert with_slot(b'{"a": 1}', {"a": 1}, None) == b'{"a": 1}'
 
 
-def test_only_json_objects_are_routed():
-    assert parse_object(b"[1, 2]") is None
-    assert parse_object(b"{nope") is None
+def test_only_json_objects_are_routed_and_anything_else_is_refused_not_passed_on():
+    for raw, why in [(b"[1, 2]", "must be a JSON object"), (b"{nope", "not valid JSON"),
+                     (b'{"id_slot": NaN}', "NaN is not a JSON number"),
+                     (b'{"n_predict": Infinity}', "Infinity is not a JSON number"),
+                     (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+                     (b'{"a":' * 3000 + b"1" + b"}" * 3000, "nested too deeply"),
+                     (b'{"prompt": [1, 1099511627776]}', "token id 1099511627776 is out of range"),
+                     (b'{"prompt": [[5, -3]]}', "token id -3 is out of range"),
+                     (b'{"prompt": ["a", 2147483648]}', "out of range")]:
+        with pytest.raises(BadBody, match=why):
+            parse_object(raw)
     assert parse_object(b'{"seed": 123456789012345678901234567890}').keys() == {"seed"}  # past 64 bits
+    assert parse_object(b'\xef\xbb\xbf{"prompt": "x"}') == {"prompt": "x"}  # a byte order mark, as llama-server
+
+
+def test_a_body_rewritten_with_a_huge_integer_stays_valid():
+    raw = b'{"id_slot": 0, "seed": 1180591620717411303424, "prompt": "x"}'
+    sent = with_slot(raw, parse_object(raw), 1)
+    assert json.loads(sent) == {"id_slot": 1, "seed": 2**70, "prompt": "x"}
 
 
 def test_token_prompts_are_recognised_and_mixed_ones_are_not():
@@ -66,3 +90,16 @@ def test_stream_timings_survive_any_split():
         sse.feed(stream[cut:])
         assert sse.timings == {"prompt_n": 7, "cache_n": 1}, cut
     assert np.array_equal(token_list(np.arange(3).tolist()), np.arange(3))
+
+
+def test_the_one_prompt_a_completion_runs_is_read_as_llama_server_reads_it():
+    assert single_prompt("hello") == "hello"
+    assert single_prompt(["hello"]) == "hello"  # a one-item list is that prompt
+    assert single_prompt([[1, 2, 3]]) == [1, 2, 3]
+    assert single_prompt([1, 2, 3]) == [1, 2, 3]
+    assert single_prompt([1, "two", 3]) == [1, "two", 3]  # mixed: one prompt
+    assert single_prompt({"prompt_string": "x"}) == "x"
+    assert single_prompt([{"prompt_string": [4, "y"]}]) == [4, "y"]
+    for several_or_media in (["a", "b"], [[1], [2]], {"prompt_string": "x", "multimodal_data": ["aGk="]},
+                             [], None, 5, {"other": 1}, [1.5, 2], [True, 1, [2]]):
+        assert single_prompt(several_or_media) is None, several_or_media

@@ -61,3 +61,17 @@ def test_rolling_back_inside_fragile_restored_state_recomputes():
     r = route(700, [slot(0, prefix=600, held=950, n_prompt=950, fragile=950)])
     assert r.erase_first and r.expected_prefix == 0
     assert not route(1000, [slot(0, prefix=950, held=960, n_prompt=950, fragile=950)]).erase_first
+
+
+def test_a_request_whose_tokens_are_not_known_never_rolls_back_into_fragile_state():
+    # The front door could not tokenize it (a /v1/messages body, a template that fails, a media
+    # prompt): it may share anything with what the slot holds, so fragile restored state is erased.
+    r = route(0, [slot(0, held=950, n_prompt=950, fragile=950)], known=False)
+    assert r.slot == 0 and r.erase_first and r.expected_prefix == 0
+    # An empty slot is taken first; a slot whose state can be rolled back is left as it is.
+    r = route(0, [slot(0, held=950, n_prompt=950, fragile=950), slot(1)], known=False)
+    assert r.slot == 1 and not r.erase_first
+    assert not route(0, [slot(0, held=950, n_prompt=950)], known=False).erase_first
+    # Unsaved changes are saved before it replaces them, as for any new conversation.
+    r = route(0, [slot(0, held=950, n_prompt=950, changed=True, fragile=950)], known=False)
+    assert r.save_first and r.erase_first

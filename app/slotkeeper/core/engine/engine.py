@@ -36,7 +36,7 @@ from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.demo_model import DEMO_NOTICE
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.frontdesk import UNKNOWN, Figures, FrontDesk, FrontDeskError, restore_mode
-from slotkeeper.core.engine.frontdoor import FrontDoor
+from slotkeeper.core.engine.frontdoor import DoorPolicy, FrontDoor
 from slotkeeper.core.engine.launching import LaunchPlan, Prelaunched, binary_facts_cache, plan_launch
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.model import (
@@ -75,9 +75,8 @@ from slotkeeper.core.events import (
 from slotkeeper.core.history import RequestHistory, RequestRecord
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
-from slotkeeper.core.server.command import (
-    server_api_key,
-)
+from slotkeeper.core.server.apikey import DoorKeys, exposure_refusal
+from slotkeeper.core.server.command import user_wants
 from slotkeeper.core.server.private import PrivateAddress
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
@@ -118,6 +117,10 @@ LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
 # at most this often while sessions change, and when the engine closes. With thousands of
 # sessions a write is megabytes of JSON.
 INDEX_WRITE_DELAY_SECONDS = 30.0
+# llama-server checks whether a non-streamed request's client is still there when it has waited a
+# second (HTTP_POLLING_SECONDS) without a result for any task; a /slots poll is a result.
+ABANDONED_POLL_SECONDS = 1.5
+ABANDONED_GIVE_UP_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -226,9 +229,14 @@ class Engine:
         self._completing: asyncio.Task[None] | None = None  # filling in the search index's partial entries
         self._emitted_slots: Any = None  # the slots the last SlotsChanged carried
         self._poll_wake = asyncio.Event()  # a request began: poll now, and often while it runs
+        self._starting_since: float | None = None  # when the current launch began (monotonic)
+        self._load_seconds = 1.0  # how long the last launch took to be ready
+        self._restart_at = 0.0  # when a restart after a crash launches (monotonic)
+        self._door_keys: DoorKeys | None = None  # the user's keys for the front door (per launch)
+        self._abandoned: dict[int, float] = {}  # slots running a request whose client left, since when
         self._polling_slowly = False
         self.desk = FrontDesk(self)
-        self.front = FrontDoor(self.desk, upstream=self._upstream, user_key=self._user_key)
+        self.front = FrontDoor(self.desk, upstream=self._upstream, policy=self._door_policy)
         self._snapshot = EngineSnapshot(settings=settings)
 
         self._unsubscribe = self.events.subscribe(self._from_supervisor, ServerStateChanged)
@@ -276,7 +284,8 @@ class Engine:
 
     @property
     def api_key(self) -> str | None:
-        return server_api_key(self.running_profile.extra_args)
+        """A key the front door takes now (None: it takes none), for Slotkeeper's own clients of it."""
+        return DoorKeys(self.running_profile.extra_args).first()
 
     def client(self, timeout: float = 10.0) -> LlamaClient:
         """A client for the running server (slot actions may take up to ``timeout``)."""
@@ -377,6 +386,11 @@ class Engine:
             self._swept = asyncio.ensure_future(self.loop.run_io(self._open_folder))
         if not self.front.running:
             profile = self._settings.profile
+            refusal = exposure_refusal(profile.host, profile.port, profile.extra_args)
+            if refusal:
+                if pre is not None:
+                    pre.abandon()
+                raise EngineError(refusal)
             try:
                 await self.front.start(profile.host, profile.port, sock=pre.front_socket if pre else None)
             except OSError as exc:
@@ -518,6 +532,7 @@ class Engine:
         """A launch begins (on the loop): what it runs, and what to say about it."""
         self._model = plan.model
         self._launched = plan.profile
+        self._door_keys = DoorKeys(plan.profile.extra_args)
         self._private = plan.private
         self._close_http()  # a client of the previous address
         self._start_hashing(plan.model.path)
@@ -534,13 +549,27 @@ class Engine:
             return ("http://127.0.0.1:1", "")
         return (private.url, private.key)
 
-    def _user_key(self) -> str | None:
-        return server_api_key(self._running_profile().extra_args)
+    def _door_policy(self) -> DoorPolicy:
+        """What clients may reach through the front door, and with which keys (on the loop)."""
+        profile = self._running_profile()
+        if self._door_keys is None:
+            self._door_keys = DoorKeys(profile.extra_args)
+        facts = self._facts
+        return DoorPolicy(self._door_keys, slots=user_wants(profile.extra_args, "slots"),
+                          metrics=user_wants(profile.extra_args, "metrics"),
+                          n_slots=facts.n_parallel if facts is not None else profile.parallel)
 
     def _on_server_state(self, event: ServerStateChanged) -> None:
         self._server_state = event.state
         self._state_message = event.message
+        now = time.monotonic()
+        if event.state is ServerState.STARTING:
+            self._starting_since = now
+        elif event.state is ServerState.RESTARTING:
+            self._restart_at = now + (event.delay or 0.0)
         if event.state is ServerState.READY:
+            if self._starting_since is not None:
+                self._load_seconds = now - self._starting_since
             # Launch work (restores) runs as a task; "ready" is announced only after it, so a
             # client that waits for ready hits the cache.
             self._after_ready = self.loop.spawn(self._after_server_ready(), "launch restores")
@@ -991,12 +1020,19 @@ class Engine:
             self._poll_wake.clear()
             # Often while a slot works or waits for its idle save; a few times a minute otherwise.
             delay = POLL_SECONDS if self._policy_active() else IDLE_POLL_SECONDS
+            if self._abandoned:
+                # llama-server notices that a non-streamed request's client left only after a
+                # second without news of any task: every /slots poll is news, so poll less.
+                delay = max(delay, ABANDONED_POLL_SECONDS)
             self._polling_slowly = delay > POLL_SECONDS
             try:
                 slots = await self.loop.run_io(http.slots)
             except (ServerUnavailable, ServerError):
                 continue
             now = time.monotonic()
+            for info in slots:
+                if not info.is_processing or now - self._abandoned.get(info.id, now) > ABANDONED_GIVE_UP_SECONDS:
+                    self._abandoned.pop(info.id, None)
             self._policy.observe(slots, now, first=first)
             first = False
             self._slots.observe(slots)
@@ -1008,6 +1044,11 @@ class Engine:
 
     def _policy_active(self) -> bool:
         return any(w.changed or w.processing or w.in_request or w.busy_with for w in self._policy.slots.values())
+
+    def quiet_polls_while_abandoned(self, slot: int) -> None:
+        """A request on ``slot`` lost its client before its reply began: poll /slots slowly until
+        llama-server has stopped it (on the loop)."""
+        self._abandoned[slot] = time.monotonic()
 
     def wake_poller(self) -> None:
         """A request is starting (on the loop): a poller waiting its long interval looks now (and
@@ -1044,12 +1085,22 @@ class Engine:
             if self._closed or state in (ServerState.STOPPED, ServerState.FAILED):
                 why = f": {self.supervisor.message}" if state is ServerState.FAILED and self.supervisor.message else ""
                 raise FrontDeskError(503, f"llama-server is not running{why}")
+            if self._crashed:  # not a request's to wait through: the client retries when it is back
+                raise FrontDeskError(503, "llama-server stopped unexpectedly and is being restarted; "
+                                          "try again shortly", retry_after=self._restart_eta())
             if time.monotonic() > deadline:
-                raise FrontDeskError(503, "llama-server is not ready yet; try again shortly")
+                raise FrontDeskError(503, "llama-server is not ready yet; try again shortly",
+                                     retry_after=self._restart_eta())
             try:
                 await asyncio.wait_for(self._serving.wait(), 1.0)
             except asyncio.TimeoutError:
                 pass
+
+    def _restart_eta(self) -> float:
+        """Seconds until llama-server should take requests again: the restart's delay, and as long
+        as its last launch took to load."""
+        now = time.monotonic()
+        return max(1.0, self._restart_at - now) + self._load_seconds
 
     async def save_before_switching(self, slot: int) -> bool:
         """Save what ``slot`` holds before another conversation takes it (its lock is held).

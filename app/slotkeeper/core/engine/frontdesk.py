@@ -85,10 +85,11 @@ def request_shape(path_kind: str, body: dict[str, Any]) -> RequestShape | None:
 class FrontDeskError(Exception):
     """A request the front door answers itself (``status``), with words a client can show."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after  # seconds, for a 503's Retry-After
 
 
 def restore_mode(facts: ServerFacts | None) -> str:
@@ -198,7 +199,20 @@ class FrontDesk:
         restore_ms = RESTORE_OVERHEAD_MS + size_bytes / self.restore_bytes_per_ms
         return int(restore_ms * self.prefill_tokens_per_ms)
 
+    def slot_context(self) -> int:
+        """Tokens of context each slot has (0 while not known)."""
+        facts = self.e.facts_now()
+        return facts.n_ctx_slot if facts is not None else 0
+
+    def abandoned(self, slot: int) -> None:
+        """The client of a request on ``slot`` went away before its reply began."""
+        self.e.quiet_polls_while_abandoned(slot)
+
     # -- admitting a request --------------------------------------------------------------
+    async def until_serving(self) -> None:
+        """Until llama-server takes requests (FrontDeskError when it will not, or is restarting)."""
+        await self.e.wait_serving(READY_WAIT_SECONDS)
+
     async def admit(self, tokens: TokenArray | None, pinned_slot: int | None = None) -> Ticket:
         """Route a request and prepare its slot; the slot is leased until ``finish``."""
         await self.e.wait_serving(READY_WAIT_SECONDS)
@@ -220,7 +234,8 @@ class FrontDesk:
         while True:
             async with self._route_lock:
                 decision = route(len(tokens) if tokens is not None else 0, self._slot_options(tokens, pinned_slot),
-                                 session, self.break_even_tokens(session_size(self.e, session)))
+                                 session, self.break_even_tokens(session_size(self.e, session)),
+                                 known=tokens is not None)
                 if isinstance(decision, Route):
                     self._lease(decision.slot)
                     break
@@ -369,9 +384,15 @@ class FrontDesk:
         if ticket.tokens is None and learn is not None and outcome.timings is not None:
             c.n_prompt = cache_n + prompt_n
             c.learn, c.learning = learn, None
+        elif ticket.tokens is None:
+            # Not known (a prompt shape the front door cannot tokenize): the slot holds a prompt of
+            # the size llama-server reports, which a next conversation saves before replacing it.
+            # Restored state that cannot be rolled back was erased first (routing), so none is left.
+            c.tokens, c.n_prompt, c.fragile_until = no_tokens(), (cache_n + prompt_n) if outcome.timings else UNKNOWN, 0
+            c.learn = c.learning = None
         else:
-            tokens = ticket.tokens if ticket.tokens is not None else no_tokens()
-            if ticket.tokens is not None and ticket.source != "recomputed":
+            tokens = ticket.tokens
+            if ticket.source != "recomputed":
                 shared = common_prefix_len(tokens, c.tokens)
                 if shared < len(c.tokens) and c.tokens[shared] < 0:
                     # An image or audio clip (a media pseudo-token, see kvfile) where the two part:

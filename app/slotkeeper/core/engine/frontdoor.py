@@ -1,17 +1,23 @@
-"""The front door: the address clients use. Every llama-server endpoint passes through it.
+"""The front door: the address clients use. llama-server's public endpoints pass through it.
 
 llama-server listens on a private port of 127.0.0.1 and demands a random key only Slotkeeper
 knows; clients talk to the front door (the host and port in the settings), which:
 
-- checks the user's own API key (when one is set) the way llama-server would, with the same
-  public endpoints (``/health``, the web UI's files);
+- makes every request target canonical and looks it up in one table of llama-server's endpoints
+  (``endpoints``): what is not in it is never forwarded, and what is forwarded is exactly the
+  canonical path that was judged;
+- checks the user's own API key (``apikey.DoorKeys``: llama-server's rules; a key file that
+  cannot be read shuts the door rather than opening it) except for the public endpoints;
 - refuses what would go behind Slotkeeper's back: the slot-file actions (``POST /slots/N``),
-  run-time LoRA changes (they change what a saved KV cache means) and model loading;
+  run-time LoRA changes (they change what a saved KV cache means), model loading, and requests
+  that would run on a slot it cannot choose;
 - routes every generation request (chat, completion, infill, responses, messages) to a slot
   through the engine's front desk, which saves, restores or erases that slot first when needed,
   and tells it what the response's ``timings`` say afterwards;
 - passes everything else through as it is. Streams are forwarded chunk by chunk as they come;
-  a client that goes away cancels the request upstream (its connection is closed).
+  a client that goes away cancels the request upstream (its connection is closed), streamed or
+  not. Bodies are bounded as llama-server bounds them (100 MiB), read once, and the requests
+  and bytes in flight are bounded too.
 
 It runs on the engine loop (aiohttp's server and client), so routing reads the engine's state
 directly. No HTTP is parsed by hand.
@@ -22,14 +28,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import socket
+import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from yarl import URL
 
+from slotkeeper.core.engine import endpoints
+from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
 from slotkeeper.core.engine.httpstack import aiohttp, web
+from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
 from slotkeeper.core.tokens import TokenArray, tokens_from_json
 
 if TYPE_CHECKING:
@@ -37,48 +50,68 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Requests routed to a slot, and how their prompt is known.
-CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
-COMPLETION_PATHS = frozenset({"/completion", "/completions", "/v1/completions"})
-OTHER_GENERATION_PATHS = frozenset({"/infill", "/v1/responses", "/responses", "/v1/messages"})
-# Not through the front door: Slotkeeper owns the slot files and what the KV cache means.
-BLOCKED = {
-    "/lora-adapters": "LoRA adapters are set at launch (extra arguments); changing them at run time would "
-                      "change what the saved conversations mean",
-    "/models/load": "Slotkeeper runs one model", "/models/unload": "Slotkeeper runs one model",
-}
-PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
-# API paths answered with JSON: everything else a browser GETs is the web UI (public, as upstream).
-API_PREFIXES = ("/v1/", "/props", "/slots", "/metrics", "/models", "/lora-adapters", "/tokenize", "/detokenize",
-                "/apply-template", "/completion", "/chat/", "/infill", "/embedding", "/rerank", "/responses",
-                "/api/", "/tools", "/cors-proxy")
+MAX_BODY_BYTES = 100 * 1024 * 1024  # cpp-httplib's CPPHTTPLIB_PAYLOAD_MAX_LENGTH, as llama-server is built
+MAX_IN_FLIGHT = 256  # requests the front door holds at once; beyond, 503 with Retry-After
+MAX_BODY_BYTES_IN_FLIGHT = 512 * 1024 * 1024  # request bodies held at once
+BUSY_RETRY_SECONDS = 1
+# A prompt this many characters per token of a slot's context cannot fit it whatever the
+# tokenizer: llama-server refuses it, and the front door does not tokenize it first.
+MAX_CHARS_PER_TOKEN = 64
+TOKEN_LIMIT = 2**31  # llama-server's token ids are 32-bit
+TOKENIZE_ATTEMPTS = 3
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
                         "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key"})
 
 
-def error_response(status: int, message: str, error_type: str = "invalid_request_error") -> web.Response:
+def error_response(status: int, message: str, error_type: str = "invalid_request_error",
+                   retry_after: float | None = None) -> web.Response:
     """An error in llama-server's own shape, so clients show it as they show the server's."""
-    return web.json_response({"error": {"code": status, "message": message, "type": error_type}}, status=status)
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    return web.Response(body=orjson.dumps({"error": {"code": status, "message": message, "type": error_type}}),
+                        status=status, content_type="application/json", charset="utf-8", headers=headers)
+
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "invalid_request_error", 501: "not_supported_error",
+               503: "unavailable_error"}
+
+
+@dataclass(frozen=True)
+class DoorPolicy:
+    """What the user chose for the door: the keys, and which optional endpoints clients may use
+    (llama-server's ``--no-slots`` and ``--metrics``: Slotkeeper itself always has both)."""
+
+    keys: DoorKeys | None = None
+    slots: bool = True
+    metrics: bool = False
+    n_slots: int = 0  # 0: not known yet
+
+
+class BadBody(ValueError):
+    """A body the front door refuses to route (400 with the reason)."""
 
 
 class FrontDoor:
     def __init__(self, desk: FrontDesk, upstream: Callable[[], tuple[str, str]],
-                 user_key: Callable[[], str | None]) -> None:
-        """``upstream()`` gives llama-server's private base URL and key now; ``user_key()`` the
-        key clients must send (None: no key)."""
+                 policy: Callable[[], DoorPolicy]) -> None:
+        """``upstream()`` gives llama-server's private base URL and key now; ``policy()`` what
+        clients may reach and with which keys."""
         self.desk = desk
         self._upstream = upstream
-        self._user_key = user_key
+        self._policy = policy
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.host = ""
         self.port = 0
+        self._in_flight = 0
+        self._bytes_in_flight = 0
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str, port: int, sock: socket.socket | None = None) -> None:
         """Listen on ``host`` ``port``, or on ``sock``: that address, already claimed."""
-        app = web.Application(client_max_size=1024**3)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._handle)
+        app.on_response_prepare.append(_no_server_header)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         try:
@@ -92,7 +125,7 @@ class FrontDoor:
         self._runner = runner
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False,
-            connector=aiohttp.TCPConnector(limit=0, force_close=False))
+            connector=aiohttp.TCPConnector(limit=0, force_close=False, socket_factory=resetting_socket))
         self.host, self.port = host, port
         log.info("front door listening on %s port %s", host, port)
 
@@ -110,30 +143,91 @@ class FrontDoor:
 
     # -- requests -------------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.path
-        if not self._authorised(request):
-            return error_response(401, "Invalid API Key", "authentication_error")
-        if request.method == "POST" and (path.startswith("/slots/") or path == "/slots"):
-            return error_response(403, "slot files are managed by Slotkeeper: its sessions save and restore "
-                                       "every conversation (see `slotkeeper sessions`)", "permission_error")
-        if request.method == "POST" and path in BLOCKED:
-            return error_response(403, BLOCKED[path], "permission_error")
-        if request.method == "POST" and (path in CHAT_PATHS or path in COMPLETION_PATHS
-                                         or path in OTHER_GENERATION_PATHS):
-            return await self._generate(request)
-        return await self._pass(request, await request.read())
+        if self._in_flight >= MAX_IN_FLIGHT:
+            return error_response(503, "Slotkeeper is holding as many requests as it takes; try again shortly",
+                                  "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
+        self._in_flight += 1
+        try:
+            return await self._dispatch(request)
+        except FrontDeskError as exc:
+            return error_response(exc.status, exc.message, ERROR_TYPES.get(exc.status, "server_error"),
+                                  retry_after=exc.retry_after)
+        except BadBody as exc:
+            return error_response(400, str(exc))
+        finally:
+            self._in_flight -= 1
 
-    def _authorised(self, request: web.Request) -> bool:
-        key = self._user_key()
-        if not key:
-            return True
-        path = request.path
-        if path in PUBLIC_PATHS or (request.method in ("GET", "HEAD") and not path.startswith(API_PREFIXES)):
-            return True  # health checks and the web UI's files, as llama-server itself allows
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        try:
+            path, query = canonical_target(request.raw_path)
+        except BadTarget as exc:
+            return error_response(400, f"Bad request target: {exc}")
+        if request.method == "OPTIONS":  # a browser's CORS preflight: llama-server answers it, without a key
+            return await self._pass(request, path, query, b"")
+        policy = self._policy()
+        ep = endpoints.endpoint(request.method, path)
+        if ep is None or ep.kind != endpoints.PUBLIC:
+            denied = self._denied(request, policy)
+            if denied is not None:
+                return denied
+        if ep is None:
+            return error_response(404, "File Not Found", "not_found_error")
+        if ep.kind == endpoints.REFUSED:
+            return error_response(ep.status, ep.reason, ERROR_TYPES.get(ep.status, "permission_error"))
+        if ep.kind == endpoints.SLOTS and not policy.slots:
+            return error_response(501, "This server does not support slots endpoint. Start it with `--slots`",
+                                  "not_supported_error")
+        if ep.kind == endpoints.METRICS and not policy.metrics:
+            return error_response(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                                  "not_supported_error")
+        raw = await self._read_body(request)
+        try:
+            if ep.kind == endpoints.GENERATE:
+                return await self._generate(request, path, query, ep, raw, policy)
+            return await self._pass(request, path, query, raw)
+        finally:
+            self._bytes_in_flight -= len(raw)
+
+    def _denied(self, request: web.Request, policy: DoorPolicy) -> web.Response | None:
+        """None when the request may go on (no key set, or the right one), else the answer."""
+        keys = policy.keys
+        if keys is None or not keys.required:
+            return None
         given = request.headers.get("Authorization") or request.headers.get("X-Api-Key") or ""
         if given.startswith("Bearer "):
             given = given[len("Bearer "):]
-        return given == key
+        try:
+            if keys.check(given):
+                return None
+        except KeyUnavailable as exc:
+            log.warning("refusing a request: %s", exc)
+            return error_response(503, f"Slotkeeper cannot check API keys: {exc}", "unavailable_error",
+                                  retry_after=BUSY_RETRY_SECONDS)
+        return error_response(401, "Invalid API Key", "authentication_error")
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request body, read once; bounded per request (413) and in all (503)."""
+        length = request.content_length or 0
+        if length > MAX_BODY_BYTES:
+            raise FrontDeskError(413, f"the request body is {length:,} bytes; llama-server takes at most "
+                                      f"{MAX_BODY_BYTES:,}")
+        if self._bytes_in_flight + length > MAX_BODY_BYTES_IN_FLIGHT:
+            raise FrontDeskError(503, "Slotkeeper is holding as much request data as it takes; try again shortly",
+                                 retry_after=BUSY_RETRY_SECONDS)
+        self._bytes_in_flight += length
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise FrontDeskError(413, f"the request body is larger than llama-server takes ({MAX_BODY_BYTES:,} "
+                                      "bytes)") from exc
+        finally:
+            self._bytes_in_flight -= length
+        self._bytes_in_flight += len(raw)
+        return raw
+
+    def _url(self, path: str, query: str) -> URL:
+        base, _key = self._upstream()  # encoded: sent exactly as judged, never normalised again
+        return URL(f"{base}{path}?{query}" if query else f"{base}{path}", encoded=True)
 
     def _headers(self, request: web.Request) -> dict[str, str]:
         _url, key = self._upstream()
@@ -141,17 +235,16 @@ class FrontDoor:
         headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    async def _pass(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        """Anything else, as it is (the upstream answer streamed back)."""
-        url, _key = self._upstream()
+    async def _pass(self, request: web.Request, path: str, query: str, body: bytes) -> web.StreamResponse:
+        """A request that runs on no slot, as it is (the upstream answer streamed back)."""
         assert self._session is not None
         try:
-            async with self._session.request(request.method, url + request.path_qs, data=body or None,
+            async with self._session.request(request.method, self._url(path, query), data=body or None,
                                              headers=self._headers(request)) as up:
                 return await self._relay(request, up, None)
         except aiohttp.ClientConnectionError:
             return error_response(503, "llama-server is not answering (it may be starting or restarting)",
-                                  "unavailable_error")
+                                  "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
                      on_chunk: Callable[[bytes], None] | None) -> web.StreamResponse:
@@ -168,52 +261,53 @@ class FrontDoor:
         await resp.write_eof()
         return resp
 
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        body = parse_object(raw)
-        if body is None:
-            return await self._pass(request, raw)  # llama-server says what is wrong with it
-        path = request.path
+    async def _generate(self, request: web.Request, path: str, query: str, ep: Endpoint, raw: bytes,
+                        policy: DoorPolicy) -> web.StreamResponse:
+        body = parse_object(raw)  # BadBody: never forwarded unrouted
         pinned = body.get("id_slot")
         pinned = pinned if isinstance(pinned, int) and not isinstance(pinned, bool) and pinned >= 0 else None
-        kind = "chat" if path in CHAT_PATHS else "text" if path in COMPLETION_PATHS else None
-        shape = request_shape(kind, body) if kind else None
+        if policy.n_slots > 1:
+            many = _several_slots(path, body)
+            if many:
+                raise FrontDeskError(501, many)
+        shape = request_shape(ep.prompt, body) if ep.prompt else None
         ticket = self.desk.admit_continuation(shape, pinned)  # the next turn of what a slot holds
         fast = ticket is not None
         if ticket is None:
-            tokens = await self._prompt_tokens(path, body)
-            try:
-                ticket = await self.desk.admit(tokens, pinned)
-            except FrontDeskError as exc:
-                return error_response(exc.status, exc.message, "unavailable_error" if exc.status == 503 else
-                                      "invalid_request_error")
+            await self.desk.until_serving()  # a request that waits for a restart is tokenized after it
+            tokens = await self._prompt_tokens(ep.prompt, body)
+            ticket = await self.desk.admit(tokens, pinned)
             ticket.shape = shape
         outcome = Outcome(status=0, processed=False)
         try:
-            return await self._forward(request, with_slot(raw, body, ticket.slot), ticket, outcome)
+            return await self._forward(request, path, query, with_slot(raw, body, ticket.slot), ticket, outcome)
         finally:
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
-                self.desk.finish(ticket, outcome, learn=lambda: self._prompt_tokens(path, body))
+                prompt = ep.prompt
+                learn_body = prompt_fields(body)
+                self.desk.finish(ticket, outcome, learn=lambda: self._prompt_tokens(prompt, learn_body))
             else:  # cut short: what the slot holds is known only from the tokens
-                asyncio.ensure_future(self._prompt_tokens(path, body)).add_done_callback(
+                asyncio.ensure_future(self._prompt_tokens(ep.prompt, body)).add_done_callback(
                     lambda f: self._finish_tokenized(ticket, outcome, f))
 
     def _finish_tokenized(self, ticket: Ticket, outcome: Outcome, f: asyncio.Future[TokenArray | None]) -> None:
         ticket.tokens = None if f.cancelled() or f.exception() is not None else f.result()
         self.desk.finish(ticket, outcome)
 
-    async def _forward(self, request: web.Request, data: bytes, ticket: Ticket,
+    async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
                        outcome: Outcome) -> web.StreamResponse:
         """Send the request on and the answer back; the client has all of it before ``finish``."""
-        url, _key = self._upstream()
         assert self._session is not None
         headers = self._headers(request)
         headers["Content-Type"] = "application/json"
         sse = SseTimings()
+        outcome.processed = True  # from here on llama-server may work on it (until it answers otherwise)
+        headers_in = False
         try:
-            async with self._session.post(url + request.path_qs, data=data, headers=headers) as up:
+            async with self._session.post(self._url(path, query), data=data, headers=headers) as up:
+                headers_in = True
                 outcome.status = up.status
                 if up.content_type == "text/event-stream":
                     outcome.processed = up.status == 200
@@ -230,50 +324,172 @@ class FrontDoor:
                 await resp.prepare(request)
                 await resp.write_eof()
                 return resp
+        except asyncio.CancelledError:
+            if not headers_in and ticket.slot is not None:
+                # A reply not streamed yet: llama-server notices the client left only after a second
+                # with no news of any task, which polling /slots would keep from coming.
+                self.desk.abandoned(ticket.slot)
+            raise
         except aiohttp.ClientConnectionError:
             outcome.processed = ticket.slot is not None  # the server may have worked on it before it went
             return error_response(503, "llama-server went away during the request (it is being restarted)",
-                                  "unavailable_error")
+                                  "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
-    async def _prompt_tokens(self, path: str, body: dict[str, Any]) -> TokenArray | None:
-        """The request's prompt as llama-server will tokenize it (None when it cannot be known)."""
+    async def _prompt_tokens(self, prompt_kind: str | None, body: dict[str, Any]) -> TokenArray | None:
+        """The request's prompt as llama-server will tokenize it (None when it cannot be known:
+        the front desk then routes it as a request whose tokens are not known)."""
+        if prompt_kind == endpoints.PROMPT_TEXT:
+            prompt = single_prompt(body.get("prompt"))
+            if prompt is None:
+                return None
+            if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                return tokens_from_json(prompt)  # token ids, checked by parse_object's rules
+        elif prompt_kind != endpoints.PROMPT_CHAT:
+            return None
+        for attempt in range(TOKENIZE_ATTEMPTS):
+            try:
+                if prompt_kind == endpoints.PROMPT_CHAT:
+                    prompt = await self._upstream_json("/apply-template", body)
+                    prompt = prompt.get("prompt") if isinstance(prompt, dict) else None
+                    if not isinstance(prompt, str):
+                        return None
+                if self._too_long(prompt):
+                    return None  # llama-server refuses it; it is not worth tokenizing first
+                answer = await self._upstream_json("/tokenize", {"content": prompt, "add_special": True,
+                                                                 "parse_special": True})
+                return tokens_from_json(answer.get("tokens") if isinstance(answer, dict) else None)
+            except _NotTokenized:
+                return None  # llama-server refused it (a template that cannot be applied, say)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as exc:
+                log.debug("could not tokenize the request (attempt %d): %s", attempt + 1, exc)
+                if attempt + 1 < TOKENIZE_ATTEMPTS:
+                    await self.desk.until_serving()
+        return None
+
+    async def _upstream_json(self, path: str, payload: dict[str, Any]) -> Any:
         url, key = self._upstream()
         assert self._session is not None
-        headers = {"Authorization": f"Bearer {key}"}
-        try:
-            if path in CHAT_PATHS:
-                async with self._session.post(url + "/apply-template", json=body, headers=headers) as r:
-                    if r.status != 200:
-                        return None
-                    prompt: Any = orjson.loads(await r.read()).get("prompt")
-            elif path in COMPLETION_PATHS:
-                prompt = body.get("prompt")
-                if isinstance(prompt, list) and prompt:
-                    return token_list(prompt)
-            else:
-                return None
-            if not isinstance(prompt, str):
-                return None
-            async with self._session.post(url + "/tokenize", headers=headers,
-                                          json={"content": prompt, "add_special": True, "parse_special": True}) as r:
-                if r.status != 200:
-                    return None
-                return tokens_from_json(orjson.loads(await r.read()).get("tokens", []))
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as exc:
-            log.debug("could not tokenize the request: %s", exc)
+        async with self._session.post(url + path, data=orjson.dumps(payload),
+                                      headers={"Authorization": f"Bearer {key}",
+                                               "Content-Type": "application/json"}) as r:
+            data = await r.read()
+            if r.status != 200:
+                raise _NotTokenized(r.status)
+            return orjson.loads(data)
+
+    def _too_long(self, prompt: Any) -> bool:
+        n_ctx = self.desk.slot_context()
+        if not n_ctx:
+            return False
+        chars = len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))
+        return chars > n_ctx * MAX_CHARS_PER_TOKEN
+
+
+def resetting_socket(addr_info: Any) -> socket.socket:
+    """Upstream sockets close with a reset, not a FIN: a client that goes away cancels its request,
+    which closes its upstream connection, and llama-server (b11434) notices a reset at once but goes
+    on generating a non-streamed reply to the end after a plain close (measured: 6,000 tokens
+    after the client left)."""
+    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return sock
+
+
+class _NotTokenized(Exception):
+    """llama-server answered, but not with tokens (it refused the request)."""
+
+
+async def _no_server_header(_request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.pop("Server", None)  # llama-server sends none; neither does its front door
+
+
+def _several_slots(path: str, body: dict[str, Any]) -> str | None:
+    """Why a request would run on more than one slot (so on slots Slotkeeper did not choose)."""
+    n = body.get("n_cmpl", body.get("n", 1))
+    if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 1:
+        return ("Slotkeeper gives each request one slot; several completions at once (n > 1) would take "
+                "other slots it did not choose: send them as separate requests")
+    if path == "/v1/messages":
+        return ("Anthropic messages requests cannot be given a slot (llama-server drops id_slot), so with more "
+                "than one slot they could replace a conversation before it is saved; run Slotkeeper with one "
+                "slot to use /v1/messages")
+    return None
+
+
+def prompt_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """What of a request renders its prompt (the fast path keeps it to learn the tokens later):
+    not the sampling settings, never more than that."""
+    from slotkeeper.core.engine.frontdesk import SAMPLING_FIELDS
+
+    return {k: v for k, v in body.items() if k not in SAMPLING_FIELDS}
+
+
+def single_prompt(prompt: Any) -> str | list[Any] | None:
+    """The one prompt a completion runs, as llama-server reads ``prompt`` (tools/server
+    ``tokenize_input_prompts``): a string, token ids, or a mixed list of both; ``[x]`` and
+    ``{"prompt_string": x}`` are ``x``. None when it runs several prompts or one with media."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict):
+        if "multimodal_data" in prompt or "prompt_string" not in prompt:
             return None
+        inner = prompt["prompt_string"]
+        return inner if isinstance(inner, str) or _mixed(inner) else None
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    if any(_is_number(p) for p in prompt):  # one prompt: token ids, or token ids and text
+        return prompt if _mixed(prompt) else None
+    if len(prompt) == 1:
+        return single_prompt(prompt[0])
+    return None
 
 
-def parse_object(raw: bytes) -> dict[str, Any] | None:
-    """A request body that is a JSON object, or None (then llama-server answers it as it would)."""
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _mixed(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(p, str) or type(p) is int for p in v)
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """A generation request's body: a JSON object. BadBody (400, with the reason) for anything
+    else, so nothing the front door cannot read goes to a slot it did not choose. A UTF-8 byte
+    order mark is skipped (llama-server's parser skips it too); NaN and infinities are refused,
+    as llama-server refuses them."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         try:  # orjson refuses what JSON allows but it does not (integers past 64 bits)
-            body = json.loads(raw)
-        except ValueError:
-            return None
-    return body if isinstance(body, dict) else None
+            body = json.loads(raw, parse_constant=_no_constant)
+        except RecursionError:
+            raise BadBody("the request body is nested too deeply") from None
+        except ValueError as exc:
+            raise BadBody(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadBody("the request body must be a JSON object")
+    _check_token_ids(body.get("prompt"))
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_token_ids(prompt: Any, depth: int = 0) -> None:
+    """Token ids in a prompt fit llama-server's 32 bits (it would cut a larger one silently)."""
+    if isinstance(prompt, dict):
+        prompt = prompt.get("prompt_string")
+    if not isinstance(prompt, list) or depth > 2:
+        return
+    for p in prompt:
+        if type(p) is int and not 0 <= p < TOKEN_LIMIT:
+            raise BadBody(f"token id {p} is out of range")
+        if isinstance(p, (list, dict)):
+            _check_token_ids(p, depth + 1)
 
 
 def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
@@ -286,7 +502,10 @@ def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
     if "id_slot" not in body:
         start = raw.find(b"{")
         return b'{"id_slot":%d,' % slot + raw[start + 1:] if body else b'{"id_slot":%d}' % slot
-    return orjson.dumps({**body, "id_slot": slot})
+    try:
+        return orjson.dumps({**body, "id_slot": slot})
+    except TypeError:  # an integer past 64 bits
+        return json.dumps({**body, "id_slot": slot}, ensure_ascii=False).encode("utf-8")
 
 
 def token_list(prompt: list[Any]) -> TokenArray | None:

@@ -41,10 +41,10 @@ from slotkeeper.core.events import EventBus
 from slotkeeper.core.file_facts import FileFactsCache
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.server import headstart
+from slotkeeper.core.server.apikey import exposure_refusal
 from slotkeeper.core.server.command import (
     CommandError,
     build_argv,
-    exposes_without_key,
     without_api_key,
 )
 from slotkeeper.core.server.locate import FLAGS_VERSION, ServerBinaryNotFound, locate_server, probe_flags
@@ -82,6 +82,9 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
         argv = build_argv(binary.argv_prefix, server_profile, model.path, paths.sessions_dir, supported_flags=flags)
     except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
         raise SupervisorError(str(exc)) from exc
+    refusal = exposure_refusal(profile.host, profile.port, profile.extra_args)
+    if refusal:
+        raise SupervisorError(refusal)
     memory = psutil.virtual_memory()
     check = check_launch(model, profile, memory.total, memory.available)
     if check.refusal:
@@ -96,11 +99,6 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
 def exposure_notes(profile: ServerProfile) -> list[str]:
     """What to say up front about who can reach the server and see its key."""
     notes = []
-    if exposes_without_key(profile.host, profile.extra_args):
-        notes.append(
-            f"llama-server listens on {profile.host}, beyond this machine, and no API key is set: anyone who "
-            f"can reach port {profile.port} can use it and read its conversations. Add --api-key-file FILE "
-            "to its arguments (or set LLAMA_API_KEY), or listen on 127.0.0.1.")
     if any(a == "--api-key" or a.startswith("--api-key=") for a in sys.argv):
         notes.append("The API key given on Slotkeeper's command line is visible to other users (ps); "
                      "give it with --api-key-file FILE or the LLAMA_API_KEY environment variable instead.")

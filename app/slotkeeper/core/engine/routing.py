@@ -69,8 +69,12 @@ class Wait:
 
 
 def route(n_request: int, slots: Sequence[SlotOption], session: SessionOption | None = None,
-          break_even_tokens: int = 0) -> Route | Wait | None:
-    """Where the request goes; ``Wait`` while its own slot is busy; None when every slot is busy."""
+          break_even_tokens: int = 0, known: bool = True) -> Route | Wait | None:
+    """Where the request goes; ``Wait`` while its own slot is busy; None when every slot is busy.
+
+    ``known``: the request's tokens are known. When they are not (a prompt the front door cannot
+    tokenize), it is a new conversation to routing, and a slot holding restored state that cannot
+    be rolled back is erased first: llama-server might otherwise roll back into it."""
     if not slots:
         return None
     best = max(slots, key=lambda s: (s.prefix, not s.busy, -s.slot))
@@ -100,6 +104,9 @@ def route(n_request: int, slots: Sequence[SlotOption], session: SessionOption | 
         return Route(own.slot, own.prefix, save_first=_loses_changes(own, own.prefix),
                      reason=f"slot {own.slot} holds {own.prefix} tokens of it")
     target = _evict_choice(free)
+    if not known:
+        return Route(target.slot, 0, save_first=_loses_changes(target, 0), erase_first=target.fragile_until > 0,
+                     reason="a request whose tokens are not known (treated as a new conversation)")
     return Route(target.slot, 0, save_first=_loses_changes(target, 0), reason="a new conversation")
 
 

@@ -32,7 +32,9 @@ OWNED_FLAGS = frozenset(
         "--swa-full", "--no-swa-full", "--slot-save-path", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified",
         # These would undo what the flags above are for: idle slots cleared before they are
         # saved, or no /slots to watch them by.
-        "--cache-idle-slots", "--no-cache-idle-slots", "--no-slots", "--slots", "--cache-ram", "-cram",
+        "--cache-idle-slots", "--no-cache-idle-slots", "--cache-ram", "-cram",
+        # The front door serves llama-server's paths at the root of the user's address.
+        "--api-prefix", "--reuse-port",
         # The projector is a setting: its hash goes into every sidecar that holds images.
         "-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--mmproj-auto", "--no-mmproj-auto",
     }
@@ -145,6 +147,36 @@ def exposes_without_key(host: str, extra_args: tuple[str, ...], environ: Mapping
     return not api_key_args(extra_args) and not (os.environ if environ is None else environ).get("LLAMA_API_KEY")
 
 
+# Flags the user gives for the front door's clients: Slotkeeper always has /slots and /metrics
+# itself, and answers clients the way llama-server would with the user's choice.
+DOOR_FLAGS = {"--slots": ("slots", True), "--no-slots": ("slots", False), "--metrics": ("metrics", True)}
+DOOR_ENV = {"slots": "LLAMA_ARG_ENDPOINT_SLOTS", "metrics": "LLAMA_ARG_ENDPOINT_METRICS"}
+DOOR_DEFAULTS = {"slots": True, "metrics": False}  # llama-server's own defaults
+
+
+def user_wants(extra_args: Sequence[str], endpoint: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the user's llama-server arguments (or its environment variables) offer ``endpoint``
+    ("slots" or "metrics") to clients; the last flag wins, as in llama-server."""
+    env = os.environ if environ is None else environ
+    wanted = DOOR_DEFAULTS[endpoint]
+    value = env.get(DOOR_ENV[endpoint], "").strip().lower()
+    if value in ("1", "true", "on", "enabled"):
+        wanted = True
+    elif value in ("0", "false", "off", "disabled"):
+        wanted = False
+    for arg in extra_args:
+        flag = DOOR_FLAGS.get(arg)
+        if flag is not None and flag[0] == endpoint:
+            wanted = flag[1]
+    return wanted
+
+
+def for_llama_server(extra_args: tuple[str, ...]) -> tuple[str, ...]:
+    """The user's extra arguments as llama-server gets them: without the key (the front door's)
+    and without the flags that only say what the front door offers clients."""
+    return tuple(a for a in without_api_key(extra_args) if a not in DOOR_FLAGS)
+
+
 class CommandError(ValueError):
     pass
 
@@ -183,5 +215,5 @@ def build_argv(
     for flag in OPTIONAL_FLAGS:
         if flag[0] in supported_flags:
             argv.extend(flag)
-    argv.extend(without_api_key(profile.extra_args))  # the key goes in the environment (launch_environment)
+    argv.extend(for_llama_server(profile.extra_args))  # the key goes in the environment (launch_environment)
     return argv

@@ -141,8 +141,14 @@ def inputs(paths, server_argv: Sequence[str]) -> dict:
 
 
 def remember(paths, command_line: Sequence[str], server_argv: Sequence[str], port: int) -> None:
-    """Write the note for the next `serve` with ``command_line`` (when it says something new)."""
+    """Write the note for the next `serve` with ``command_line`` (when it says something new).
+
+    A command line that carries an API key is never written down: that launch gets no head start."""
     from slotkeeper.core.fsutil import atomic_write_text
+
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in command_line):
+        forget(paths)
+        return
 
     note = {"version": NOTE_VERSION, "command_line": list(command_line), "server_argv": list(server_argv),
             "port": port, "inputs": inputs(paths, server_argv)}

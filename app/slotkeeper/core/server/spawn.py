@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from slotkeeper.core.server import logfile
-from slotkeeper.core.server.child_env import child_environment
+from slotkeeper.core.server.child_env import child_environment, server_environment
 
 
 def launch_environment(private_key: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """llama-server's environment: ours, with the private key only Slotkeeper knows."""
-    return {**(os.environ if environ is None else environ), "LLAMA_API_KEY": private_key}
+    return {**server_environment(os.environ if environ is None else environ), "LLAMA_API_KEY": private_key}
 
 
 def spawn_server(argv: Sequence[str], env: Mapping[str, str] | None, log_path: Path) -> subprocess.Popen:

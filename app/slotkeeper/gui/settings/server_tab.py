@@ -210,8 +210,9 @@ class ServerTab(FormTab):
         row.addWidget(self.port)
         form.addRow("Listen on:", row)
         self.exposure_note = note(
-            "This address lets other machines reach the server, and there is no --api-key in "
-            "the extra arguments: anyone on the network could use it and read its conversations."
+            "This address lets other machines reach the server, and there is no --api-key or "
+            "--api-key-file in the extra arguments: Slotkeeper will not start the server like this, "
+            "because anyone on the network could use it and read its conversations."
         )
         self.exposure_note.setStyleSheet(warning_style())
         form.addRow("", self.exposure_note)
