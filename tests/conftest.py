@@ -18,6 +18,9 @@ pytest_plugins = ["fake_hub"]
 def isolated_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "slotkeeper-home"
     monkeypatch.setenv("SLOTKEEPER_HOME", str(home))
+    run = tmp_path / "run"  # the runtime folder (the data folder's lock by path), private as the system's
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     monkeypatch.delenv("SLOTKEEPER_LLAMA_SERVER", raising=False)
     return home
 

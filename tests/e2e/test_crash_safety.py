@@ -116,6 +116,14 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
         assert engine.store.verify(entry.id).status == "ok"
         # The supervisor restarts the server and restores what was in the slot.
         wait_until(lambda: len(events.of(ev.SessionRestored)) >= 1, timeout=120, what="restore after the crash")
+        # The file llama-server was writing when it died is gone now, not at the next start.
+        assert not [n for n in os.listdir(sessions_dir) if n.startswith("incoming-")]
+        assert any(n.startswith("incoming-") for e in events.of(ev.FolderTidied) for n in e.removed)
+        # What llama-server writes is private, like everything Slotkeeper writes (its umask).
+        for name in os.listdir(sessions_dir):
+            assert os.stat(sessions_dir / name).st_mode & 0o077 == 0, name
+        for log in engine.paths.server_log.parent.iterdir():
+            assert log.stat().st_mode & 0o077 == 0, log.name
     finally:
         engine.stop(save=False)
 

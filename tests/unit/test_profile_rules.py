@@ -105,3 +105,14 @@ def test_swa_explanation_and_swa_note_agree_on_the_cost(gemma2_model: Path):
     extra = human_bytes(est.swa_full_extra_bytes)
     assert f"costs {extra} more KV memory" in note
     assert f"costs {extra} more KV memory" in explanation
+
+
+def test_a_small_context_per_slot_is_warned_about_not_refused():
+    from slotkeeper.core.settings import ServerProfile, SettingsError
+
+    small = ServerProfile(ctx=128, parallel=1)
+    small.validate()  # llama-server runs with it
+    assert "128 tokens of context" in small.small_context_note()
+    assert ServerProfile(ctx=8192, parallel=2).small_context_note() is None
+    with pytest.raises(SettingsError, match="each slot needs a token"):
+        ServerProfile(ctx=2, parallel=4).validate()

@@ -35,6 +35,18 @@ def session(
     )
 
 
+def test_a_kv_file_named_by_several_sidecars_counts_once_and_only_its_owner_frees_it() -> None:
+    # b.json is a copy of a.json's sidecar under another id: it names a's file, which it does not own.
+    a = dataclasses.replace(session("a", day=2), kv_file="a.1.kv")
+    b = dataclasses.replace(session("b", day=1), kv_file="a.1.kv", owns_kv_file=False)
+    c = dataclasses.replace(session("c", day=9), kv_file="c.3.kv")
+    result = plan([a, b, c], budget_bytes=15 * MB)
+    assert result.bytes_before == 20 * MB  # not 30: one file is one file
+    # Deleting b frees nothing (its delete leaves a's file alone), so a goes too, and no more.
+    assert ids(result) == ["b", "a"] and result.bytes_after == 10 * MB and result.bytes_freed == 10 * MB
+    assert plan([a, b, c], budget_bytes=20 * MB).delete == []
+
+
 def ids(p: PrunePlan) -> list[str]:
     return [c.id for c in p.delete]
 
@@ -192,7 +204,7 @@ def test_from_entry_takes_the_size_on_disk_not_the_sidecars_claim() -> None:
     entry = SessionEntry(sidecar.id, sidecar, None, [], size_bytes=1234)
     assert PruneCandidate.from_entry(entry) == PruneCandidate(
         id="0123456789ab", title="T", size_bytes=1234, last_used_at="2026-11-02T00:00:00Z",
-        pinned=True, created_at="2026-11-01T00:00:00Z",
+        pinned=True, created_at="2026-11-01T00:00:00Z", kv_file="0123456789ab.kv",
     )  # fmt: skip
     with pytest.raises(ValueError, match="cannot be read"):
         PruneCandidate.from_entry(SessionEntry("x", None, None, ["unreadable"]))

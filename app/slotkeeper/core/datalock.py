@@ -34,10 +34,42 @@ def _try_lock(fd: int) -> bool:
 
 
 def acquire(lock_file: Path, what: str) -> None:
-    """Lock ``lock_file`` for this process (a no-op if it already holds it)."""
+    """Lock ``lock_file`` for this process (a no-op if it already holds it), and the data folder
+    ``what`` by its path as well (``path_lock_file``): deleting the folder while an engine runs
+    deletes its lock file, and a second engine must still find the folder in use."""
     key = str(lock_file.resolve())
     if key in _held:
         return
+    by_path = path_lock_file(what)
+    _lock(by_path, what) if by_path is not None else None
+    try:
+        _lock(lock_file, what)
+    except BaseException:
+        if by_path is not None:
+            os.close(_held.pop(str(by_path)))
+        raise
+    _held[key] = _held.pop(str(lock_file))
+
+
+def path_lock_file(data_dir: str) -> Path | None:
+    """A lock file for the data folder's path, outside it: in the user's runtime folder
+    (``$XDG_RUNTIME_DIR`` on Linux, private to the user). None when there is none to use."""
+    try:
+        import hashlib
+
+        import platformdirs
+
+        folder = Path(platformdirs.user_runtime_dir("slotkeeper"))
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if os.name != "nt" and (folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077):
+            return None  # not private to us: not a lock another user could hold for us
+        digest = hashlib.sha256(os.path.realpath(os.path.abspath(data_dir)).encode("utf-8", "surrogateescape"))
+        return folder / f"data-{digest.hexdigest()[:24]}.lock"
+    except OSError:
+        return None
+
+
+def _lock(lock_file: Path, what: str) -> None:
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)
     if not _try_lock(fd):
@@ -51,4 +83,4 @@ def acquire(lock_file: Path, what: str) -> None:
         )
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
-    _held[key] = fd
+    _held[str(lock_file)] = fd

@@ -144,7 +144,8 @@ class SessionsPruned(Event):
 
 @dataclass(frozen=True)
 class FolderTidied(Event):
-    """Files an interrupted save left in the sessions folder were removed (at the first start)."""
+    """Files an interrupted save left in the sessions folder were removed (at the first start, and after
+    llama-server crashed mid-save)."""
 
     removed: tuple[str, ...]
 

@@ -14,6 +14,7 @@ from slotkeeper.core.fsutil import atomic_write_text
 
 SCHEMA_VERSION = 2
 DEFAULT_PORT = 8789
+SMALL_SLOT_CONTEXT = 256  # tokens per slot below which a launch is warned about
 MAX_CTX = 2**31 - 1  # llama-server reads --ctx-size as a 32-bit int
 DEFAULT_BUDGET_BYTES = 20 * 1024**3
 DEFAULT_IDLE_SAVE_SECONDS = 10.0
@@ -70,11 +71,8 @@ class ServerProfile:
             raise SettingsError("slots (-np) must be at least 1")
         if self.ctx > MAX_CTX:
             raise SettingsError(f"context {self.ctx:,} is more than llama-server accepts ({MAX_CTX:,})")
-        if self.ctx < 256 * self.parallel:
-            raise SettingsError(
-                f"context {self.ctx} is too small for {self.parallel} slot(s): "
-                f"each slot needs at least 256 tokens"
-            )
+        if self.ctx < self.parallel:  # a smaller context than is useful is only warned about (small_context_note)
+            raise SettingsError(f"context {self.ctx} is too small for {self.parallel} slot(s): each slot needs a token")
         for name in ("cache_type_k", "cache_type_v"):
             value = getattr(self, name)
             if value not in CACHE_TYPES:
@@ -85,6 +83,13 @@ class ServerProfile:
     @property
     def ctx_per_slot(self) -> int:
         return self.ctx // self.parallel
+
+    def small_context_note(self) -> str | None:
+        """A word about a context llama-server accepts but few conversations fit in."""
+        if self.ctx_per_slot >= SMALL_SLOT_CONTEXT:
+            return None
+        return (f"Each slot has {self.ctx_per_slot} tokens of context: llama-server runs like this, but most "
+                "conversations will not fit in it. A larger context (or fewer slots) serves them.")
 
     @property
     def base_url(self) -> str:

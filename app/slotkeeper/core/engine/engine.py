@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import sqlite3
@@ -681,6 +682,15 @@ class Engine:
         after_crash = None
         if self._crashed:
             after_crash = {w.slot: w.session_id for w in self._policy.slots.values() if w.session_id}
+            # A save llama-server was writing when it died left an incoming file: once no commit is
+            # still using one, the folder is tidied now rather than at the next start.
+            await self.await_commits()
+            async with contextlib.AsyncExitStack() as held:  # and no save of the last run is still at work
+                for slot in sorted(self._slot_locks):
+                    await held.enter_async_context(self._slot_locks[slot])
+                removed = await self.loop.run_io(self.store.sweep)
+            if removed:
+                self.events.emit(FolderTidied(tuple(removed)))
         self._policy = AutosavePolicy(self._settings.idle_save_seconds, changes_from_polls=False)
         self._crashed = False
         self._slots.reset(n_slots, facts.n_ctx_slot)
@@ -1336,6 +1346,14 @@ class Engine:
             self.loop.in_background(publish_in_slots, self.paths.in_slots_file, in_slots,
                                     what="recording the sessions in slots")
 
+    def _held_sessions(self) -> frozenset[str]:
+        """The saved sessions a slot holds now: the in-slot guard keeps them from being deleted. A
+        slot that went on with another conversation (its view detached) no longer holds its old
+        session, which may then be deleted (to free a full disk, say); its next save names what
+        it holds."""
+        return frozenset(w.session_id for w in self._policy.slots.values()
+                         if w.session_id and not self._slots.view(w.slot).detached)
+
     def _publish(self) -> None:
         self._snapshot = EngineSnapshot(
             state=self._server_state,
@@ -1346,7 +1364,7 @@ class Engine:
             model=self._model,
             facts=self._facts,
             slots=self._slots.views(),
-            in_slots=frozenset(self._policy.in_slots()) if self._launched is not None else frozenset(),
+            in_slots=self._held_sessions() if self._launched is not None else frozenset(),
             activity=self._activity,
             started_at=self.supervisor.started_at if self._server_state is ServerState.READY else None,
             swa_note=self._swa_note,

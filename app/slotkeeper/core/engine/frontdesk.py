@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slotkeeper.core import families
+from slotkeeper.core.client import ServerUnavailable
 from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.tokens import TokenArray, as_tokens, common_prefix_len, no_tokens
@@ -300,6 +301,13 @@ class FrontDesk:
         return Ticket(best, None, c.held, "slot", shape=shape)
 
     async def _prepare(self, r: Route, tokens: TokenArray | None) -> Ticket:
+        try:
+            return await self._prepare_slot(r, tokens)
+        except ServerUnavailable as exc:  # llama-server went away while its slot was being prepared
+            raise FrontDeskError(503, f"llama-server stopped while Slotkeeper prepared slot {r.slot} for this "
+                                      f"request ({exc}); try again shortly", retry_after=1.0) from exc
+
+    async def _prepare_slot(self, r: Route, tokens: TokenArray | None) -> Ticket:
         e = self.e
         ticket = Ticket(r.slot, tokens, r.expected_prefix, "slot" if r.expected_prefix else "none")
         async with e.slot_lock(r.slot):

@@ -154,6 +154,11 @@ class FrontDoor:
                                   retry_after=exc.retry_after)
         except BadBody as exc:
             return error_response(400, str(exc))
+        except (asyncio.CancelledError, web.HTTPException):
+            raise
+        except Exception as exc:  # never a bare 500: the client sees what went wrong, the log the rest
+            log.exception("the front door failed on %s %s", request.method, request.rel_url)
+            return error_response(500, f"Slotkeeper could not handle this request: {exc}", "server_error")
         finally:
             self._in_flight -= 1
 

@@ -89,7 +89,8 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
     check = check_launch(model, profile, memory.total, memory.available)
     if check.refusal:
         raise SupervisorError(check.refusal)
-    notes = tuple(n for n in (swa_note(model, profile), *check.warnings, *exposure_notes(profile)) if n)
+    notes = tuple(n for n in (swa_note(model, profile), *check.warnings, profile.small_context_note(),
+                              *exposure_notes(profile)) if n)
     record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args)).to_json(),
               "model_path": str(model.path)}
     spec = LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)

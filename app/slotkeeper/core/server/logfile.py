@@ -39,7 +39,10 @@ def rotate(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUP
         src = path.with_name(f"{path.name}.{i}")
         if src.exists():
             os.replace(src, path.with_name(f"{path.name}.{i + 1}"))
-    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    backup = path.with_name(f"{path.name}.1")
+    shutil.copyfile(path, backup)
+    if os.name != "nt":
+        os.chmod(backup, 0o600)
     with open(path, "r+b") as fh:
         fh.truncate(0)
 
@@ -50,9 +53,13 @@ def is_idle_heartbeat(line: str) -> bool:
 
 
 def open_for_child(path: Path):
-    """A binary append-mode handle to pass as the child's stdout/stderr."""
+    """A binary append-mode handle to pass as the child's stdout/stderr (0600: a log can quote
+    conversations)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "ab", buffering=0)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    if os.name != "nt":
+        os.fchmod(fd, 0o600)  # a log an earlier version wrote with the umask's mode
+    return os.fdopen(fd, "ab", buffering=0)
 
 
 class LogTailer:

@@ -34,6 +34,7 @@ def spawn_server(argv: Sequence[str], env: Mapping[str, str] | None, log_path: P
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP | getattr(subprocess, "CREATE_NO_WINDOW", 0)
     else:
         kwargs["start_new_session"] = True
+        kwargs["umask"] = 0o077  # what llama-server writes (slot saves, a crash's leftovers) is private
     try:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=child_environment(None if env is None else dict(env)), **kwargs)

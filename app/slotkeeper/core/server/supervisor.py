@@ -86,10 +86,17 @@ _WINDOWS_CODES = {
 }
 
 
+# How an adopted llama-server ended is not known: it is not our child, so its exit status is
+# its parent's to read (never a signal number, which would name a signal it did not get).
+EXIT_NOT_KNOWN = -(1 << 30)
+
+
 def describe_exit(code: int | None) -> str:
     """How a process ended, in words: "was killed (SIGKILL: ...)" rather than "code -9"."""
     if code is None:
         return "stopped"
+    if code == EXIT_NOT_KNOWN:
+        return "ended (how is not known: an earlier Slotkeeper started it, so its exit status is not ours to read)"
     if code == 0:
         return "exited without an error"
     if code < 0:
@@ -145,10 +152,10 @@ class _Child:
             return self.popen.poll()
         try:
             if self.proc.status() == psutil.STATUS_ZOMBIE:
-                return -1
-            return None if self.proc.is_running() else -1
+                return EXIT_NOT_KNOWN
+            return None if self.proc.is_running() else EXIT_NOT_KNOWN
         except psutil.NoSuchProcess:
-            return -1
+            return EXIT_NOT_KNOWN
 
     def wait(self, timeout: float | None) -> int | None:
         try:
@@ -156,11 +163,11 @@ class _Child:
                 return self.popen.wait(timeout)
             code = self.proc.wait(timeout)
             # psutil returns None for a process that is not our child once it has gone.
-            return -1 if code is None else code
+            return EXIT_NOT_KNOWN if code is None else code
         except (subprocess.TimeoutExpired, psutil.TimeoutExpired):
             return None
         except psutil.NoSuchProcess:
-            return -1
+            return EXIT_NOT_KNOWN
 
     def signal_group(self, sig: int) -> None:
         if os.name == "nt":

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .entries import SessionEntry
+from .naming import owns_kv_file
 from .sidecar import parse_utc
 
 __all__ = ["PruneCandidate", "PruneError", "PrunePlan", "PruneResult", "apply", "plan"]
@@ -39,6 +40,8 @@ class PruneCandidate:
     last_used_at: str
     pinned: bool
     created_at: str = ""  # tie-break between equal last_used_at; "" sorts first
+    kv_file: str = ""  # the KV file it names ("": its own, not shared)
+    owns_kv_file: bool = True  # deleting it deletes that file (a copied sidecar does not own it)
 
     @classmethod
     def from_entry(cls, entry: SessionEntry) -> PruneCandidate:
@@ -53,6 +56,8 @@ class PruneCandidate:
             last_used_at=sidecar.last_used_at,
             pinned=sidecar.pinned,
             created_at=sidecar.created_at,
+            kv_file=sidecar.kv_file,
+            owns_kv_file=owns_kv_file(entry.id, sidecar.kv_file),
         )
 
 
@@ -108,7 +113,10 @@ def plan(
     """
     sessions = list(sessions)
     _check_inputs(sessions, budget_bytes, unmanaged_bytes)
-    bytes_before = sum(s.size_bytes for s in sessions)
+    # A KV file counts once, however many sidecars name it (a sidecar copied by hand), and only
+    # deleting the session that owns it frees it.
+    sizes = {_file_key(s): s.size_bytes for s in sessions}
+    bytes_before = sum(sizes.values())
     deletable = sorted(
         (s for s in sessions if not s.pinned and s.id not in protected_ids),
         key=_least_recently_used_first,
@@ -119,7 +127,8 @@ def plan(
         if usage <= budget_bytes:
             break
         chosen.append(session)
-        usage -= session.size_bytes
+        if session.owns_kv_file:
+            usage -= sizes.pop(_file_key(session), 0)
     return PrunePlan(
         delete=chosen,
         bytes_freed=bytes_before - usage,
@@ -129,6 +138,10 @@ def plan(
         over_budget_after=usage > budget_bytes,
         unmanaged_bytes=unmanaged_bytes,
     )
+
+
+def _file_key(session: PruneCandidate) -> str:
+    return session.kv_file or f"<{session.id}>"
 
 
 def apply(prune_plan: PrunePlan, delete_fn: Callable[[str], None]) -> PruneResult:
