@@ -15,11 +15,11 @@ pytest_plugins = ["fake_hub"]
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path, monkeypatch) -> Path:
+def isolated_home(tmp_path, tmp_path_factory, monkeypatch) -> Path:
     home = tmp_path / "slotkeeper-home"
     monkeypatch.setenv("SLOTKEEPER_HOME", str(home))
-    run = tmp_path / "run"  # the runtime folder (the data folder's lock by path), private as the system's
-    run.mkdir(mode=0o700)
+    run = tmp_path_factory.mktemp("run")  # the runtime folder (the data folder's lock by path), not in tmp_path
+    run.chmod(0o700)  # private, as the system's
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     monkeypatch.delenv("SLOTKEEPER_LLAMA_SERVER", raising=False)
     return home

@@ -189,6 +189,16 @@ def sweep(markers: list[str], since: float) -> int:
     return killed
 
 
+def source_state_now() -> tuple[str, bool]:
+    """The commit checked out, and whether app/ differs from it (the door runs the working tree)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+    return git("rev-parse", "--short", "HEAD") or "?", bool(git("status", "--porcelain", "--", "app"))
+
+
 # -- one side -------------------------------------------------------------------------------------
 def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
     out: Path = ctx["out"]
@@ -214,6 +224,7 @@ def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
             "--timeout", str(ctx["timeout"]), *pytest_args]
     say(f"[{mode}] $ (cd {ctx['tests_dir']} && {shlex.join(argv)})  > {log.relative_to(REPO)}")
     started = time.time()
+    source_state = source_state_now()
     echo = True
     with open(log, "w", encoding="utf-8") as logf:
         p = subprocess.Popen(argv, cwd=ctx["tests_dir"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -238,8 +249,9 @@ def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
             if n:
                 say(f"[{mode}] killed {n} leftover process(es)")
     elapsed = time.time() - started
-    (out / f"{mode}.meta.json").write_text(json.dumps({"exit": code, "seconds": round(elapsed), "argv": argv,
-                                                       "env_extra": ctx["env_extra"]}), encoding="utf-8")
+    meta = {"exit": code, "seconds": round(elapsed), "argv": argv, "env_extra": ctx["env_extra"],
+            "commit": source_state[0], "app_dirty": source_state[1] or source_state_now()[1]}
+    (out / f"{mode}.meta.json").write_text(json.dumps(meta), encoding="utf-8")
     shutil.rmtree(tmp, ignore_errors=True)
     say(f"[{mode}] pytest exited {code} after {elapsed / 60:.1f} min")
     return code
@@ -329,7 +341,9 @@ def report(out: Path, command: str) -> int:
     for m in MODES:
         if metas[m]:
             env = metas[m].get("env_extra") or {}
-            md.append(f"- {m}: pytest exit {metas[m]['exit']}, {metas[m]['seconds'] / 60:.1f} min"
+            source = (f", Slotkeeper at {metas[m]['commit']}" + (" + uncommitted changes in app/"
+                      if metas[m].get("app_dirty") else "")) if metas[m].get("commit") else ""
+            md.append(f"- {m}: pytest exit {metas[m]['exit']}, {metas[m]['seconds'] / 60:.1f} min{source}"
                       + (f", with {' '.join(f'{k}={v}' for k, v in env.items())} (see run_compat.probe)" if env else ""))
     md.append("")
     md.append("| | pass | fail | skip | total |")

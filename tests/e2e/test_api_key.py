@@ -1,6 +1,6 @@
 """The user's API key: llama-server demands it, Slotkeeper's own calls send it, and it never shows
 in a process list or a state file, whichever way it is given (--api-key, --api-key-file, $LLAMA_API_KEY).
-A server reachable from other machines without a key is said loudly."""
+Slotkeeper does not listen beyond this machine without a key."""
 
 from __future__ import annotations
 
@@ -75,12 +75,22 @@ def test_the_key_protects_the_server_and_never_shows(how, llama_model, server_bi
         assert "visible to other users" in err, "a key on our own command line is worth a warning"
 
 
-def test_listening_beyond_this_machine_without_a_key_is_said(llama_model, server_bin, port, isolated_home):
-    proc, line = serve(isolated_home, llama_model, server_bin, port, host="0.0.0.0")
+def test_listening_beyond_this_machine_needs_a_key(llama_model, server_bin, port, isolated_home, tmp_path):
+    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model), "--server-bin", server_bin,
+           "--port", str(port), "--ctx", "2048", "--data-dir", str(isolated_home), "--host", "0.0.0.0"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                             env={k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"})
+    assert refused.returncode != 0 and "without an API key" in refused.stderr, refused.stderr
+    assert not refused.stdout.startswith("ready")
+    keyfile = tmp_path / "key.txt"
+    keyfile.write_text(KEY + "\n")
+    proc, line = serve(isolated_home, llama_model, server_bin, port, "--", "--api-key-file", str(keyfile),
+                       host="0.0.0.0")
     try:
         assert "listening on 0.0.0.0" in line and "other machines" in line
-        converse(line.split()[1], USER_TURNS[:1])
+        url = line.split()[1]
+        assert httpx.get(f"{url}/props", timeout=10).status_code == 401
+        assert httpx.get(f"{url}/props", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).status_code == 200
     finally:
         code, err = stop(proc)
     assert code == 0
-    assert "no API key is set" in err

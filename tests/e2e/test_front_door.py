@@ -287,7 +287,7 @@ def test_a_hybrid_models_restored_state_serves_exact_continuations_and_recompute
 
 
 def test_streaming_cancellation_errors_and_every_endpoint(llama_model, server_bin, port):
-    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600, extra_args=("--metrics",))
     events = EventLog(engine)
     engine.start()
     try:

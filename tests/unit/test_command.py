@@ -44,7 +44,7 @@ def test_extra_args_cannot_override_managed_flags():
     [
         (dict(port=0), "port"),
         (dict(parallel=0), "slots"),
-        (dict(ctx=300, parallel=2), "too small"),
+        (dict(ctx=3, parallel=4), "too small"),
         (dict(cache_type_k="q3_x"), "unknown cache type"),
     ],
 )

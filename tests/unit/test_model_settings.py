@@ -137,7 +137,7 @@ def test_a_model_reached_through_a_link_finds_its_settings(tmp_path):
 def test_choosing_validates_what_it_would_run(path):
     service = SettingsService(path)
     with pytest.raises(st.SettingsError):
-        service.choose_model("/m/b.gguf", parallel=64)  # 4096 tokens cannot hold 64 slots
+        service.choose_model("/m/b.gguf", parallel=8192)  # 4096 tokens cannot give 8192 slots a token each
     assert load_settings(path).profile.model_path == "/m/a.gguf"
 
 
