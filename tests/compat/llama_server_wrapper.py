@@ -15,7 +15,8 @@ model the harness fetched (no network here), and download-only arguments are dro
 
 Environment (set by run_compat.py): COMPAT_MODE, COMPAT_MODEL, COMPAT_LLAMA_SERVER, COMPAT_TMP
 (where data folders go), COMPAT_PYTHON (the interpreter that has Slotkeeper), COMPAT_NOTES (a
-file that collects one line per launch: what was mapped or dropped).
+file that collects one line per launch: what was mapped or dropped), COMPAT_SLOTKEEPER_PATH (if
+set, put first on Slotkeeper's PYTHONPATH: a committed snapshot of app/).
 """
 
 from __future__ import annotations
@@ -177,7 +178,11 @@ def run_door(serve: list[str], rest: list[str]) -> int:
     print("compat wrapper (door): " + " ".join(argv), flush=True)
     copier = LogCopier(Path(data_dir) / "logs" / "llama-server.log")
     copier.start()
-    child = subprocess.Popen(argv, start_new_session=True)
+    env = dict(os.environ)
+    if os.environ.get("COMPAT_SLOTKEEPER_PATH"):  # run_compat.py --slotkeeper REV: a committed app/
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ["COMPAT_SLOTKEEPER_PATH"],
+                                                          os.environ.get("PYTHONPATH")]))
+    child = subprocess.Popen(argv, start_new_session=True, env=env)
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame) -> None:

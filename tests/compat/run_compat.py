@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import io
 import json
 import os
 import re
@@ -199,6 +200,22 @@ def source_state_now() -> tuple[str, bool]:
     return git("rev-parse", "--short", "HEAD") or "?", bool(git("status", "--porcelain", "--", "app"))
 
 
+def slotkeeper_snapshot(rev: str, out: Path) -> tuple[Path, str]:
+    """app/ as committed at ``rev``, unpacked under ``out`` (for a door that must not follow a
+    working tree someone is editing): (the folder to put first on PYTHONPATH, the commit)."""
+    sha = subprocess.run(["git", "rev-parse", "--short", f"{rev}^{{commit}}"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    dest = out / f"slotkeeper-{sha}"
+    if not (dest / "app" / "slotkeeper" / "__init__.py").exists():
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", "--format=tar", sha, "app"], cwd=REPO, capture_output=True,
+                                 check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return dest / "app", sha
+
+
 # -- one side -------------------------------------------------------------------------------------
 def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
     out: Path = ctx["out"]
@@ -224,7 +241,9 @@ def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
             "--timeout", str(ctx["timeout"]), *pytest_args]
     say(f"[{mode}] $ (cd {ctx['tests_dir']} && {shlex.join(argv)})  > {log.relative_to(REPO)}")
     started = time.time()
-    source_state = source_state_now()
+    source_state = (ctx["snapshot"][1], False) if ctx["snapshot"] else source_state_now()
+    if ctx["snapshot"]:
+        env["COMPAT_SLOTKEEPER_PATH"] = str(ctx["snapshot"][0])
     echo = True
     with open(log, "w", encoding="utf-8") as logf:
         p = subprocess.Popen(argv, cwd=ctx["tests_dir"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -250,7 +269,8 @@ def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
                 say(f"[{mode}] killed {n} leftover process(es)")
     elapsed = time.time() - started
     meta = {"exit": code, "seconds": round(elapsed), "argv": argv, "env_extra": ctx["env_extra"],
-            "commit": source_state[0], "app_dirty": source_state[1] or source_state_now()[1]}
+            "commit": source_state[0], "snapshot": bool(ctx["snapshot"]),
+            "app_dirty": source_state[1] or (not ctx["snapshot"] and source_state_now()[1])}
     (out / f"{mode}.meta.json").write_text(json.dumps(meta), encoding="utf-8")
     shutil.rmtree(tmp, ignore_errors=True)
     say(f"[{mode}] pytest exited {code} after {elapsed / 60:.1f} min")
@@ -341,8 +361,9 @@ def report(out: Path, command: str) -> int:
     for m in MODES:
         if metas[m]:
             env = metas[m].get("env_extra") or {}
-            source = (f", Slotkeeper at {metas[m]['commit']}" + (" + uncommitted changes in app/"
-                      if metas[m].get("app_dirty") else "")) if metas[m].get("commit") else ""
+            source = (f", Slotkeeper {'as committed in' if metas[m].get('snapshot') else 'working tree at'} "
+                      f"{metas[m]['commit']}" + (" + uncommitted changes in app/" if metas[m].get("app_dirty") else "")
+                      ) if metas[m].get("commit") and m == "door" else ""
             md.append(f"- {m}: pytest exit {metas[m]['exit']}, {metas[m]['seconds'] / 60:.1f} min{source}"
                       + (f", with {' '.join(f'{k}={v}' for k, v in env.items())} (see run_compat.probe)" if env else ""))
     md.append("")
@@ -402,6 +423,8 @@ def main(argv: list[str]) -> int:
                     help="pytest -m (default 'not slow', as llama.cpp's tests.sh: the slow ones fetch more models)")
     ap.add_argument("--only", choices=MODES, help="run one side (the report uses the other side's last results)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the last results")
+    ap.add_argument("--slotkeeper", metavar="REV",
+                    help="run the door with app/ as committed at REV (e.g. HEAD) instead of the working tree")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout; default 300)")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="downloads, sources, model, test venv")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results and report (default build/compat)")
@@ -431,7 +454,8 @@ def main(argv: list[str]) -> int:
     shim.chmod(0o755)
     pytest_args = ["-m", args.m, *(["-k", args.k] if args.k else []), *passthrough]
     ctx = {"out": out, "cache": cache, "tests_dir": tests_dir, "model": model, "test_python": test_python,
-           "binary": binary, "env_extra": env_extra, "shim": shim, "timeout": args.timeout}
+           "binary": binary, "env_extra": env_extra, "shim": shim, "timeout": args.timeout,
+           "snapshot": slotkeeper_snapshot(args.slotkeeper, out) if args.slotkeeper else None}
     for mode in MODES:
         if args.only in (None, mode):
             run_side(mode, ctx, pytest_args)
