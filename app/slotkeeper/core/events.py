@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from slotkeeper.core.server.state import ServerState
-from slotkeeper.core.views import Activity, RestoreSummary, SaveSummary, SlotView
+from slotkeeper.core.views import Activity, RestoreSummary, SaveSummary, ServerState, SlotView
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.units import human_bytes
+from slotkeeper.core.views import ServerState
 
 __all__ = ["ERROR", "INFO", "KINDS", "WARNING", "JournalEntry", "journal_entry"]
 

@@ -1,12 +1,40 @@
 """Immutable values the engine hands to its faces (GUI, `serve`, tests) in events and snapshots.
 
 They are frozen, so a face on another thread can keep one as long as it likes: the engine never
-changes an object it has published, it publishes a new one.
+changes an object it has published, it publishes a new one. The server process states live here
+too (the supervisor sets them, every face reads them; ``core.server.state`` re-exports them), and
+the rule for the server log's lines a face does not show.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class ServerState(str, enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    CRASHED = "crashed"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+
+
+# The process exists (or is being brought up) and can be stopped.
+RUNNING_STATES = frozenset({ServerState.STARTING, ServerState.READY, ServerState.CRASHED, ServerState.RESTARTING})
+# Nothing runs and nothing is on its way: Start is what comes next.
+STOPPED_STATES = frozenset({ServerState.STOPPED, ServerState.FAILED})
+
+# What llama-server logs twice a second at -lv 4 while it has nothing to do: kept in the file,
+# not shown (``is_idle_heartbeat``).
+IDLE_HEARTBEAT = "update_slots: all slots are idle"
+
+
+def is_idle_heartbeat(line: str) -> bool:
+    """llama-server's "nothing to do" line (at -lv 4): faces hide it, the file keeps it."""
+    return IDLE_HEARTBEAT in line
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,20 @@ from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineSnapshot
 from slotkeeper.core.engine.resume import ResumeVerdict, resume_verdict
 from slotkeeper.core.history import RequestRecord
 from slotkeeper.core.journal import JournalEntry, journal_entry
-from slotkeeper.core.server.logfile import is_idle_heartbeat
-from slotkeeper.core.server.state import RUNNING_STATES, STOPPED_STATES, ServerState
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.sessions.naming import is_hidden_or_in_progress, sidecar_name
 from slotkeeper.core.settings import Settings
-from slotkeeper.core.views import Activity, SavesReport, SlotView
+from slotkeeper.core.views import (
+    RUNNING_STATES,
+    STOPPED_STATES,
+    Activity,
+    SavesReport,
+    ServerState,
+    SlotView,
+    is_idle_heartbeat,
+)
 from slotkeeper.gui.jobs import JobRunner, describe_error
 
 log = logging.getLogger(__name__)

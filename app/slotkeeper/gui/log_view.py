@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from slotkeeper.core.server.logfile import is_idle_heartbeat
+from slotkeeper.core.views import is_idle_heartbeat
 
 MAX_LINES = 5000
 MAX_HIGHLIGHTS = 1000  # beyond this, highlighting costs more than it helps

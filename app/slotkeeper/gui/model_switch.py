@@ -40,13 +40,12 @@ from slotkeeper.core.engine.choosing import (
     left_behind,
 )
 from slotkeeper.core.engine.model import profile_model_name, swa_explanation
-from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.services.settings import ModelPlan
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import Listing
 from slotkeeper.core.settings import Settings
 from slotkeeper.core.units import human_bytes
-from slotkeeper.core.views import SavesReport
+from slotkeeper.core.views import SavesReport, ServerState
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge, SwitchOutcome, resolved_model_file
 from slotkeeper.gui.jobs import describe_error

@@ -9,8 +9,8 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Signal
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.units import human_bytes
+from slotkeeper.core.views import ServerState
 from slotkeeper.gui.bridge import EngineBridge
 
 INFO, WARNING, ERROR = "info", "warning", "error"

@@ -15,10 +15,10 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine.model import profile_model_name
-from slotkeeper.core.server.state import STOPPED_STATES, ServerState
 from slotkeeper.core.sessions.conversations import group_conversations
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.units import human_bytes, human_duration
+from slotkeeper.core.views import STOPPED_STATES, ServerState
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import no_browser_message, open_url

@@ -20,9 +20,6 @@ LOG_BACKUPS = 3
 TAIL_LINES = 400
 POLL_SECONDS = 0.05  # after new output: lines show up at once while the server talks
 IDLE_POLL_SECONDS = 0.5  # the interval doubles up to this while the file does not grow
-# What llama-server logs twice a second at -lv 4 while it has nothing to do: kept in the file,
-# not shown (``is_idle_heartbeat``).
-IDLE_HEARTBEAT = "update_slots: all slots are idle"
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +42,6 @@ def rotate(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUP
         os.chmod(backup, 0o600)
     with open(path, "r+b") as fh:
         fh.truncate(0)
-
-
-def is_idle_heartbeat(line: str) -> bool:
-    """llama-server's "nothing to do" line (at -lv 4): faces hide it, the file keeps it."""
-    return IDLE_HEARTBEAT in line
 
 
 def open_for_child(path: Path):

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slotkeeper.core.child_env import child_environment, server_environment
 from slotkeeper.core.server import logfile
-from slotkeeper.core.server.child_env import child_environment, server_environment
 
 
 def launch_environment(private_key: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,21 +1,11 @@
-"""The server process states, shared by the supervisor, the engine and every face."""
+"""The server process states, shared by the supervisor, the engine and every face.
+
+They are values the faces read, so they live with the other views (``core.views``); the server
+code imports them from here.
+"""
 
 from __future__ import annotations
 
-import enum
+from slotkeeper.core.views import RUNNING_STATES, STOPPED_STATES, ServerState
 
-
-class ServerState(str, enum.Enum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    CRASHED = "crashed"
-    RESTARTING = "restarting"
-    FAILED = "failed"
-
-
-# The process exists (or is being brought up) and can be stopped.
-RUNNING_STATES = frozenset({ServerState.STARTING, ServerState.READY, ServerState.CRASHED, ServerState.RESTARTING})
-# Nothing runs and nothing is on its way: Start is what comes next.
-STOPPED_STATES = frozenset({ServerState.STOPPED, ServerState.FAILED})
+__all__ = ["RUNNING_STATES", "STOPPED_STATES", "ServerState"]

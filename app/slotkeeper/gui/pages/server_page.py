@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.server.state import STOPPED_STATES, ServerState
 from slotkeeper.core.units import human_duration
+from slotkeeper.core.views import STOPPED_STATES, ServerState
 from slotkeeper.gui import icons
 from slotkeeper.gui.activity_view import ActivityView
 from slotkeeper.gui.bridge import EngineBridge, initial_log

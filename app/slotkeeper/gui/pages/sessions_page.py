@@ -23,9 +23,9 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.server.state import STOPPED_STATES
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.units import human_bytes
+from slotkeeper.core.views import STOPPED_STATES
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import no_file_manager_message, reveal_in_file_manager
 from slotkeeper.gui.search_results import SearchResults

@@ -33,7 +33,7 @@ from slotkeeper.core import gguf_info
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.choosing import LaunchSanity, ModelIdentity, launch_sanity
 from slotkeeper.core.engine.model import swa_explanation
-from slotkeeper.core.server.command import exposes_without_key
+from slotkeeper.core.services.server_checks import exposes_without_key
 from slotkeeper.core.settings import (
     CACHE_TYPES,
     ServerProfile,
@@ -409,7 +409,7 @@ class ServerTab(FormTab):
 
     # -- the server binary ----------------------------------------------------------------
     def _detect_binary(self) -> None:
-        from slotkeeper.core.server.locate import locate_server
+        from slotkeeper.core.services.server_checks import locate_server
 
         explicit = self.server_bin.text().strip() or None
 
