@@ -13,9 +13,9 @@ from gui_helpers import keep_screenshot, make_bridge, make_session
 from PySide6.QtWidgets import QMessageBox
 
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.engine.choosing import n_ctx_per_slot
 from slotkeeper.core.modelgen import write_model
 from slotkeeper.core.paths import app_paths
+from slotkeeper.core.services.choosing import n_ctx_per_slot
 from slotkeeper.core.settings import Settings, load_settings, save_settings
 
 GIB = 1024**3

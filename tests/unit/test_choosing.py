@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core.engine.choosing import (
+from slotkeeper.core.services.choosing import (
     ModelIdentity,
     expected_facts,
     launch_sanity,

@@ -12,9 +12,9 @@ import pytest
 
 from slotkeeper.core.client import SlotInfo
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
-from slotkeeper.core.engine.resume import resume_verdict
 from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotTable, judge_reuse
 from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.services.resume import resume_verdict
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import SessionEntry
 

@@ -25,9 +25,9 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineSnapshot
-from slotkeeper.core.engine.resume import ResumeVerdict, resume_verdict
 from slotkeeper.core.history import RequestRecord
 from slotkeeper.core.journal import JournalEntry, journal_entry
+from slotkeeper.core.services.resume import ResumeVerdict, resume_verdict
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import Listing, SessionEntry

@@ -32,14 +32,14 @@ from PySide6.QtWidgets import (
 from slotkeeper.core import events as ev
 from slotkeeper.core import gguf_info
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.engine.choosing import (
+from slotkeeper.core.engine.model import profile_model_name, swa_explanation
+from slotkeeper.core.services.choosing import (
     LaunchSanity,
     ModelIdentity,
     expected_facts,
     launch_sanity,
     left_behind,
 )
-from slotkeeper.core.engine.model import profile_model_name, swa_explanation
 from slotkeeper.core.services.settings import ModelPlan
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import Listing

@@ -21,8 +21,8 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication
 
-from slotkeeper.core.engine.resume import compat_reasons
 from slotkeeper.core.families import describe_restore_mode, restore_mode_explanation
+from slotkeeper.core.services.resume import compat_reasons
 from slotkeeper.core.sessions.compat import ServerFacts, model_file_name, swa_mode
 from slotkeeper.core.sessions.conversations import Conversation, group_conversations
 from slotkeeper.core.sessions.entries import Listing, SessionEntry

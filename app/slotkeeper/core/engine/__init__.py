@@ -5,7 +5,6 @@
 - ``planning``  which sessions go into which slot at launch (pure)
 - ``slots``     slot views and the judgement of a restore's reuse (pure rules)
 - ``model``     the model a profile names, and the server facts
-- ``resume``    whether a saved session can be resumed now, and why not (for every face)
 """
 
 from __future__ import annotations

@@ -1,14 +1,23 @@
-"""The model a profile names, and the facts about it that launches, saves and restores need."""
+"""The model a profile names, and the facts about it that launches, saves and restores need.
+
+What holds before anything runs (the demo's marker, ``ModelChoice``, ``check_launch``) is in
+``core.model_choice``; it is re-exported here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slotkeeper.core import gguf_info
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.file_facts import FileFactsCache, file_stamp
+
+# The model before anything runs it is core.model_choice's (the services read it too); named here
+# as well, where the engine's parts have always found it.
+from slotkeeper.core.model_choice import DEMO_MODEL, ModelChoice
+from slotkeeper.core.model_choice import LaunchCheck as LaunchCheck
+from slotkeeper.core.model_choice import check_launch as check_launch
+from slotkeeper.core.model_choice import profile_model_name as profile_model_name
 from slotkeeper.core.server.command import kv_affecting_args
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ServerProfile
@@ -17,20 +26,8 @@ from slotkeeper.core.units import human_bytes
 if TYPE_CHECKING:
     from slotkeeper.core.client import Props  # http.client: imported once llama-server runs
 
-DEMO_MODEL = ":demo:"  # the profile's model_path value that means "the embedded demo model"
 LLAMA_BUILD_FALLBACK = "unknown"
 PROJECTOR_ARCH = "clip"  # general.architecture of every mmproj GGUF llama.cpp reads
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    path: Path
-    info: gguf_info.ModelInfo
-    is_demo: bool
-
-    @property
-    def display_name(self) -> str:
-        return "demo model" if self.is_demo else self.path.name
 
 
 def resolve_model(model_path: str | None, models_dir: Path, facts: FileFactsCache | None = None) -> ModelChoice:
@@ -82,13 +79,6 @@ def resolve_projector(mmproj_path: str | None) -> Path | None:
         raise EngineError(f"{path.name} is not a multimodal projector (its architecture is {arch}); "
                           "--mmproj takes the mmproj GGUF that comes with a vision model.")
     return path.resolve()
-
-
-def profile_model_name(model_path: str | None) -> str:
-    """What to call the profile's model before it has been read."""
-    if not model_path:
-        return "no model chosen"
-    return "demo model" if model_path == DEMO_MODEL else Path(model_path).name
 
 
 def swa_kv_estimate(info: gguf_info.ModelInfo, ctx: int, parallel: int,
@@ -154,35 +144,3 @@ def swa_explanation(info: gguf_info.ModelInfo, ctx: int, parallel: int, type_k: 
         f"context and slot count ({human_bytes(est.bytes_swa)} → {human_bytes(est.bytes_full)}). "
         "Sessions saved with and without it cannot be mixed."
     )
-
-
-@dataclass(frozen=True)
-class LaunchCheck:
-    refusal: str | None  # the launch would fail or take the machine down: do not start
-    warnings: tuple[str, ...] = ()
-
-
-def check_launch(model: ModelChoice, profile: ServerProfile, total_memory: int, available_memory: int) -> LaunchCheck:
-    """What to say before starting llama-server with this model and profile: a context the machine
-    cannot hold is refused (llama-server would otherwise run until the kernel kills it), one beyond
-    the model's training context is a warning."""
-    info = model.info
-    est = gguf_info.kv_estimate(info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
-                                type_v=profile.cache_type_v, flash_attn=profile.flash_attn)
-    kv = (est.bytes_full if profile.swa_full else est.bytes_swa) + est.recurrent_bytes
-    need = kv + info.file_size
-    if need > total_memory:
-        return LaunchCheck(
-            f"The KV cache for a context of {profile.ctx:,} tokens needs about {human_bytes(kv)}, plus "
-            f"{human_bytes(info.file_size)} for the model, but this machine has {human_bytes(total_memory)} "
-            "of memory. Lower the context (--ctx) or the number of slots, or use a quantized KV cache.")
-    warnings = []
-    if need > available_memory:
-        warnings.append(
-            f"llama-server will need about {human_bytes(need)} (model and KV cache) and only "
-            f"{human_bytes(available_memory)} of memory is free now: the system may slow down or stop it.")
-    if info.context_length and profile.ctx_per_slot > info.context_length:
-        warnings.append(
-            f"Each slot's context ({profile.ctx_per_slot:,} tokens) is beyond what {model.display_name} was "
-            f"trained on ({info.context_length:,}): replies may degrade past that length.")
-    return LaunchCheck(None, tuple(warnings))

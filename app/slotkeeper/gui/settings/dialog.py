@@ -22,8 +22,8 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import gguf_info
-from slotkeeper.core.engine.choosing import ModelIdentity, expected_facts, left_behind
 from slotkeeper.core.events import ServerStateChanged
+from slotkeeper.core.services.choosing import ModelIdentity, expected_facts, left_behind
 from slotkeeper.core.settings import Settings, SettingsError
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge, resolved_model_file

@@ -31,8 +31,8 @@ from PySide6.QtWidgets import (
 
 from slotkeeper.core import gguf_info
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.engine.choosing import LaunchSanity, ModelIdentity, launch_sanity
 from slotkeeper.core.engine.model import swa_explanation
+from slotkeeper.core.services.choosing import LaunchSanity, ModelIdentity, launch_sanity
 from slotkeeper.core.services.server_checks import exposes_without_key
 from slotkeeper.core.settings import (
     CACHE_TYPES,

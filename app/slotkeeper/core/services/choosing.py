@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slotkeeper.core import gguf_info
-from slotkeeper.core.engine.model import ModelChoice, check_launch, profile_model_name
+from slotkeeper.core.model_choice import ModelChoice, check_launch, profile_model_name
 from slotkeeper.core.server.command import kv_affecting_args
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible, model_file_name
 from slotkeeper.core.sessions.entries import SessionEntry

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slotkeeper.core.server.state import STOPPED_STATES, ServerState
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible, model_file_name
 from slotkeeper.core.sessions.entries import SessionEntry
+from slotkeeper.core.views import STOPPED_STATES, ServerState
 
 
 def compat_reasons(entry: SessionEntry, facts: ServerFacts | None) -> list[str] | None:
