@@ -16,7 +16,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,11 +23,13 @@ import shiboken6
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineSnapshot
+from slotkeeper.core.engine import Engine, EngineSnapshot
 from slotkeeper.core.history import RequestRecord
 from slotkeeper.core.journal import JournalEntry, journal_entry
+from slotkeeper.core.services import switching
 from slotkeeper.core.services.resume import ResumeVerdict, resume_verdict
 from slotkeeper.core.services.settings import SettingsService
+from slotkeeper.core.services.switching import SwitchOutcome, model_files, resolved_model_file
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.sessions.naming import is_hidden_or_in_progress, sidecar_name
@@ -46,30 +47,9 @@ from slotkeeper.gui.jobs import JobRunner, describe_error
 
 log = logging.getLogger(__name__)
 
+__all__ = ["EngineBridge", "SwitchOutcome", "initial_log", "resolved_model_file"]
+
 E = TypeVar("E", bound=ev.Event)
-
-@dataclass(frozen=True)
-class SwitchOutcome:
-    """What a model switch did: ``switched`` (the settings in use now), or why not: changed
-    conversations that could not be saved (``report.unsaved``) or an ``error``."""
-
-    model_path: str
-    switched: bool
-    report: SavesReport
-    settings: Settings | None
-    error: str | None = None
-
-
-def resolved_model_file(model_path: str | None, models_dir: Path) -> str | None:
-    """The file a profile's model path names, links resolved, as sidecars record it (disk)."""
-    if not model_path:
-        return None
-    if model_path == DEMO_MODEL:
-        from slotkeeper.core.demo_model import DEMO_FILENAME
-
-        return os.path.realpath(models_dir / DEMO_FILENAME)
-    return os.path.realpath(os.path.expanduser(model_path))
-
 
 # Coalesces the burst of file events one save makes (KV rename, sidecar temp, replace).
 SESSIONS_DEBOUNCE_MS = 200
@@ -223,9 +203,7 @@ class EngineBridge(QObject):
         models_dir = self.paths.models_dir
 
         def resolve() -> tuple[str | None, dict[str, str]]:
-            return (resolved_model_file(settings.profile.model_path, models_dir),
-                    {resolved_model_file(m.model_path, models_dir) or m.model_path: m.model_path
-                     for m in settings.models})
+            return model_files(settings.profile.model_path, settings.models, models_dir)
 
         def done(result: tuple[str | None, dict[str, str]]) -> None:
             self.model_file, self.model_aliases = result
@@ -260,12 +238,8 @@ class EngineBridge(QObject):
 
     def resume_verdict(self, entry: SessionEntry) -> ResumeVerdict:
         """Whether ``entry`` can be resumed now, or by switching to its model (one rule, every face)."""
-        verdict = resume_verdict(entry, self.state, self.facts, bool(self.settings.profile.model_path),
-                                 self.model_file)
-        if verdict.switch_to and verdict.switch_to in self.model_aliases:
-            # the name it was chosen by (a Hugging Face snapshot link, not the blob it points to)
-            verdict = replace(verdict, switch_to=self.model_aliases[verdict.switch_to])
-        return verdict
+        return resume_verdict(entry, self.state, self.facts, bool(self.settings.profile.model_path),
+                              self.model_file, self.model_aliases)
 
     def session_file(self, entry: SessionEntry) -> Path:
         """The file to show for a session in a file manager."""
@@ -517,21 +491,14 @@ class EngineBridge(QObject):
         """Save to the settings file (this run's command-line values stay out of it), hand the
         result to the engine, and restart the server if asked."""
         settings.profile.validate()
-        engine = self.engine
-
-        async def apply() -> Settings:
-            applied = await engine.loop.run_io(self.settings_service.save, settings) if persist else settings
-            await engine.update_settings_async(applied)  # may prune (disk) under a smaller budget
-            if restart and engine.state in RUNNING_STATES:
-                await engine.restart_async()
-            return applied
 
         def done(applied: Settings) -> None:
             self.settingsChanged.emit(applied)
             if on_done is not None:
                 on_done()
 
-        self._command(apply(), "Saving settings", on_success=done)
+        self._command(switching.apply_settings(self.engine, self.settings_service, settings, restart=restart,
+                                               persist=persist), "Saving settings", on_success=done)
 
     def choose_model(self, model_path: str, start: bool = True) -> None:
         """Use ``model_path`` from now on (this run's settings, and the saved ones, with the settings
@@ -545,23 +512,7 @@ class EngineBridge(QObject):
         ``swa_full=True``): every changed slot is saved first, then the server restarts on it
         (a stopped one starts, unless ``start`` is False), resuming ``resume_id`` if given. When
         a changed slot cannot be saved nothing is switched unless ``force``: the outcome says
-        which. Answers with ``modelSwitched`` (and ``on_done``)."""
-        engine, service = self.engine, self.settings_service
-
-        async def switch() -> SwitchOutcome:
-            report = SavesReport()
-            if engine.state is ServerState.READY and engine.facts is not None:
-                report = await engine.save_changed_slots_async(reason="before switching models")
-                if report.unsaved and not force:
-                    return SwitchOutcome(model_path, False, report, None)
-            applied = await engine.loop.run_io(lambda: service.choose_model(model_path, **changes))
-            if start or engine.state in RUNNING_STATES:
-                more = await engine.switch_model_async(applied, resume_id)
-                report = SavesReport(report.saved + more.saved, more.unsaved)
-            else:
-                await engine.update_settings_async(applied)
-            return SwitchOutcome(model_path, True, report, applied)
-
+        which (``switching.switch_model``). Answers with ``modelSwitched`` (and ``on_done``)."""
         def done(outcome: SwitchOutcome) -> None:
             if outcome.settings is not None:
                 self.settingsChanged.emit(outcome.settings)
@@ -576,7 +527,9 @@ class EngineBridge(QObject):
             if on_done is not None:
                 on_done(outcome)
 
-        self._command(switch(), "Switching models", on_success=done, on_failure=failed)
+        self._command(switching.switch_model(self.engine, self.settings_service, model_path, resume_id=resume_id,
+                                             force=force, start=start, **changes),
+                      "Switching models", on_success=done, on_failure=failed)
 
     def plan_model(self, model_path: str, **changes: Any):
         """What choosing ``model_path`` would run (``ModelPlan``; reads the disk: call it from a job)."""

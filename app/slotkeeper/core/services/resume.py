@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible, model_file_name
 from slotkeeper.core.sessions.entries import SessionEntry
@@ -36,10 +37,21 @@ class ResumeVerdict:
 
 
 def resume_verdict(entry: SessionEntry, state: ServerState, facts: ServerFacts | None,
-                   has_model: bool, model_path: str | None = None) -> ResumeVerdict:
+                   has_model: bool, model_path: str | None = None,
+                   aliases: Mapping[str, str] | None = None) -> ResumeVerdict:
     """``facts`` are the running server's once the engine is ready (None before); ``model_path``
     is the resolved file of the model the server runs or will run, when known: a session of
-    another model is resumed by switching to its model."""
+    another model is resumed by switching to its model, by the name it was chosen by when
+    ``aliases`` (resolved file -> remembered model path) knows it (a Hugging Face snapshot link,
+    not the blob it points to)."""
+    verdict = _verdict(entry, state, facts, has_model, model_path)
+    if aliases and verdict.switch_to and verdict.switch_to in aliases:
+        verdict = replace(verdict, switch_to=aliases[verdict.switch_to])
+    return verdict
+
+
+def _verdict(entry: SessionEntry, state: ServerState, facts: ServerFacts | None,
+             has_model: bool, model_path: str | None) -> ResumeVerdict:
     if entry.problems:
         return ResumeVerdict(False, "Damaged: " + "; ".join(entry.problems))
     sc = entry.sidecar
