@@ -101,13 +101,13 @@ def test_engine_ready_re_announces_the_listing(qtbot, bridge, engine, sessions_d
 
 
 def test_request_done_is_recorded_in_the_history(qtbot, bridge, engine):
-    from slotkeeper.core.engine.frontdesk import Figures
+    from slotkeeper.core.engine.ledger import Figures
     from slotkeeper.core.history import RequestHistory
 
     # The engine records the request (from the response, on its loop) and emits RequestDone.
     fig = Figures(n_prompt=1000, cache_n=900, prompt_n=100, prompt_ms=12.5, source="slot", saved_ms=300.0)
     with qtbot.waitSignal(bridge.historyLoaded) as blocker:
-        engine.loop.call_soon(engine.request_done, 0, 1010, fig)
+        engine.loop.call_soon(engine.ledger.done, 0, 1010, fig)
     assert blocker.args[0][-1].cache_n == 900
     path = engine.paths.history_file
     qtbot.waitUntil(lambda: len(RequestHistory(path).load()) == 1)

@@ -12,7 +12,7 @@ from gui_helpers import emit_from_thread, make_session
 from PySide6.QtCore import QPointF
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine.frontdesk import Figures
+from slotkeeper.core.engine.ledger import Figures
 from slotkeeper.core.engine.model import resolve_model, swa_note
 from slotkeeper.core.engine.slots import PendingReuse, judge_reuse
 from slotkeeper.core.history import RequestRecord
@@ -31,15 +31,15 @@ from slotkeeper.gui.tray import TrayController
 
 
 async def _request_done(engine, slot, held, fig):
-    engine.request_done(slot, held, fig)
+    engine.ledger.done(slot, held, fig)
 
 
 def test_a_slot_switched_to_another_chat_drops_the_old_title_and_badge_at_once(qtbot, bridge, engine):
     page = SlotsPage(bridge)
     qtbot.addWidget(page)
-    engine._slots.reset(1, 8192)
-    engine._slots.set(0, session_id="aaaaaaaaaaaa", n_tokens=5000, warning="the next request reused 9 of …")
-    engine._policy.mark_restored(0, "aaaaaaaaaaaa")
+    engine.board.reset(1, 8192)
+    engine.board.show(0, session_id="aaaaaaaaaaaa", n_tokens=5000, warning="the next request reused 9 of …")
+    engine.board.policy.mark_restored(0, "aaaaaaaaaaaa")
     fig = Figures(n_prompt=300, cache_n=12, prompt_n=288, prompt_ms=50.0, source="slot", saved_ms=0.0)
     with qtbot.waitSignal(bridge.eventArrived, check_params_cb=lambda e: isinstance(e, ev.SlotsChanged)):
         engine.loop.call(_request_done(engine, 0, 420, fig))
@@ -47,17 +47,19 @@ def test_a_slot_switched_to_another_chat_drops_the_old_title_and_badge_at_once(q
     view = bridge.slots[0]
     assert view.detached and view.warning is None
     # the session stays the slot's own until the next save (it may be the same conversation sent
-    # again from its start): a Resume of it keeps what the slot holds, the in-slot guard keeps it
-    assert view.session_id == "aaaaaaaaaaaa" and "aaaaaaaaaaaa" in engine._policy.in_slots()
+    # again from its start): a Resume of it keeps what the slot holds; the in-slot guard lets it
+    # go (a delete loses nothing: the next save names what the slot holds)
+    assert view.session_id == "aaaaaaaaaaaa" and "aaaaaaaaaaaa" in engine.board.policy.in_slots()
+    assert "aaaaaaaaaaaa" not in engine.board.held_sessions()
     page.slots_panel.set_titles({"aaaaaaaaaaaa": "The old chat"})
     gauge = page.slots_panel.gauges[0]
     assert gauge.title == "" and "not saved yet" in gauge.summary()
 
     # the same conversation going on keeps its title
-    engine._slots.set(0, session_id="aaaaaaaaaaaa", n_tokens=5000, detached=False)
+    engine.board.show(0, session_id="aaaaaaaaaaaa", n_tokens=5000, detached=False)
     fig = Figures(n_prompt=5100, cache_n=4990, prompt_n=110, prompt_ms=5.0, source="slot", saved_ms=900.0)
     engine.loop.call(_request_done(engine, 0, 5200, fig))
-    assert engine._slots.view(0).session_id == "aaaaaaaaaaaa" and not engine._slots.view(0).detached
+    assert engine.board[0].view.session_id == "aaaaaaaaaaaa" and not engine.board[0].view.detached
 
 
 def test_another_conversation_after_a_restore_raises_no_badge():

@@ -12,7 +12,7 @@ import pytest
 
 from slotkeeper.core.client import SlotInfo
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
-from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotTable, judge_reuse
+from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotBoard, judge_reuse
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.services.resume import resume_verdict
 from slotkeeper.core.sessions.compat import ServerFacts
@@ -92,18 +92,20 @@ def test_run_on_the_callers_thread():
 
 # -- slot views and the reuse judgement -------------------------------------------------------
 def test_slot_views_are_replaced_never_changed():
-    table = SlotTable()
+    changes = []
+    table = SlotBoard(10.0, on_change=lambda: changes.append(1))
     table.reset(2, 4096)
     before = table.views()
-    table.set(0, session_id="abc", n_tokens=300)
+    table.show(0, session_id="abc", n_tokens=300)
     after = table.views()
     assert before[0].session_id is None and after[0].session_id == "abc"
     table.observe([SlotInfo(id=1, n_ctx=4096, is_processing=True, n_prompt_tokens=500,
-                            n_prompt_tokens_cache=400, n_prompt_tokens_processed=100)])
-    assert table.view(1).state == "busy" and table.view(1).cache_n == 400
-    table.set(1, state="saving")
-    table.observe([SlotInfo(id=1, n_ctx=4096, is_processing=False)])
-    assert table.view(1).state == "saving", "a poll does not overwrite what the engine is doing"
+                            n_prompt_tokens_cache=400, n_prompt_tokens_processed=100)], now=1.0)
+    assert table[1].view.state == "busy" and table[1].view.cache_n == 400
+    table.show(1, state="saving")
+    table.observe([SlotInfo(id=1, n_ctx=4096, is_processing=False)], now=2.0)
+    assert table[1].view.state == "saving", "a poll does not overwrite what the engine is doing"
+    assert len(changes) == 5  # published once per change: reset, show, observe, show, observe
 
 
 def test_reuse_rules():

@@ -1,11 +1,12 @@
 """Requests through the front door, on the engine loop: which slot, what must happen to it first
 (save, restore, erase), and what the request did.
 
-``admit`` routes a request (``routing.route``) with what the engine knows: the tokens every slot
-holds, the sessions index, whether a slot's restored state may be rolled back, and the measured
-prefill and restore rates (the break-even of a restore). It leases the slot until ``finish``,
-which records what the slot holds now, the per-request figures (from the response's ``timings``)
-and where the cache came from. Everything here is engine state: it runs on the engine loop.
+``admit`` routes a request (``routing.route``) with what the parts it is given know: the tokens
+every slot holds (the slot board), the sessions index (the library), whether a slot's restored
+state may be rolled back (the server's facts), and the measured prefill and restore rates (the
+break-even of a restore). It leases the slot until ``finish``, which records what the slot holds
+now, the per-request figures (from the response's ``timings``) and where the cache came from.
+It runs on the engine loop and never calls back into the engine (an import contract says so).
 """
 
 from __future__ import annotations
@@ -13,18 +14,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slotkeeper.core import families
 from slotkeeper.core.client import ServerUnavailable
+from slotkeeper.core.engine.errors import FrontDeskError
+from slotkeeper.core.engine.ledger import Figures
 from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
+from slotkeeper.core.engine.slots import UNKNOWN
 from slotkeeper.core.sessions.compat import ServerFacts
-from slotkeeper.core.tokens import TokenArray, as_tokens, common_prefix_len, no_tokens
+from slotkeeper.core.tokens import TokenArray, common_prefix_len, no_tokens
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.engine import Engine
+    from slotkeeper.core.engine.ledger import RequestLedger
+    from slotkeeper.core.engine.library import Library
+    from slotkeeper.core.engine.server_link import ServerLink
+    from slotkeeper.core.engine.slot_actions import SlotActions
+    from slotkeeper.core.engine.slot_saves import SlotSaves
+    from slotkeeper.core.engine.slots import SlotBoard, SlotContent
+    from slotkeeper.core.engine.watching import SlotPoller
+
+__all__ = ["FrontDesk", "FrontDeskError", "Outcome", "RequestShape", "Ticket", "request_shape"]
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +47,6 @@ DEFAULT_PREFILL_TOKENS_PER_MS = 0.5  # until measured on this machine and model
 DEFAULT_RESTORE_BYTES_PER_MS = 1_000_000.0  # ~1 GB/s, until measured
 RESTORE_OVERHEAD_MS = 20.0
 RATE_WEIGHT = 0.2  # exponential moving average of the measured rates
-UNKNOWN = 1 << 30  # a slot's length when what it holds is not known
 # Request fields that change how a reply is sampled, not the prompt: two requests that differ
 # only in these (and in a longer conversation) render the same prompt prefix.
 SAMPLING_FIELDS = frozenset({
@@ -83,16 +94,6 @@ def request_shape(path_kind: str, body: dict[str, Any]) -> RequestShape | None:
     return RequestShape(path_kind, growing, {k: v for k, v in body.items() if k != key and k not in SAMPLING_FIELDS})
 
 
-class FrontDeskError(Exception):
-    """A request the front door answers itself (``status``), with words a client can show."""
-
-    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retry_after = retry_after  # seconds, for a 503's Retry-After
-
-
 def restore_mode(facts: ServerFacts | None) -> str:
     """How a restored state of the running model behaves (``core.families``): "works" (any
     rollback is correct: full attention, MLA), "exact" continuation only (hybrid and recurrent
@@ -109,26 +110,6 @@ def exact_only(mode: str) -> bool:
 
 
 @dataclass
-class SlotContent:
-    """What a slot holds, as far as the engine knows."""
-
-    tokens: TokenArray = field(default_factory=no_tokens)
-    n_prompt: int = 0  # the last request's prompt (its reply follows it in the slot)
-    held: int = 0  # tokens the slot holds in all
-    fragile_until: int = 0  # restored tokens that must not be rolled back into (exact-only models)
-    busy: bool = False  # a request runs on it
-    last_used: float = 0.0
-    shape: RequestShape | None = None  # the last request, while the slot holds its prompt and nothing else
-    # ``tokens`` may lag one fast request behind: ``learn`` gives the real ones when routing needs them
-    learn: Callable[[], Awaitable[TokenArray | None]] | None = None
-    learning: asyncio.Future[TokenArray | None] | None = None
-
-    def forget(self) -> None:
-        """What it holds now comes from elsewhere (a restore, an erase): no lagging tokens."""
-        self.shape, self.learn, self.learning = None, None, None
-
-
-@dataclass
 class Ticket:
     slot: int | None  # None: llama-server picks (our queue is full)
     tokens: TokenArray | None  # the request's prompt tokens, when known
@@ -136,19 +117,6 @@ class Ticket:
     source: str = "none"  # where the cache is expected to come from
     started: float = field(default_factory=time.monotonic)
     shape: RequestShape | None = None
-
-
-@dataclass(frozen=True)
-class Figures:
-    """One request's prompt processing, from llama-server's ``timings``."""
-
-    n_prompt: int
-    cache_n: int
-    prompt_n: int
-    prompt_ms: float
-    source: str  # slot, restored, ram, recomputed, none
-    saved_ms: float  # prefill time the cached tokens saved
-    shared: int | None = None  # prompt tokens in common with what the slot held before (None: not known)
 
 
 @dataclass
@@ -161,9 +129,15 @@ class Outcome:
 
 
 class FrontDesk:
-    def __init__(self, engine: Engine) -> None:
-        self.e = engine
-        self.contents: dict[int, SlotContent] = {}
+    def __init__(self, board: SlotBoard, link: ServerLink, actions: SlotActions, saves: SlotSaves,
+                 library: Library, ledger: RequestLedger, poller: SlotPoller) -> None:
+        self.board = board
+        self.link = link
+        self.actions = actions
+        self.saves = saves
+        self.library = library
+        self.ledger = ledger
+        self.poller = poller
         self._route_lock = asyncio.Lock()
         self._freed: asyncio.Future[None] | None = None
         self._waiting = 0
@@ -171,29 +145,12 @@ class FrontDesk:
         self.restore_bytes_per_ms = DEFAULT_RESTORE_BYTES_PER_MS
 
     # -- what the slots hold --------------------------------------------------------------
-    def reset(self, n_slots: int, unknown: bool = False) -> None:
-        """New slots: empty, or (``unknown``, a server an earlier run left) holding something
-        whose tokens are not known, which another conversation saves before taking it."""
-        self.contents = {i: SlotContent(n_prompt=UNKNOWN, held=UNKNOWN) if unknown else SlotContent()
-                         for i in range(n_slots)}
-
     def content(self, slot: int) -> SlotContent:
-        return self.contents.setdefault(slot, SlotContent())
+        return self.board[slot].content
 
-    def restored(self, slot: int, tokens: Sequence[int] | TokenArray, restore_ms: float, n_read: int) -> None:
-        """A session was restored into ``slot``: it holds exactly its tokens now."""
-        arr = as_tokens(tokens)
-        fragile = len(arr) if exact_only(restore_mode(self.e.facts_now())) else 0
-        c = self.content(slot)
-        c.tokens, c.n_prompt, c.held, c.fragile_until = arr, len(arr), len(arr), fragile
-        c.forget()
-        if restore_ms > 0 and n_read > 0:
-            self.restore_bytes_per_ms = _ema(self.restore_bytes_per_ms, n_read / restore_ms)
-
-    def erased(self, slot: int) -> None:
-        c = self.content(slot)
-        c.tokens, c.n_prompt, c.held, c.fragile_until = no_tokens(), 0, 0, 0
-        c.forget()
+    def restore_measured(self, restore_ms: float, n_read: int) -> None:
+        """A restore read ``n_read`` bytes in ``restore_ms``: the restore rate, measured here."""
+        self.restore_bytes_per_ms = _ema(self.restore_bytes_per_ms, n_read / restore_ms)
 
     def break_even_tokens(self, size_bytes: int) -> int:
         """Prefill tokens that take as long as restoring a file of ``size_bytes``."""
@@ -202,41 +159,41 @@ class FrontDesk:
 
     def slot_context(self) -> int:
         """Tokens of context each slot has (0 while not known)."""
-        facts = self.e.facts_now()
+        facts = self.link.facts
         return facts.n_ctx_slot if facts is not None else 0
 
     def abandoned(self, slot: int) -> None:
         """The client of a request on ``slot`` went away before its reply began."""
-        self.e.quiet_polls_while_abandoned(slot)
+        self.poller.abandoned(slot)
 
     # -- admitting a request --------------------------------------------------------------
     async def until_serving(self) -> None:
         """Until llama-server takes requests (FrontDeskError when it will not, or is restarting)."""
-        await self.e.wait_serving(READY_WAIT_SECONDS)
+        await self.link.wait_serving(READY_WAIT_SECONDS)
 
     async def admit(self, tokens: TokenArray | None, pinned_slot: int | None = None) -> Ticket:
         """Route a request and prepare its slot; the slot is leased until ``finish``."""
-        await self.e.wait_serving(READY_WAIT_SECONDS)
-        n_slots = len(self.contents)
+        await self.link.wait_serving(READY_WAIT_SECONDS)
+        n_slots = len(self.board)
         if n_slots == 0:
             raise FrontDeskError(503, "llama-server has no slots ready yet; try again shortly")
         if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
             raise FrontDeskError(400, f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
-        await self.learn_lagging()
+        await self.board.learn_lagging()
         session = None
         if tokens is not None and pinned_slot is None:
             # Only a session that beats every idle slot by the break-even could be chosen.
             beat = max((o.prefix for o in self._slot_options(tokens, None) if not o.busy), default=0)
             beat += self.break_even_tokens(0)
             # A conversation saved as it left its slot may still be committing: it could be the best.
-            await self.e.await_commits(tokens, beat)
+            await self.saves.await_commits(tokens, beat)
             session = await self._session_option(tokens, beat)
         queued = False
         while True:
             async with self._route_lock:
+                size = self.library.session_size(session.id) if session is not None else 0
                 decision = route(len(tokens) if tokens is not None else 0, self._slot_options(tokens, pinned_slot),
-                                 session, self.break_even_tokens(session_size(self.e, session)),
-                                 known=tokens is not None)
+                                 session, self.break_even_tokens(size), known=tokens is not None)
                 if isinstance(decision, Route):
                     self._lease(decision.slot)
                     break
@@ -248,30 +205,12 @@ class FrontDesk:
                 await self._wait_freed()
             finally:
                 self._waiting -= 1
-            await self.e.wait_serving(READY_WAIT_SECONDS)
+            await self.link.wait_serving(READY_WAIT_SECONDS)
         try:
             return await self._prepare(decision, tokens)
         except BaseException:
             self._release(decision.slot)
             raise
-
-    async def learn_lagging(self) -> None:
-        """Bring every slot's tokens up to date (the full route compares them)."""
-        waits = []
-        for c in self.contents.values():
-            if c.learn is not None:
-                if c.learning is None:
-                    c.learning = asyncio.ensure_future(c.learn())
-                waits.append((c, c.learning))
-        for c, fut in waits:
-            try:
-                tokens = await asyncio.shield(fut)
-            except Exception as exc:  # noqa: BLE001 - not knowing them only costs a reuse
-                log.debug("could not learn a slot's tokens: %s", exc)
-                tokens = None
-            if c.learning is fut:  # not replaced by a newer request meanwhile
-                c.tokens = tokens if tokens is not None else no_tokens()
-                c.learn = c.learning = None
 
     def admit_continuation(self, shape: RequestShape | None, pinned_slot: int | None = None) -> Ticket | None:
         """The fast way in, without the prompt's tokens: a request that continues the last request
@@ -281,24 +220,24 @@ class FrontDesk:
         holds more of that conversation than the slot it last ran on. Slots with restored tokens
         of an exact-only model are left to the full route, which checks for a rollback. None:
         take the full route (``admit``); the caller learns the tokens later (``finish``)."""
-        if shape is None or not self.e.serving_now() or self._route_lock.locked():
+        if shape is None or not self.link.serving_now() or self._route_lock.locked():
             return None
-        best: int | None = None
-        for i, c in self.contents.items():
-            if c.shape is None or c.busy or c.fragile_until or c.held >= UNKNOWN:
+        best = None
+        for s in self.board:
+            c = s.content
+            if c.shape is None or s.busy or c.fragile_until or c.held >= UNKNOWN:
                 continue
-            if pinned_slot is not None and i != pinned_slot:
+            if pinned_slot is not None and s.id != pinned_slot:
                 continue
-            if self.e.slot_watch(i).busy_with is not None or not shape.continues(c.shape):
+            if not shape.continues(c.shape):
                 continue
-            if best is None or c.shape.length > self.contents[best].shape.length:  # type: ignore[union-attr]
-                best = i
+            if best is None or c.shape.length > best.content.shape.length:  # type: ignore[union-attr]
+                best = s
         if best is None:
             return None
-        self._lease(best)
-        c = self.contents[best]
-        log.debug("request -> slot %s: continues its last request", best)
-        return Ticket(best, None, c.held, "slot", shape=shape)
+        self._lease(best.id)
+        log.debug("request -> slot %s: continues its last request", best.id)
+        return Ticket(best.id, None, best.content.held, "slot", shape=shape)
 
     async def _prepare(self, r: Route, tokens: TokenArray | None) -> Ticket:
         try:
@@ -308,56 +247,50 @@ class FrontDesk:
                                       f"request ({exc}); try again shortly", retry_after=1.0) from exc
 
     async def _prepare_slot(self, r: Route, tokens: TokenArray | None) -> Ticket:
-        e = self.e
         ticket = Ticket(r.slot, tokens, r.expected_prefix, "slot" if r.expected_prefix else "none")
-        async with e.slot_lock(r.slot):
-            if r.save_first and not await e.save_before_switching(r.slot):
+        async with self.board.lock(r.slot):
+            if r.save_first and not await self.saves.save_before_switching(r.slot):
                 raise FrontDeskError(503, f"slot {r.slot} holds a conversation that could not be saved, so it "
                                           "was not replaced (see Slotkeeper's messages)")
             if r.restore:
-                summary = await e.restore_for_request(r.restore, r.slot)
+                summary = await self.actions.restore_for_request(r.restore, r.slot)
                 if summary is None:
                     ticket.expected_prefix, ticket.source = 0, "none"
                 else:
                     ticket.source = "restored"
             if r.erase_first:
-                await e.recompute(r.slot, r.reason)
+                await self.actions.recompute(r.slot, r.reason)
                 ticket.source = "recomputed"
         log.debug("request -> slot %s: %s", r.slot, r.reason)
         return ticket
 
     def _slot_options(self, tokens: TokenArray | None, pinned: int | None) -> list[SlotOption]:
         out = []
-        for i, c in self.contents.items():
-            if pinned is not None and i != pinned:
+        for s in self.board:
+            if pinned is not None and s.id != pinned:
                 continue
-            w = self.e.slot_watch(i)
+            c = s.content
             prefix = common_prefix_len(tokens, c.tokens) if tokens is not None and c.held else 0
-            out.append(SlotOption(i, prefix, c.held, c.n_prompt, c.busy or w.busy_with is not None,
-                                  w.changed, c.last_used, c.fragile_until))
+            out.append(SlotOption(s.id, prefix, c.held, c.n_prompt, s.busy, s.watch.changed, c.last_used,
+                                  c.fragile_until))
         return out
 
     async def _session_option(self, tokens: TokenArray, beat: int) -> SessionOption | None:
-        mode = restore_mode(self.e.facts_now())
+        mode = restore_mode(self.link.facts)
         if mode == families.RESTORE_NEVER:
             return None
-        hit = await self.e.best_saved_prefix(tokens, beat)
+        hit = await self.library.best_saved_prefix(tokens, self.link.facts, beat)
         if hit is None:
             return None
         sid, prefix, n_tokens = hit
         return SessionOption(sid, prefix, n_tokens, exact_only=exact_only(mode))
 
     def _lease(self, slot: int) -> None:
-        c = self.content(slot)
-        c.busy = True
-        self.e.slot_watch(slot).in_request = True
-        self.e.wake_poller()
+        self.board.lease(slot)
+        self.poller.wake()
 
     def _release(self, slot: int) -> None:
-        c = self.content(slot)
-        c.busy = False
-        c.last_used = time.monotonic()
-        self.e.slot_watch(slot).in_request = False
+        self.board.release(slot)
         if self._freed is not None and not self._freed.done():
             self._freed.set_result(None)
         self._freed = None
@@ -413,7 +346,7 @@ class FrontDesk:
         c.held = c.n_prompt + max(predicted - 1, 0)
         c.shape = ticket.shape if outcome.timings is not None and c.n_prompt else None
         if outcome.timings is None:  # cut short (the client went away): what it did is not known
-            self.e.request_done(slot, c.held, None)
+            self.ledger.done(slot, c.held, None)
             return
         prompt_ms = float(t.get("prompt_ms") or 0.0)
         if prompt_n >= 64 and prompt_ms > 0:
@@ -424,13 +357,7 @@ class FrontDesk:
         elif cache_n > 0 and source in ("none", "recomputed"):
             source = "ram"  # llama-server found it in its own prompt cache
         saved_ms = cache_n / self.prefill_tokens_per_ms if cache_n else 0.0
-        self.e.request_done(slot, c.held, Figures(c.n_prompt, cache_n, prompt_n, prompt_ms, source, saved_ms, shared))
-
-
-def session_size(engine: Engine, session: SessionOption | None) -> int:
-    if session is None:
-        return 0
-    return engine.session_size(session.id)
+        self.ledger.done(slot, c.held, Figures(c.n_prompt, cache_n, prompt_n, prompt_ms, source, saved_ms, shared))
 
 
 def _ema(old: float, new: float) -> float:

@@ -1,21 +1,47 @@
-"""The engine's picture of its slots, and whether a restore paid off. Loop-owned; values out.
+"""The engine's slots: one record per slot, changed through the board's methods, published once
+per change. Loop-owned; values out.
 
-``SlotTable`` holds one immutable ``SlotView`` per slot and replaces it on every change, so the
-tuple it hands out (``views()``) can go to any thread. ``judge_reuse`` is the rule for the first
-request after a restore, measured against what the session's restore mode allows.
+A ``Slot`` holds all the engine knows of one llama-server slot:
+
+- ``content``: what it holds (its tokens, when known, or only their number), how much of it is
+  restored state that must not be rolled back into, and the last request's shape (the fast way in);
+- ``watch``: what autosave decides by (``autosave.SlotWatch``: changed since saved, idle since,
+  the session it was last saved or restored as, a request or a save running on it);
+- ``view``: what the faces see (an immutable ``SlotView``, replaced on change);
+- ``pending``: a restore whose first request has not been seen yet (``judge_reuse`` decides then
+  whether it paid off);
+- ``lock``: slot actions (save, restore, erase) on it run one at a time.
+
+``SlotBoard`` keeps the slots and the autosave policy that watches them, and changes a slot's
+facts together (a failed restore empties the slot for routing, autosave and the faces in one
+call), then calls ``on_change`` once. The pure rules (``routing``, ``autosave``, ``judge_reuse``)
+read these records; nothing else writes them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from slotkeeper.core import families
-from slotkeeper.core.client import SlotInfo
+from slotkeeper.core.autosave import AutosavePolicy, SlotWatch
+from slotkeeper.core.tokens import TokenArray, as_tokens, no_tokens
 from slotkeeper.core.views import SlotView
+
+if TYPE_CHECKING:
+    from slotkeeper.core.client import SlotInfo
+    from slotkeeper.core.engine.frontdesk import RequestShape
+
+log = logging.getLogger(__name__)
 
 # A restore is "effective" when the next request reused at least this share of it.
 EFFECTIVE_REUSE_SHARE = 0.5
+UNKNOWN = 1 << 30  # a slot's length when what it holds is not known
 
 
 @dataclass(frozen=True)
@@ -75,40 +101,218 @@ def judge_reuse(pending: PendingReuse, cache_n: int, shared: int | None = None) 
     return ReuseVerdict(True, None, False)
 
 
-class SlotTable:
-    def __init__(self) -> None:
-        self._views: dict[int, SlotView] = {}
-        self.pending: dict[int, PendingReuse] = {}
+@dataclass
+class SlotContent:
+    """What a slot holds, as far as the engine knows."""
 
-    def reset(self, n_slots: int, n_ctx: int) -> None:
-        self._views = {i: SlotView(i, n_ctx=n_ctx) for i in range(n_slots)}
-        self.pending = {}
+    tokens: TokenArray = field(default_factory=no_tokens)
+    n_prompt: int = 0  # the last request's prompt (its reply follows it in the slot)
+    held: int = 0  # tokens the slot holds in all
+    fragile_until: int = 0  # restored tokens that must not be rolled back into (exact-only models)
+    last_used: float = 0.0
+    shape: RequestShape | None = None  # the last request, while the slot holds its prompt and nothing else
+    # ``tokens`` may lag one fast request behind: ``learn`` gives the real ones when routing needs them
+    learn: Callable[[], Awaitable[TokenArray | None]] | None = None
+    learning: asyncio.Future[TokenArray | None] | None = None
 
-    def clear(self) -> None:
-        self._views = {}
-        self.pending = {}
+    def forget(self) -> None:
+        """What it holds now comes from elsewhere (a restore, an erase): no lagging tokens."""
+        self.shape, self.learn, self.learning = None, None, None
 
-    def view(self, slot: int) -> SlotView:
-        return self._views.get(slot) or SlotView(slot)
+    def hold(self, tokens: TokenArray, fragile: int = 0) -> None:
+        """It holds exactly ``tokens`` now (restored, or nothing)."""
+        self.tokens, self.n_prompt, self.held, self.fragile_until = tokens, len(tokens), len(tokens), fragile
+        self.forget()
 
-    def set(self, slot: int, **changes: Any) -> SlotView:
-        view = replace(self.view(slot), **changes)
-        self._views[slot] = view
-        return view
+
+class Slot:
+    """One llama-server slot as the engine knows it (see the module's docstring)."""
+
+    def __init__(self, slot_id: int, watch: SlotWatch, lock: asyncio.Lock, n_ctx: int = 0,
+                 unknown: bool = False) -> None:
+        self.id = slot_id
+        self.watch = watch
+        self.lock = lock
+        self.view = SlotView(slot_id, n_ctx=n_ctx)
+        self.content = SlotContent(n_prompt=UNKNOWN, held=UNKNOWN) if unknown else SlotContent()
+        self.pending: PendingReuse | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A request runs on it, or Slotkeeper is saving or restoring it."""
+        return self.watch.in_request or self.watch.busy_with is not None
+
+    @property
+    def leased(self) -> bool:
+        """A request through the front door runs on it."""
+        return self.watch.in_request
+
+    @property
+    def session_id(self) -> str | None:
+        """The saved session it was last saved or restored as (see ARCHITECTURE: detached views)."""
+        return self.watch.session_id
+
+
+class SlotBoard:
+    """Every slot's record and the autosave policy watching them (on the engine loop)."""
+
+    def __init__(self, idle_save_seconds: float, on_change: Callable[[], None]) -> None:
+        self.policy = AutosavePolicy(idle_save_seconds, changes_from_polls=False)
+        self._slots: dict[int, Slot] = {}
+        self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._on_change = on_change
+
+    # -- reading --------------------------------------------------------------------------
+    def __getitem__(self, slot_id: int) -> Slot:
+        found = self._slots.get(slot_id)
+        if found is None:
+            found = self._slots[slot_id] = Slot(slot_id, self.policy.watch(slot_id), self._locks[slot_id])
+        return found
+
+    def __iter__(self) -> Iterator[Slot]:
+        return iter([s for _, s in sorted(self._slots.items())])
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def lock(self, slot_id: int) -> asyncio.Lock:
+        return self._locks[slot_id]
+
+    def locks(self) -> list[asyncio.Lock]:
+        return [self._locks[i] for i in sorted(self._locks)]
 
     def views(self) -> tuple[SlotView, ...]:
-        return tuple(v for _, v in sorted(self._views.items()))
+        return tuple(s.view for s in self)
 
-    def observe(self, slots: list[SlotInfo]) -> None:
-        """A /slots poll: state and, while a request runs, its live prompt figures."""
-        for info in slots:
-            v = self.view(info.id)
+    def held_sessions(self) -> frozenset[str]:
+        """The saved sessions a slot holds now: the in-slot guard keeps them from being deleted. A
+        slot that went on with another conversation (its view detached) no longer holds its old
+        session, which may then be deleted (to free a full disk, say); its next save names what
+        it holds."""
+        return frozenset(s.session_id for s in self if s.session_id and not s.view.detached)
+
+    def holder(self, session_id: str) -> int | None:
+        """The slot last saved or restored as ``session_id``."""
+        return next((s.id for s in self if s.session_id == session_id), None)
+
+    # -- the whole board ------------------------------------------------------------------
+    def reset(self, n_slots: int, n_ctx: int, idle_save_seconds: float | None = None, unknown: bool = False) -> None:
+        """New slots: empty, or (``unknown``, a server an earlier run left) holding something whose
+        tokens are not known, which another conversation saves before taking it. With
+        ``idle_save_seconds`` autosave starts over as well (a launch that is not a crash's restart)."""
+        if idle_save_seconds is not None:
+            self.policy = AutosavePolicy(idle_save_seconds, changes_from_polls=False)
+        self._slots = {i: Slot(i, self.policy.watch(i), self._locks[i], n_ctx, unknown) for i in range(n_slots)}
+        self._on_change()
+
+    def clear(self) -> None:
+        """The server is gone: no slots to show."""
+        self._slots = {}
+        self._on_change()
+
+    def set_idle_save(self, seconds: float) -> None:
+        self.policy.idle_save_seconds = max(0.0, float(seconds))
+
+    # -- one slot's facts, together ---------------------------------------------------------
+    def show(self, slot_id: int, **changes: Any) -> None:
+        """Change what the faces see of a slot."""
+        s = self[slot_id]
+        s.view = replace(s.view, **changes)
+        self._on_change()
+
+    def acting(self, slot_id: int, what: str | None) -> None:
+        """Slotkeeper saves or restores the slot (``what``), or has finished (None)."""
+        s = self[slot_id]
+        s.watch.busy_with = what
+        s.view = replace(s.view, state=what or "idle")
+        self._on_change()
+
+    def lease(self, slot_id: int) -> None:
+        """A request through the front door takes the slot (autosave leaves it alone)."""
+        self[slot_id].watch.in_request = True
+
+    def release(self, slot_id: int) -> None:
+        s = self[slot_id]
+        s.watch.in_request = False
+        s.content.last_used = time.monotonic()
+
+    def restored(self, slot_id: int, session_id: str, tokens: Sequence[int] | TokenArray, n_restored: int,
+                 mode: str, exact_only: bool) -> None:
+        """A session was restored into the slot: it holds exactly its tokens, saved as they are."""
+        s = self[slot_id]
+        arr = as_tokens(tokens)
+        s.content.hold(arr, len(arr) if exact_only else 0)
+        self.policy.mark_restored(slot_id, session_id)
+        s.pending = PendingReuse(session_id, n_restored, mode)
+        # The prompt figures were the previous conversation's: a restored slot has had no request yet.
+        s.view = replace(s.view, session_id=session_id, n_tokens=n_restored, warning=None, detached=False,
+                         n_prompt=0, cache_n=0, prompt_n=0)
+        self._on_change()
+
+    def emptied(self, slot_id: int) -> None:
+        """llama-server refused a restore, which leaves the slot empty: nothing to save, no session."""
+        s = self[slot_id]
+        s.watch.session_id, s.watch.changed = None, False
+        s.content.hold(no_tokens())
+        s.view = replace(s.view, session_id=None, n_tokens=0, detached=False)
+        self._on_change()
+
+    def erased(self, slot_id: int) -> PendingReuse | None:
+        """The slot was erased so a request is computed from scratch; returns the restore that will
+        now never be judged (on purpose, not the restore's failure)."""
+        s = self[slot_id]
+        s.content.hold(no_tokens())
+        pending, s.pending = s.pending, None
+        return pending
+
+    def saved(self, slot_id: int, session_id: str | None, generation: int) -> None:
+        """The slot was saved as ``session_id`` (None: nothing worth keeping) as of ``generation``."""
+        self.policy.mark_saved(slot_id, session_id, generation)
+        s = self[slot_id]
+        s.view = replace(s.view, session_id=session_id, detached=False)
+        self._on_change()
+
+    def left(self, slot_id: int, generation: int) -> None:
+        """Saved before another conversation takes the slot: it names no session until a restore
+        names one (the old one is committing elsewhere), so its view and the sessions in slots agree."""
+        s = self[slot_id]
+        self.policy.mark_saved(slot_id, None, generation)
+        s.watch.session_id = None
+        s.view = replace(s.view, session_id=None, detached=False)
+        self._on_change()
+
+    def observe(self, infos: list[SlotInfo], now: float, first: bool = False) -> None:
+        """A /slots poll: autosave's turn ends, and the views' state and live prompt figures."""
+        self.policy.observe(infos, now, first=first)
+        for info in infos:
+            s = self[info.id]
             changes: dict[str, Any] = {"n_ctx": info.n_ctx}
-            if v.state not in ("saving", "restoring"):
+            if s.view.state not in ("saving", "restoring"):
                 changes["state"] = "busy" if info.is_processing else "idle"
                 if info.is_processing:
                     changes["running"] = True
                     if info.n_prompt_tokens:
                         changes.update(n_prompt=info.n_prompt_tokens, cache_n=info.n_prompt_tokens_cache,
                                        prompt_n=info.n_prompt_tokens_processed)
-            self.set(info.id, **changes)
+            s.view = replace(s.view, **changes)
+        self._on_change()
+
+    # -- tokens that lag ------------------------------------------------------------------
+    async def learn_lagging(self) -> None:
+        """Bring every slot's tokens up to date (a full route compares them)."""
+        waits = []
+        for s in self:
+            c = s.content
+            if c.learn is not None:
+                if c.learning is None:
+                    c.learning = asyncio.ensure_future(c.learn())
+                waits.append((c, c.learning))
+        for c, fut in waits:
+            try:
+                tokens = await asyncio.shield(fut)
+            except Exception as exc:  # noqa: BLE001 - not knowing them only costs a reuse
+                log.debug("could not learn a slot's tokens: %s", exc)
+                tokens = None
+            if c.learning is fut:  # not replaced by a newer request meanwhile
+                c.tokens = tokens if tokens is not None else no_tokens()
+                c.learn = c.learning = None

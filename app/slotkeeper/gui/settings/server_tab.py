@@ -391,7 +391,10 @@ class ServerTab(FormTab):
 
     def update_notes(self) -> None:
         """The notes that follow the fields: tokens per slot, bad arguments, exposure, cache types."""
-        self.ctx_note.setText(f"{self.ctx.value() // max(1, self.parallel.value()):,} tokens per slot")
+        per_slot = self.ctx.value() // max(1, self.parallel.value())
+        small = ServerProfile(ctx=self.ctx.value(), parallel=max(1, self.parallel.value())).small_context_note()
+        self.ctx_note.setText(f"{per_slot:,} tokens per slot" + (" (small: most conversations will not fit)"
+                                                                  if small else ""))
         try:
             extra = split_args(self.extra_args.text())
             self.show_row(self.args_error, False)

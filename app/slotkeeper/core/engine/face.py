@@ -1,0 +1,207 @@
+"""What other threads see of the engine: the published snapshot's values, a few reads that are
+safe anywhere, and blocking wrappers of the loop's commands (``start()`` for ``start_async()``...).
+The wrappers are refused on the loop's own thread, where they would wait for themselves."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from slotkeeper.core.client import LlamaClient
+from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
+from slotkeeper.core.engine.model import ModelChoice
+from slotkeeper.core.engine.slot_saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS
+from slotkeeper.core.engine.snapshot import EngineSnapshot
+from slotkeeper.core.model_hash import ModelHashCache
+from slotkeeper.core.server.apikey import DoorKeys
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.server.supervisor import Supervisor
+from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.index import SessionsIndex
+from slotkeeper.core.settings import ServerProfile, Settings
+from slotkeeper.core.views import RestoreSummary, SavesReport, SaveSummary
+
+if TYPE_CHECKING:
+    from slotkeeper.core.engine.library import Library
+    from slotkeeper.core.engine.server_link import ServerLink
+
+T = TypeVar("T")
+
+
+class EngineFace:
+    # Set by the engine (engine.py), which owns them.
+    _snapshot: EngineSnapshot
+    loop: EngineLoop
+    supervisor: Supervisor
+    library: Library
+    link: ServerLink
+    hashes: ModelHashCache
+    ready: threading.Event
+    _unsubscribe: Callable[[], None]
+
+    # =====================================================================================
+    # Reading: any thread
+    # =====================================================================================
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    @property
+    def settings(self) -> Settings:
+        return self._snapshot.settings
+
+    @property
+    def profile(self) -> ServerProfile:
+        return self._snapshot.settings.profile
+
+    @property
+    def running_profile(self) -> ServerProfile:
+        return self._snapshot.running_profile
+
+    @property
+    def launched_profile(self) -> ServerProfile | None:
+        return self._snapshot.launched_profile
+
+    @property
+    def base_url(self) -> str:
+        return self._snapshot.base_url
+
+    @property
+    def facts(self) -> ServerFacts | None:
+        return self._snapshot.facts
+
+    @property
+    def model(self) -> ModelChoice | None:
+        return self._snapshot.model
+
+    @property
+    def state(self) -> ServerState:
+        return self._snapshot.state
+
+    @property
+    def index(self) -> SessionsIndex:
+        """The sessions index (the store keeps it true; routing and lineage read it)."""
+        return self.library.index
+
+    @property
+    def api_key(self) -> str | None:
+        """A key the front door takes now (None: it takes none), for Slotkeeper's own clients of it."""
+        return DoorKeys(self.running_profile.extra_args).first()
+
+    def client(self, timeout: float = 10.0) -> LlamaClient:
+        """A client of the front door (slot actions may take up to ``timeout``)."""
+        return LlamaClient(self.base_url, timeout=min(timeout, 10.0), api_key=self.api_key,
+                           slot_action_timeout=timeout)
+
+    def _upstream(self) -> tuple[str, str]:
+        """llama-server's private base URL and key (for tests that talk to it directly)."""
+        return self.link.upstream()
+
+    def add_log_listener(self, fn: Callable[[str], None]) -> None:
+        """``fn(line)`` for every line llama-server logs, on the log tailer's thread."""
+        self.supervisor.add_log_listener(fn)
+
+    def remove_log_listener(self, fn: Callable[[str], None]) -> None:
+        self.supervisor.remove_log_listener(fn)
+
+    def log_tail(self, n: int) -> list[str]:
+        """The server log's last ``n`` lines (reads the file: not on the GUI thread)."""
+        return self.supervisor.log_tail(n)
+
+    def wait_ready(self, timeout: float | None = None) -> ServerState:
+        """Waits for the engine's ready (after launch restores) or a terminal state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.supervisor.state
+            if state in (ServerState.FAILED, ServerState.STOPPED):
+                return state
+            if self.ready.is_set():
+                return ServerState.READY
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return state
+            self.ready.wait(0.05 if remaining is None else min(0.05, remaining))
+
+    def known_model_sha256(self, model_path: str | Path) -> str | None:
+        """The model's SHA-256 if it was hashed before and is unchanged (a stat and a small file;
+        any thread but the GUI's)."""
+        facts = self._snapshot.facts
+        if facts is not None and facts.model_path == os.path.realpath(model_path):
+            return facts.model_sha256
+        return self.hashes.cached(model_path)
+
+    # =====================================================================================
+    # Commands: blocking wrappers for other threads, coroutines for the loop
+    # =====================================================================================
+    def post(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run one of the ``*_async`` commands on the engine loop; returns a future at once."""
+        return self.loop.post(coro)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self.loop.call(coro, timeout)
+
+    def start(self, resume_id: str | None = None) -> None:
+        self._call(self.start_async(resume_id))
+
+    def stop(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
+        return self._call(self.stop_async(save, timeout))
+
+    def restart(self) -> None:
+        self._call(self.restart_async())
+
+    def close(self, save: bool = True) -> SavesReport:
+        """The final stop (app quit), then the loop ends: no server outlives us, nothing runs after."""
+        try:
+            report = self._call(self.close_async(save))
+        except LoopClosed:
+            report = SavesReport()
+        self.dispose()
+        return report
+
+    def dispose(self) -> None:
+        """End the engine loop (after ``close_async``); from any thread but the loop's."""
+        self._unsubscribe()
+        self.loop.close()
+        self.library.close()
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        """Run the engine loop on this thread until ``main`` returns (`slotkeeper serve`)."""
+        try:
+            return self.loop.run(main)
+        finally:
+            self._unsubscribe()
+
+    def save_slot(self, slot: int) -> SaveSummary | None:
+        return self._call(self.save_slot_async(slot))
+
+    def save_changed_slots(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
+                           reason: str = "shutdown") -> SavesReport:
+        return self._call(self.save_changed_slots_async(timeout, reason))
+
+    def update_settings(self, settings: Settings) -> None:
+        self._call(self.update_settings_async(settings))
+
+    def switch_model(self, settings: Settings, resume_id: str | None = None) -> SavesReport:
+        return self._call(self.switch_model_async(settings, resume_id))
+
+    def restore(self, session_id: str, slot: int | None = None) -> RestoreSummary | None:
+        return self._call(self.restore_async(session_id, slot))
+
+    # The loop's commands (engine.py).
+    async def start_async(self, resume_id: str | None = None) -> None: ...
+    async def stop_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
+                         keep_front_door: bool = False) -> SavesReport: ...
+    async def restart_async(self, resume_id: str | None = None) -> None: ...
+    async def close_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport: ...
+    async def restore_async(self, session_id: str, slot: int | None = None) -> RestoreSummary | None: ...
+    async def save_slot_async(self, slot: int) -> SaveSummary | None: ...
+    async def save_changed_slots_async(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
+                                       reason: str = "shutdown") -> SavesReport: ...
+    async def update_settings_async(self, settings: Settings) -> None: ...
+    async def switch_model_async(self, settings: Settings, resume_id: str | None = None,
+                                 timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport: ...

@@ -1,0 +1,66 @@
+"""What the running server is, as a saved conversation must record it: the model's SHA-256 (hashed
+while llama-server loads the model, with progress), the projector's, and llama-server's own facts
+(``/props``), turned into ``ServerFacts`` (what compatibility and the restore mode are judged by).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from slotkeeper.core.client import LlamaClient
+from slotkeeper.core.engine.loop import EngineLoop
+from slotkeeper.core.engine.model import ModelChoice, llama_build_tag, resolve_projector, server_facts
+from slotkeeper.core.model_hash import ModelHashCache
+from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.settings import ServerProfile
+from slotkeeper.core.views import Activity
+
+log = logging.getLogger(__name__)
+
+HASH_PROGRESS_SECONDS = 0.5
+
+
+class ModelIdentity:
+    def __init__(self, hashes: ModelHashCache, loop: EngineLoop, set_activity: Callable[[Activity], None]) -> None:
+        self.hashes = hashes
+        self.loop = loop
+        self._set_activity = set_activity
+        self._hashing: asyncio.Future[str | None] | None = None
+
+    def begin(self, path: Path) -> None:
+        """Hash the model while llama-server loads it (both read the file; the page cache helps).
+        Whether it was hashed before is asked off the loop (it reads the hash cache's file)."""
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:  # an I/O thread
+            now = time.monotonic()
+            if now - last[0] >= HASH_PROGRESS_SECONDS or done == total:
+                last[0] = now
+                self.loop.call_soon(self._set_activity, Activity("hashing", f"identifying {path.name}", done, total))
+
+        def hash_unless_known() -> str | None:  # an I/O thread
+            return self.hashes.cached(path) or self.hashes.compute(path, progress)
+
+        self._hashing = asyncio.ensure_future(self.loop.run_io(hash_unless_known))
+
+    async def facts(self, model: ModelChoice, profile: ServerProfile, http: LlamaClient) -> tuple[ServerFacts, str]:
+        """The running server's facts and llama-server's build tag (the model hashed first)."""
+        hashing, self._hashing = self._hashing, None
+        if hashing is not None:
+            try:
+                await hashing
+            except Exception as exc:  # retried (and reported) just below
+                log.warning("hashing %s failed: %s", model.path, exc)
+        sha = await self.loop.run_io(self.hashes.compute, model.path)
+        mmproj_sha = await self.loop.run_io(self.projector_sha256, profile)
+        self._set_activity(Activity())
+        props = await self.loop.run_io(http.props)
+        return server_facts(model, sha, props, profile, mmproj_sha), llama_build_tag(props.build_info)
+
+    def projector_sha256(self, profile: ServerProfile) -> str | None:  # an I/O thread
+        path = resolve_projector(profile.mmproj_path)
+        return None if path is None else self.hashes.compute(path)

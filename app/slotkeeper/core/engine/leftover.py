@@ -1,0 +1,53 @@
+"""A llama-server an earlier Slotkeeper left running with other settings (that Slotkeeper was
+killed): what its slots hold is saved before the supervisor stops it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from slotkeeper.core.client import LlamaClient
+from slotkeeper.core.engine.errors import EngineError
+from slotkeeper.core.engine.identity import ModelIdentity
+from slotkeeper.core.engine.loop import EngineLoop
+from slotkeeper.core.engine.model import ModelChoice, llama_build_tag, server_facts
+from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS
+from slotkeeper.core.engine.slot_saves import SlotSaves, describe_save_error, save_summary
+from slotkeeper.core.events import EventBus, SaveFailed, SessionSaved, WarningRaised
+from slotkeeper.core.sessions.saving import SaveContext
+from slotkeeper.core.settings import ServerProfile, SettingsError, connect_url
+
+
+async def save_leftover(record: dict[str, Any], key: str, loop: EngineLoop, events: EventBus,
+                        resolve: Callable[[str], ModelChoice], identity: ModelIdentity, saves: SlotSaves) -> None:
+    """Save every used slot of the server ``record`` (its state file) names, reached with ``key``
+    (a server we left runs on the private address we keep); ``resolve(path)`` finds its model."""
+    launch = record.get("launch") or {}
+    try:
+        profile = ServerProfile.from_json(launch["profile"])
+        model = await loop.run_io(resolve, launch["model_path"])
+    except (KeyError, TypeError, SettingsError, EngineError) as exc:
+        events.emit(WarningRaised(
+            f"a llama-server left running by an earlier Slotkeeper is stopped without saving its "
+            f"conversations: what it ran with is not known ({exc})"))
+        return
+    url = connect_url(str(record.get("host", profile.host)), int(record.get("port", profile.port)))
+    with LlamaClient(url, timeout=10.0, api_key=key or None, slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS) as http:
+        try:
+            sha = await loop.run_io(identity.hashes.compute, model.path)
+            mmproj_sha = await loop.run_io(identity.projector_sha256, profile)
+            props = await loop.run_io(http.props)
+            used = [info.id for info in await loop.run_io(http.slots) if info.id_task is not None]
+        except Exception as exc:
+            events.emit(WarningRaised(f"could not save the conversations of the llama-server an earlier "
+                                      f"Slotkeeper left running: {describe_save_error(None, exc)}"))
+            return
+        ctx = SaveContext(server_facts(model, sha, props, profile, mmproj_sha), model.info.arch,
+                          llama_build_tag(props.build_info))
+        for slot in used:
+            try:
+                outcome = await saves.write_session(http, ctx, slot, None, SLOT_ACTION_TIMEOUT_SECONDS)
+            except Exception as exc:
+                events.emit(SaveFailed(slot, describe_save_error(slot, exc)))
+                continue
+            events.emit(SessionSaved(save_summary(slot, "left running", outcome)))

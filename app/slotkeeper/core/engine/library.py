@@ -1,0 +1,185 @@
+"""The saved conversations as the engine keeps them: the sessions store (the one writer of the
+folder and its index), the search index of what was said, the index kept on disk for the next
+process, pruning to the budget, and filling in the search text the running model can give.
+
+Loop-owned bookkeeping; the blocking work runs on the engine loop's executors. Nothing here
+calls back into the engine: what it needs comes in as parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from slotkeeper.core.client import LlamaClient
+from slotkeeper.core.engine.loop import EngineLoop
+from slotkeeper.core.engine.searching import complete_partial
+from slotkeeper.core.events import EventBus, FolderTidied, SearchIndexRepaired, SessionsPruned, WarningRaised
+from slotkeeper.core.paths import AppPaths
+from slotkeeper.core.services.sessions import SessionsService
+from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
+from slotkeeper.core.sessions.index import SessionsIndex
+from slotkeeper.core.sessions.lineage import common_prefix_len
+from slotkeeper.core.sessions.saving import SaveOutcome
+from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
+from slotkeeper.core.sessions.sidecar import Sidecar
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+from slotkeeper.core.tokens import TokenArray
+
+log = logging.getLogger(__name__)
+
+# The sessions index on disk is a cache for the next process (which repairs it by stat): written
+# at most this often while sessions change, and when the engine closes. With thousands of
+# sessions a write is megabytes of JSON.
+INDEX_WRITE_DELAY_SECONDS = 30.0
+
+
+class Library:
+    def __init__(self, paths: AppPaths, loop: EngineLoop, events: EventBus,
+                 in_slots: Callable[[], frozenset[str]], budget: Callable[[], int]) -> None:
+        """``in_slots()``: the sessions a slot holds now (never deleted); ``budget()``: the disk budget."""
+        self.loop = loop
+        self.events = events
+        self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
+        # What was said in every saved conversation (searched by the faces through the service).
+        self.search = SearchIndex(paths.search_index_file)
+        # The store forgets a deleted or pruned session itself; the engine keeps the index on disk.
+        self.sessions = SessionsService(self.store, in_slots=in_slots, budget=budget,
+                                        on_deleted=lambda sid: loop.call_soon(self._changed),
+                                        search=self.search,
+                                        on_repaired=lambda r: events.emit(SearchIndexRepaired(r.added, r.dropped)))
+        self._swept: asyncio.Future[Any] | None = None
+        self._index_dirty = False
+        self._completing: asyncio.Task[None] | None = None  # filling in the search index's partial entries
+
+    @property
+    def index(self) -> SessionsIndex:
+        """The sessions index (the store keeps it true and is its one writer; routing and lineage read it)."""
+        return self.store.index
+
+    # -- the folder, once -------------------------------------------------------------------
+    def begin_sweep(self) -> None:
+        """Tidy the folder and bring the index up to date, in the background (a launch is loading)."""
+        if self._swept is None:
+            self._swept = asyncio.ensure_future(self.loop.run_io(self._open_folder))
+
+    async def sweep_once(self) -> None:
+        """Tidy the sessions folder and bring the sessions index up to date, once."""
+        self.begin_sweep()
+        assert self._swept is not None
+        try:
+            await asyncio.shield(self._swept)
+        except OSError as exc:
+            log.warning("could not tidy the sessions folder: %s", exc)
+
+    def _open_folder(self) -> None:  # an I/O thread: what it finds is posted to the loop
+        removed = self.store.sweep()  # brings the sessions index up to the folder (by stat) as it goes
+        if removed:
+            self.loop.call_soon(self.events.emit, FolderTidied(tuple(removed)))
+        self.store.index_tokens()  # token lists of sessions new or changed since it was kept
+        self.store.save_index()
+        try:
+            repaired = self.sessions.repair_search(self.store.listing())
+            if repaired:
+                self.loop.call_soon(self.events.emit, SearchIndexRepaired(repaired.added, repaired.dropped))
+        except (sqlite3.Error, SearchUnavailable) as exc:
+            self.loop.call_soon(self.events.emit, WarningRaised(
+                f"searching saved conversations by content is not available: {exc}"))
+
+    async def tidy(self) -> None:
+        """Remove what an interrupted save left (the caller holds every slot's lock)."""
+        removed = await self.loop.run_io(self.store.sweep)
+        if removed:
+            self.events.emit(FolderTidied(tuple(removed)))
+
+    # -- the index on disk ------------------------------------------------------------------
+    def saved(self, outcome: SaveOutcome) -> None:
+        if outcome.sidecar is not None:  # the save told the store's index; keep it on disk too
+            self._changed()
+
+    def text_saved(self, sidecar: Sidecar, text: str | None) -> None:
+        """A save changed this session: its text goes into the search index (in the background)."""
+        self.loop.in_background(self.sessions.index_text, sidecar, text, what="indexing the conversation's text")
+
+    def _changed(self) -> None:
+        """Keep the index on disk too, a moment after the last change (one write for a burst)."""
+        if self._index_dirty:
+            return
+        self._index_dirty = True
+
+        async def write_later() -> None:
+            await asyncio.sleep(INDEX_WRITE_DELAY_SECONDS)
+            self._index_dirty = False
+            self.loop.in_background(self.store.save_index, what="saving the sessions index")
+
+        self.loop.spawn(write_later(), "saving the sessions index")
+
+    async def keep_index(self) -> None:
+        """Write the index for the next process now (the engine closes)."""
+        try:
+            await self.loop.run_io(self.store.save_index)
+        except OSError as exc:  # a cache: the next process rebuilds what it lacks
+            log.info("could not keep the sessions index: %s", exc)
+
+    # -- the budget -------------------------------------------------------------------------
+    async def prune(self) -> None:
+        try:
+            outcome = await self.loop.run_io(self.sessions.prune, quick=True)
+        except (OSError, ValueError) as exc:
+            self.events.emit(WarningRaised(f"could not keep the saved sessions under the budget: {exc}"))
+            return
+        result = outcome.result  # each deletion was forgotten by the store, and told (``on_deleted``)
+        if result and result.deleted:
+            freed = sum(c.size_bytes for c in outcome.plan.delete if c.id in result.deleted)
+            self.events.emit(SessionsPruned(tuple(result.deleted), freed))
+
+    # -- routing's questions ----------------------------------------------------------------
+    async def best_saved_prefix(self, tokens: TokenArray, facts: ServerFacts | None,
+                                beat: int = 0) -> tuple[str, int, int] | None:
+        """The saved session sharing the longest prefix with ``tokens``: (id, tokens shared, its
+        length), when it is healthy and compatible with the running server (``facts``). None at
+        once (nothing read from disk) when no session can share more than ``beat`` tokens."""
+        if facts is None:
+            return None
+        for hit in self.index.longest_prefix(tokens, facts.model_sha256, limit=2):
+            if min(len(tokens), hit.at_most) <= beat:
+                return None
+            try:
+                entry = await self.loop.run_io(self.store.get, hit.session_id)
+                if entry.problems or entry.sidecar is None or check_compatible(entry.sidecar, facts):
+                    continue
+                saved = await self.loop.run_io(self.store.tokens, entry)
+            except (OSError, SessionNotFound, ValueError):
+                self.store.unroute(hit.session_id)  # gone or changed behind our back
+                continue
+            return hit.session_id, common_prefix_len(tokens, saved), len(saved)
+        return None
+
+    def session_size(self, session_id: str) -> int:
+        entry = self.index.get(session_id)
+        return entry.size if entry else 0
+
+    # -- the search index ---------------------------------------------------------------------
+    def complete_search(self, facts: ServerFacts | None, http: Callable[[], LlamaClient],
+                        still_serving: Callable[[], bool]) -> None:
+        """Fill in the full text of the running model's sessions the search index holds only by
+        title (on the loop; once at a time; a no-op while no server is ready)."""
+        if facts is None or (self._completing is not None and not self._completing.done()):
+            return
+        self._completing = self.loop.spawn(self._complete_search(facts.model_sha256, http(), still_serving),
+                                           "completing the search index")
+
+    async def _complete_search(self, model_sha256: str, http: LlamaClient, still_serving: Callable[[], bool]) -> None:
+        try:
+            done = await self.loop.run_io(complete_partial, self.search, self.store, http, model_sha256, still_serving)
+        except (sqlite3.Error, SearchUnavailable) as exc:
+            log.warning("could not complete the search index: %s", exc)
+            return
+        if done:
+            self.events.emit(SearchIndexRepaired(completed=done))
+
+    def close(self) -> None:
+        self.search.close()

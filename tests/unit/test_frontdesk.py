@@ -1,0 +1,281 @@
+"""The front desk on its own, without a server: each rule by name, with the real slot board and
+small stand-ins for the parts that talk to llama-server (the slot actions, the saves, the library).
+
+The real thing, against a real llama-server, is in tests/e2e/test_front_door.py and
+tests/e2e/test_door_hardening.py; these pin the decisions."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from slotkeeper.core.engine import frontdesk as fd
+from slotkeeper.core.engine.errors import FrontDeskError
+from slotkeeper.core.engine.frontdesk import FrontDesk, Outcome, request_shape
+from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
+from slotkeeper.core.tokens import as_tokens
+from slotkeeper.core.views import RestoreSummary
+
+
+@dataclass
+class Facts:
+    restore_mode: str = "works"
+    n_ctx_slot: int = 4096
+    n_parallel: int = 2
+    model_sha256: str = "0" * 64
+
+
+class Link:
+    def __init__(self, facts: Facts | None = None, serving: bool = True) -> None:
+        self.facts = facts or Facts()
+        self.serving = serving
+        self.waits = 0
+
+    def serving_now(self) -> bool:
+        return self.serving
+
+    async def wait_serving(self, timeout: float) -> None:
+        self.waits += 1
+        if not self.serving:
+            raise FrontDeskError(503, "llama-server is not running")
+
+
+@dataclass
+class Parts:
+    """What the desk asked the parts to do, in order."""
+
+    calls: list[tuple] = field(default_factory=list)
+    saved_ok: bool = True
+    best: tuple[str, int, int] | None = None
+    done: list[tuple] = field(default_factory=list)
+
+    # the saves
+    async def save_before_switching(self, slot: int) -> bool:
+        self.calls.append(("save", slot))
+        return self.saved_ok
+
+    async def await_commits(self, tokens=None, beat: int = 0) -> None:
+        self.calls.append(("await_commits", beat))
+
+    # the slot actions
+    async def restore_for_request(self, session_id: str, slot: int) -> RestoreSummary | None:
+        self.calls.append(("restore", session_id, slot))
+        return RestoreSummary(session_id, slot, 900, 5.0, "t")
+
+    async def recompute(self, slot: int, reason: str) -> None:
+        self.calls.append(("erase", slot, reason))
+
+    # the library
+    async def best_saved_prefix(self, tokens, facts, beat: int = 0):
+        return self.best
+
+    def session_size(self, session_id: str) -> int:
+        return 1000
+
+    # the ledger and the poller
+    def ledger_done(self, slot, held, fig) -> None:
+        self.done.append((slot, held, fig))
+
+    def wake(self) -> None:
+        pass
+
+    def abandoned(self, slot: int) -> None:
+        self.calls.append(("abandoned", slot))
+
+
+class Ledger:
+    def __init__(self, parts: Parts) -> None:
+        self.done = parts.ledger_done
+
+
+def make_desk(n_slots: int = 2, facts: Facts | None = None, serving: bool = True) -> tuple[FrontDesk, SlotBoard, Parts]:
+    board = SlotBoard(10.0, on_change=lambda: None)
+    board.reset(n_slots, 4096)
+    parts = Parts()
+    desk = FrontDesk(board, Link(facts, serving), actions=parts, saves=parts, library=parts,  # type: ignore[arg-type]
+                     ledger=Ledger(parts), poller=parts)  # type: ignore[arg-type]
+    return desk, board, parts
+
+
+def hold(board: SlotBoard, slot: int, tokens: list[int], changed: bool = False, fragile: int = 0) -> None:
+    c = board[slot].content
+    c.tokens, c.n_prompt, c.held, c.fragile_until = as_tokens(tokens), len(tokens), len(tokens), fragile
+    board[slot].watch.changed = changed
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def toks(n: int, start: int = 1) -> list[int]:
+    return list(range(start, start + n))
+
+
+# -- admission --------------------------------------------------------------------------------
+def test_admission_waits_for_the_server_and_refuses_when_it_will_not_come():
+    desk, _board, _parts = make_desk(serving=False)
+    with pytest.raises(FrontDeskError) as err:
+        run(desk.admit(as_tokens(toks(10))))
+    assert err.value.status == 503
+
+
+def test_admission_refuses_a_slot_that_does_not_exist():
+    desk, _board, _parts = make_desk(n_slots=2)
+    with pytest.raises(FrontDeskError, match="id_slot 5 does not exist") as err:
+        run(desk.admit(as_tokens(toks(10)), pinned_slot=5))
+    assert err.value.status == 400
+
+
+# -- routing choice ---------------------------------------------------------------------------
+def test_a_continuation_goes_to_the_slot_that_holds_it_and_leases_it():
+    desk, board, parts = make_desk()
+    hold(board, 1, toks(100))
+    ticket = run(desk.admit(as_tokens(toks(120))))
+    assert ticket.slot == 1 and ticket.expected_prefix == 100 and ticket.source == "slot"
+    assert board[1].leased and not parts.calls[1:]  # nothing done to the slot first
+
+
+def test_another_conversation_takes_an_empty_slot_and_keeps_the_other_warm():
+    desk, board, parts = make_desk()
+    hold(board, 0, toks(100), changed=True)
+    ticket = run(desk.admit(as_tokens(toks(50, start=1000))))
+    assert ticket.slot == 1 and ("save", 0) not in parts.calls
+
+
+# -- save before evict ------------------------------------------------------------------------
+def test_a_changed_conversation_is_saved_before_another_takes_its_slot():
+    desk, board, parts = make_desk(n_slots=1)
+    hold(board, 0, toks(100), changed=True)
+    ticket = run(desk.admit(as_tokens(toks(50, start=1000))))
+    assert ticket.slot == 0 and ("save", 0) in parts.calls
+
+
+def test_a_slot_whose_conversation_cannot_be_saved_is_not_replaced():
+    desk, board, parts = make_desk(n_slots=1)
+    hold(board, 0, toks(100), changed=True)
+    parts.saved_ok = False
+    with pytest.raises(FrontDeskError, match="could not be saved") as err:
+        run(desk.admit(as_tokens(toks(50, start=1000))))
+    assert err.value.status == 503 and not board[0].leased  # the lease is given back
+
+
+# -- restore on demand ------------------------------------------------------------------------
+def test_a_saved_conversation_is_restored_when_it_beats_the_slots_by_the_break_even():
+    desk, board, parts = make_desk(n_slots=1)
+    parts.best = ("abc", 900, 950)
+    ticket = run(desk.admit(as_tokens(toks(1000))))
+    assert ("restore", "abc", 0) in parts.calls and ticket.source == "restored"
+    assert ("await_commits", desk.break_even_tokens(0)) in parts.calls  # a commit could be the best
+
+
+def test_a_saved_conversation_is_not_restored_for_less_than_the_break_even():
+    desk, board, parts = make_desk(n_slots=1)
+    hold(board, 0, toks(895))
+    parts.best = ("abc", 900, 950)
+    assert desk.break_even_tokens(1000) > 900 - 895  # five more tokens are not worth a restore
+    ticket = run(desk.admit(as_tokens(toks(1000))))
+    assert not [c for c in parts.calls if c[0] == "restore"] and ticket.expected_prefix == 895
+
+
+# -- recompute --------------------------------------------------------------------------------
+def test_a_rollback_inside_fragile_restored_state_is_recomputed():
+    desk, board, parts = make_desk(n_slots=1, facts=Facts(restore_mode="exact"))
+    hold(board, 0, toks(900), fragile=900)
+    ticket = run(desk.admit(as_tokens(toks(600) + toks(100, start=5000))))
+    assert ticket.source == "recomputed" and any(c[0] == "erase" for c in parts.calls)
+
+
+def test_a_request_whose_tokens_are_not_known_never_rolls_back_into_fragile_state():
+    desk, board, parts = make_desk(n_slots=1, facts=Facts(restore_mode="exact"))
+    hold(board, 0, toks(900), fragile=900)
+    ticket = run(desk.admit(None))
+    assert ticket.source == "recomputed" and any(c[0] == "erase" for c in parts.calls)
+    desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 300, "predicted_n": 5}))
+    c = board[0].content
+    assert c.fragile_until == 0 and c.n_prompt == 300 and c.held == 304  # known by its size only
+
+
+def test_a_cut_short_request_of_unknown_tokens_leaves_a_slot_saved_before_it_is_replaced():
+    desk, board, parts = make_desk(n_slots=1)
+    ticket = run(desk.admit(None))
+    desk.finish(ticket, Outcome(200, True, None))  # the client went away: no timings
+    assert board[0].content.held >= UNKNOWN
+    board[0].watch.changed = True
+    run(desk.admit(as_tokens(toks(10))))
+    assert ("save", 0) in parts.calls
+
+
+# -- the queue --------------------------------------------------------------------------------
+def test_past_the_queue_bound_a_request_goes_to_llama_servers_own_queue(monkeypatch):
+    monkeypatch.setattr(fd, "MAX_WAITING", 0)
+    desk, board, _parts = make_desk(n_slots=1)
+    board.lease(0)
+    ticket = run(desk.admit(as_tokens(toks(10))))
+    assert ticket.slot is None  # no slot named: llama-server queues it
+
+
+def test_a_request_waits_for_a_slot_to_be_freed(monkeypatch):
+    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 0.05)
+    desk, board, _parts = make_desk(n_slots=1)
+
+    async def scenario():
+        first = await desk.admit(as_tokens(toks(10)))
+        second = asyncio.ensure_future(desk.admit(as_tokens(toks(10, start=500))))
+        await asyncio.sleep(0.2)
+        assert not second.done()  # queued while the only slot is busy
+        desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 10, "predicted_n": 1}))
+        return await asyncio.wait_for(second, 5)
+
+    assert run(scenario()).slot == 0
+
+
+# -- the fast way in and lagging tokens --------------------------------------------------------
+def test_the_next_turn_of_a_slots_conversation_goes_straight_to_it_and_its_tokens_are_learnt_later():
+    desk, board, _parts = make_desk()
+    first = request_shape("chat", {"messages": [{"role": "user", "content": "hi"}]})
+    nxt = request_shape("chat", {"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "hello"},
+                                              {"role": "user", "content": "more"}]})
+    ticket = run(desk.admit(as_tokens(toks(30))))
+    ticket.shape = first
+    desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 30, "predicted_n": 5}))
+    fast = desk.admit_continuation(nxt)
+    assert fast is not None and fast.slot == ticket.slot and fast.tokens is None
+    learnt = []
+
+    async def learn():
+        learnt.append(1)
+        return as_tokens(toks(60))
+
+    desk.finish(fast, Outcome(200, True, {"cache_n": 30, "prompt_n": 30, "predicted_n": 5}), learn=learn)
+    assert board[ticket.slot].content.n_prompt == 60 and not learnt  # not tokenized on the way
+    run(desk.admit(as_tokens(toks(10, start=7000))))  # a full route compares slots: it learns them now
+    assert learnt and list(board[ticket.slot].content.tokens) == toks(60)
+
+
+def test_restored_state_that_cannot_roll_back_never_takes_the_fast_way():
+    desk, board, _parts = make_desk(facts=Facts(restore_mode="exact"))
+    shape = request_shape("text", {"prompt": "abc"})
+    hold(board, 0, toks(50), fragile=50)
+    board[0].content.shape = shape
+    assert desk.admit_continuation(request_shape("text", {"prompt": "abcdef"})) is None
+
+
+# -- what a request did -----------------------------------------------------------------------
+def test_the_figures_say_where_the_cache_came_from():
+    desk, board, parts = make_desk()
+    ticket = run(desk.admit(as_tokens(toks(100))))
+    desk.finish(ticket, Outcome(200, True, {"cache_n": 80, "prompt_n": 20, "prompt_ms": 10.0, "predicted_n": 3}))
+    (_slot, held, fig), = parts.done
+    assert fig.source == "ram" and held == 102  # llama-server found it in its own prompt cache
+    assert not board[ticket.slot].leased
+
+
+def test_a_request_refused_before_its_prompt_was_touched_changes_nothing():
+    desk, board, parts = make_desk()
+    hold(board, 0, toks(40))
+    ticket = run(desk.admit(as_tokens(toks(50))))
+    desk.finish(ticket, Outcome(400, False))
+    assert list(board[0].content.tokens) == toks(40) and not parts.done
