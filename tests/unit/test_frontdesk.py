@@ -279,3 +279,49 @@ def test_a_request_refused_before_its_prompt_was_touched_changes_nothing():
     ticket = run(desk.admit(as_tokens(toks(50))))
     desk.finish(ticket, Outcome(400, False))
     assert list(board[0].content.tokens) == toks(40) and not parts.done
+
+
+def test_waiting_requests_get_a_freed_slot_first_come_first_served(monkeypatch):
+    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 5.0)  # no timer: only a freed slot wakes anyone
+    desk, board, _parts = make_desk(n_slots=1)
+    order = []
+
+    async def client(name: str, start: int):
+        ticket = await desk.admit(as_tokens(toks(20, start=start)))
+        order.append(name)
+        await asyncio.sleep(0.01)
+        desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+
+    async def scenario():
+        first = await desk.admit(as_tokens(toks(20)))  # the only slot is busy
+        tasks = []
+        for i, name in enumerate("ABC"):
+            tasks.append(asyncio.ensure_future(client(name, 1000 * (i + 1))))
+            await asyncio.sleep(0.02)  # A, then B, then C arrive and queue
+        desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+        # Arriving as the slot is freed: the requests that waited come first.
+        tasks.append(asyncio.ensure_future(client("late", 9000)))
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+    run(scenario())
+    assert order == ["A", "B", "C", "late"]
+
+
+def test_the_saved_option_is_asked_again_after_every_wait():
+    """A next turn that arrived while its conversation was leaving its slot finds it saved when
+    it gets a slot, and has it restored instead of re-reading it."""
+    desk, board, parts = make_desk(n_slots=1)
+
+    async def scenario():
+        other = await desk.admit(as_tokens(toks(50, start=5000)))  # another conversation takes the slot
+        hold(board, 0, toks(900))  # ...which held this one's tokens until the other's reply
+        waiting = asyncio.ensure_future(desk.admit(as_tokens(toks(1000))))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # its own slot is busy: it waits for it
+        parts.best = ("abc", 900, 950)  # meanwhile its conversation was saved as it left the slot
+        hold(board, 0, toks(60, start=5000))
+        desk.finish(other, Outcome(200, True, {"cache_n": 0, "prompt_n": 50, "predicted_n": 10}))
+        return await asyncio.wait_for(waiting, 5)
+
+    ticket = run(scenario())
+    assert ("restore", "abc", 0) in parts.calls and ticket.source == "restored"

@@ -41,7 +41,7 @@ __all__ = ["FrontDesk", "FrontDeskError", "Outcome", "RequestShape", "Ticket", "
 log = logging.getLogger(__name__)
 
 MAX_WAITING = 64  # requests queued for a slot; beyond, llama-server's own queue takes them
-WAIT_STEP_SECONDS = 1.0
+WAIT_STEP_SECONDS = 2.0  # a waiting request looks again at least this often
 READY_WAIT_SECONDS = 600.0  # a request that arrives while the server starts waits this long
 DEFAULT_PREFILL_TOKENS_PER_MS = 0.5  # until measured on this machine and model
 DEFAULT_RESTORE_BYTES_PER_MS = 1_000_000.0  # ~1 GB/s, until measured
@@ -110,6 +110,12 @@ def exact_only(mode: str) -> bool:
 
 
 @dataclass
+class _Waiter:
+    turn: asyncio.Event  # set when it may try to get a slot
+    blocked: bool = True  # every slot was busy (not only its own): later requests queue behind it
+
+
+@dataclass
 class Ticket:
     slot: int | None  # None: llama-server picks (our queue is full)
     tokens: TokenArray | None  # the request's prompt tokens, when known
@@ -139,8 +145,7 @@ class FrontDesk:
         self.ledger = ledger
         self.poller = poller
         self._route_lock = asyncio.Lock()
-        self._freed: asyncio.Future[None] | None = None
-        self._waiting = 0
+        self._waiters: list[_Waiter] = []  # requests waiting for a slot, first come first
         self.prefill_tokens_per_ms = DEFAULT_PREFILL_TOKENS_PER_MS
         self.restore_bytes_per_ms = DEFAULT_RESTORE_BYTES_PER_MS
 
@@ -180,32 +185,35 @@ class FrontDesk:
         if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
             raise FrontDeskError(400, f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
         await self.board.learn_lagging()
-        session = None
-        if tokens is not None and pinned_slot is None:
-            # Only a session that beats every idle slot by the break-even could be chosen.
-            beat = max((o.prefix for o in self._slot_options(tokens, None) if not o.busy), default=0)
-            beat += self.break_even_tokens(0)
-            # A conversation saved as it left its slot may still be committing: it could be the best.
-            await self.saves.await_commits(tokens, beat)
-            session = await self._session_option(tokens, beat)
-        queued = False
-        while True:
-            async with self._route_lock:
-                size = self.library.session_size(session.id) if session is not None else 0
-                decision = route(len(tokens) if tokens is not None else 0, self._slot_options(tokens, pinned_slot),
-                                 session, self.break_even_tokens(size), known=tokens is not None)
-                if isinstance(decision, Route):
-                    self._lease(decision.slot)
-                    break
-                if self._waiting >= MAX_WAITING and not queued:
-                    return Ticket(None, tokens)  # llama-server queues it: its usual behaviour
-            queued = True
-            self._waiting += 1
-            try:
-                await self._wait_freed()
-            finally:
-                self._waiting -= 1
-            await self.link.wait_serving(READY_WAIT_SECONDS)
+        me: _Waiter | None = None
+        try:
+            while True:
+                if me is None and any(w.blocked for w in self._waiters):
+                    # Requests that came first wait for a slot: this one queues behind them.
+                    me = self._queue()
+                    await self._wait_turn(me)
+                # Asked again after every wait: the conversation may have left its slot meanwhile
+                # (saved as another took the slot, or committing now).
+                session = await self._saved_option(tokens, pinned_slot)
+                async with self._route_lock:
+                    size = self.library.session_size(session.id) if session is not None else 0
+                    decision = route(len(tokens) if tokens is not None else 0,
+                                     self._slot_options(tokens, pinned_slot), session,
+                                     self.break_even_tokens(size), known=tokens is not None)
+                    if isinstance(decision, Route):
+                        self._lease(decision.slot)
+                        break
+                    if me is None and len(self._waiters) >= MAX_WAITING:
+                        return Ticket(None, tokens)  # llama-server queues it: its usual behaviour
+                if me is None:
+                    me = self._queue()
+                me.blocked = decision is None  # every slot busy, not only its own
+                self._pass_turn(me)
+                await self._wait_turn(me)
+                await self.link.wait_serving(READY_WAIT_SECONDS)
+        finally:
+            if me is not None:
+                self._leave(me)
         try:
             return await self._prepare(decision, tokens)
         except BaseException:
@@ -291,17 +299,47 @@ class FrontDesk:
 
     def _release(self, slot: int) -> None:
         self.board.release(slot)
-        if self._freed is not None and not self._freed.done():
-            self._freed.set_result(None)
-        self._freed = None
+        self._wake_first()
 
-    async def _wait_freed(self) -> None:
-        if self._freed is None:
-            self._freed = asyncio.get_running_loop().create_future()
+    # -- the queue: first come, first served -----------------------------------------------
+    def _queue(self) -> _Waiter:
+        me = _Waiter(asyncio.Event())
+        self._waiters.append(me)
+        return me
+
+    def _leave(self, me: _Waiter) -> None:
+        """Out of the queue (routed, refused or gone): the next one tries."""
+        if me in self._waiters:
+            self._pass_turn(me)
+            self._waiters.remove(me)
+
+    def _wake_first(self) -> None:
+        """A slot may be free: the request waiting longest tries first, then each after it in turn."""
+        if self._waiters:
+            self._waiters[0].turn.set()
+
+    def _pass_turn(self, me: _Waiter) -> None:
+        i = self._waiters.index(me)
+        if i + 1 < len(self._waiters):
+            self._waiters[i + 1].turn.set()
+
+    async def _wait_turn(self, me: _Waiter) -> None:
         try:
-            await asyncio.wait_for(asyncio.shield(self._freed), WAIT_STEP_SECONDS)
+            await asyncio.wait_for(me.turn.wait(), WAIT_STEP_SECONDS)
         except asyncio.TimeoutError:
-            pass
+            pass  # looked at again now and then: a state change that frees no slot wakes nobody
+        me.turn.clear()
+
+    async def _saved_option(self, tokens: TokenArray | None, pinned_slot: int | None) -> SessionOption | None:
+        """The saved conversation routing could restore for this request, asked now."""
+        if tokens is None or pinned_slot is not None:
+            return None
+        # Only a session that beats every idle slot by the break-even could be chosen.
+        beat = max((o.prefix for o in self._slot_options(tokens, None) if not o.busy), default=0)
+        beat += self.break_even_tokens(0)
+        # A conversation saved as it left its slot may still be committing: it could be the best.
+        await self.saves.await_commits(tokens, beat)
+        return await self._session_option(tokens, beat)
 
     # -- when it is done ------------------------------------------------------------------
     def finish(self, ticket: Ticket, outcome: Outcome,

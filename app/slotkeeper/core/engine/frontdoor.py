@@ -101,6 +101,7 @@ class FrontDoor:
         self._policy = policy
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
         self.host = ""
         self.port = 0
         self._in_flight = 0
@@ -123,9 +124,16 @@ class FrontDoor:
             await runner.cleanup()
             raise OSError(exc.errno, f"cannot listen on {host} port {port}: {exc.strerror or exc}") from exc
         self._runner = runner
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        # Kept alive: the small questions the front desk asks (render, tokenize), retried when a
+        # kept connection turns out closed; a new connection for each request on a slot (llama-server
+        # closes one after every streamed answer, so a kept one could be dead when a request needs it).
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False,
+            timeout=timeout, auto_decompress=False,
             connector=aiohttp.TCPConnector(limit=0, force_close=False, socket_factory=resetting_socket))
+        self._fresh = aiohttp.ClientSession(
+            timeout=timeout, auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=0, force_close=True, socket_factory=resetting_socket))
         self.host, self.port = host, port
         log.info("front door listening on %s port %s", host, port)
 
@@ -133,9 +141,10 @@ class FrontDoor:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     @property
     def running(self) -> bool:
@@ -242,14 +251,25 @@ class FrontDoor:
 
     async def _pass(self, request: web.Request, path: str, query: str, body: bytes) -> web.StreamResponse:
         """A request that runs on no slot, as it is (the upstream answer streamed back)."""
-        assert self._session is not None
-        try:
-            async with self._session.request(request.method, self._url(path, query), data=body or None,
-                                             headers=self._headers(request)) as up:
-                return await self._relay(request, up, None)
-        except aiohttp.ClientConnectionError:
-            return error_response(503, "llama-server is not answering (it may be starting or restarting)",
-                                  "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
+        assert self._session is not None and self._fresh is not None
+        # A question that changes nothing may go on a kept connection, and again if that one was closed.
+        idempotent = request.method in ("GET", "HEAD", "OPTIONS")
+        session = self._session if idempotent else self._fresh
+        answered = False
+        for attempt in range(2 if idempotent else 1):
+            try:
+                async with session.request(request.method, self._url(path, query), data=body or None,
+                                           headers=self._headers(request)) as up:
+                    answered = True
+                    return await self._relay(request, up, None)
+            except aiohttp.ServerDisconnectedError:
+                if attempt == 0 and idempotent and not answered:
+                    continue  # a kept connection llama-server had closed: nothing was answered yet
+            except aiohttp.ClientConnectionError:
+                pass
+            break
+        return error_response(503, "llama-server is not answering (it may be starting or restarting)",
+                              "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
                      on_chunk: Callable[[bytes], None] | None) -> web.StreamResponse:
@@ -304,14 +324,14 @@ class FrontDoor:
     async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
                        outcome: Outcome) -> web.StreamResponse:
         """Send the request on and the answer back; the client has all of it before ``finish``."""
-        assert self._session is not None
+        assert self._fresh is not None
         headers = self._headers(request)
         headers["Content-Type"] = "application/json"
         sse = SseTimings()
         outcome.processed = True  # from here on llama-server may work on it (until it answers otherwise)
         headers_in = False
         try:
-            async with self._session.post(self._url(path, query), data=data, headers=headers) as up:
+            async with self._fresh.post(self._url(path, query), data=data, headers=headers) as up:
                 headers_in = True
                 outcome.status = up.status
                 if up.content_type == "text/event-stream":
