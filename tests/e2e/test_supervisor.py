@@ -16,7 +16,7 @@ import pytest
 from e2e_helpers import wait_until
 
 from slotkeeper.core.engine import Engine, EngineError
-from slotkeeper.core.events import ServerStateChanged
+from slotkeeper.core.events import ServerStateChanged, WarningRaised
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.server.restart import RestartPolicy
 from slotkeeper.core.server.state import ServerState
@@ -306,3 +306,36 @@ def test_a_leftover_with_other_settings_has_its_conversations_saved_before_it_is
     finally:
         engine.stop()
     assert not psutil.pid_exists(leftover["pid"]) or psutil.Process(leftover["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_server_that_dies_of_an_illegal_instruction_while_loading_is_started_without_repacking(
+        llama_model, server_bin, port, tmp_path):
+    """Some systems report CPU instructions they do not let programs use (AMX in some virtual
+    machines): llama-server's weight repacking then dies of SIGILL while it loads the model. The
+    next launch runs with --no-repack, and so does every launch of that binary after it."""
+    wrapper = tmp_path / "llama-server"
+    wrapper.write_text("#!/bin/sh\n"
+                       f'for a in "$@"; do [ "$a" = "--no-repack" ] && exec "{server_bin}" "$@"; done\n'
+                       f'case "$1" in --help|--version) exec "{server_bin}" "$@";; esac\n'
+                       "kill -ILL $$\n")
+    wrapper.chmod(0o755)
+    engine = make_engine(llama_model, str(wrapper), port)
+    engine.supervisor.policy = RestartPolicy(backoff_base=0.1)
+    warnings = []
+    engine.events.subscribe(lambda e: warnings.append(e.message), WarningRaised)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert "--no-repack" in engine.supervisor.spec.argv
+        assert any("illegal instruction" in w and "--no-repack" in w for w in warnings), warnings
+    finally:
+        engine.stop()
+    again = make_engine(llama_model, str(wrapper), port)
+    crashes = []
+    again.events.subscribe(lambda e: crashes.append(e) if e.state is ServerState.CRASHED else None, ServerStateChanged)
+    again.start()
+    try:
+        assert again.wait_ready(60) is ServerState.READY and not crashes  # at once, this time
+        assert "--no-repack" in again.supervisor.spec.argv
+    finally:
+        again.stop()

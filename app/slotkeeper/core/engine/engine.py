@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import threading
 from typing import Any, TypeVar
 
@@ -31,7 +32,13 @@ from slotkeeper.core.engine.face import EngineFace
 from slotkeeper.core.engine.frontdesk import FrontDesk
 from slotkeeper.core.engine.frontdoor import DoorPolicy, FrontDoor
 from slotkeeper.core.engine.identity import ModelIdentity
-from slotkeeper.core.engine.launching import LaunchPlan, Prelaunched, binary_facts_cache, plan_launch
+from slotkeeper.core.engine.launching import (
+    LaunchPlan,
+    Prelaunched,
+    binary_facts_cache,
+    plan_launch,
+    remember_illegal_instruction,
+)
 from slotkeeper.core.engine.ledger import RequestLedger
 from slotkeeper.core.engine.leftover import save_leftover
 from slotkeeper.core.engine.library import Library
@@ -99,13 +106,13 @@ class Engine(EngineFace):
             prelaunched.taken = True
             self.model_facts, self.binary_facts = prelaunched.model_facts, prelaunched.binary_facts
             self.supervisor = prelaunched.supervisor
-            self.supervisor.set_planner(self._launch_spec, self._save_leftover)
+            self.supervisor.set_planner(self._launch_spec, self._save_leftover, self._retry_start)
         else:
             self.model_facts = model_facts_cache(paths.model_facts_file)
             self.binary_facts = binary_facts_cache(paths.binary_facts_file)
             self.supervisor = Supervisor(spec_factory=self._launch_spec, log_path=paths.server_log,
                                          state_file=paths.server_state_file, events=self.events,
-                                         before_stopping_leftover=self._save_leftover)
+                                         before_stopping_leftover=self._save_leftover, retry_start=self._retry_start)
         self.ready = threading.Event()  # set once launch restores are done (for wait_ready)
 
         # -- state owned by the loop -------------------------------------------------------
@@ -121,6 +128,7 @@ class Engine(EngineFace):
         self._published_in_slots: frozenset[str] | None = None
         self._emitted_slots: Any = None  # the slots the last SlotsChanged carried
         self._door_keys: DoorKeys | None = None  # the user's keys for the front door (per launch)
+        self._binary = ""  # llama-server's file, this launch
         self._snapshot = EngineSnapshot(settings=settings)
 
         # -- the parts, composed -------------------------------------------------------------
@@ -279,6 +287,19 @@ class Engine(EngineFace):
         except LoopClosed as exc:
             raise SupervisorError("Slotkeeper is quitting") from exc
 
+    def _retry_start(self, exit_code: int) -> bool:
+        """llama-server ended during start-up (the supervisor's thread): True to launch it again.
+        Once, when it died of SIGILL as it loaded the model: then with --no-repack (see launching)."""
+        if exit_code != -getattr(signal, "SIGILL", 4) or not self._binary:
+            return False
+        if not remember_illegal_instruction(self._binary, self.binary_facts):
+            return False  # started so already: it failed for another reason
+        self.events.emit(WarningRaised(
+            "llama-server stopped on an illegal instruction while it loaded the model: this system reports CPU "
+            "instructions it does not let programs use (AMX in some virtual machines, say), which llama-server's "
+            "weight repacking uses. Slotkeeper starts it with --no-repack now, and from now on."))
+        return True
+
     async def _prepare_launch(self) -> LaunchSpec:
         plan = await self.loop.run_io(lambda: plan_launch(self.paths, self._settings.profile, self.model_facts,
                                                           self.binary_facts, self.supervisor.leftover_port()))
@@ -287,6 +308,7 @@ class Engine(EngineFace):
 
     def _take_plan(self, plan: LaunchPlan) -> None:
         """A launch begins (on the loop): what it runs, and what to say about it."""
+        self._binary = plan.binary
         self.link.launching(plan.private, plan.profile, plan.model)
         self._door_keys = DoorKeys(plan.profile.extra_args)
         self.identity.begin(plan.model.path)

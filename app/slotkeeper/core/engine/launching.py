@@ -47,7 +47,13 @@ from slotkeeper.core.server.command import (
     build_argv,
     without_api_key,
 )
-from slotkeeper.core.server.locate import FLAGS_VERSION, ServerBinaryNotFound, locate_server, probe_flags
+from slotkeeper.core.server.locate import (
+    FLAGS_VERSION,
+    ServerBinary,
+    ServerBinaryNotFound,
+    locate_server,
+    probe_flags,
+)
 from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
 from slotkeeper.core.server.spawn import launch_environment
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
@@ -63,6 +69,7 @@ class LaunchPlan:
     profile: ServerProfile  # the settings launched (the engine's "running profile")
     private: PrivateAddress
     notes: tuple[str, ...]  # warnings to show once launched
+    binary: str = ""  # llama-server's file (what its facts are kept under)
 
 
 def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsCache,
@@ -74,12 +81,14 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
         resolve_projector(profile.mmproj_path)  # a clear refusal, before llama-server's
         binary = locate_server(profile.server_bin)
         flags = probe_flags(binary, 15.0, binary_facts)
+        workarounds = binary_workarounds(binary, flags, binary_facts)
         private = private_address(paths.private_address_file,
                                   lambda port: port != leftover_port and port_user(LOOPBACK, port) is not None)
         # llama-server listens privately; the front door has the user's host and port.
         server_profile = replace(profile, host=LOOPBACK, port=private.port,
                                  extra_args=without_api_key(profile.extra_args))
         argv = build_argv(binary.argv_prefix, server_profile, model.path, paths.sessions_dir, supported_flags=flags)
+        argv[len(binary.argv_prefix):len(binary.argv_prefix)] = workarounds
     except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
         raise SupervisorError(str(exc)) from exc
     refusal = exposure_refusal(profile.host, profile.port, profile.extra_args)
@@ -94,7 +103,32 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
     record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args)).to_json(),
               "model_path": str(model.path)}
     spec = LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)
-    return LaunchPlan(spec, model, profile, private, notes)
+    return LaunchPlan(spec, model, profile, private, notes, binary.path)
+
+
+# Some systems report CPU instructions they do not let a program use (AMX in some virtual machines):
+# llama-server's weight repacking then stops it with SIGILL while it loads the model. Once seen for
+# a binary, it is started with --no-repack (weights used as they are; slower, never wrong).
+NO_REPACK_FACT = "illegal-instruction-when-repacking"
+
+
+def binary_workarounds(binary: ServerBinary, flags: frozenset[str], binary_facts: FileFactsCache) -> list[str]:
+    """Flags this binary needs on this machine, as learnt from how it ended before."""
+    if "--no-repack" in flags and binary_facts.get(binary.path, NO_REPACK_FACT):
+        return ["--no-repack"]
+    return []
+
+
+def remember_illegal_instruction(binary_path: str, binary_facts: FileFactsCache) -> bool:
+    """A launch of ``binary_path`` died of SIGILL while loading: start it with --no-repack from
+    now on. False when that was done already (the workaround did not help)."""
+    if not binary_path or binary_facts.get(binary_path, NO_REPACK_FACT):
+        return False
+    try:
+        binary_facts.put(binary_path, True, NO_REPACK_FACT)
+    except OSError:
+        return False
+    return True
 
 
 def exposure_notes(profile: ServerProfile) -> list[str]:

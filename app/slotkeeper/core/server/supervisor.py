@@ -203,12 +203,15 @@ class Supervisor:
         health_timeout: float = HEALTH_TIMEOUT_SECONDS,
         stop_grace: float = STOP_GRACE_SECONDS,
         before_stopping_leftover: Callable[[dict[str, Any]], None] | None = None,
+        retry_start: Callable[[int], bool] | None = None,
     ) -> None:
         """``before_stopping_leftover(state)`` runs (on the supervisor's thread) before a server an
         earlier run left with other settings is stopped, with what that run recorded about it:
-        the chance to save its conversations."""
+        the chance to save its conversations. ``retry_start(exit_code)``: llama-server ended during
+        start-up; True to plan and launch again (the planner learnt something), else it failed."""
         self._spec_factory = spec_factory
         self._before_stopping_leftover = before_stopping_leftover
+        self._retry_start = retry_start
         self.log_path = log_path
         self.state_file = state_file
         self.events = events or EventBus()
@@ -231,10 +234,12 @@ class Supervisor:
         self.last_exit_code: int | None = None
 
     def set_planner(self, spec_factory: Callable[[], LaunchSpec],
-                    before_stopping_leftover: Callable[[dict[str, Any]], None] | None = None) -> None:
+                    before_stopping_leftover: Callable[[dict[str, Any]], None] | None = None,
+                    retry_start: Callable[[int], bool] | None = None) -> None:
         """Who plans the launches from now on (an engine taking over a supervisor already started)."""
         self._spec_factory = spec_factory
         self._before_stopping_leftover = before_stopping_leftover
+        self._retry_start = retry_start
 
     # -- observable state -----------------------------------------------------------------
     @property
@@ -348,6 +353,9 @@ class Supervisor:
                 self._wait_healthy()
             except SupervisorError as exc:
                 self._kill_quietly()
+                code, self.last_exit_code = self.last_exit_code, None
+                if code is not None and self._retry_start is not None and self._retry_start(code):
+                    continue  # planned again with what the planner learnt from how it ended
                 self._set_state(ServerState.FAILED, str(exc), log_tail=self.log_tail())
                 return
             if self._stop_requested.is_set():
@@ -447,6 +455,7 @@ class Supervisor:
                     return
                 code = child.poll()
                 if code is not None:
+                    self.last_exit_code = code
                     tail = self.log_tail(LOG_TAIL_ON_FAILURE)
                     raise SupervisorError(
                         f"llama-server {describe_exit(code)} during start-up. "
