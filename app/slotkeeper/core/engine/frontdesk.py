@@ -25,6 +25,7 @@ from slotkeeper.core.engine.ledger import Figures
 from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
 from slotkeeper.core.engine.slots import UNKNOWN
 from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.transcripts import Transcript
 from slotkeeper.core.tokens import TokenArray, common_prefix_len, no_tokens
 
 if TYPE_CHECKING:
@@ -127,11 +128,13 @@ class Ticket:
 
 @dataclass
 class Outcome:
-    """What came back: ``processed`` once llama-server worked on the prompt."""
+    """What came back: ``processed`` once llama-server worked on the prompt; ``transcript``: the
+    conversation the slot holds now, when the request and its reply could be read as one."""
 
     status: int
     processed: bool
     timings: dict[str, Any] | None = None
+    transcript: Transcript | None = None
 
 
 class FrontDesk:
@@ -383,6 +386,7 @@ class FrontDesk:
             c.learn = c.learning = None
         c.held = c.n_prompt + max(predicted - 1, 0)
         c.shape = ticket.shape if outcome.timings is not None and c.n_prompt else None
+        c.transcript = outcome.transcript  # None: what it holds now cannot be read as a conversation
         if outcome.timings is None:  # cut short (the client went away): what it did is not known
             self.ledger.done(slot, c.held, None)
             return

@@ -43,6 +43,8 @@ from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_targ
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
 from slotkeeper.core.engine.httpstack import aiohttp, web
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
+from slotkeeper.core.sessions import transcripts
+from slotkeeper.core.sessions.transcripts import ReplyCollector, conversation
 from slotkeeper.core.tokens import TokenArray, tokens_from_json
 
 if TYPE_CHECKING:
@@ -304,9 +306,15 @@ class FrontDoor:
             ticket = await self.desk.admit(tokens, pinned)
             ticket.shape = shape
         outcome = Outcome(status=0, processed=False)
+        reply = ReplyCollector()
         try:
-            return await self._forward(request, path, query, with_slot(raw, body, ticket.slot), ticket, outcome)
+            return await self._forward(request, path, query, with_slot(raw, body, ticket.slot), ticket, outcome, reply)
         finally:
+            # The conversation as it stands now (built after the reply went out; never sent anywhere).
+            if outcome.processed and outcome.timings is not None:
+                text = single_prompt(body.get("prompt")) if ep.prompt == endpoints.PROMPT_TEXT else None
+                outcome.transcript = conversation(
+                    transcripts.from_request(path, ep.prompt, body, text if isinstance(text, str) else None), reply)
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
@@ -322,8 +330,9 @@ class FrontDoor:
         self.desk.finish(ticket, outcome)
 
     async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
-                       outcome: Outcome) -> web.StreamResponse:
-        """Send the request on and the answer back; the client has all of it before ``finish``."""
+                       outcome: Outcome, reply: ReplyCollector) -> web.StreamResponse:
+        """Send the request on and the answer back (``reply`` assembles it for the transcript); the
+        client has all of it before ``finish``."""
         assert self._fresh is not None
         headers = self._headers(request)
         headers["Content-Type"] = "application/json"
@@ -337,13 +346,15 @@ class FrontDoor:
                 if up.content_type == "text/event-stream":
                     outcome.processed = up.status == 200
                     try:
-                        return await self._relay(request, up, sse.feed)
+                        return await self._relay(request, up, lambda chunk: (sse.feed(chunk),
+                                                                             reply.feed_stream(chunk)))
                     finally:
                         outcome.timings = sse.timings
                 body = await up.read()
                 outcome.processed = up.status == 200
                 if outcome.processed:
                     outcome.timings = timings_of(body)
+                    reply.feed_body(body)
                 resp = web.Response(body=body, status=up.status,
                                     headers={k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP})
                 await resp.prepare(request)

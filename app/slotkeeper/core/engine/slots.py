@@ -36,6 +36,7 @@ from slotkeeper.core.views import SlotView
 if TYPE_CHECKING:
     from slotkeeper.core.client import SlotInfo
     from slotkeeper.core.engine.frontdesk import RequestShape
+    from slotkeeper.core.sessions.transcripts import Transcript
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +115,16 @@ class SlotContent:
     # ``tokens`` may lag one fast request behind: ``learn`` gives the real ones when routing needs them
     learn: Callable[[], Awaitable[TokenArray | None]] | None = None
     learning: asyncio.Future[TokenArray | None] | None = None
+    transcript: Transcript | None = None  # the conversation it holds, as its last request and reply read
 
     def forget(self) -> None:
         """What it holds now comes from elsewhere (a restore, an erase): no lagging tokens."""
         self.shape, self.learn, self.learning = None, None, None
 
-    def hold(self, tokens: TokenArray, fragile: int = 0) -> None:
-        """It holds exactly ``tokens`` now (restored, or nothing)."""
+    def hold(self, tokens: TokenArray, fragile: int = 0, transcript: Transcript | None = None) -> None:
+        """It holds exactly ``tokens`` now (restored, or nothing), which ``transcript`` says in words."""
         self.tokens, self.n_prompt, self.held, self.fragile_until = tokens, len(tokens), len(tokens), fragile
+        self.transcript = transcript
         self.forget()
 
 
@@ -237,11 +240,11 @@ class SlotBoard:
         s.content.last_used = time.monotonic()
 
     def restored(self, slot_id: int, session_id: str, tokens: Sequence[int] | TokenArray, n_restored: int,
-                 mode: str, exact_only: bool) -> None:
+                 mode: str, exact_only: bool, transcript: Transcript | None = None) -> None:
         """A session was restored into the slot: it holds exactly its tokens, saved as they are."""
         s = self[slot_id]
         arr = as_tokens(tokens)
-        s.content.hold(arr, len(arr) if exact_only else 0)
+        s.content.hold(arr, len(arr) if exact_only else 0, transcript)
         self.policy.mark_restored(slot_id, session_id)
         s.pending = PendingReuse(session_id, n_restored, mode)
         # The prompt figures were the previous conversation's: a restored slot has had no request yet.

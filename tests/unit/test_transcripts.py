@@ -1,0 +1,147 @@
+"""Transcripts: a request and its reply read as a conversation, in every shape the front door
+passes (OpenAI chat, llama-server's /completion, Anthropic messages, Responses), streamed or not;
+the file they are kept in; and what people get out of them (title, preview, Markdown, JSON)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slotkeeper.core.sessions.transcripts import (
+    MAX_REPLY_CHARS,
+    ReplyCollector,
+    Transcript,
+    TranscriptError,
+    conversation,
+    from_request,
+)
+
+IMAGE = "data:image/png;base64,iVBORw0KGgo="
+
+
+def sse(*events: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def test_a_chat_with_tool_calls_reasoning_and_an_image_reads_as_a_conversation():
+    body = {"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                     {"type": "image_url", "image_url": {"url": IMAGE}}]},
+        {"role": "assistant", "content": "", "reasoning_content": "Let me look.",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a heron"},
+        {"role": "nobody", "content": "dropped"},
+    ], "tools": [{"type": "function", "function": {"name": "look"}}], "temperature": 0.7}
+    t = from_request("/v1/chat/completions", "chat", body)
+    assert [m.role for m in t.messages] == ["system", "user", "assistant", "tool"]
+    user = t.messages[1]
+    assert user.content == "What is in this picture?" and len(user.media) == 1 and user.media[0].startswith("image:")
+    assert IMAGE not in json.dumps(t.to_json())  # a placeholder with its hash, never the image itself
+    assert t.messages[2].reasoning == "Let me look." and t.messages[2].tool_calls[0]["function"]["name"] == "look"
+    assert t.messages[3].tool_call_id == "c1"
+    assert t.options == {"tools": body["tools"]}  # what renders the prompt, not how it is sampled
+    assert t.title() == "What is in this picture?"
+
+
+def test_a_streamed_chat_reply_is_assembled_with_its_tool_calls():
+    r = ReplyCollector()
+    stream = sse({"choices": [{"delta": {"role": "assistant", "reasoning_content": "Think"}}]},
+                 {"choices": [{"delta": {"reasoning_content": "ing."}}]},
+                 {"choices": [{"delta": {"content": "The "}}]},
+                 {"choices": [{"delta": {"content": "heron."}}]},
+                 {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "x", "function": {"name": "fly",
+                                                                                           "arguments": '{"a"'}}]}}]},
+                 {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}}]},
+                 {"choices": [{"delta": {}, "finish_reason": "stop"}], "timings": {"prompt_n": 3}})
+    for cut in (7, 50, 333):  # whatever the chunks
+        r = ReplyCollector()
+        for i in range(0, len(stream), cut):
+            r.feed_stream(stream[i:i + cut])
+        m = r.message()
+        assert (m.content, m.reasoning) == ("The heron.", "Thinking.")
+        assert m.tool_calls == ({"id": "x", "type": "function", "function": {"name": "fly", "arguments": '{"a": 1}'}},)
+
+
+def test_a_whole_chat_reply_and_the_conversation_after_it():
+    t = from_request("/v1/chat/completions", "chat", {"messages": [{"role": "user", "content": "Hi"}]})
+    r = ReplyCollector()
+    r.feed_body(json.dumps({"choices": [{"message": {"role": "assistant", "content": "Hello!"}}],
+                            "timings": {}}).encode())
+    after = conversation(t, r)
+    assert [(m.role, m.content) for m in after.messages] == [("user", "Hi"), ("assistant", "Hello!")]
+    assert after.preview() == "Hello!" and after.turns == 1
+
+
+def test_a_text_completion_keeps_its_prompt_and_what_followed():
+    t = from_request("/completion", "text", {"prompt": "Once upon a time"}, "Once upon a time")
+    r = ReplyCollector()
+    r.feed_stream(sse({"content": ", a heron"}, {"content": " flew.", "stop": True}))
+    after = conversation(t, r)
+    assert (after.kind, after.prompt, after.completion) == ("text", "Once upon a time", ", a heron flew.")
+    assert from_request("/completion", "text", {"prompt": [1, 2]}, None) is None  # tokens: no words to keep
+    oai = ReplyCollector()
+    oai.feed_body(json.dumps({"choices": [{"text": " and more"}]}).encode())
+    assert oai.text() == " and more"
+
+
+def test_anthropic_messages_and_their_stream():
+    body = {"system": "Be kind.", "messages": [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "Hi."},
+                                          {"type": "tool_use", "id": "t1", "name": "sum", "input": {"a": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"},
+                                     {"type": "text", "text": "Thanks"}]}]}
+    t = from_request("/v1/messages", None, body)
+    assert [(m.role, m.content) for m in t.messages] == [
+        ("system", "Be kind."), ("user", "Hello"), ("assistant", "Hi."), ("tool", "1"), ("user", "Thanks")]
+    assert t.messages[2].reasoning == "hm" and json.loads(t.messages[2].tool_calls[0]["function"]["arguments"]) == {
+        "a": 1}
+    r = ReplyCollector()
+    r.feed_stream(sse({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "You are "}},
+                      {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "welcome."}}))
+    assert conversation(t, r).messages[-1].content == "You are welcome."
+
+
+def test_responses_input_reads_as_a_conversation():
+    t = from_request("/v1/responses", None, {"instructions": "Short.", "input": "Name a bird."})
+    assert [(m.role, m.content) for m in t.messages] == [("system", "Short."), ("user", "Name a bird.")]
+    assert from_request("/infill", None, {"input_prefix": "def f("}) is None
+
+
+def test_a_reply_is_bounded():
+    r = ReplyCollector()
+    r.feed_stream(sse(*({"content": "x" * 100_000} for _ in range(50))))
+    assert len(r.text()) == MAX_REPLY_CHARS
+
+
+def test_the_file_round_trips_and_refuses_what_is_not_a_transcript():
+    t = conversation(from_request("/v1/chat/completions", "chat", {
+        "messages": [{"role": "user", "content": "Snow on the ridge?"}], "chat_template_kwargs": {"x": 1}}),
+        _reply("Some, yes."))
+    assert Transcript.from_bytes(t.to_bytes()) == t
+    for raw, why in [(b"[]", "object"), (b'{"kind": "chat", "messages": []}', "version"),
+                     (b'{"version": 99, "kind": "chat", "messages": []}', "newer"),
+                     (b'{"version": 1, "kind": "poem"}', "unknown"), (b"\xff", "not valid"),
+                     (b'{"version": 1, "kind": "chat", "messages": [{"content": "x"}]}', "role")]:
+        with pytest.raises(TranscriptError, match=why):
+            Transcript.from_bytes(raw)
+
+
+def test_markdown_and_openai_json_for_export():
+    t = conversation(from_request("/v1/chat/completions", "chat", {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Code?"}]}),
+        _reply("```python\nprint(1)\n```"))
+    md = t.to_markdown()
+    assert md.startswith("# Code?") and "## User" in md and "```python\nprint(1)\n```" in md
+    assert t.to_openai() == {"messages": [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": "Code?"},
+                                          {"role": "assistant", "content": "```python\nprint(1)\n```"}]}
+    assert "Code?" in t.search_text() and "assistant: ```python" in t.search_text()
+
+
+def _reply(text: str) -> ReplyCollector:
+    r = ReplyCollector()
+    r.feed_body(json.dumps({"choices": [{"message": {"content": text}}]}).encode())
+    return r
