@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -404,11 +404,14 @@ class SidecarRecord:
         return self._recency
 
 
+ReadRecord = Callable[[str, Stamp], SidecarRecord]  # (session id, its sidecar's stat) -> the sidecar as read now
+
+
 class SessionsIndex(TokenIndex):
     """The token index plus every sidecar as last read and the folder's entries' stat.
 
-    The store keeps it true (``SessionStore`` reads the folder and updates it on every change it
-    makes); this class only holds the data, under ``lock``.
+    The store keeps it true (``SessionStore`` reads the folder and tells it of every change it
+    makes, through the methods below); its data stays in here, under ``lock``.
     """
 
     def __init__(self, folder: Path | None = None) -> None:
@@ -424,6 +427,16 @@ class SessionsIndex(TokenIndex):
         self.token_errors: dict[str, tuple[str, int, int]] = {}
         self._pending_tokens: dict[str, bytes] = {}  # token parts from the file, not decoded yet
 
+    # -- sidecars -------------------------------------------------------------------------
+    def record(self, session_id: str) -> SidecarRecord | None:
+        """The session's sidecar as last read (None: not indexed)."""
+        return self.records.get(session_id)
+
+    def items(self) -> list[tuple[str, SidecarRecord]]:
+        """Every session's record, as one consistent look (a record is never changed, only replaced)."""
+        with self.lock:
+            return list(self.records.items())
+
     def set_record(self, session_id: str, record: SidecarRecord) -> None:
         with self.lock:
             old = self.records.get(session_id)
@@ -431,6 +444,40 @@ class SessionsIndex(TokenIndex):
             if old is None or not old.same_content(record):
                 self.dirty = True
             self.unindexed.add(session_id)
+
+    def fresh_record(self, session_id: str, stamp: Stamp, read: ReadRecord) -> SidecarRecord:
+        """The session's record for its sidecar's stat ``stamp``: the one kept, unless it is new,
+        changed (by its stat) or too recent to trust; then ``read(session_id, stamp)`` and kept."""
+        with self.lock:
+            rec = self.records.get(session_id)
+            if rec is None or rec.racy or rec.stamp != stamp:
+                rec = read(session_id, stamp)
+                self.set_record(session_id, rec)
+            return rec
+
+    def refresh(self, files: dict[str, Stamp], sidecars: Mapping[str, Stamp], read: ReadRecord) -> None:
+        """The folder as one look saw it: ``files`` (every entry with its lstat), ``sidecars`` (the
+        sessions' ids among them, with their sidecar's stat). Sidecars new, changed or too recent
+        to trust are read again (``read``); sessions gone are forgotten."""
+        with self.lock:
+            for sid, st in sidecars.items():
+                self.fresh_record(sid, st, read)
+            for sid in [s for s in self.records if s not in sidecars]:
+                self.forget(sid)
+            self.files = files
+            self.scanned = True
+
+    def note_sidecar(self, session_id: str, name: str, record: SidecarRecord) -> None:
+        """The store wrote the session's sidecar (``name``, now as ``record.stamp`` says)."""
+        with self.lock:
+            self.files[name] = record.stamp
+            self.set_record(session_id, record)
+
+    def kv_claims(self) -> dict[str, str | None]:
+        """The KV file each session's sidecar names (None: an unreadable sidecar, which claims nothing known)."""
+        with self.lock:
+            return {sid: (facts.get("kv_file") if (facts := rec.facts()) and rec.error is None else None)
+                    for sid, rec in self.records.items()}
 
     def forget(self, session_id: str) -> None:
         with self.lock:
@@ -443,15 +490,97 @@ class SessionsIndex(TokenIndex):
             self.unindexed.discard(session_id)
             self.token_errors.pop(session_id, None)
 
+    # -- the folder's entries -------------------------------------------------------------
+    def file_stat(self, name: str) -> Stamp | None:
+        """An entry of the folder as last seen (its lstat), None when it was not there."""
+        return self.files.get(name)
+
+    def note_files(self, seen: Mapping[str, Stamp | None], recheck: str | None = None) -> None:
+        """Entries of the folder the store just changed or looked at (their lstat; None: gone),
+        without a look at the whole folder. ``recheck``: a session whose token part is to be
+        compared with its KV file again (``tokens_to_read``)."""
+        with self.lock:
+            for name, st in seen.items():
+                if st is None:
+                    self.files.pop(name, None)
+                else:
+                    self.files[name] = st
+            if recheck is not None:
+                self.unindexed.add(recheck)
+
+    def note_save(self, session_id: str, model_sha256: str, sidecar: tuple[str, SidecarRecord] | None,
+                  kv_file: str, kv_stamp: Stamp | None, gone: str | None, tokens: Sequence[int] | None) -> bool:
+        """A save wrote the session's sidecar (``(name, record)``; None: it could not be looked
+        at) and its KV file (``kv_stamp``; None: gone already), and removed ``gone`` (the previous
+        version's KV file). With ``tokens``, the token part is what the save knows. True when
+        the token part was taken."""
+        with self.lock:
+            if sidecar is not None:
+                self.note_sidecar(session_id, *sidecar)
+            if gone is not None:
+                self.files.pop(gone, None)
+            if kv_stamp is None:
+                self.files.pop(kv_file, None)
+                return False
+            self.files[kv_file] = kv_stamp
+            if tokens is None or not stat.S_ISREG(kv_stamp[0]):
+                return False
+            self.add_tokens(session_id, model_sha256, kv_file, kv_stamp[1], kv_stamp[2], tokens)
+            self.unindexed.discard(session_id)
+            return True
+
+    # -- token parts ----------------------------------------------------------------------
+    def tokens_to_read(self, only_model: str | None = None) -> list[tuple[str, str, tuple[str, int, int]]]:
+        """The sessions whose token part is missing or out of date with their KV file's stat
+        (of ``only_model`` if given): ``(id, model, (kv_file, size, mtime_ns))`` each. Sessions
+        that cannot have one (an unreadable sidecar, no regular KV file) are taken out of the
+        token index; one whose KV file could not be read is not offered again until it changes."""
+        with self.lock:
+            todo = []
+            for sid in list(self.unindexed):
+                rec = self.records.get(sid)
+                data = rec.facts() if rec is not None else None
+                if data is None or rec.error is not None:
+                    self.unindexed.discard(sid)
+                    self.remove(sid)
+                    continue
+                if only_model is not None and data.get("model_sha256") != only_model:
+                    continue
+                self.unindexed.discard(sid)
+                kv_file, sha = data.get("kv_file"), data.get("model_sha256")
+                st = self.files.get(kv_file) if isinstance(kv_file, str) else None
+                if st is None or not stat.S_ISREG(st[0]) or not isinstance(sha, str):
+                    self.remove(sid)
+                    continue
+                key = (kv_file, st[1], st[2])
+                have = self.get(sid)
+                if have is not None and (have.kv_file, have.size, have.mtime_ns, have.model_sha256) == (*key, sha):
+                    continue
+                if self.token_errors.get(sid) == key:
+                    continue
+                todo.append((sid, sha, key))
+            return todo
+
+    def tokens_unreadable(self, session_id: str, key: tuple[str, int, int]) -> None:
+        """The session's KV file (``(kv_file, size, mtime_ns)``) has no token list that reads: it
+        is not offered (``tokens_to_read``) until it changes."""
+        with self.lock:
+            self.remove(session_id)
+            self.token_errors[session_id] = key
+
+    # -- questions ------------------------------------------------------------------------
     def newest_first(self, session_id: str) -> tuple[int, float]:
         rec = self.records.get(session_id)
         if rec is None:
             return (0, 0.0)
         return rec._newest or rec.newest_first()
 
-    def usage_bytes(self) -> int:
-        """What the saved sessions' KV files took at the last look (what the budget counts)."""
+    def usage_bytes(self) -> int | None:
+        """What the saved sessions' KV files took at the last look (what the budget counts);
+        None before the folder was looked at."""
         with self.lock:
+            if not self.scanned:
+                return None
             total = 0
             for rec in self.records.values():
                 facts = rec.facts()

@@ -10,8 +10,13 @@
 3. Title and preview from the detokenized tokens (``describe``, given by the engine: the store
    knows files, not HTTP), outside the folder lock.
 4. Under the folder lock: re-read the session being updated (another save or a CLI command may
-   have changed it meanwhile), rename the file to ``<id>.<gen>.kv``, fsync the folder, write
-   ``<id>.json`` atomically (only now does the new version exist), remove the previous version.
+   have changed it meanwhile; then decide again), and hand the file to the store
+   (``SessionStore.commit``, the one writer of the folder): it renames the file to
+   ``<id>.<gen>.kv``, fsyncs the folder, writes ``<id>.json`` atomically (only now does the new
+   version exist) and removes the previous version.
+
+The incoming file is this protocol's until then: it makes it private (0600) and removes it
+whatever happens (it is gone after a commit, renamed).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slotkeeper.core.fsutil import NotARegularFile, fsync_dir, fsync_private, regular_size
+from slotkeeper.core.fsutil import NotARegularFile, fsync_private, regular_size
 from slotkeeper.core.sessions import kvfile, lineage
 from slotkeeper.core.sessions.compat import ServerFacts, media_mismatch
 from slotkeeper.core.sessions.entries import SessionEntry
@@ -34,9 +39,8 @@ from slotkeeper.core.sessions.sidecar import (
     new_session_id,
     tokens_digest,
     utc_now,
-    write_sidecar_atomic,
 )
-from slotkeeper.core.sessions.stamps import carried_over, hash_with_stamp
+from slotkeeper.core.sessions.stamps import hash_with_stamp
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.tokens import TokenArray
 from slotkeeper.core.units import human_bytes
@@ -275,11 +279,6 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             sid, created, pinned, last_restore = new_session_id(), now, False, None
             parent = previous.id if (kind == "fork" and previous) else None
         final_name = new_kv_name(sid)
-        os.replace(inc.path, store.dir / final_name)
-        fsync_dir(store.dir)
-        fault_point("after_rename")
-        # Verified by the hash above: a restore trusts the file while it keeps this stamp.
-        verified = carried_over(inc.hashed, os.lstat(store.dir / final_name), inc.content_hash)
         sidecar = Sidecar(
             id=sid, kv_file=final_name, title=title, preview=preview,
             model_path=facts.model_path, model_sha256=facts.model_sha256, arch=ctx.arch,
@@ -291,16 +290,13 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
             n_prompt=n_prompt if n_prompt is not None and n_prompt <= len(inc.tokens) else None,
             last_restore=last_restore, restore_mode=facts.restore_mode, n_media=inc.n_media,
-            mmproj_sha256=facts.mmproj_sha256, verified=verified, continues=continues,
+            mmproj_sha256=facts.mmproj_sha256, continues=continues,
         )  # fmt: skip
-        write_sidecar_atomic(store.sidecar_path(sid), sidecar)
-        fault_point("after_sidecar")
-        gone = None
-        if kind == "update" and previous is not None and previous.sidecar.kv_file != final_name:
-            gone = previous.sidecar.kv_file
-            unlink_quietly(store.dir / gone)
-            store.forget_tokens(gone)
-        store.record_saved(sidecar, inc.tokens, gone)
+        # The store renames, writes the sidecar and removes the previous version (step 4); its
+        # ``verified`` stamp is carried over from the hash above.
+        replaces = previous.sidecar.kv_file if kind == "update" and previous is not None else None
+        sidecar = store.commit(inc.path, sidecar, inc.tokens, hashed=inc.hashed, replaces=replaces,
+                               step=fault_point)
     return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms, inc.tokens,
                        _mtime_ns(store.dir / final_name))
 

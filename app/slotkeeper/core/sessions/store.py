@@ -1,8 +1,10 @@
-"""The sessions folder as files: list, read, update, delete, verify, sweep.
+"""The sessions folder as files: list, read, commit, update, delete, verify, sweep.
 
-The store knows files, not HTTP: the save protocol (``saving``) and the restore checks
-(``restoring``) build on it, and the engine does the talking to llama-server. Names are in
-``naming``, the folder lock in ``folder_lock``.
+The store is the one writer of the folder's sessions and of the sessions index (``index``), which
+it changes only through the index's own methods. The store knows files, not HTTP: the save
+protocol (``saving``) decides what a file llama-server wrote is and hands it to ``commit``; the
+restore checks (``restoring``) build on it too, and the engine does the talking to llama-server.
+Names are in ``naming``, the folder lock in ``folder_lock``.
 
 A crash at any step of a save leaves the previous complete session (its sidecar still names the
 old file) plus leftovers that ``sweep()`` removes at start: ``incoming-*`` files, and
@@ -60,7 +62,7 @@ from slotkeeper.core.sessions.sidecar import (
     utc_now,
     write_sidecar_atomic,
 )
-from slotkeeper.core.sessions.stamps import FileStamp, hash_with_stamp
+from slotkeeper.core.sessions.stamps import FileStamp, carried_over, hash_with_stamp
 from slotkeeper.core.tokens import TYPECODE, TokenArray, as_tokens
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,8 @@ def unlink_quietly(path: Path) -> None:
     except FileNotFoundError:
         pass
 
+
+StatOf = Callable[[str], Stamp | None]  # an entry of the folder's lstat, by name (None: not there)
 
 TOKEN_LISTS_KEPT = 32  # token lists kept in memory (lineage's finalists, routing's best hits)
 
@@ -147,27 +151,14 @@ class SessionStore:
         look): sidecars new, changed (by their stat) or too recent to trust are read; those gone
         are forgotten. Returns the folder's entries."""
         files = self._scan() if files is None else files
-        index = self.index
-        with index.lock:
-            seen = set()
-            for name, st in files.items():
-                m = SIDECAR_NAME_RE.match(name)
-                if not m:
-                    continue
-                sid = m.group(1)
-                seen.add(sid)
-                rec = index.records.get(sid)
-                if rec is None or rec.racy or rec.stamp != st:
-                    index.set_record(sid, self._read_record(sid, st))
-            for sid in [s for s in index.records if s not in seen]:
-                index.forget(sid)
-            index.files = files
-            index.scanned = True
+        sidecars = {m.group(1): st for name, st in files.items() if (m := SIDECAR_NAME_RE.match(name))}
+        self.index.refresh(files, sidecars, self._read_record)
         return files
 
-    def _record_entry(self, sid: str, rec: SidecarRecord, files: dict[str, Stamp]) -> SessionEntry:
-        """One session as listed, from its record and the folder's stat. Never raises for what
-        is in the folder: a file that cannot be read safely is the entry's problem."""
+    def _record_entry(self, sid: str, rec: SidecarRecord, stat_of: StatOf) -> SessionEntry:
+        """One session as listed, from its record and the folder's stat (``stat_of(name)``).
+        Never raises for what is in the folder: a file that cannot be read safely is the
+        entry's problem."""
         if rec.error is not None or rec.data is None:
             return SessionEntry(sid, None, None, [f"unreadable sidecar: {rec.error}"])
         try:
@@ -175,12 +166,12 @@ class SessionStore:
         except SidecarError:  # the index's copy is not usable: read the file itself
             rec = self._read_record(sid, rec.stamp)
             self.index.set_record(sid, rec)
-            return self._record_entry(sid, rec, files)
+            return self._record_entry(sid, rec, stat_of)
         assert sc is not None
-        size, problems = self._problems(sid, rec.data, files)
+        size, problems = self._problems(sid, rec.data, stat_of)
         return SessionEntry(sc.id if sc.id == sid else sid, sc, self.dir / sc.kv_file, problems, size)
 
-    def _problems(self, sid: str, data: dict[str, Any], files: dict[str, Stamp]) -> tuple[int, list[str]]:
+    def _problems(self, sid: str, data: dict[str, Any], stat_of: StatOf) -> tuple[int, list[str]]:
         """(KV bytes on disk, problems) of a readable sidecar's JSON, with the folder's stat."""
         problems: list[str] = []
         sc_id, kv_file, corrupt = data["id"], data["kv_file"], data["corrupt"]
@@ -191,7 +182,7 @@ class SessionStore:
             problems.append(f"its KV file {kv_file} belongs to another session")
         if corrupt:
             problems.append(f"damaged: {corrupt['reason']}")
-        size, kv_problem = kv_stat_state(self.dir, kv_file, files.get(kv_file))
+        size, kv_problem = kv_stat_state(self.dir, kv_file, stat_of(kv_file))
         if kv_problem:
             problems.append(kv_problem)
         elif size != data["size_bytes"] and not corrupt:
@@ -208,18 +199,16 @@ class SessionStore:
         compared with the index, and only sidecars that changed are read."""
         with self.exclusive(reading=True):
             files = self._refresh()
-            index = self.index
-            with index.lock:
-                entries: list[SessionEntry] = []
-                claimed: set[str] = set()
-                order: dict[str, tuple[str, float]] = {}
-                for sid, rec in index.records.items():
-                    entry = self._record_entry(sid, rec, files)
-                    entries.append(entry)
-                    order[entry.id] = rec.recency()
-                    claimed.add(sid + SIDECAR_SUFFIX)
-                    if entry.sidecar is not None:
-                        claimed.add(entry.sidecar.kv_file)
+            entries: list[SessionEntry] = []
+            claimed: set[str] = set()
+            order: dict[str, tuple[str, float]] = {}
+            for sid, rec in self.index.items():
+                entry = self._record_entry(sid, rec, files.get)
+                entries.append(entry)
+                order[entry.id] = rec.recency()
+                claimed.add(sid + SIDECAR_SUFFIX)
+                if entry.sidecar is not None:
+                    claimed.add(entry.sidecar.kv_file)
             unmanaged = []
             for name in sorted(files):
                 if name in claimed or is_scratch(name):
@@ -246,23 +235,21 @@ class SessionStore:
                 if body is not None:
                     return split_rows(body)
             files = self._refresh(files)
-            index = self.index
-            with index.lock:
-                rows = []
-                for sid, rec in index.records.items():
-                    facts = rec.facts()
-                    if facts is None:
-                        row = orjson.dumps(list_row(sid, None, 0, [f"unreadable sidecar: {rec.error}"]))
+            rows = []
+            for sid, rec in self.index.items():
+                facts = rec.facts()
+                if facts is None:
+                    row = orjson.dumps(list_row(sid, None, 0, [f"unreadable sidecar: {rec.error}"]))
+                else:
+                    try:
+                        Sidecar.check_index_paths(facts, facts.get("id"))
+                        size, problems = self._problems(sid, facts, files.get)
+                        base = rec.row()
+                    except (SidecarError, KeyError, TypeError):  # not what we wrote: the full way
+                        row = orjson.dumps(self._record_entry(sid, rec, files.get).to_json())
                     else:
-                        try:
-                            Sidecar.check_index_paths(facts, facts.get("id"))
-                            size, problems = self._problems(sid, facts, files)
-                            base = rec.row()
-                        except (SidecarError, KeyError, TypeError):  # not what we wrote: the full way
-                            row = orjson.dumps(self._record_entry(sid, rec, files).to_json())
-                        else:
-                            row = finish_row(base, size, problems)
-                    rows.append((rec.recency(), sid, row))
+                        row = finish_row(base, size, problems)
+                rows.append((rec.recency(), sid, row))
         rows.sort(key=lambda r: r[:2], reverse=True)
         out = [r[2] for r in rows]
         if self.index_file is not None and key is not None:
@@ -281,29 +268,23 @@ class SessionStore:
         except FileNotFoundError:
             index.forget(session_id)
             raise SessionNotFound(session_id) from None
-        with index.lock:
-            rec = index.records.get(session_id)
-            if rec is None or rec.racy or rec.stamp != st:
-                rec = self._read_record(session_id, st)
-                index.set_record(session_id, rec)
-            files = {path.name: st}
-            kv_file = facts.get("kv_file") if (facts := rec.facts()) else None
-            if isinstance(kv_file, str):
-                kv_st = self._lstat(kv_file)
-                if kv_st is None:
-                    index.files.pop(kv_file, None)
-                else:
-                    files[kv_file] = index.files[kv_file] = kv_st
-                    index.unindexed.add(session_id)
-            index.files[path.name] = st
-            return self._record_entry(session_id, rec, files)
+        rec = index.fresh_record(session_id, st, self._read_record)
+        seen: dict[str, Stamp | None] = {}
+        recheck = None
+        kv_file = facts.get("kv_file") if (facts := rec.facts()) else None
+        if isinstance(kv_file, str):
+            seen[kv_file] = kv_st = self._lstat(kv_file)
+            if kv_st is not None:
+                recheck = session_id  # its token part is compared with the file again
+        seen[path.name] = st
+        index.note_files(seen, recheck)
+        return self._record_entry(session_id, rec, seen.get)
 
     def indexed(self, session_id: str) -> SessionEntry | None:
         """A session as the index saw it last (no file looked at), or None if it is not indexed."""
         index = self.index
-        with index.lock:
-            rec = index.records.get(session_id)
-            return None if rec is None else self._record_entry(session_id, rec, index.files)
+        rec = index.record(session_id)
+        return None if rec is None else self._record_entry(session_id, rec, index.file_stat)
 
     def _lstat(self, name: str) -> Stamp | None:
         try:
@@ -344,32 +325,8 @@ class SessionStore:
         indexed, e.g. behind the store's back), so routing and lineage see them. Returns how many
         were read; one that cannot be read is not offered (and not tried again until it changes)."""
         index = self.index
-        with index.lock:
-            todo = []
-            for sid in list(index.unindexed):
-                rec = index.records.get(sid)
-                data = rec.facts() if rec is not None else None
-                if data is None or rec.error is not None:
-                    index.unindexed.discard(sid)
-                    index.remove(sid)
-                    continue
-                if only_model is not None and data.get("model_sha256") != only_model:
-                    continue
-                index.unindexed.discard(sid)
-                kv_file, sha = data.get("kv_file"), data.get("model_sha256")
-                st = index.files.get(kv_file) if isinstance(kv_file, str) else None
-                if st is None or not stat.S_ISREG(st[0]) or not isinstance(sha, str):
-                    index.remove(sid)
-                    continue
-                key = (kv_file, st[1], st[2])
-                have = index.get(sid)
-                if have is not None and (have.kv_file, have.size, have.mtime_ns, have.model_sha256) == (*key, sha):
-                    continue
-                if index.token_errors.get(sid) == key:
-                    continue
-                todo.append((sid, sha, key))
         read = 0
-        for sid, sha, (kv_file, size, mtime_ns) in todo:
+        for sid, sha, (kv_file, size, mtime_ns) in index.tokens_to_read(only_model):
             try:
                 entry = self.indexed(sid)
                 if entry is None or entry.kv_path is None:
@@ -377,13 +334,16 @@ class SessionStore:
                 tokens = self.tokens(entry)
             except Exception as exc:  # an unreadable session is simply not offered
                 log.debug("not indexing %s: %s", sid, exc)
-                with index.lock:
-                    index.remove(sid)
-                    index.token_errors[sid] = (kv_file, size, mtime_ns)
+                index.tokens_unreadable(sid, (kv_file, size, mtime_ns))
                 continue
             index.add_tokens(sid, sha, kv_file, size, mtime_ns, tokens)
             read += 1
         return read
+
+    def unroute(self, session_id: str) -> None:
+        """A session routing found gone or changed behind the store's back: its token part is
+        taken out of the index (read again once a look at the folder finds it changed)."""
+        self.index.remove(session_id)
 
     def open_index(self) -> int:
         """Bring the whole index up to the folder, token lists included (a running engine does
@@ -395,37 +355,61 @@ class SessionStore:
     def usage_bytes(self) -> int:
         """The saved sessions' bytes on disk as the index saw them last (no file looked at):
         enough to know that a prune has nothing to do. A listing looks again."""
-        index = self.index
-        if not index.scanned:
-            return self.listing().total_bytes
-        return index.usage_bytes()
+        usage = self.index.usage_bytes()
+        return self.listing().total_bytes if usage is None else usage
 
-    def record_saved(self, sidecar: Sidecar, tokens: Sequence[int] | None, gone_kv: str | None = None) -> None:
+    # -- writing --------------------------------------------------------------------------
+    def commit(self, incoming: Path, sidecar: Sidecar, tokens: Sequence[int] | None,
+               hashed: os.stat_result | None = None, replaces: str | None = None,
+               step: Callable[[str], None] = lambda step: None) -> Sidecar:
+        """The last step of a save (``saving``), which has decided what the file llama-server
+        wrote is: make ``incoming`` the new version of the session ``sidecar`` describes. Under
+        the folder lock: rename it to ``sidecar.kv_file`` (a new name every save), fsync the
+        folder, write ``<id>.json`` atomically (only now does the new version exist), remove
+        ``replaces`` (the previous version's KV file), and the index learns it all from what the
+        save knows (``tokens``: what the file holds), with a stat of the two files.
+
+        ``hashed``: the incoming file's stat when its content hash was computed; the sidecar
+        records the stamp that lets a restore skip the hash while the file keeps it
+        (``stamps.carried_over``). ``step(name)`` after the rename ("after_rename") and after the
+        sidecar ("after_sidecar"): the save protocol's test-only fault hook. A crash at any step
+        leaves the previous version (``sweep`` removes the rest). Returns the sidecar written."""
+        validate_session_id(sidecar.id)
+        if not ((m := OWN_KV_RE.match(sidecar.kv_file)) and m.group(1) == sidecar.id):
+            raise ValueError(f"{sidecar.kv_file!r} is not a KV file name of session {sidecar.id}")
+        final = self.dir / sidecar.kv_file
+        with self.exclusive():
+            os.replace(incoming, final)
+            fsync_dir(self.dir)
+            step("after_rename")
+            # Verified by the save's hash: a restore trusts the file while it keeps this stamp.
+            sidecar = replace(sidecar, verified=carried_over(hashed, os.lstat(final), sidecar.content_hash))
+            write_sidecar_atomic(self.sidecar_path(sidecar.id), sidecar)
+            step("after_sidecar")
+            gone = None
+            if replaces is not None and replaces != sidecar.kv_file:
+                gone = replaces
+                unlink_quietly(self.dir / gone)
+                self.forget_tokens(gone)
+            self._record_saved(sidecar, tokens, gone)
+        return sidecar
+
+    def _record_saved(self, sidecar: Sidecar, tokens: Sequence[int] | None, gone_kv: str | None) -> None:
         """A save wrote ``sidecar`` and its KV file (and removed ``gone_kv``): the index learns it
         from what the save knows, with a stat of the two files."""
-        self._note_sidecar(sidecar.id, sidecar)
-        index = self.index
-        with index.lock:
-            if gone_kv is not None:
-                index.files.pop(gone_kv, None)
-            kv_st = self._lstat(sidecar.kv_file)
-            if kv_st is None:
-                index.files.pop(sidecar.kv_file, None)
-                return
-            index.files[sidecar.kv_file] = kv_st
-            if tokens is not None and stat.S_ISREG(kv_st[0]):
-                index.add_tokens(sidecar.id, sidecar.model_sha256, sidecar.kv_file, kv_st[1], kv_st[2], tokens)
-                self._keep_tokens(sidecar.kv_file, kv_st[1], kv_st[2], array(TYPECODE, tokens))  # a copy
-                index.unindexed.discard(sidecar.id)
+        name = sidecar_name(sidecar.id)
+        st = self._lstat(name)
+        kv_st = self._lstat(sidecar.kv_file)
+        record = None if st is None else (name, SidecarRecord.read(st, sidecar))
+        if self.index.note_save(sidecar.id, sidecar.model_sha256, record, sidecar.kv_file, kv_st, gone_kv, tokens):
+            assert kv_st is not None and tokens is not None
+            self._keep_tokens(sidecar.kv_file, kv_st[1], kv_st[2], array(TYPECODE, tokens))  # a copy
 
     def _note_sidecar(self, session_id: str, sidecar: Sidecar) -> None:
-        st = self._lstat(sidecar_name(session_id))
-        if st is None:
-            return
-        index = self.index
-        with index.lock:
-            index.files[sidecar_name(session_id)] = st
-            index.set_record(session_id, SidecarRecord.read(st, sidecar))
+        name = sidecar_name(session_id)
+        st = self._lstat(name)
+        if st is not None:
+            self.index.note_sidecar(session_id, name, SidecarRecord.read(st, sidecar))
 
     # -- housekeeping ---------------------------------------------------------------------
     def sweep(self) -> list[str]:
@@ -433,12 +417,8 @@ class SessionStore:
         removed = []
         with self.exclusive():
             files = self._refresh()
-            index = self.index
-            with index.lock:
-                # An unreadable sidecar (None) claims nothing known: its files are left alone.
-                claims: dict[str, str | None] = {
-                    sid: (facts.get("kv_file") if (facts := rec.facts()) and rec.error is None else None)
-                    for sid, rec in index.records.items()}
+            # An unreadable sidecar (None) claims nothing known: its files are left alone.
+            claims = self.index.kv_claims()
             for name in files:
                 path = self.dir / name
                 leftover = name.startswith(INCOMING_PREFIX) or (
@@ -456,9 +436,7 @@ class SessionStore:
                         log.warning("could not remove %s from the sessions folder: %s", name, exc)
                         continue
                     removed.append(name)
-            with index.lock:
-                for name in removed:
-                    index.files.pop(name, None)
+            self.index.note_files(dict.fromkeys(removed))
         if removed:
             log.info("removed leftovers of interrupted saves: %s", ", ".join(removed))
         return removed
@@ -496,14 +474,12 @@ class SessionStore:
             unlink_quietly(self.sidecar_path(session_id))  # sidecar first: a half-deleted session is a leftover
             fsync_dir(self.dir)
             index = self.index
-            with index.lock:
-                index.forget(session_id)
-                index.files.pop(sidecar_name(session_id), None)
+            index.forget(session_id)
+            index.note_files({sidecar_name(session_id): None})
             for name in kv_names:
                 unlink_quietly(self.dir / name)
                 self.forget_tokens(name)
-                with index.lock:
-                    index.files.pop(name, None)
+                index.note_files({name: None})
 
     # -- integrity ------------------------------------------------------------------------
     def verify(self, session_id: str) -> SessionEntry:

@@ -1,0 +1,168 @@
+"""The store is the one writer of the sessions folder and its index: a save's last step is
+``SessionStore.commit``, and the index changes only through its own methods."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sessions_helpers import make_session, write_slot_save
+
+from slotkeeper.core.sessions.folder_lock import FolderBusy
+from slotkeeper.core.sessions.index import BLOCK, SessionsIndex, SidecarRecord
+from slotkeeper.core.sessions.sidecar import load_sidecar
+from slotkeeper.core.sessions.stamps import hash_with_stamp
+from slotkeeper.core.sessions.store import SessionStore
+
+A = list(range(1, 10 * BLOCK + 1))
+SHA = "1a2b3c4d000000000000000000000000000000000000000000000000deadbeef"  # the fixture sidecar's model
+SESSIONS = Path(__file__).resolve().parents[2] / "app" / "slotkeeper" / "core" / "sessions"
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def test_commit_makes_the_incoming_file_the_new_version_step_by_step_and_the_index_learns_it(tmp_path):
+    folder = tmp_path / "sessions"
+    old = make_session(folder, "aaaaaaaaaaaa", tokens=A[:100])
+    store = SessionStore(folder, index_file=tmp_path / "index.json")
+    store.listing()
+    store.index_tokens()
+    incoming = write_slot_save(folder / "incoming-0000000000000000.kv", A[:200])
+    content_hash, hashed = hash_with_stamp(incoming)
+    new = replace(old, kv_file="aaaaaaaaaaaa.00000001.kv", content_hash=content_hash, n_tokens=200,
+                  size_bytes=incoming.stat().st_size, verified=None)
+    other = SessionStore(folder, lock_timeout=0.2)
+    seen = []
+
+    def step(name: str) -> None:
+        busy = []
+
+        def try_lock() -> None:
+            try:
+                with other.exclusive():
+                    pass
+            except FolderBusy:
+                busy.append(True)
+
+        t = threading.Thread(target=try_lock)
+        t.start()
+        t.join()
+        seen.append((name, _names(folder), load_sidecar(folder / "aaaaaaaaaaaa.json").kv_file, bool(busy)))
+
+    sc = store.commit(incoming, new, A[:200], hashed=hashed, replaces=old.kv_file, step=step)
+
+    # Renamed (the previous version still whole), then the sidecar (only now the new version
+    # exists), then the previous version's file removed; all under the folder lock.
+    assert seen == [
+        ("after_rename", ["aaaaaaaaaaaa.00000000.kv", "aaaaaaaaaaaa.00000001.kv", "aaaaaaaaaaaa.json"],
+         old.kv_file, True),
+        ("after_sidecar", ["aaaaaaaaaaaa.00000000.kv", "aaaaaaaaaaaa.00000001.kv", "aaaaaaaaaaaa.json"],
+         new.kv_file, True),
+    ]
+    assert _names(folder) == ["aaaaaaaaaaaa.00000001.kv", "aaaaaaaaaaaa.json"]
+    assert load_sidecar(folder / "aaaaaaaaaaaa.json") == sc
+    # The hash's stamp is carried over: a restore may trust the file while it keeps it.
+    assert sc.verified is not None and sc.verified.matches(os.lstat(folder / new.kv_file), content_hash)
+    # The index learnt it without a look at the folder: the sidecar, both files, the tokens.
+    index = store.index
+    assert store.indexed("aaaaaaaaaaaa").sidecar == sc
+    assert index.file_stat(old.kv_file) is None and index.file_stat(new.kv_file) is not None
+    assert index.usage_bytes() == (folder / new.kv_file).stat().st_size
+    assert index.longest_prefix(A[:300], SHA)[0].n_blocks == 3
+    assert store.index_tokens() == 0  # nothing left to read
+
+
+def test_commit_refuses_a_kv_name_that_is_not_the_sessions_own_and_touches_nothing(tmp_path):
+    folder = tmp_path / "sessions"
+    old = make_session(folder, "aaaaaaaaaaaa", tokens=A[:100])
+    store = SessionStore(folder)
+    incoming = write_slot_save(folder / "incoming-0000000000000000.kv", A[:200])
+    before = _names(folder)
+    for kv in ("bbbbbbbbbbbb.00000001.kv", "../aaaaaaaaaaaa.00000001.kv", "aaaaaaaaaaaa.json"):
+        with pytest.raises(ValueError):
+            store.commit(incoming, replace(old, kv_file=kv), A[:200], replaces=old.kv_file)
+    assert _names(folder) == before
+
+
+def test_a_first_save_without_its_tokens_is_read_from_its_file_later(tmp_path):
+    folder = tmp_path / "sessions"
+    make_session(folder, "aaaaaaaaaaaa", tokens=A[:100])
+    template = load_sidecar(folder / "aaaaaaaaaaaa.json")
+    store = SessionStore(folder)
+    store.listing()
+    store.index_tokens()
+    incoming = write_slot_save(folder / "incoming-0000000000000000.kv", A[:150])
+    sc = store.commit(incoming, replace(template, id="bbbbbbbbbbbb", kv_file="bbbbbbbbbbbb.00000001.kv"), None)
+    assert sc.verified is None  # no hash stamp given: a restore hashes the file
+    assert store.index_tokens() == 1
+    assert {h.session_id for h in store.index.longest_prefix(A[:100], SHA)} == {"aaaaaaaaaaaa", "bbbbbbbbbbbb"}
+
+
+def test_the_index_changes_through_its_own_methods(tmp_path):
+    index = SessionsIndex(tmp_path)
+    assert index.usage_bytes() is None  # no look at the folder yet
+    reads = []
+
+    def read(sid, st):
+        reads.append(sid)
+        return SidecarRecord(st, {"id": sid, "kv_file": f"{sid}.00000000.kv", "size_bytes": 5, "corrupt": None,
+                                  "last_used_at": "2026-01-01T00:00:00Z", "model_sha256": "m"})
+
+    old = 1_000_000_000
+    st = {sid: (0o100600, 100, old, i, old) for i, sid in enumerate(("a" * 12, "b" * 12))}
+    kv = {f"{sid}.00000000.kv": (0o100600, 7, old, 10 + i, old) for i, sid in enumerate(st)}
+    files = {**{f"{sid}.json": s for sid, s in st.items()}, **kv}
+    index.refresh(files, st, read)
+    assert sorted(reads) == ["a" * 12, "b" * 12] and index.usage_bytes() == 14
+    assert index.kv_claims() == {sid: f"{sid}.00000000.kv" for sid in st}
+    assert [sid for sid, _ in index.items()] == ["a" * 12, "b" * 12]
+
+    # Unchanged: nothing read; a changed stat: read again; a session gone: forgotten.
+    reads.clear()
+    index.refresh(files, st, read)
+    assert reads == []
+    changed = (0o100600, 101, old + 1, 0, old + 1)
+    assert index.fresh_record("a" * 12, changed, read).stamp == changed and reads == ["a" * 12]
+    index.refresh({k: v for k, v in files.items() if not k.startswith("b")}, {"a" * 12: changed}, read)
+    assert index.record("b" * 12) is None and index.file_stat("b" * 12 + ".00000000.kv") is None
+
+    # Entries the store changed: set, then gone.
+    index.note_files({"a" * 12 + ".00000000.kv": (0o100600, 9, old, 10, old)})
+    assert index.usage_bytes() == 9
+    index.note_files({"a" * 12 + ".00000000.kv": None})
+    assert index.usage_bytes() == 0 and index.file_stat("a" * 12 + ".00000000.kv") is None
+
+    # Token parts: offered while missing; one that does not read is not offered until it changes.
+    key_st = (0o100600, 9, old, 10, old)
+    index.note_files({"a" * 12 + ".00000000.kv": key_st}, recheck="a" * 12)
+    [(sid, sha, key)] = index.tokens_to_read()
+    assert (sid, sha, key) == ("a" * 12, "m", ("a" * 12 + ".00000000.kv", 9, old))
+    index.tokens_unreadable(sid, key)
+    index.note_files({}, recheck=sid)
+    assert index.tokens_to_read() == []
+    index.note_files({"a" * 12 + ".00000000.kv": (0o100600, 10, old + 5, 10, old + 5)}, recheck=sid)
+    assert [t[0] for t in index.tokens_to_read()] == [sid]
+
+    # A save: the sidecar, its KV file and tokens, the previous file gone, in one call.
+    rec = read("c" * 12, (0o100600, 50, old, 30, old))
+    assert index.note_save("c" * 12, "m", ("c" * 12 + ".json", rec), "c" * 12 + ".00000001.kv",
+                           (0o100600, 11, old, 31, old), "a" * 12 + ".00000000.kv", A[:130])
+    assert index.record("c" * 12) is rec and index.file_stat("c" * 12 + ".json") == rec.stamp
+    assert index.file_stat("a" * 12 + ".00000000.kv") is None
+    assert index.longest_prefix(A[:200], "m")[0].session_id == "c" * 12
+    assert "c" * 12 not in {t[0] for t in index.tokens_to_read()}
+
+
+def test_the_store_changes_the_index_through_its_methods_and_the_save_protocol_writes_no_session_file():
+    store_src = (SESSIONS / "store.py").read_text()
+    assert not re.findall(r"\bindex\.(records|files|lock|unindexed|token_errors|scanned|_\w+)\b", store_src)
+    saving_src = (SESSIONS / "saving.py").read_text()
+    for writes in ("os.replace", "write_sidecar_atomic", "fsync_dir", "record_saved", "forget_tokens"):
+        assert writes not in saving_src, writes
+
