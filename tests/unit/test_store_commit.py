@@ -1,5 +1,6 @@
 """The store is the one writer of the sessions folder and its index: a save's last step is
-``SessionStore.commit``, and the index changes only through its own methods."""
+``SessionStore.commit``, the index changes only through its own methods, and writing the index
+out holds its lock only for a copy."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 from sessions_helpers import make_session, write_slot_save
 
+from slotkeeper.core.sessions import index as index_module
 from slotkeeper.core.sessions.folder_lock import FolderBusy
 from slotkeeper.core.sessions.index import BLOCK, SessionsIndex, SidecarRecord
 from slotkeeper.core.sessions.sidecar import load_sidecar
@@ -166,3 +169,39 @@ def test_the_store_changes_the_index_through_its_methods_and_the_save_protocol_w
     for writes in ("os.replace", "write_sidecar_atomic", "fsync_dir", "record_saved", "forget_tokens"):
         assert writes not in saving_src, writes
 
+
+def test_writing_the_index_out_holds_its_lock_only_for_a_copy(tmp_path, monkeypatch):
+    index = SessionsIndex(tmp_path)
+    stamp = (0o100600, 100, 1_000_000_000, 1, 1_000_000_000)
+    for i in range(3):
+        sid = f"{i:012x}"
+        index.set_record(sid, SidecarRecord(stamp, {"id": sid, "kv_file": f"{sid}.00000000.kv"}))
+        index.add_tokens(sid, "m", f"{sid}.00000000.kv", 1, 1, A[: 100 + i])
+    encoded = []
+    real = index_module._tokens_json
+
+    def tokens_json(s):
+        # While the index is encoded, another thread (routing, a save) takes the lock at once
+        # and changes the index.
+        got = []
+
+        def other() -> None:
+            if index.lock.acquire(timeout=0):
+                got.append(True)
+                index.lock.release()
+                if not encoded:
+                    index.set_record("ffffffffffff", SidecarRecord(stamp, {"id": "ffffffffffff"}))
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        encoded.append(bool(got))
+        return real(s)
+
+    monkeypatch.setattr(index_module, "_tokens_json", tokens_json)
+    data = index.to_bytes()
+    assert encoded == [True, True, True]
+    # What was written is the copy taken before the change, and the change makes it dirty again.
+    ids = [orjson.loads(line.split(b"\t")[0])["id"] for line in data.splitlines()[1:]]
+    assert ids == [f"{i:012x}" for i in range(3)]
+    assert index.dirty and index.record("ffffffffffff") is not None

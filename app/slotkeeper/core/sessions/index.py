@@ -594,18 +594,26 @@ class SessionsIndex(TokenIndex):
     def to_bytes(self) -> bytes:
         """The index file: a header line, then one line per session of four tab-separated JSON
         parts (stat and facts, the sidecar, its list row, its token part), so that loading it
-        decodes the small first part only (orjson never writes a raw tab or newline)."""
+        decodes the small first part only (orjson never writes a raw tab or newline).
+
+        Encoding thousands of sessions takes a while, so the lock (which routing and every
+        change take) is held only to take a consistent copy: references to the records and
+        token parts, which are never changed, only replaced. Encoding follows outside it."""
         with self.lock:
-            head = orjson.dumps({"version": INDEX_VERSION, "block": BLOCK, "head": HEAD_TOKENS, "slack": TAIL_SLACK,
-                                 "sidecar_schema": SCHEMA_VERSION, "folder": self.folder})
-            lines = [head]
-            for sid, rec in self.records.items():
-                meta = orjson.dumps({"id": sid, "stamp": rec.stamp, "error": rec.error, "facts": rec.facts()})
-                tok = self._sessions.get(sid)
-                tokens = self._pending_tokens.get(sid, b"") if tok is None else orjson.dumps(_tokens_json(tok))
-                lines.append(b"\t".join((meta, rec.raw() or b"", rec.row() or b"", tokens)))
-            self.dirty = False
-            return b"\n".join(lines) + b"\n"
+            records = list(self.records.items())
+            sessions = self._sessions.copy()
+            pending = self._pending_tokens.copy()
+            folder = self.folder
+            self.dirty = False  # a change from now on is not in this copy: it makes the index dirty again
+        head = orjson.dumps({"version": INDEX_VERSION, "block": BLOCK, "head": HEAD_TOKENS, "slack": TAIL_SLACK,
+                             "sidecar_schema": SCHEMA_VERSION, "folder": folder})
+        lines = [head]
+        for sid, rec in records:
+            meta = orjson.dumps({"id": sid, "stamp": rec.stamp, "error": rec.error, "facts": rec.facts()})
+            tok = sessions.get(sid)
+            tokens = pending.get(sid, b"") if tok is None else orjson.dumps(_tokens_json(tok))
+            lines.append(b"\t".join((meta, rec.raw() or b"", rec.row() or b"", tokens)))
+        return b"\n".join(lines) + b"\n"
 
     def save(self, path: Path) -> None:
         write_index(path, self.to_bytes())
