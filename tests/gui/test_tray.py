@@ -22,8 +22,30 @@ def tray(qtbot, bridge):
 
 
 def listed(qtbot, bridge):
-    with qtbot.waitSignal(bridge.sessionsListed):
-        bridge.refresh_sessions()
+    """A listing made after this call (the tray lists the folder once itself when it starts)."""
+    bridge.refresh_sessions()
+    qtbot.waitUntil(lambda: bridge.listing is not None and not bridge.feeds._listing_running, timeout=5000)
+
+
+def test_resume_lists_the_saved_conversations_from_launch(qtbot, bridge, engine, sessions_dir):
+    """After a relaunch, with the server stopped and the window never opened, Resume lists what
+    was saved (nothing else lists the folder then)."""
+    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Walking in the hills", age_hours=1)
+    make_session(sessions_dir, "bbbbbbbbbbbb", title="Boots for the rain", age_hours=2)
+    tray = TrayController(bridge)
+    try:
+        tray.rebuild_resume_menu()  # opened at once: says it is reading, then fills in
+        assert [a.text() for a in tray.resume_menu.actions()] == ["Reading the saved conversations…"]
+        tray.resume_menu.popup(tray.resume_menu.pos())
+        qtbot.waitUntil(lambda: len(tray.resume_menu.actions()) == 2, timeout=5000)
+        texts = [a.text() for a in tray.resume_menu.actions()]
+        assert texts[0].startswith("Walking in the hills") and texts[1].startswith("Boots for the rain")
+        assert "Saved: 2 conversations" in tray.tooltip()
+        tray.resume_menu.hide()
+    finally:
+        tray.dispose()
+        tray.deleteLater()
 
 
 def test_no_tray_offscreen_and_menu_still_works(qtbot, tray, bridge):
@@ -94,10 +116,11 @@ def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge,
     assert calls == ["aaaaaaaaaaaa"]
 
 
-def test_empty_resume_menu(qtbot, tray):
+def test_empty_resume_menu(qtbot, tray, bridge):
+    listed(qtbot, bridge)
     tray.rebuild_resume_menu()
     (only,) = tray.resume_menu.actions()
-    assert not only.isEnabled()
+    assert not only.isEnabled() and only.text() == "No saved conversations yet"
 
 
 def test_copy_address_and_start(qtbot, tray, bridge, engine, monkeypatch):

@@ -97,8 +97,13 @@ class TrayController(QObject):
         bridge.on(ev.SlotsChanged, self._on_slots)
         bridge.historyLoaded.connect(self._on_slots)  # the time saved in the tooltip
         self.resume_menu.aboutToShow.connect(self.rebuild_resume_menu)
+        bridge.sessionsListed.connect(self._on_listed)
         self.menu.aboutToShow.connect(self.model_menu.rebuild)  # models found by the time "Model" opens
         self.refresh()
+        if bridge.listing is None:
+            # Resume and the tooltip list the saved conversations from the start: nothing else
+            # lists them before the window opens or the server is ready.
+            bridge.refresh_sessions()
 
     # -- showing --------------------------------------------------------------------------
     def show(self) -> bool:
@@ -128,6 +133,10 @@ class TrayController(QObject):
 
     def _on_slots(self, *_args) -> None:
         self._refresh_icon_and_tip()
+
+    def _on_listed(self, *_args) -> None:
+        if self.resume_menu.isVisible():  # opened before the listing came
+            self.rebuild_resume_menu()
 
     # -- state ----------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -203,7 +212,7 @@ class TrayController(QObject):
         entries.sort(key=lambda e: (e.id in in_slot, changed_at(e)), reverse=True)
         entries = entries[:RESUME_ITEMS]
         if not entries:
-            a = menu.addAction("No saved conversations yet")
+            a = menu.addAction("Reading the saved conversations…" if listing is None else "No saved conversations yet")
             a.setEnabled(False)
             return
         now = time.time()
