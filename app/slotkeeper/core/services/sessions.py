@@ -7,9 +7,12 @@ files on disk; files in the folder that are not Slotkeeper's are reported, never
 ``in_slots`` says which sessions a running engine holds right now: the engine passes its own
 live set, the CLI reads the set a running engine published.
 
-The search index (``sessions.search``) follows every delete and prune made here, and a search
-first repairs it from the folder when the folder changed since (deletes by another process,
-files copied in, an index deleted): see ``search``.
+The search index (``sessions.search``) is kept in step with the folder here, and only here:
+the text of every save that changed a session (``index_text``, the engine calls it), every
+delete and prune made here, and a repair from the folder (``repair_search``) at the engine's
+start and before a search when the folder changed since (deletes by another process, files
+copied in, an index deleted). Filling in the full text of an entry indexed by title only needs
+a server of its model, and is the engine's (``engine.searching.complete_partial``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from slotkeeper.core.sessions.naming import (
 from slotkeeper.core.sessions.search import IndexedText, Reconciled, SearchHit, SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import Sidecar
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+from slotkeeper.core.sessions.titles import conversation_text
 
 __all__ = ["AmbiguousSessionId", "PruneOutcome", "SearchResult", "SessionInUse", "SessionsService", "reconcile_search"]
 
@@ -143,9 +147,10 @@ class SessionsService:
                  budget: Callable[[], int], on_deleted: Callable[[str], None] | None = None,
                  search: SearchIndex | None = None,
                  on_repaired: Callable[[Reconciled], None] | None = None) -> None:
-        """``on_deleted(id)`` is told of every session this service deletes (the engine keeps its
-        sessions index with it); ``search``: the full-text index deletes keep in step, and
-        ``on_repaired`` is told when a search had to repair it from the folder."""
+        """``on_deleted(id)`` is told of every session this service deletes (the store has
+        forgotten it already; the engine keeps the index on disk up to date); ``search``: the
+        full-text index kept in step here, and ``on_repaired`` is told when a search had to
+        repair it from the folder."""
         self.store = store
         self._in_slots = in_slots
         self._budget = budget
@@ -241,7 +246,7 @@ class SessionsService:
         repaired = Reconciled()
         try:
             if self.search_index.folder_stamp() != folder_stamp(self.store.dir):
-                repaired = reconcile_search(self.search_index, self.store)
+                repaired = self.repair_search()
             hits = self.search_index.search(text, limit)
             total = len(hits) if len(hits) < limit else self.search_index.count(text)
         except sqlite3.Error as exc:
@@ -250,8 +255,32 @@ class SessionsService:
             self._on_repaired(repaired)
         return SearchResult(text, tuple(hits), repaired, total)
 
+    # -- the search index, kept in step with the folder -------------------------------------
+    def index_text(self, sidecar: Sidecar, text: str | None) -> None:
+        """A save changed the session ``sidecar`` describes: its conversation's text (what the
+        save detokenized for the title), or its title and preview when the server could not say
+        (completed later, while a server of its model runs). A failure is repaired by the next
+        search."""
+        if self.search_index is None:
+            return
+        sc = sidecar
+        try:
+            if text is not None:
+                self.search_index.put(sc.id, sc.kv_file, sc.model_sha256, sc.title, conversation_text(text))
+            else:
+                self.search_index.put(sc.id, sc.kv_file, sc.model_sha256, sc.title, sc.preview, complete=False)
+        except (sqlite3.Error, SearchUnavailable) as exc:
+            log.warning("could not add %s to the search index: %s", sc.id, exc)
+
+    def repair_search(self, listing: Listing | None = None) -> Reconciled:
+        """Bring the search index in step with the folder (``reconcile_search``; ``listing``: one
+        just made). Raises SearchUnavailable, sqlite3.Error."""
+        if self.search_index is None:
+            raise SearchUnavailable("searching by content is not set up here")
+        return reconcile_search(self.search_index, self.store, listing)
+
     def _delete(self, session_id: str) -> None:
-        self.store.delete(session_id)
+        self.store.delete(session_id)  # the store's index forgets it there
         if self.search_index is not None:
             try:
                 self.search_index.remove(session_id)

@@ -1,0 +1,65 @@
+"""The engine's bookkeeping of the saved conversations (``engine.library``), without a server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sessions_helpers import make_session
+
+from slotkeeper.core.engine import library as library_module
+from slotkeeper.core.engine.library import Library
+from slotkeeper.core.engine.loop import EngineLoop
+from slotkeeper.core.events import EventBus, SessionsPruned
+from slotkeeper.core.paths import app_paths
+from slotkeeper.core.sessions.index import SessionsIndex
+
+
+@pytest.fixture
+def running(tmp_path, monkeypatch):
+    monkeypatch.setattr(library_module, "INDEX_WRITE_DELAY_SECONDS", 0.0)
+    paths = app_paths(tmp_path / "data").ensure()
+    for i in range(3):
+        make_session(paths.sessions_dir, f"{i:012x}", size=1000, used=f"2026-01-0{i + 1}T00:00:00Z")
+    loop = EngineLoop()
+    loop.start_thread()
+    budget = [10**9]
+    lib = Library(paths, loop, EventBus(), in_slots=frozenset, budget=lambda: budget[0])
+    try:
+        yield paths, loop, lib, budget
+    finally:
+        loop.close()
+        lib.close()
+
+
+def test_a_deleted_or_pruned_session_is_forgotten_once_and_the_index_on_disk_follows(running, monkeypatch):
+    paths, loop, lib, budget = running
+    lib.store.listing()
+    forgotten: list[str] = []
+    real = lib.index.forget
+    monkeypatch.setattr(lib.index, "forget", lambda sid: forgotten.append(sid) or real(sid))
+    pruned: list[SessionsPruned] = []
+    lib.events.subscribe(pruned.append, SessionsPruned)
+
+    lib.sessions.delete("000000000002")  # a face's delete (a Qt pool thread in the app)
+    budget[0] = 1500
+    loop.call(lib.prune())  # after a save: the least recently used goes
+    loop.call(asyncio.sleep(0.2))  # the index on disk is written a moment later
+
+    assert sorted(forgotten) == ["000000000000", "000000000002"]  # each once: by the store
+    assert [p.ids for p in pruned] == [("000000000000",)]
+    on_disk = SessionsIndex.load(paths.sessions_index_file, paths.sessions_dir)
+    assert sorted(sid for sid, _ in on_disk.items()) == ["000000000001"]
+
+
+def test_a_saved_conversations_text_goes_into_the_search_through_the_service(running):
+    paths, loop, lib, _ = running
+    sc = lib.store.get("000000000001").sidecar
+
+    async def save_text() -> None:
+        lib.text_saved(sc, "User: where do herons nest?\nAssistant: in tall trees near water.")
+        await asyncio.sleep(0.2)
+
+    loop.call(save_text())
+    [hit] = lib.sessions.search("herons").hits
+    assert hit.id == sc.id and hit.complete
