@@ -87,6 +87,7 @@ def test_choosing_a_model_on_first_run_saves_it(qtbot, paths, monkeypatch):
     qtbot.waitUntil(lambda: paths.settings_file.exists())
     on_disk = load_settings(paths.settings_file)
     assert on_disk.profile.model_path == DEMO_MODEL
+    assert on_disk.start_server_on_launch, "once a model is chosen, a relaunch serves it"
     assert on_disk.budget_bytes != 123 * 1024**3  # this run's overrides are not saved
     with qtbot.waitSignal(app.finished, timeout=10_000):
         app.request_quit()

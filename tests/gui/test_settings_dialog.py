@@ -199,12 +199,13 @@ def test_save_persists_and_turns_on_autostart(qtbot, bridge, engine, make_dialog
     d = make_dialog()
     d.server_tab.ctx.setValue(4096)
     d.sessions_tab.start_at_login.setChecked(True)
-    d.sessions_tab.start_on_launch.setChecked(True)
+    assert d.sessions_tab.start_on_launch.isChecked(), "on by default"
+    d.sessions_tab.start_on_launch.setChecked(False)  # the setting still turns it off
     with qtbot.waitSignal(bridge.settingsChanged):
         assert d.save()
     saved = load_settings(engine.paths.settings_file)
     assert saved.profile.ctx == 4096
-    assert saved.start_at_login and saved.start_server_on_launch
+    assert saved.start_at_login and not saved.start_server_on_launch
     qtbot.waitUntil(lambda: bool(autostart.calls))
     assert autostart.calls[0][0] == "enable"
     assert "slotkeeper" in " ".join(autostart.calls[0][1])

@@ -43,6 +43,36 @@ def test_stored_v1_file_still_loads():
     data = Path(__file__).parent.parent / "data" / "settings_v1.json"
     s = st.load_settings(data)
     assert s.profile.port == 8789 and s.budget_bytes == 20 * 1024**3
+    assert s.start_server_on_launch is True  # version 1's off was its default, not a choice
+
+
+def test_the_server_starts_with_the_app_by_default():
+    """Once a model is chosen a relaunch serves it (with no model nothing starts anyway)."""
+    assert st.Settings().start_server_on_launch is True
+    assert st.Settings.from_json({"schema_version": st.SCHEMA_VERSION}).start_server_on_launch is True
+
+
+def test_a_stored_v2_file_starts_the_server_with_the_app(tmp_path):
+    """A version-2 file as the first run's "Use this model" wrote it: a model, and the old default
+    (off) written out. It loads with the server started at launch; saved again it is version 3."""
+    from pathlib import Path
+
+    data = Path(__file__).parent.parent / "data" / "settings_v2.json"
+    raw = json.loads(data.read_text())
+    assert raw["schema_version"] == 2 and raw["start_server_on_launch"] is False
+    s = st.load_settings(data)
+    assert s.profile.model_path == "/models/SmolLM2-135M-Instruct-Q8_0.gguf" and len(s.models) == 1
+    assert s.start_server_on_launch is True
+    path = tmp_path / "settings.json"
+    st.save_settings(path, s)
+    assert json.loads(path.read_text())["schema_version"] == 3
+
+
+def test_turned_off_in_a_v3_file_it_stays_off(tmp_path):
+    path = tmp_path / "settings.json"
+    st.save_settings(path, st.Settings(start_server_on_launch=False).with_profile(model_path="/models/a.gguf"))
+    assert json.loads(path.read_text())["schema_version"] == 3
+    assert st.load_settings(path).start_server_on_launch is False
 
 
 @pytest.mark.parametrize(

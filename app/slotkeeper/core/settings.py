@@ -12,7 +12,7 @@ from typing import Any
 
 from slotkeeper.core.fsutil import atomic_write_text
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_PORT = 8789
 SMALL_SLOT_CONTEXT = 256  # tokens per slot below which a launch is warned about
 MAX_CTX = 2**31 - 1  # llama-server reads --ctx-size as a 32-bit int
@@ -195,7 +195,9 @@ class Settings:
     idle_save_seconds: float = DEFAULT_IDLE_SAVE_SECONDS
     restore_on_start: int | None = None  # None = one per slot
     budget_bytes: int = DEFAULT_BUDGET_BYTES
-    start_server_on_launch: bool = False
+    # On by default: once a model is chosen, a relaunch serves it (clients are not refused); with
+    # no model nothing starts whatever this says. The setting turns it off.
+    start_server_on_launch: bool = True
     start_at_login: bool = False
     # Per-model settings, the most recently chosen model first (the Model menu's recent models).
     models: tuple[ModelMemory, ...] = ()
@@ -285,8 +287,15 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "models": models}
 
 
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 starts the server with the app by default. Versions 1 and 2 wrote their default
+    (off) into every file, so an off there is the old default, not a choice: it becomes on (the
+    setting still turns it off, and a version-3 file keeps what was chosen)."""
+    return {**data, "start_server_on_launch": True}
+
+
 # Migrations from older schema versions: MIGRATIONS[n] turns a version-n dict into version n+1.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def migrate(data: dict[str, Any]) -> dict[str, Any]:
