@@ -66,6 +66,7 @@ class EngineBridge(QObject):
     busyChanged = Signal(bool)  # background jobs running
     journalAdded = Signal(object)  # JournalEntry: one of Slotkeeper's own actions, in words
     sessionsFound = Signal(object)  # SearchResult of the latest search by content (older answers dropped)
+    webUiChanged = Signal(bool)  # whether llama-server serves its own web UI at the address (checked once ready)
 
     # What the events said last (the relay's; on the GUI thread they are the truth, in the order
     # they came: the engine's snapshot may already be further along), and Slotkeeper's own actions
@@ -112,6 +113,9 @@ class EngineBridge(QObject):
             getattr(self.feeds, signal).connect(getattr(self, signal))
         self.settingsChanged.connect(self.feeds.resolve_model_files)
         self.feeds.resolve_model_files()
+        self.web_ui = False  # llama-server's own chat page answers at base_url (see check_web_ui)
+        self.relay.on(ev.EngineReady, self.check_web_ui)
+        self.relay.on(ev.ServerStateChanged, self._web_ui_gone)
 
     # -- facts for widgets ----------------------------------------------------------------
     @property
@@ -189,6 +193,46 @@ class EngineBridge(QObject):
     def discover_models(self) -> None:
         """Look for GGUF models on this computer; answers with ``modelsFound``."""
         self.feeds.discover_models()
+
+    def load_conversation(self, session_id: str, on_done: Callable[[Any], None],
+                          on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """A saved conversation as ``(SessionEntry, Transcript | None)`` (None: saved without a
+        transcript), read off the GUI thread; ``on_done`` gets it on the GUI thread."""
+        sessions = self.engine.sessions
+
+        def read() -> tuple[SessionEntry, Any]:
+            return sessions.get(session_id), sessions.transcript(session_id)
+
+        self.jobs.run(read, on_success=on_done, on_failure=on_failure, description="Reading the conversation")
+
+    def api_key(self, on_done: Callable[[str | None], None],
+                on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """The key the front door takes now (None: none), read off the GUI thread (a key file)."""
+        self.jobs.run(lambda: self.engine.api_key, on_success=on_done, on_failure=on_failure,
+                      description="Reading the API key")
+
+    def check_web_ui(self, *_args) -> None:
+        """Whether llama-server serves its own web UI at the address (GET / answers 200 with HTML):
+        checked once the engine is ready; answers with ``webUiChanged``."""
+        if self._closed:
+            return
+        from slotkeeper.gui.chat.web_ui import serves_web_ui
+
+        url = self.base_url
+
+        def done(found: bool) -> None:
+            if found != self.web_ui and self.base_url == url and self.facts is not None:
+                self.web_ui = found
+                self.webUiChanged.emit(found)
+
+        self.jobs.run(serves_web_ui, url, lambda: self.engine.api_key, on_success=done,
+                      on_failure=lambda exc: log.info("no web UI check: %s", exc),
+                      description="Looking for llama-server's web UI")
+
+    def _web_ui_gone(self, event: ev.ServerStateChanged) -> None:
+        if event.state is not ServerState.READY and self.web_ui:
+            self.web_ui = False
+            self.webUiChanged.emit(False)
 
     # -- engine commands ------------------------------------------------------------------
     def _command(self, coro: Coroutine[Any, Any, Any], description: str,
