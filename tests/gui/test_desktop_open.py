@@ -49,7 +49,7 @@ def test_the_window_says_so_when_no_browser_or_file_manager_starts(monkeypatch, 
     server = server_page.ServerPage(bridge)
     qtbot.addWidget(server)
     with qtbot.waitSignal(server.statusMessage) as said:
-        server.open_chat()  # (the action is enabled once the server is ready)
+        server.open_web_ui()  # (offered once llama-server is found to serve its own page)
     assert "No web browser" in said.args[0] and bridge.base_url in said.args[0]
     assert QGuiApplication.clipboard().text() == bridge.base_url
 

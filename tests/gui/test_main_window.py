@@ -38,7 +38,10 @@ def test_the_server_menu_holds_the_server_pages_actions(window):
     server = window.server_page
     actions = [a for a in menus["Se&rver"].actions() if not a.isSeparator()]
     assert actions == [server.start_action, server.stop_action, server.restart_action,
-                       window.model_menu.menuAction(), server.open_chat_action, server.copy_action]
+                       window.model_menu.menuAction(), window.new_chat_action, server.open_chat_action,
+                       server.web_ui_action, server.copy_action]
+    assert server.open_chat_action.text() == "Open chat"
+    assert not server.web_ui_action.isVisible()  # offered only when llama-server serves one
     with_settings = []
     window.settingsRequested.connect(lambda: with_settings.append(True))
     server.settingsRequested.emit()

@@ -27,7 +27,8 @@ def test_initial_state(page):
     assert page.start_action.toolTip() == "No model chosen yet: use “Choose model…” first"
     assert page.choose_model_button.isDefault()
     assert not page.start_button.isEnabled()
-    assert not page.open_chat_action.isEnabled()
+    assert page.open_chat_action.isEnabled()  # the chat window opens whether or not the server runs
+    assert not page.web_ui_action.isVisible()  # llama-server's own page: only once found
     assert page.uptime_label.text() == "—"
     assert not page.warning_box.isVisible()
 

@@ -54,10 +54,11 @@ def test_no_tray_offscreen_and_menu_still_works(qtbot, tray, bridge):
     assert texts[1] == "Choose a model to start…"  # no model yet
     assert texts[2] == "Model"
     assert "Resume" in texts
-    assert "Open chat in browser" in texts
+    assert "New chat" in texts and "Open chat" in texts
+    assert not tray.web_ui_action.isVisible()  # offered only when llama-server serves its own page
     assert any(t.startswith("Copy API address") for t in texts)
     assert "Sessions…" in texts and "Settings…" in texts and texts[-1] == "Quit Slotkeeper"
-    assert not tray.open_chat_action.isEnabled()
+    assert tray.open_chat_action.isEnabled()
     assert tray.icon_state == "stopped"
 
 
@@ -110,10 +111,12 @@ def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge,
     # another model's conversation is one action: switch to its model and resume it
     assert other.isEnabled() and other.text().endswith("— switch to Qwen3-8B-Q4_K_M.gguf to resume")
 
+    # a conversation opens in the chat window; its slot is restored when a message is sent
     calls = []
     monkeypatch.setattr(bridge, "resume_session", lambda sid, slot=None: calls.append(sid))
-    same.trigger()
-    assert calls == ["aaaaaaaaaaaa"]
+    with qtbot.waitSignal(tray.chatRequested) as opened:
+        same.trigger()
+    assert opened.args == ["aaaaaaaaaaaa"] and calls == []
 
 
 def test_empty_resume_menu(qtbot, tray, bridge):

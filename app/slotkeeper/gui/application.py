@@ -36,6 +36,7 @@ from slotkeeper.gui.tray import TrayController
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.launching import Prelaunched
+    from slotkeeper.gui.chat.launcher import ChatLauncher
     from slotkeeper.gui.main_window import MainWindow
     from slotkeeper.gui.settings.dialog import SettingsDialog
 
@@ -163,6 +164,7 @@ class SlotkeeperApp(QObject):
         self._window: MainWindow | None = None
         self._hide_on_close = False
         self.switcher = ModelSwitcher(self.bridge)
+        self._chats: ChatLauncher | None = None  # the chat windows, built when first opened
         self.chooser: FirstRunDialog | None = None
         self.tray: TrayController | None = None
         self.settings_dialog: SettingsDialog | None = None
@@ -180,6 +182,8 @@ class SlotkeeperApp(QObject):
             self.tray.quitRequested.connect(self.request_quit)
             self.tray.modelRequested.connect(self.choose_model)
             self.tray.chooseModelRequested.connect(self.open_model_chooser)
+            self.tray.chatRequested.connect(self.open_chat)
+            self.tray.newChatRequested.connect(self.new_chat)
             self._hide_on_close = self.tray.show()
         self.notifier.notify.connect(self._notify)
 
@@ -206,12 +210,31 @@ class SlotkeeperApp(QObject):
             window.quitRequested.connect(self.request_quit)
             window.modelRequested.connect(self.choose_model)
             window.chooseModelRequested.connect(self.open_model_chooser)
+            window.chatRequested.connect(self.open_chat)
+            window.newChatRequested.connect(self.new_chat)
             self.switcher.parent_widget = window
             self._window = window
         return self._window
 
     def show_window(self, tab: str = "") -> None:
         self.window.bring_forward(tab)
+
+    @property
+    def chats(self) -> ChatLauncher:
+        """The chat windows (built on first use)."""
+        if self._chats is None:
+            from slotkeeper.gui.chat.launcher import ChatLauncher
+
+            self._chats = ChatLauncher(self.bridge, self)
+            self._chats.switchRequested.connect(lambda path: self.choose_model(path))
+        return self._chats
+
+    def open_chat(self, session_id: str = "") -> None:
+        """A saved conversation in the chat window ("": the last chat window, or a new chat)."""
+        self.chats.open_chat(session_id)
+
+    def new_chat(self) -> None:
+        self.chats.new_chat()
 
     def open_settings(self) -> None:
         if self.settings_dialog is not None:
@@ -345,6 +368,8 @@ class SlotkeeperApp(QObject):
     def dispose(self) -> None:
         """Release everything that holds a thread, a timer or a socket."""
         self.switcher.dispose()
+        if self._chats is not None:
+            self._chats.dispose()
         if self.chooser is not None:
             self.chooser.reject()
         if self.tray is not None:

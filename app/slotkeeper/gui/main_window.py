@@ -29,6 +29,8 @@ class MainWindow(QMainWindow):
     quitRequested = Signal()
     modelRequested = Signal(str, str)  # model path, session to resume after the switch ("" = none)
     chooseModelRequested = Signal()  # the model chooser (the list of models found, a file, the demo)
+    chatRequested = Signal(str)  # a conversation for the chat window ("": the last chat window, or a new chat)
+    newChatRequested = Signal()
 
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -61,6 +63,8 @@ class MainWindow(QMainWindow):
         self.server_page.settingsRequested.connect(self.settingsRequested)
         self.server_page.chooseModelRequested.connect(self.chooseModelRequested)
         self.sessions_page.switchRequested.connect(self.modelRequested)
+        self.sessions_page.chatRequested.connect(self.chatRequested)
+        self.server_page.chatRequested.connect(lambda: self.chatRequested.emit(""))
         for page in (self.server_page, self.sessions_page):
             page.statusMessage.connect(self.show_status)
         bridge.on(ev.ActivityChanged, self._on_activity)
@@ -87,7 +91,10 @@ class MainWindow(QMainWindow):
         self.model_menu.modelChosen.connect(lambda path: self.modelRequested.emit(path, ""))
         server_menu.addMenu(self.model_menu)
         server_menu.addSeparator()
+        self.new_chat_action = server_menu.addAction("&New chat")
+        self.new_chat_action.triggered.connect(self.newChatRequested)
         server_menu.addAction(server.open_chat_action)
+        server_menu.addAction(server.web_ui_action)
         server_menu.addAction(server.copy_action)
 
     # -- window behaviour -----------------------------------------------------------------

@@ -51,6 +51,8 @@ class TrayController(QObject):
     quitRequested = Signal()
     modelRequested = Signal(str, str)  # model path, session to resume after the switch ("" = none)
     chooseModelRequested = Signal()  # no model yet: open the model chooser
+    chatRequested = Signal(str)  # open a conversation in the chat window ("": the last chat window, or a new chat)
+    newChatRequested = Signal()
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -70,8 +72,15 @@ class TrayController(QObject):
         self.menu.addMenu(self.model_menu)
         self.resume_menu = self.menu.addMenu("Resume")
         self.resume_menu.setToolTipsVisible(True)
-        self.open_chat_action = self.menu.addAction("Open chat in browser")
-        self.open_chat_action.triggered.connect(self.open_chat)
+        self.new_chat_action = self.menu.addAction("New chat")
+        self.new_chat_action.triggered.connect(self.newChatRequested)
+        self.open_chat_action = self.menu.addAction("Open chat")
+        self.open_chat_action.triggered.connect(lambda: self.chatRequested.emit(""))
+        # llama-server's own chat page, when the binary serves one (bridge.check_web_ui)
+        self.web_ui_action = self.menu.addAction("Open llama-server's web UI")
+        self.web_ui_action.triggered.connect(self.open_web_ui)
+        self.web_ui_action.setVisible(bridge.web_ui)
+        bridge.webUiChanged.connect(self.web_ui_action.setVisible)
         self.copy_action = self.menu.addAction("Copy API address")
         self.copy_action.triggered.connect(self.copy_address)
         self.menu.addSeparator()
@@ -157,7 +166,7 @@ class TrayController(QObject):
         else:
             self.start_stop_action.setText("Stop server (saves conversations)")
             self.start_stop_action.setEnabled(True)
-        self.open_chat_action.setEnabled(ready)
+        self.web_ui_action.setEnabled(ready)
         self.copy_action.setText(f"Copy API address ({api_address(b.base_url)})")
         self.status_action.setText(self._status_line())
         self._refresh_icon_and_tip()
@@ -228,19 +237,20 @@ class TrayController(QObject):
             action = QAction(label, menu)
             action.setData(e.id)
             action.setEnabled(verdict.enabled)
-            action.setToolTip("Already in a slot: continue it from your chat client." if e.id in in_slot
+            action.setToolTip("In a slot now: opens it in the chat window" if e.id in in_slot
                               else verdict.why)
             action.triggered.connect(lambda _=False, sid=e.id, to=verdict.switch_to: self.resume(sid, to))
             menu.addAction(action)
 
     def resume(self, session_id: str, switch_to: str | None = None) -> None:
+        """Open the conversation in the chat window (its slot is restored when a message is sent);
+        switch to its model first, or start the server, when that is what it needs."""
         b = self.bridge
         if switch_to:
             self.modelRequested.emit(switch_to, session_id)
         elif b.state in STOPPED_STATES:
             b.start_server(resume_id=session_id)
-        else:
-            b.resume_session(session_id)
+        self.chatRequested.emit(session_id)
 
     # -- actions --------------------------------------------------------------------------
     def _start_stop(self) -> None:
@@ -252,11 +262,11 @@ class TrayController(QObject):
         else:
             b.stop_server(save=True)
 
-    def open_chat(self) -> None:
+    def open_web_ui(self) -> None:
         url = self.bridge.base_url
         if not open_url(url):
             QGuiApplication.clipboard().setText(url)
-            self.show_message("Open chat in browser", no_browser_message(url), WARNING)
+            self.show_message("llama-server's web UI", no_browser_message(url), WARNING)
 
     def copy_address(self) -> None:
         QGuiApplication.clipboard().setText(api_address(self.bridge.base_url))

@@ -74,6 +74,7 @@ class ServerPage(QWidget):
     settingsRequested = Signal()
     chooseModelRequested = Signal()
     statusMessage = Signal(str)  # a short message for the window's status bar
+    chatRequested = Signal()  # "Open chat": the chat window
 
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -131,8 +132,13 @@ class ServerPage(QWidget):
         self.restart_action = QAction("Restart", self)
         self.restart_action.setToolTip("Saves every changed conversation, then restarts llama-server")
         self.restart_action.triggered.connect(bridge.restart_server)
-        self.open_chat_action = QAction("Open chat in browser", self)
-        self.open_chat_action.triggered.connect(self.open_chat)
+        self.open_chat_action = QAction("Open chat", self)
+        self.open_chat_action.setToolTip("Slotkeeper's chat window: a saved conversation, or a new one")
+        self.open_chat_action.triggered.connect(self.chatRequested)
+        self.web_ui_action = QAction("Open llama-server's web UI", self)  # when the binary serves one
+        self.web_ui_action.triggered.connect(self.open_web_ui)
+        self.web_ui_action.setVisible(bridge.web_ui)
+        bridge.webUiChanged.connect(self.web_ui_action.setVisible)
         self.copy_action = QAction("Copy API address", self)
         self.copy_action.triggered.connect(self.copy_address)
         buttons = QHBoxLayout()
@@ -246,7 +252,7 @@ class ServerPage(QWidget):
         self.choose_model_button.setDefault(not has_model)
         self.stop_action.setEnabled(not stopped and state is not ServerState.STOPPING)
         self.restart_action.setEnabled(not stopped and state is not ServerState.STOPPING)
-        self.open_chat_action.setEnabled(ready)
+        self.web_ui_action.setEnabled(ready)
         profile = b.launched_profile or b.settings.profile
         model = b.snapshot.model
         model_text = b.model_name()
@@ -291,7 +297,7 @@ class ServerPage(QWidget):
         else:
             self.uptime_label.setText("—")
 
-    def open_chat(self) -> None:
+    def open_web_ui(self) -> None:
         url = self.bridge.base_url
         if not open_url(url):
             QGuiApplication.clipboard().setText(url)

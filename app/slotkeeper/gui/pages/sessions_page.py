@@ -44,6 +44,7 @@ OVER_BUDGET_STYLE = "QProgressBar::chunk { background: #dc2626; }"
 class SessionsPage(QWidget):
     statusMessage = Signal(str)  # a short message for the window's status bar
     switchRequested = Signal(str, str)  # model path, session to resume once it runs
+    chatRequested = Signal(str)  # open this conversation in the chat window
 
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -233,7 +234,7 @@ class SessionsPage(QWidget):
             text = "Reading the saved conversations…"
         elif not self.sessions_model.conversations():
             text = ("No saved conversations yet.\n\nChat through Slotkeeper's address, "
-                    f"{self.bridge.base_url}/v1 (any OpenAI-compatible client, or “Open chat” in the tray menu). "
+                    f"{self.bridge.base_url}/v1 (any OpenAI-compatible client, or “New chat” in the tray menu). "
                     "Each conversation is saved here when a reply ends, and comes back after a restart.")
             if self.bridge.state in STOPPED_STATES:
                 text += "\n\nThe server is stopped: start it from the tray menu or the Server tab first."
@@ -346,6 +347,8 @@ class SessionsPage(QWidget):
         return menu
 
     def resume_selected(self) -> None:
+        """Open the conversation in the chat window (its slot is restored when a message is sent),
+        switching to its model or starting the server first when that is what it needs."""
         entry = self.current_entry()
         if entry is None or not self.resume_button.isEnabled():
             return
@@ -356,9 +359,7 @@ class SessionsPage(QWidget):
         elif self.bridge.state in STOPPED_STATES:
             self.bridge.start_server(resume_id=entry.id)
             self.statusMessage.emit("Starting the server to resume this conversation…")
-        else:
-            self.bridge.resume_session(entry.id)
-            self.statusMessage.emit("Restoring the conversation…")
+        self.chatRequested.emit(entry.id)
 
     def toggle_pin_selected(self) -> None:
         """Pin: the conversation as it is now (its newest save). Unpin: every save of it."""
