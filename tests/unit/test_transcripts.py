@@ -138,7 +138,7 @@ def test_markdown_and_openai_json_for_export():
     assert t.to_openai() == {"messages": [{"role": "system", "content": "Be brief."},
                                           {"role": "user", "content": "Code?"},
                                           {"role": "assistant", "content": "```python\nprint(1)\n```"}]}
-    assert "Code?" in t.search_text() and "assistant: ```python" in t.search_text()
+    assert t.search_text() == "Be brief.\nCode?\n```python\nprint(1)\n```"
 
 
 def _reply(text: str) -> ReplyCollector:

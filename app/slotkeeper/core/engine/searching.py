@@ -19,6 +19,7 @@ from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.sessions.titles import conversation_text, title_and_preview
+from slotkeeper.core.sessions.transcripts import Transcript
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +38,18 @@ def detokenize(http: LlamaClient, tokens: list[int]) -> str | None:
 
 @dataclass
 class Described:
-    """``describe`` for the save protocol that keeps the text it detokenized (for the index)."""
+    """``describe`` for the save protocol that keeps the conversation's text (for the index): from
+    the slot's transcript when it has one, else what llama-server detokenizes (the fallback)."""
 
     http: LlamaClient
+    transcript: Transcript | None = None
     text: str | None = field(default=None, init=False)
 
     def __call__(self, tokens: list[int]) -> tuple[str, str]:
+        if self.transcript is not None:
+            self.text = self.transcript.search_text()
+            title = self.transcript.title()
+            return title or f"Conversation of {len(tokens)} tokens", self.transcript.preview()
         text = detokenize(self.http, tokens)
         if text is None:
             return f"Conversation of {len(tokens)} tokens", ""

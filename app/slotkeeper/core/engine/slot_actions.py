@@ -23,10 +23,12 @@ from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
 from slotkeeper.core.events import EventBus, RestoreReused, SessionRefused, SessionRestored, SlotRecomputed
 from slotkeeper.core.families import EXACT_ONLY_MODES
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
+from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
 from slotkeeper.core.sessions.sidecar import parse_utc
-from slotkeeper.core.sessions.store import SessionNotFound
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError
 from slotkeeper.core.views import Activity, RestoreSummary
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,7 @@ class SlotActions:
                 self.board.emptied(slot)  # a failed restore leaves the slot empty
                 raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
             tokens = await self.loop.run_io(store.tokens, entry)
+            transcript = await self.loop.run_io(_transcript_or_none, store, entry)
         except RestoreRefused as exc:
             self.events.emit(SessionRefused(session_id, slot, tuple(exc.reasons)))
             return None
@@ -120,7 +123,7 @@ class SlotActions:
                                 what="recording the restore")
         sc = entry.sidecar
         self.board.restored(slot, session_id, tokens, result.n_restored, sc.restore_mode,
-                            exact_only=facts.restore_mode in EXACT_ONLY_MODES)
+                            exact_only=facts.restore_mode in EXACT_ONLY_MODES, transcript=transcript)
         if result.restore_ms > 0 and result.n_read > 0:
             self._on_restored(result.restore_ms, result.n_read)
         summary = RestoreSummary(session_id, slot, result.n_restored, result.restore_ms, sc.title)
@@ -213,3 +216,13 @@ class SlotActions:
             self.loop.in_background(record_reuse, self.library.store, pending.session_id, 0, 0, None, why,
                                     what="recording the restore's reuse")
             self.events.emit(RestoreReused(slot, pending.session_id, 0, 0, pending.n_restored, None, why))
+
+
+def _transcript_or_none(store: SessionStore, entry: SessionEntry) -> Transcript | None:  # an I/O thread
+    """The session's transcript, which the slot then holds with it (a damaged one is left out: the
+    next save writes the slot's own)."""
+    try:
+        return store.transcript(entry)
+    except TranscriptError as exc:
+        log.warning("%s", exc)
+        return None

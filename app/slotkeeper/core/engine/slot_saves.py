@@ -35,6 +35,7 @@ from slotkeeper.core.sessions.saving import (
     server_refused,
 )
 from slotkeeper.core.sessions.store import unlink_quietly
+from slotkeeper.core.sessions.transcripts import Transcript
 from slotkeeper.core.tokens import TokenArray, as_tokens
 from slotkeeper.core.views import Activity, SavesReport, SaveSummary
 
@@ -78,7 +79,7 @@ class SlotSaves:
         ctx = SaveContext(facts, model.info.arch, self.link.llama_build)
         try:
             outcome = await self.write_session(self.link.client(), ctx, slot, s.session_id, timeout,
-                                               self._known_prompt(slot))
+                                               self._known_prompt(slot), s.content.transcript)
         except Exception as exc:  # whatever went wrong, the engine and its poller carry on
             self.failed(slot, describe_save_error(slot, exc))
             return None
@@ -112,12 +113,14 @@ class SlotSaves:
             log.info("not saving: restoring this model's conversations would not save any work")
 
     async def write_session(self, http: LlamaClient, ctx: SaveContext, slot: int, current_id: str | None,
-                            timeout: float, n_prompt: int | None = None) -> SaveOutcome:
-        """llama-server writes the slot; the save protocol turns the file into a session. Raises."""
+                            timeout: float, n_prompt: int | None = None,
+                            transcript: Transcript | None = None) -> SaveOutcome:
+        """llama-server writes the slot; the save protocol turns the file into a session (with
+        ``transcript``, what the slot holds in words). Raises."""
         written, save_ms = await self._write_slot(http, slot, timeout)
         if written is None:
             return SaveOutcome("empty", None)
-        return await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt)
+        return await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt, transcript)
 
     async def _write_slot(self, http: LlamaClient, slot: int, timeout: float) -> tuple[Written | None, float]:
         """llama-server writes the slot to an incoming file, checked whole (None: the slot was empty)."""
@@ -133,10 +136,11 @@ class SlotSaves:
         return written, result.save_ms
 
     async def _commit_written(self, http: LlamaClient, ctx: SaveContext, written: Written, current_id: str | None,
-                              save_ms: float, n_prompt: int | None) -> SaveOutcome:
-        described = Described(http)  # keeps the conversation's text for the search index
+                              save_ms: float, n_prompt: int | None,
+                              transcript: Transcript | None = None) -> SaveOutcome:
+        described = Described(http, transcript)  # keeps the conversation's text for the search index
         outcome = await self.loop.run_io(commit_written, self.library.store, written, ctx, described, current_id,
-                                         save_ms, n_prompt)
+                                         save_ms, n_prompt, transcript)
         sc = outcome.sidecar
         if sc is not None and outcome.kind in ("new", "update", "fork"):
             self.library.text_saved(sc, described.text)
@@ -162,7 +166,7 @@ class SlotSaves:
         if facts is None or model is None:
             return False
         s = self.board[slot]
-        generation, current_id = s.watch.generation, s.session_id
+        generation, current_id, transcript = s.watch.generation, s.session_id, s.content.transcript
         n_prompt = self._known_prompt(slot)
         ctx = SaveContext(facts, model.info.arch, self.link.llama_build)
         http = self.link.client()
@@ -177,16 +181,18 @@ class SlotSaves:
         # The slot is about to hold another conversation (a restore names it; a new one has none yet).
         self.board.left(slot, generation)
         if written is not None:
-            commit = asyncio.ensure_future(self._finish_switch_save(http, ctx, written, current_id, save_ms, n_prompt))
+            commit = asyncio.ensure_future(self._finish_switch_save(http, ctx, written, current_id, save_ms, n_prompt,
+                                                                    transcript))
             self._commits[commit] = as_tokens(written.tokens)
             commit.add_done_callback(lambda done: self._commits.pop(done, None))
         return True
 
     async def _finish_switch_save(self, http: LlamaClient, ctx: SaveContext, written: Written,
-                                  current_id: str | None, save_ms: float, n_prompt: int | None) -> None:
+                                  current_id: str | None, save_ms: float, n_prompt: int | None,
+                                  transcript: Transcript | None) -> None:
         slot = written.slot
         try:
-            outcome = await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt)
+            outcome = await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt, transcript)
         except Exception as exc:  # the slot holds another conversation by now
             message = describe_save_error(slot, exc)
             log.warning("the save of the conversation slot %s held before a switch failed: %s", slot, message)

@@ -39,6 +39,7 @@ from slotkeeper.core.sessions.search import IndexedText, Reconciled, SearchHit, 
 from slotkeeper.core.sessions.sidecar import Sidecar
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.sessions.titles import conversation_text
+from slotkeeper.core.sessions.transcripts import Transcript
 
 __all__ = ["AmbiguousSessionId", "PruneOutcome", "SearchResult", "SessionInUse", "SessionsService", "reconcile_search"]
 
@@ -198,6 +199,12 @@ class SessionsService:
         if session_id in self.in_slots():
             raise SessionInUse(session_id)
         self._delete(session_id)
+
+    def transcript(self, session_id: str) -> Transcript | None:
+        """The conversation a saved session holds, in words (None: saved without a transcript, by
+        an older Slotkeeper or from a request that was not a conversation). Raises
+        SessionNotFound, InvalidSessionId, TranscriptError (a damaged file)."""
+        return self.store.transcript(self.store.get(validate_session_id(session_id)))
 
     def verify(self, session_id: str) -> SessionEntry:
         return self.store.verify(session_id)

@@ -7,6 +7,8 @@ A session id is a name, never a path: every public entry point of the store chec
 - ``<id>.json``            a sidecar (written last, atomically)
 - ``<id>.<gen>.kv``        the KV file llama-server wrote; ``gen`` changes on every save, so a new
                            version never overwrites the old one before its sidecar exists
+- ``<id>.<gen>.chat``      the transcript of that version (``transcripts``), written before the
+                           sidecar in the same save; the KV file's ``gen`` names it
 - ``incoming-<rand>.kv``   a save in progress (llama-server writes files in place, not atomically)
 - ``.lock``, ``.*.tmp``    the folder lock and atomic writes' temporary files (hidden)
 """
@@ -35,6 +37,8 @@ MIN_ID_PREFIX = 4
 SESSION_ID_RE = re.compile(SESSION_ID_PATTERN)
 # \Z, not $: "$" also matches before a trailing newline, and a file name may end with one.
 OWN_KV_RE = re.compile(r"^([0-9a-f]{12})\.([0-9a-f]{8})\.kv\Z")
+OWN_TRANSCRIPT_RE = re.compile(r"^([0-9a-f]{12})\.([0-9a-f]{8})\.chat\Z")
+TRANSCRIPT_SUFFIX = ".chat"
 SIDECAR_NAME_RE = re.compile(rf"^({SESSION_ID_PATTERN})\.json\Z")
 
 
@@ -60,6 +64,11 @@ def sidecar_name(session_id: str) -> str:
 def new_kv_name(session_id: str) -> str:
     """A fresh ``<id>.<gen>.kv`` name: every save of a session gets a new one."""
     return f"{session_id}.{secrets.token_hex(4)}{KV_SUFFIX}"
+
+
+def transcript_name(kv_file: str) -> str | None:
+    """The transcript file of the version whose KV file is ``kv_file`` (None: not one of ours)."""
+    return kv_file[: -len(KV_SUFFIX)] + TRANSCRIPT_SUFFIX if OWN_KV_RE.match(kv_file) else None
 
 
 def new_incoming_name() -> str:

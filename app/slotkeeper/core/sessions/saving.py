@@ -42,6 +42,7 @@ from slotkeeper.core.sessions.sidecar import (
 )
 from slotkeeper.core.sessions.stamps import hash_with_stamp
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
+from slotkeeper.core.sessions.transcripts import Transcript
 from slotkeeper.core.tokens import TokenArray
 from slotkeeper.core.units import human_bytes
 
@@ -162,16 +163,18 @@ def check_written(store: SessionStore, incoming_name: str, n_written: int, slot:
 
 
 def commit_written(store: SessionStore, written: Written, ctx: SaveContext, describe: Describe,
-                   current_id: str | None = None, save_ms: float = 0.0, n_prompt: int | None = None) -> SaveOutcome:
+                   current_id: str | None = None, save_ms: float = 0.0, n_prompt: int | None = None,
+                   transcript: Transcript | None = None) -> SaveOutcome:
     """The rest of the save (step 1's hash and fsync, steps 2-4); the incoming file is gone
-    afterwards whatever happens. Raises SaveError."""
+    afterwards whatever happens. ``transcript``: the conversation in words, kept with the new
+    version. Raises SaveError."""
     path = written.path
     try:
         content_hash, hashed = hash_with_stamp(path)
         fsync_private(path)  # 0600 before it becomes a session: llama-server writes with the umask
         fault_point("after_hash")
         incoming = _Incoming(path, written.tokens, written.size, content_hash, written.n_media, hashed)
-        return _commit(store, incoming, ctx, describe, current_id, save_ms, n_prompt)
+        return _commit(store, incoming, ctx, describe, current_id, save_ms, n_prompt, transcript)
     except (kvfile.KvFileError, OSError) as exc:
         raise SaveError(f"saving slot {written.slot} failed: {exc}") from exc
     finally:
@@ -244,7 +247,8 @@ def _refine(kind: str, previous: SessionEntry | None, tokens: list[int]) -> tupl
 
 
 def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Describe,
-            current_id: str | None, save_ms: float, n_prompt: int | None) -> SaveOutcome:
+            current_id: str | None, save_ms: float, n_prompt: int | None,
+            transcript: Transcript | None = None) -> SaveOutcome:
     facts = ctx.facts
     kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
     described = None if kind in ("unchanged", "contained") else describe(inc.tokens)
@@ -296,7 +300,7 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
         # ``verified`` stamp is carried over from the hash above.
         replaces = previous.sidecar.kv_file if kind == "update" and previous is not None else None
         sidecar = store.commit(inc.path, sidecar, inc.tokens, hashed=inc.hashed, replaces=replaces,
-                               step=fault_point)
+                               step=fault_point, transcript=transcript.to_bytes() if transcript else None)
     return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms, inc.tokens,
                        _mtime_ns(store.dir / final_name))
 

@@ -30,10 +30,13 @@ import orjson
 
 from slotkeeper.core.fsutil import (
     NotARegularFile,
+    UnsafeFile,
+    atomic_write_bytes,
     ensure_private_folder,
     file_kind,
     fsync_dir,
     not_regular_error,
+    open_regular,
     regular_size,
 )
 from slotkeeper.core.sessions import kvfile
@@ -44,12 +47,14 @@ from slotkeeper.core.sessions.naming import (
     INCOMING_PREFIX,
     LOCK_NAME,
     OWN_KV_RE,
+    OWN_TRANSCRIPT_RE,
     SIDECAR_NAME_RE,
     SIDECAR_SUFFIX,
     InvalidSessionId,
     is_scratch,
     owns_kv_file,
     sidecar_name,
+    transcript_name,
     validate_session_id,
 )
 from slotkeeper.core.sessions.rows import Stamp, kept, rows_file, scan, split_rows, stamp_of, write_rows
@@ -63,6 +68,7 @@ from slotkeeper.core.sessions.sidecar import (
     write_sidecar_atomic,
 )
 from slotkeeper.core.sessions.stamps import FileStamp, carried_over, hash_with_stamp
+from slotkeeper.core.sessions.transcripts import MAX_FILE_BYTES, Transcript, TranscriptError
 from slotkeeper.core.tokens import TYPECODE, TokenArray, as_tokens
 
 log = logging.getLogger(__name__)
@@ -209,6 +215,7 @@ class SessionStore:
                 claimed.add(sid + SIDECAR_SUFFIX)
                 if entry.sidecar is not None:
                     claimed.add(entry.sidecar.kv_file)
+                    claimed.add(transcript_name(entry.sidecar.kv_file) or "")
             unmanaged = []
             for name in sorted(files):
                 if name in claimed or is_scratch(name):
@@ -361,7 +368,7 @@ class SessionStore:
     # -- writing --------------------------------------------------------------------------
     def commit(self, incoming: Path, sidecar: Sidecar, tokens: Sequence[int] | None,
                hashed: os.stat_result | None = None, replaces: str | None = None,
-               step: Callable[[str], None] = lambda step: None) -> Sidecar:
+               step: Callable[[str], None] = lambda step: None, transcript: bytes | None = None) -> Sidecar:
         """The last step of a save (``saving``), which has decided what the file llama-server
         wrote is: make ``incoming`` the new version of the session ``sidecar`` describes. Under
         the folder lock: rename it to ``sidecar.kv_file`` (a new name every save), fsync the
@@ -373,13 +380,18 @@ class SessionStore:
         records the stamp that lets a restore skip the hash while the file keeps it
         (``stamps.carried_over``). ``step(name)`` after the rename ("after_rename") and after the
         sidecar ("after_sidecar"): the save protocol's test-only fault hook. A crash at any step
-        leaves the previous version (``sweep`` removes the rest). Returns the sidecar written."""
+        leaves the previous version (``sweep`` removes the rest). ``transcript``: the conversation
+        in words (``transcripts``), written as ``<id>.<gen>.chat`` before the sidecar, so it exists
+        exactly when this version does. Returns the sidecar written."""
         validate_session_id(sidecar.id)
         if not ((m := OWN_KV_RE.match(sidecar.kv_file)) and m.group(1) == sidecar.id):
             raise ValueError(f"{sidecar.kv_file!r} is not a KV file name of session {sidecar.id}")
         final = self.dir / sidecar.kv_file
         with self.exclusive():
             os.replace(incoming, final)
+            chat = transcript_name(sidecar.kv_file)
+            if transcript is not None and chat is not None:
+                atomic_write_bytes(self.dir / chat, transcript)  # 0600, fsynced, renamed into place
             fsync_dir(self.dir)
             step("after_rename")
             # Verified by the save's hash: a restore trusts the file while it keeps this stamp.
@@ -390,6 +402,10 @@ class SessionStore:
             if replaces is not None and replaces != sidecar.kv_file:
                 gone = replaces
                 unlink_quietly(self.dir / gone)
+                old_chat = transcript_name(gone)
+                if old_chat is not None:
+                    unlink_quietly(self.dir / old_chat)
+                    self.index.note_files({old_chat: None})
                 self.forget_tokens(gone)
             self._record_saved(sidecar, tokens, gone)
         return sidecar
@@ -425,8 +441,11 @@ class SessionStore:
                     name.startswith(".") and name.endswith(".tmp")
                 )
                 m = OWN_KV_RE.match(name)
+                own_kv = name
+                if m is None and (m := OWN_TRANSCRIPT_RE.match(name)) is not None:
+                    own_kv = f"{m.group(1)}.{m.group(2)}.kv"  # a transcript goes with its version
                 if m and m.group(1) in claims:
-                    leftover = claims[m.group(1)] is not None and claims[m.group(1)] != name
+                    leftover = claims[m.group(1)] is not None and claims[m.group(1)] != own_kv
                 elif m:
                     leftover = True  # a first save that died before its sidecar was written
                 if leftover:
@@ -470,7 +489,8 @@ class SessionStore:
             # Only this session's own files: a sidecar copied under another id must not take
             # another session's conversation with it.
             kv_names = {entry.sidecar.kv_file} if entry.sidecar and owns_kv_file(session_id, entry.sidecar.kv_file) else set()
-            kv_names |= {n for n in os.listdir(self.dir) if (m := OWN_KV_RE.match(n)) and m.group(1) == session_id}
+            kv_names |= {n for n in os.listdir(self.dir)
+                         if (m := OWN_KV_RE.match(n) or OWN_TRANSCRIPT_RE.match(n)) and m.group(1) == session_id}
             unlink_quietly(self.sidecar_path(session_id))  # sidecar first: a half-deleted session is a leftover
             fsync_dir(self.dir)
             index = self.index
@@ -480,6 +500,23 @@ class SessionStore:
                 unlink_quietly(self.dir / name)
                 self.forget_tokens(name)
                 index.note_files({name: None})
+
+    def transcript(self, entry: SessionEntry) -> Transcript | None:
+        """The conversation a saved session holds, in words (None: saved without one). Read as
+        every file here is: never followed, never waited on, bounded. TranscriptError for a file
+        that is not a transcript."""
+        sc = entry.sidecar
+        name = transcript_name(sc.kv_file) if sc is not None and owns_kv_file(entry.id, sc.kv_file) else None
+        if name is None:
+            return None
+        try:
+            with open_regular(self.dir / name, MAX_FILE_BYTES) as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return None
+        except (NotARegularFile, UnsafeFile, OSError) as exc:
+            raise TranscriptError(f"the transcript of {entry.id} cannot be read: {exc}") from exc
+        return Transcript.from_bytes(raw)
 
     # -- integrity ------------------------------------------------------------------------
     def verify(self, session_id: str) -> SessionEntry:

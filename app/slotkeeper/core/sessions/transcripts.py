@@ -117,11 +117,10 @@ class Transcript:
         return _one_line(text, width)
 
     def search_text(self) -> str:
-        """Everything said, a line per message with its role (what the search index holds)."""
+        """Everything said (the reasoning too), a line per message: what the search index holds."""
         if self.kind == TEXT:
             return f"{self.prompt}\n{self.completion}"
-        return "\n".join(f"{m.role}: {m.content}" + (f"\n{m.role} (reasoning): {m.reasoning}" if m.reasoning else "")
-                         for m in self.messages)
+        return "\n".join(part for m in self.messages for part in (m.reasoning, m.content) if part)
 
     def to_openai(self) -> dict[str, Any]:
         """OpenAI-style JSON: a chat's ``messages`` (with the options it was rendered with), or a

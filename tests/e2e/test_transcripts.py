@@ -1,0 +1,99 @@
+"""Transcripts against a real llama-server: every conversation through the front door is kept in
+words with its saved session (0600, the same save), follows it when it goes on, comes back with a
+restore, gives the session its title, preview and search text, and never changes what is sent."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import httpx
+import pytest
+from e2e_helpers import EventLog, make_engine, wait_until
+
+from slotkeeper.core import events as ev
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.sessions.naming import transcript_name
+
+pytestmark = pytest.mark.e2e
+
+
+def chat(url: str, messages: list[dict], stream: bool = False) -> str:
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, "seed": 1}
+    if not stream:
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]["content"]
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        r.raise_for_status()
+        import json
+
+        parts = []
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for c in json.loads(line[6:]).get("choices", []):
+                    parts.append(c.get("delta", {}).get("content") or "")
+        return "".join(parts)
+
+
+def test_a_conversation_is_kept_in_words_and_follows_its_session(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    events = EventLog(engine)
+    engine.start()
+    messages = [{"role": "system", "content": "You know about herons."},
+                {"role": "user", "content": "Where do grey herons nest in the spring?"}]
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        url = engine.base_url
+        messages.append({"role": "assistant", "content": chat(url, messages)})
+        messages.append({"role": "user", "content": "And what do they eat near the river?"})
+        messages.append({"role": "assistant", "content": chat(url, messages, stream=True)})
+        saved = engine.save_slot(0)
+        assert saved.kind == "new" and saved.title == "Where do grey herons nest in the spring?"
+        entry = engine.sessions.listing().sessions[0]
+        t = engine.sessions.transcript(entry.id)
+        assert [(m.role, m.content) for m in t.messages] == [(m["role"], m["content"]) for m in messages]
+        path = engine.store.dir / transcript_name(entry.sidecar.kv_file)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert not engine.sessions.listing().unmanaged  # ours, not a stranger's file
+        # Found by anything said in it, not only by the title (the tiny model's replies are not words).
+        wait_until(lambda: engine.sessions.search("river").hits, what="the search index to hold the conversation")
+    finally:
+        engine.stop(save=False)
+
+    # After a restart the conversation comes back with its words; a next turn carries them on.
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert events.of(ev.SessionRestored)
+        assert engine.board[0].content.transcript == t  # the slot holds it in words too
+        messages.append({"role": "user", "content": "Thank you, that helps."})
+        messages.append({"role": "assistant", "content": chat(engine.base_url, messages)})
+        again = engine.save_slot(0)
+        assert again.kind == "update" and again.id == entry.id
+        after = engine.sessions.transcript(entry.id)
+        assert after.turns == 3 and [m.content for m in after.messages] == [m["content"] for m in messages]
+        files = os.listdir(engine.store.dir)
+        assert [f for f in files if f.endswith(".chat")] == [transcript_name(
+            engine.sessions.listing().sessions[0].sidecar.kv_file)]  # the old version's is gone
+    finally:
+        engine.stop(save=False)
+
+
+def test_a_request_the_door_cannot_read_as_a_conversation_leaves_no_stale_transcript(llama_model, server_bin, port):
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        url = engine.base_url
+        chat(url, [{"role": "user", "content": "Tell me about snow."}])
+        wait_until(lambda: engine.board[0].content.transcript is not None, what="the slot's transcript")
+        tokens = httpx.post(f"{url}/tokenize", json={"content": "a text given as tokens"}).json()["tokens"]
+        assert httpx.post(f"{url}/completion", json={"prompt": tokens, "n_predict": 4}, timeout=60).status_code == 200
+        wait_until(lambda: engine.board[0].content.transcript is None, what="the slot's transcript dropped")
+        saved = engine.save_slot(0)
+        assert engine.sessions.transcript(saved.id) is None  # saved without one: its title from the tokens
+    finally:
+        engine.stop(save=False)
