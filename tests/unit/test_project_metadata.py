@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).parents[2]
 
 
 def test_the_license_is_an_spdx_expression():
@@ -12,3 +16,13 @@ def test_the_license_is_an_spdx_expression():
     data = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert data["project"]["license"] == "MIT", "the table form stops working in setuptools on 2027-02-18"
     assert "setuptools>=77" in data["build-system"]["requires"], "the first setuptools that reads it"
+
+
+def test_make_run_opens_the_app_as_it_was_left():
+    """`make run` starts the app without forcing the demo: the first run offers a model (or the
+    demo), later runs serve the model chosen."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    out = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    [run] = [line for line in out.splitlines() if line.split() and line.split()[0].endswith("bin/slotkeeper")]
+    assert run.split()[1:] == [], run
