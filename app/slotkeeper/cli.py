@@ -251,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     id_help = "session id, or its start"
     p.add_argument("id", metavar="ID", help=id_help)
     p.add_argument("--json", action="store_true", help="every field, for scripts")
+    p.add_argument("--transcript", action="store_true", help="the conversation itself, message by message")
+    p = action("export", "write a saved conversation out: Markdown for people, or OpenAI-style JSON")
+    p.add_argument("id", metavar="ID", help=id_help)
+    p.add_argument("--format", choices=("md", "json"), default="md", help="md (default) or json")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: standard output)")
     for name, text in (("delete", "delete a saved conversation (its KV file and sidecar)"),
                        ("pin", "keep a saved conversation whatever the budget"),
                        ("unpin", "let the budget prune a saved conversation again")):

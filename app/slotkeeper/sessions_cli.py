@@ -11,8 +11,10 @@ import json
 import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 from slotkeeper.core.families import describe_restore_mode
+from slotkeeper.core.fsutil import atomic_write_text
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.services.sessions import AmbiguousSessionId, SearchResult, SessionInUse, SessionsService
 from slotkeeper.core.sessions.compat import model_file_name, swa_mode
@@ -23,6 +25,7 @@ from slotkeeper.core.sessions.naming import InvalidSessionId
 from slotkeeper.core.sessions.search import SearchHit, SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import RestoreRecord, Sidecar, SidecarError, parse_utc
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError
 from slotkeeper.core.settings import SettingsError, load_settings
 from slotkeeper.core.units import human_bytes
 from slotkeeper.sessions_list import list_json, print_bytes
@@ -237,7 +240,7 @@ def run_sessions_command(args: argparse.Namespace) -> int:
         finally:
             _keep_index(service)
     except (SessionNotFound, SessionInUse, InvalidSessionId, AmbiguousSessionId, SidecarError, OSError,
-            SearchUnavailable) as exc:
+            SearchUnavailable, TranscriptError) as exc:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 1
     except SettingsError as exc:
@@ -272,10 +275,14 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
     except AmbiguousSessionId as exc:
         _print_ambiguous(exc, service)
         return 1
+    if args.action == "show" and args.transcript:
+        return _show_transcript(service, sid, args.json)
     if args.action == "show":
         entry = service.get(sid)
         print(json.dumps(entry.to_json(), indent=2)) if args.json else _show(entry, service)
         return 0
+    if args.action == "export":
+        return _export(service, sid, args.format, args.output)
     if args.action == "delete":
         title = _title(service, sid)
         service.delete(sid)
@@ -288,6 +295,53 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
     if args.action == "verify":
         return _verify(service, [sid])
     return 2
+
+
+def _transcript(service: SessionsService, sid: str) -> Transcript | None:
+    t = service.transcript(sid)
+    if t is None:
+        print(f"slotkeeper: {sid} was saved without a transcript (by an older Slotkeeper, or from requests that "
+              "were not a conversation): its title and preview are all there is in words", file=sys.stderr)
+    return t
+
+
+def _show_transcript(service: SessionsService, sid: str, as_json: bool) -> int:
+    t = _transcript(service, sid)
+    if t is None:
+        return 1
+    if as_json:
+        print(json.dumps(t.to_json(), indent=2, ensure_ascii=False))
+        return 0
+    if t.kind == "text":
+        print(f"--- prompt\n{t.prompt}\n--- completion\n{t.completion}")
+        return 0
+    for m in t.messages:
+        print(f"--- {m.role}" + (f" ({m.name})" if m.name else ""))
+        if m.reasoning:
+            print("  (thinking) " + m.reasoning.replace("\n", "\n  (thinking) "))
+        if m.content:
+            print(m.content)
+        for call in m.tool_calls:
+            fn = call.get("function") or {}
+            print(f"  [tool call {fn.get('name', '?')}({fn.get('arguments', '')})]")
+        for item in m.media:
+            print(f"  [{item.split(':', 1)[0]} {item.split(':', 1)[-1][:12]}]")
+    return 0
+
+
+def _export(service: SessionsService, sid: str, fmt: str, output: str | None) -> int:
+    t = _transcript(service, sid)
+    if t is None:
+        return 1
+    sc = service.get(sid).sidecar
+    text = t.to_markdown(sc.title if sc else "") if fmt == "md" else json.dumps(t.to_openai(), indent=2,
+                                                                               ensure_ascii=False) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return 0
+    atomic_write_text(Path(output), text, mode=0o600)
+    print(f"wrote {output}")
+    return 0
 
 
 def _verify(service: SessionsService, ids: list[str]) -> int:

@@ -70,3 +70,27 @@ def test_a_transcript_no_version_claims_is_swept(tmp_path):
     (folder / "bbbbbbbbbbbb.00000001.chat").write_bytes(T1.to_bytes())  # no such session at all
     removed = store.sweep()
     assert sorted(removed) == ["aaaaaaaaaaaa.0000dead.chat", "bbbbbbbbbbbb.00000001.chat"]
+
+
+def test_the_command_line_shows_and_exports_a_transcript(tmp_path):
+    from sessions_helpers import run_cli
+
+    home = tmp_path / "home"
+    folder = home / "sessions"
+    home.mkdir(mode=0o700)
+    old = make_session(folder, "aaaaaaaaaaaa", tokens=A[:100])
+    _commit(folder, SessionStore(folder), old, "00000001", 200, T2)
+    shown = run_cli(home, "show", "aaaa", "--transcript")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[:2] == ["--- user", "Is the ridge icy?"] and "--- assistant\nIn places." in shown.stdout
+    md = run_cli(home, "export", "aaaaaaaaaaaa")
+    assert md.returncode == 0 and "## Assistant\n\nIn places." in md.stdout
+    out = tmp_path / "chat.json"
+    js = run_cli(home, "export", "aaaaaaaaaaaa", "--format", "json", "-o", str(out))
+    assert js.returncode == 0 and stat.S_IMODE(out.stat().st_mode) == 0o600
+    import json
+
+    assert json.loads(out.read_text())["messages"][0] == {"role": "user", "content": "Is the ridge icy?"}
+    make_session(folder, "bbbbbbbbbbbb", tokens=A[:50])
+    none = run_cli(home, "export", "bbbbbbbbbbbb")
+    assert none.returncode == 1 and "saved without a transcript" in none.stderr
