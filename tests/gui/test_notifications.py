@@ -65,7 +65,14 @@ def test_crash_and_automatic_restart(qtbot, bridge, engine, said):
 def test_failure_is_an_error_unless_quitting(qtbot, bridge, engine, said):
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.ServerStateChanged(ServerState.FAILED, "port 8789 in use"))
-    assert said[-1] == ("llama-server stopped", "port 8789 in use", ERROR)
+    assert said[-1] == ("llama-server could not start", "port 8789 in use", ERROR)
+    for state, message in ((ServerState.CRASHED, "llama-server exited (code -9)"),
+                           (ServerState.RESTARTING, "restart 3 of 3, in 4 s"),
+                           (ServerState.FAILED, "it crashed 3 times in 10 minutes")):
+        with qtbot.waitSignal(bridge.eventArrived):
+            emit_from_thread(engine, ev.ServerStateChanged(state, message))
+    assert said[-1] == ("llama-server stopped", "it crashed 3 times in 10 minutes", ERROR)
+    del said[1:]
     bridge.quitting = True
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.ServerStateChanged(ServerState.FAILED, "again"))

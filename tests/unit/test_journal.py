@@ -42,7 +42,10 @@ ACTIONS = [
      "llama-server crashed: llama-server exited (code -9)"),
     (ev.ServerStateChanged(ServerState.RESTARTING, "attempt 1 of 5", delay=2.0), "restarted", WARNING,
      "restarting llama-server in 2 s: attempt 1 of 5"),
-    (ev.ServerStateChanged(ServerState.FAILED, "gave up"), "crashed", ERROR, "llama-server failed: gave up"),
+    (ev.ServerStateChanged(ServerState.FAILED, "gave up"), "failed", ERROR, "llama-server failed: gave up"),
+    # a file that is not a model never ran: a failure, not a crash
+    (ev.ServerStateChanged(ServerState.FAILED, "m.gguf is not a GGUF model file"), "failed", ERROR,
+     "llama-server failed: m.gguf is not a GGUF model file"),
     (ev.ServerStateChanged(ServerState.STOPPED, "stopped"), "server", INFO, "llama-server stopped"),
     (ev.ServerAdopted(4242), "server", INFO, "took over llama-server (pid 4242)"),
     (ev.EngineReady("http://127.0.0.1:8080", (RestoreSummary("a", 0, 100, 1.0, "t"),)), "server", INFO,

@@ -1,7 +1,7 @@
 """Slotkeeper's own actions in words: one wording for `serve`'s log and the Server tab's activity list.
 
 ``journal_entry(event)`` turns an engine event that records something Slotkeeper did or saw
-(saved, restored, refused and why, reused, recomputed, pruned, repaired, the server crashed,
+(saved, restored, refused and why, reused, recomputed, pruned, repaired, the server failed or crashed,
 restarted, was adopted) into a ``JournalEntry``; events that are not actions (slot gauges,
 progress, per-request figures) give None. Texts start lower case with what happened, name slots
 as "slot N", sessions by id with their title in quotes, and numbers with thousands separators.
@@ -22,7 +22,7 @@ INFO, WARNING, ERROR = "info", "warning", "error"
 
 # Every kind an entry can have, in the order a filter offers them.
 KINDS = ("saved", "save failed", "restored", "refused", "reused", "not reused", "recomputed", "pruned",
-         "repaired", "server", "crashed", "restarted", "warning", "notice")
+         "repaired", "server", "failed", "crashed", "restarted", "warning", "notice")
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,6 @@ def _server(event: ev.ServerStateChanged) -> tuple[str, str, str] | None:
         case ServerState.RESTARTING:
             when = f" in {event.delay:.0f} s" if event.delay is not None else ""
             return "restarted", WARNING, f"restarting llama-server{when}{why}"
-        case ServerState.FAILED:
-            return "crashed", ERROR, f"llama-server failed{why}"
+        case ServerState.FAILED:  # could not start (a bad model file, a port in use) or gave up restarting
+            return "failed", ERROR, f"llama-server failed{why}"
     return None  # STOPPING: the STOPPED that follows says it

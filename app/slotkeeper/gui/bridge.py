@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from PySide6.QtCore import QObject, Signal
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine import Engine, EngineSnapshot
+from slotkeeper.core.engine import Engine, EngineError, EngineSnapshot
 from slotkeeper.core.services import switching
 from slotkeeper.core.services.resume import ResumeVerdict, resume_verdict
 from slotkeeper.core.services.settings import SettingsService
@@ -28,7 +28,7 @@ from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.naming import sidecar_name
 from slotkeeper.core.settings import Settings
-from slotkeeper.core.views import RUNNING_STATES, SavesReport, ServerState
+from slotkeeper.core.views import RUNNING_STATES, STOPPED_STATES, SavesReport, ServerState
 from slotkeeper.gui.feeds import Feeds
 from slotkeeper.gui.jobs import JobRunner, describe_error
 from slotkeeper.gui.relay import EventRelay
@@ -255,7 +255,19 @@ class EngineBridge(QObject):
             self.errorOccurred.emit("Starting llama-server",
                                     "No model chosen yet: pick one in Settings, or use the demo model.")
             return
-        self._command(self.engine.start_async(resume_id), "Starting llama-server")
+        self._command(self.engine.start_async(resume_id), "Starting llama-server",
+                      on_failure=lambda exc: self._start_failed("Starting llama-server", exc))
+
+    def _start_failed(self, what: str, exc: BaseException) -> None:
+        """A start the engine refused before llama-server ran (its port is taken, a launch that
+        would not fit): a failure with its reason, as one of llama-server itself is (the window's
+        state, the red icon, the activity list), never a traceback."""
+        message = describe_error(exc)
+        log.warning("%s failed: %s", what, message)
+        if isinstance(exc, EngineError) and self.state in STOPPED_STATES and not self.quitting:
+            self.relay.announce(ev.ServerStateChanged(ServerState.FAILED, message))
+        else:
+            self.errorOccurred.emit(what, message)
 
     def stop_server(self, save: bool = True, on_done: Callable[[], None] | None = None) -> None:
         self._command(self.engine.stop_async(save), "Saving conversations and stopping llama-server",
@@ -263,7 +275,8 @@ class EngineBridge(QObject):
 
     def restart_server(self) -> None:
         """Save changed slots, stop, start again with the current settings."""
-        self._command(self.engine.restart_async(), "Restarting llama-server")
+        self._command(self.engine.restart_async(), "Restarting llama-server",
+                      on_failure=lambda exc: self._start_failed("Restarting llama-server", exc))
 
     def resume_session(self, session_id: str, slot: int | None = None) -> None:
         """Restore a saved session into a free slot (saving that slot first if it changed)."""
@@ -345,7 +358,7 @@ class EngineBridge(QObject):
 
         def failed(exc: BaseException) -> None:
             outcome = SwitchOutcome(model_path, False, SavesReport(), None, describe_error(exc))
-            self.errorOccurred.emit("Switching models", outcome.error or "")
+            self._start_failed("Switching models", exc)
             self.modelSwitched.emit(outcome)
             if on_done is not None:
                 on_done(outcome)

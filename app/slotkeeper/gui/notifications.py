@@ -70,6 +70,7 @@ class Notifier(QObject):
         elif self._restarting:
             self.notify.emit("llama-server restarted", f"It is ready again at {url}.", INFO)
         self._restarting = False
+        self._crash_message = None
 
     def _on_state(self, event: ev.ServerStateChanged) -> None:
         state, message = event.state, event.message
@@ -84,8 +85,11 @@ class Notifier(QObject):
                 WARNING,
             )
         elif state is ServerState.FAILED and not self.bridge.quitting:
+            ran = self._restarting or self._crash_message is not None
             self._restarting = False
-            self.notify.emit("llama-server stopped", message or "It could not be started.", ERROR)
+            self._crash_message = None
+            self.notify.emit("llama-server stopped" if ran else "llama-server could not start",
+                             message or "It could not be started.", ERROR)
 
     def _on_reuse(self, event: ev.RestoreReused) -> None:
         if event.effective is not False:  # reused, or not judged (another conversation, a recompute)

@@ -121,6 +121,11 @@ class EventRelay(QObject):
                 self._logWake.emit()
 
     # -- the GUI thread -------------------------------------------------------------------
+    def announce(self, event: ev.Event) -> None:
+        """An event the GUI concludes itself (a start the engine refused before llama-server ran:
+        FAILED with the reason), handled as the engine's own are. On the GUI thread."""
+        self._dispatch(event)
+
     @Slot()
     def _drain_log(self) -> None:
         with self._emit_lock:

@@ -1,0 +1,50 @@
+"""What a new user met on the first day, offscreen (tests/desktop runs the same path with a real
+tray): a start refused before llama-server ran, progress text, where each conversation is,
+wording."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.views import ServerState
+from slotkeeper.gui.pages.server_page import ServerPage
+from slotkeeper.gui.tray import TrayController
+
+
+@pytest.fixture
+def busy_port():
+    """A port another program listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_a_port_in_use_is_a_failure_with_its_reason(qtbot, bridge, engine, busy_port, caplog):
+    """The window says Failed and why, the tray icon is red, the activity list has it; nothing on
+    stderr but one line (no chained tracebacks)."""
+    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL, port=busy_port))
+    page = ServerPage(bridge)
+    qtbot.addWidget(page)
+    tray = TrayController(bridge)
+    try:
+        with caplog.at_level(logging.INFO):
+            bridge.start_server()
+            qtbot.waitUntil(lambda: bridge.state is ServerState.FAILED, timeout=10_000)
+        assert page.state_label.text() == "Failed"
+        assert f"Port {busy_port} on 127.0.0.1 is already in use" in page.state_message.text()
+        assert "Choose another port in Settings" in page.state_message.text()
+        assert tray.icon_state == "error"
+        assert tray.start_stop_action.text() == "Start server"  # try again once the port is free
+        [entry] = [e for e in bridge.journal if e.level == "error"]
+        assert entry.kind == "failed" and f"Port {busy_port}" in entry.text
+        assert not [r for r in caplog.records if r.exc_info], "no traceback"
+        [line] = [r for r in caplog.records if "already in use" in r.getMessage()]
+        assert line.levelno == logging.WARNING
+    finally:
+        tray.dispose()
+        tray.deleteLater()
