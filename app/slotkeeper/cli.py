@@ -320,8 +320,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     import asyncio
 
     from slotkeeper.core import events as ev
-    from slotkeeper.core.demo_model import DEMO_NOTICE
-    from slotkeeper.core.engine import DEMO_MODEL, Engine, EngineError
+    from slotkeeper.core.engine import Engine, EngineError
     from slotkeeper.core.server.command import is_loopback
     from slotkeeper.core.server.state import ServerState
 
@@ -334,9 +333,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"slotkeeper: {exc}", file=sys.stderr)
             return 1
         raise
-    if settings.profile.model_path == DEMO_MODEL:
-        log.warning(DEMO_NOTICE)
-    engine.events.subscribe(ServeLog().on_event)
+    engine.events.subscribe(ServeLog().on_event)  # the demo's notice among them, once
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

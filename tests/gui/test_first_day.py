@@ -8,9 +8,14 @@ import logging
 import socket
 
 import pytest
+from gui_helpers import emit_from_thread
 
+from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL
+from slotkeeper.core.paths import app_paths
+from slotkeeper.core.settings import Settings
 from slotkeeper.core.views import ServerState
+from slotkeeper.gui.application import SlotkeeperApp
 from slotkeeper.gui.pages.server_page import ServerPage
 from slotkeeper.gui.tray import TrayController
 
@@ -48,3 +53,18 @@ def test_a_port_in_use_is_a_failure_with_its_reason(qtbot, bridge, engine, busy_
     finally:
         tray.dispose()
         tray.deleteLater()
+
+
+def test_the_terminal_says_the_address_clients_use(qtbot, caplog):
+    app = SlotkeeperApp(app_paths().ensure(), Settings(), tray_available=False, first_run=False)
+    qtbot.addWidget(app.window)
+    try:
+        with caplog.at_level(logging.INFO, logger="slotkeeper.gui.application"):
+            emit_from_thread(app.engine, ev.EngineReady("http://127.0.0.1:8789"))
+            qtbot.waitUntil(lambda: any("clients use" in r.getMessage() for r in caplog.records), timeout=5000)
+        [line] = [r.getMessage() for r in caplog.records if "clients use" in r.getMessage()]
+        assert line == "ready: clients use http://127.0.0.1:8789 (OpenAI API http://127.0.0.1:8789/v1)"
+    finally:
+        with qtbot.waitSignal(app.finished, timeout=10_000):
+            app.request_quit()
+        app.deleteLater()

@@ -22,7 +22,7 @@ from PySide6.QtNetwork import QLocalServer, QLocalSocket
 from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSystemTrayIcon
 
 from slotkeeper.core.engine import Engine, EngineError
-from slotkeeper.core.events import ActivityChanged
+from slotkeeper.core.events import ActivityChanged, EngineReady
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings
@@ -186,6 +186,7 @@ class SlotkeeperApp(QObject):
             self.tray.newChatRequested.connect(self.new_chat)
             self._hide_on_close = self.tray.show()
         self.notifier.notify.connect(self._notify)
+        self.bridge.on(EngineReady, self._on_ready)
 
         chose_now = False
         if first_run and not settings.profile.model_path:
@@ -195,6 +196,10 @@ class SlotkeeperApp(QObject):
             self.window.show()
         if (start_now or settings.start_server_on_launch) and settings.profile.model_path:
             self.bridge.start_server(resume_id=resume_id)
+
+    def _on_ready(self, event: EngineReady) -> None:
+        # The terminal says where clients go (llama-server's own address is private).
+        log.info("ready: clients use %s (OpenAI API %s/v1)", event.url, event.url.rstrip("/"))
 
     # -- windows --------------------------------------------------------------------------
     @property

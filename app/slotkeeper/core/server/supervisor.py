@@ -283,7 +283,13 @@ class Supervisor:
         with self._lock:
             self._state = state
             self._message = message
-        log.info("server %s%s", state.value, f": {message}" if message else "")
+        if state is ServerState.READY and message:
+            # Its own address answers only Slotkeeper (a private port and key): the address clients
+            # use is the front door's, said when the launch is ready.
+            log.info("llama-server ready on its private address %s (Slotkeeper's own: clients use "
+                     "Slotkeeper's address)", message)
+        else:
+            log.info("server %s%s", state.value, f": {message}" if message else "")
         self.events.emit(ServerStateChanged(state, message, tuple(log_tail), pid, delay))
 
     # -- lifecycle ------------------------------------------------------------------------
