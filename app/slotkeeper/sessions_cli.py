@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from slotkeeper.core.families import describe_restore_mode
 from slotkeeper.core.fsutil import atomic_write_text
@@ -269,7 +270,7 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
     if args.action == "search":
         return _search(args, service)
     if args.action == "verify" and not args.id:
-        return _verify(service, [e.id for e in service.listing().sessions])
+        return _verify(service, [e.id for e in service.listing().sessions], args.data_dir)
     try:
         sid = service.resolve_id(args.id)
     except AmbiguousSessionId as exc:
@@ -293,7 +294,7 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
         print(f"{args.action}ned {sid}  {cut(sc.title, TITLE_WIDTH)}")
         return 0
     if args.action == "verify":
-        return _verify(service, [sid])
+        return _verify(service, [sid], args.data_dir)
     return 2
 
 
@@ -344,16 +345,80 @@ def _export(service: SessionsService, sid: str, fmt: str, output: str | None) ->
     return 0
 
 
-def _verify(service: SessionsService, ids: list[str]) -> int:
+def _verify(service: SessionsService, ids: list[str], data_dir: str | None) -> int:
     bad = 0
+    server = _ServingModel(service, data_dir)
     for sid in ids:
         entry = service.verify(sid)
         if entry.problems:
             bad += 1
             print(f"{sid}  CORRUPT  {'; '.join(entry.problems)}")
+            continue
+        said = server.check(entry)
+        if said is not None and said.verdict == "mismatch":
+            bad += 1
+            print(f"{sid}  ok, but its transcript does not match: {said.words}")
+        elif said is not None:
+            print(f"{sid}  ok; transcript: {said.words}")
         else:
-            print(f"{sid}  ok")
+            print(f"{sid}  ok{server.why_not(entry)}")
     return 1 if bad else 0
+
+
+class _ServingModel:
+    """The llama-server a running Slotkeeper of this data folder started, asked (only when needed,
+    once) to render and tokenize transcripts of its model: only a server of a session's model can
+    check its transcript."""
+
+    def __init__(self, service: SessionsService, data_dir: str | None) -> None:
+        self.service = service
+        self._data_dir = data_dir
+        self._client: Any = None
+        self._sha: str | None = None
+        self._asked = False
+
+    def _connect(self) -> None:
+        """The running llama-server this data folder's Slotkeeper started (its state file and private
+        key, both the user's own files), and the SHA-256 of the model it runs (as hashed before)."""
+        if self._asked:
+            return
+        self._asked = True
+        from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
+        from slotkeeper.core.model_hash import ModelHashCache
+
+        paths = app_paths(self._data_dir)
+        try:
+            state = json.loads(paths.server_state_file.read_text(encoding="utf-8"))
+            key = json.loads(paths.private_address_file.read_text(encoding="utf-8"))["key"]
+            client = LlamaClient(f"http://127.0.0.1:{int(state['port'])}", timeout=30.0, api_key=str(key))
+            props = client.props()
+        except (OSError, ValueError, KeyError, TypeError, ServerUnavailable, ServerError):
+            return
+        self._client = client
+        self._sha = ModelHashCache(paths.hash_cache_file).cached(props.model_path)
+
+    def check(self, entry: SessionEntry) -> Any:
+        from slotkeeper.core.services.transcript_check import check_transcript
+
+        transcript = self.service.store.transcript(entry) if entry.sidecar is not None else None
+        if transcript is None:
+            return None
+        self._connect()
+        if self._client is None or entry.sidecar is None or self._sha != entry.sidecar.model_sha256:
+            return None
+        c = self._client
+        return check_transcript(transcript, list(self.service.store.tokens(entry)), c.apply_template, c.tokenize,
+                                c.detokenize)
+
+    def why_not(self, entry: SessionEntry) -> str:
+        try:
+            has = entry.sidecar is not None and self.service.store.transcript(entry) is not None
+        except TranscriptError as exc:
+            return f"; its transcript cannot be read: {exc}"
+        if not has:
+            return ""
+        return "; its transcript was not checked (only Slotkeeper serving its model can render it: start it)"
+
 
 
 def _title(service: SessionsService, sid: str) -> str:

@@ -97,3 +97,56 @@ def test_a_request_the_door_cannot_read_as_a_conversation_leaves_no_stale_transc
         assert engine.sessions.transcript(saved.id) is None  # saved without one: its title from the tokens
     finally:
         engine.stop(save=False)
+
+
+def test_a_transcript_is_checked_against_its_kv_file_with_the_models_template(llama_model, server_bin, port):
+    from dataclasses import replace
+
+    from slotkeeper.core.services.transcript_check import MISMATCH, OK
+    from slotkeeper.core.sessions.transcripts import Message
+
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        messages = [{"role": "user", "content": "Is the path over the pass open in winter?"}]
+        messages.append({"role": "assistant", "content": chat(engine.base_url, messages)})
+        messages.append({"role": "user", "content": "What about the hut at the top?"})
+        chat(engine.base_url, messages)
+        saved = engine.save_slot(0)
+        check = engine.loop.call(engine.check_transcript_async(saved.id))
+        assert check.verdict == OK, check.words
+        # A transcript edited behind Slotkeeper's back no longer says what the file holds.
+        entry = engine.store.get(saved.id)
+        t = engine.store.transcript(entry)
+        edited = replace(t, messages=(Message("user", "Something else entirely."), *t.messages[1:]))
+        (engine.store.dir / transcript_name(entry.sidecar.kv_file)).write_bytes(edited.to_bytes())
+        check = engine.loop.call(engine.check_transcript_async(saved.id))
+        assert check.verdict == MISMATCH and "not what the saved conversation begins with" in check.words
+    finally:
+        engine.stop(save=False)
+
+
+def test_sessions_verify_checks_the_transcript_while_slotkeeper_serves_its_model(llama_model, server_bin, port,
+                                                                               isolated_home):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "slotkeeper"]
+    proc = subprocess.Popen([*cmd, "serve", "--model", str(llama_model), "--server-bin", server_bin, "--port",
+                             str(port), "--ctx", "2048", "--data-dir", str(isolated_home), "--idle-save", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = proc.stdout.readline().split()[1]
+        chat(url, [{"role": "user", "content": "Is there snow on the ridge today?"}])
+        sessions = isolated_home / "sessions"
+        wait_until(lambda: list(sessions.glob("*.chat")), what="the idle save with its transcript")
+        r = subprocess.run([*cmd, "sessions", "--data-dir", str(isolated_home), "verify"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and "transcript: the transcript matches the saved conversation" in r.stdout, r
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    r = subprocess.run([*cmd, "sessions", "--data-dir", str(isolated_home), "verify"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "its transcript was not checked" in r.stdout, r

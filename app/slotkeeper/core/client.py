@@ -295,6 +295,20 @@ class LlamaClient:
             )
         return out
 
+    def apply_template(self, body: dict[str, Any]) -> str:
+        """A chat request's prompt as llama-server renders it with the model's template."""
+        d = self._json("POST", "/apply-template", body=body)
+        prompt = d.get("prompt")
+        if not isinstance(prompt, str):
+            raise ServerError(200, "/apply-template gave no prompt")
+        return prompt
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """``text`` as llama-server tokenizes a prompt (special tokens parsed)."""
+        d = self._json("POST", "/tokenize", body={"content": text, "add_special": add_special,
+                                                   "parse_special": True})
+        return [int(t) for t in d.get("tokens", [])]
+
     def detokenize(self, tokens: list[int]) -> str:
         d = self._json("POST", "/detokenize", body={"tokens": list(tokens)})
         return str(d.get("content", ""))
