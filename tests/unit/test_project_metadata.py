@@ -26,3 +26,15 @@ def test_make_run_opens_the_app_as_it_was_left():
     out = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
     [run] = [line for line in out.splitlines() if line.split() and line.split()[0].endswith("bin/slotkeeper")]
     assert run.split()[1:] == [], run
+
+
+def test_the_readme_says_where_the_command_is():
+    """`make run` puts `slotkeeper` in .venv, not on PATH: the README says so, and the pipx install it
+    offers names an extra that exists."""
+    tomllib = pytest.importorskip("tomllib")
+    readme = (ROOT / "README.md").read_text()
+    assert "`.venv/bin/slotkeeper`" in readme
+    assert "pipx install '.[server]'" in readme
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "server" in data["project"]["optional-dependencies"]
+    assert data["project"]["scripts"]["slotkeeper"]
