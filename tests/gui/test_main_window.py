@@ -56,6 +56,11 @@ def test_pages_report_to_the_status_bar(qtbot, window, bridge, engine):
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.ActivityChanged(Activity("saving", "Alpha", done=0, total=2)))
     assert window.activity_label.text() == "Saving (1 of 2): Alpha"
+    # hashing counts bytes: a share of the size, never past it (it said "Hashing (98362433 of 98362432)")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ActivityChanged(Activity("hashing", "identifying starter.gguf",
+                                                             done=98_362_432, total=98_362_432)))
+    assert window.activity_label.text() == "Identifying starter.gguf: 100% of 93.8 MiB"
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.ActivityChanged(Activity()))
     assert window.activity_label.text() == ""

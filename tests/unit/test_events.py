@@ -6,6 +6,7 @@ import pytest
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.views import Activity
 
 
 def test_handlers_receive_only_the_types_they_asked_for():
@@ -101,3 +102,17 @@ def test_a_held_bus_delivers_what_came_before_its_listeners_in_order_then_everyt
     assert late.is_set() and got == ["preparing", "loading the model", "ready"]
     bus.emit(ServerStateChanged(ServerState.STOPPING, "stopping"))
     assert got[-1] == "stopping"
+
+
+@pytest.mark.parametrize(("activity", "text"), [
+    (Activity(), ""),
+    (Activity("hashing", "identifying m.gguf", 0, 98_362_432), "Identifying m.gguf: 0% of 93.8 MiB"),
+    (Activity("hashing", "identifying m.gguf", 61_000_000, 98_362_432), "Identifying m.gguf: 62% of 93.8 MiB"),
+    (Activity("hashing", "identifying m.gguf", 98_362_432, 98_362_432), "Identifying m.gguf: 100% of 93.8 MiB"),
+    (Activity("hashing", "identifying m.gguf"), "Identifying m.gguf"),
+    (Activity("saving", "slot 0", 0, 2), "Saving (1 of 2): slot 0"),
+    (Activity("restoring", "abc", 2, 2), "Restoring (2 of 2): abc"),  # never past the total
+    (Activity("saving", "slot 1"), "Saving: slot 1"),
+])
+def test_an_activity_in_words_never_goes_past_its_total(activity, text):
+    assert activity.describe() == text

@@ -65,6 +65,25 @@ class Activity:
     done: int = 0
     total: int = 0
 
+    def describe(self) -> str:
+        """The activity in words for a status line ("" when idle). Hashing counts bytes: a share
+        and the size ("Identifying m.gguf: 62% of 93.8 MiB"); the others count items, the one in
+        hand ("Saving (1 of 2): slot 0"). Never past the total."""
+        if not self.activity:
+            return ""
+        detail = self.detail or self.activity
+        if self.activity == "hashing":
+            if not self.total:
+                return detail[:1].upper() + detail[1:]
+            from slotkeeper.core.units import human_bytes
+
+            share = min(100, int(100 * max(0, self.done) / self.total))
+            return f"{detail[:1].upper()}{detail[1:]}: {share}% of {human_bytes(self.total)}"
+        head = self.activity.capitalize()
+        if self.total:
+            head += f" ({min(self.total, max(0, self.done) + 1)} of {self.total})"
+        return f"{head}: {self.detail}" if self.detail else head
+
 
 @dataclass(frozen=True)
 class RestoreSummary:

@@ -333,7 +333,7 @@ class SlotkeeperApp(QObject):
         if activity.activity == "saving" and total:
             self.progress.setRange(0, total)
             self.progress.setValue(done)
-            self.progress.setLabelText(f"Saving conversation {done + 1} of {total} ({activity.detail})…")
+            self.progress.setLabelText(f"Saving conversation {min(total, done + 1)} of {total} ({activity.detail})…")
         elif activity.activity is None and total:
             self.progress.setValue(total)
             self.progress.setLabelText("Stopping llama-server…")

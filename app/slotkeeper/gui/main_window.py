@@ -133,10 +133,4 @@ class MainWindow(QMainWindow):
             self.server_page.show_warning(message)
 
     def _on_activity(self, event: ev.ActivityChanged) -> None:
-        activity = event.activity
-        kind = activity.activity
-        if kind:
-            progress = f" ({activity.done + 1} of {activity.total})" if activity.total else ""
-            self.activity_label.setText(f"{kind.capitalize()}{progress}: {activity.detail}")
-        else:
-            self.activity_label.setText("")
+        self.activity_label.setText(event.activity.describe())

@@ -367,8 +367,8 @@ class ModelSwitcher(QObject):
         if a.activity == "saving" and a.total:
             self.progress.setRange(0, a.total)
             self.progress.setValue(a.done)
-            self.progress.setLabelText(f"Switching to {self._target}: saving conversation {a.done + 1} of "
-                                       f"{a.total} ({a.detail})…")
+            self.progress.setLabelText(f"Switching to {self._target}: saving conversation "
+                                       f"{min(a.total, a.done + 1)} of {a.total} ({a.detail})…")
 
     def _on_ready(self, _event: ev.EngineReady) -> None:
         if self._starting:
