@@ -16,6 +16,7 @@ refused (401), nothing listening, a connection dropped before the reply ended.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from PySide6.QtCore import QByteArray, QObject, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
 
 from slotkeeper.core.sessions.transcripts import CHAT, Message, ReplyCollector, Transcript
+
+log = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -237,6 +240,17 @@ class ChatStream(QObject):
         reply = self._reply
         if reply is None or self._done:
             return
+        try:
+            result = self._result(reply)
+        except Exception as exc:  # never a traceback in the window, never a window left waiting
+            log.exception("reading the reply failed")
+            result = StreamResult(self._collector.message(), ReplyFigures(), self._stopped,
+                                  f"The reply could not be read: {exc}")
+        self._done = True
+        reply.deleteLater()
+        self.finished.emit(result)
+
+    def _result(self, reply: QNetworkReply) -> StreamResult:
         if reply.bytesAvailable():
             self._on_ready_read()
         self._done = True
@@ -248,7 +262,7 @@ class ChatStream(QObject):
         if self._stopped:
             error = None
         elif status is not None and status != 200:
-            retry = bytes(reply.rawHeader(b"Retry-After").data()).decode("latin-1") or None
+            retry = bytes(reply.rawHeader("Retry-After").data()).decode("latin-1") or None
             error = describe_failure(status, self._error_body, retry, "", self.base_url)
         elif err == QNetworkReply.NetworkError.ConnectionRefusedError or (
                 status is None and err == QNetworkReply.NetworkError.HostNotFoundError):
@@ -267,10 +281,8 @@ class ChatStream(QObject):
                                _int(t, "predicted_n"),
                                float(t["predicted_per_second"]) if isinstance(t.get("predicted_per_second"),
                                                                              (int, float)) else None)
-        result = StreamResult(self._collector.message(), figures, self._stopped, error, self._events,
-                              self._finish_reason)
-        reply.deleteLater()
-        self.finished.emit(result)
+        return StreamResult(self._collector.message(), figures, self._stopped, error, self._events,
+                            self._finish_reason)
 
     def _on_ready_read_tail(self) -> None:
         """A last event not followed by a newline."""
