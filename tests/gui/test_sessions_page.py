@@ -137,6 +137,31 @@ def test_the_table_says_where_each_conversation_is(qtbot, page, bridge, engine, 
     assert where("bbbbbbbbbbbb") == ""
 
 
+def test_a_page_built_later_says_where_each_conversation_is_now(qtbot, bridge, engine, sessions_dir):
+    """The window is built when first opened: a conversation that replaced another in slot 0 before
+    then is "slot 0" at once, as the Slots tab and the tray say."""
+    from gui_helpers import emit_from_thread
+
+    from slotkeeper.core import events as ev
+    from slotkeeper.core.views import SlotView
+    from slotkeeper.gui.sessions_model import COLUMN
+
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Alpha", age_hours=2)
+    make_session(sessions_dir, "bbbbbbbbbbbb", title="Beta", age_hours=1)
+    for sid in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"):  # Beta replaced Alpha in slot 0
+        with qtbot.waitSignal(bridge.eventArrived):
+            emit_from_thread(engine, ev.SlotsChanged((SlotView(0, session_id=sid),)))
+    page = SessionsPage(bridge)
+    qtbot.addWidget(page)
+    page.show()
+    wait_rows(qtbot, page, 2)
+
+    def where(sid):
+        return page.sessions_model.index(page.sessions_model.row_of(sid), COLUMN["in_slot"]).data()
+
+    assert where("bbbbbbbbbbbb") == "slot 0" and where("aaaaaaaaaaaa") == ""
+
+
 def test_a_pinned_conversation_that_went_on_is_one_row_with_its_pin(qtbot, page, bridge, sessions_dir, monkeypatch):
     """The snapshot pinned at 5,012 tokens and the conversation that went on from it: one row,
     pinned, titled and timed by the newest save; Unpin and Delete act on both files."""

@@ -61,6 +61,7 @@ class SessionsPage(QWidget):
         bridge.settingsChanged.connect(self._on_settings_changed)
         bridge.sessionVerified.connect(self._on_verified)
         bridge.modelFileResolved.connect(self._update_buttons)
+        self._on_slots()  # where each is now: the window is built after the slots last changed
         if bridge.listing is not None:
             self._on_listing(bridge.listing, bridge.facts)
         bridge.refresh_sessions()
