@@ -73,7 +73,7 @@ def test_the_model_menu_lists_recent_and_found_models_with_the_current_one_check
         assert texts[:3] == ["Recent", "alpha-llama.gguf", "beta-llama.gguf"]
         assert "Found on this computer" in texts
         assert any(t.startswith("found-here.gguf (llama") for t in texts)
-        assert texts[-3:] == ["Demo model (tiny, random weights)", "Choose model…", "Download a model…"]
+        assert texts[-3:] == ["Starter model (SmolLM2 135M)", "Choose model…", "Download a model…"]
         checked = [a.text() for a in tray.model_menu.model_actions() if a.isChecked()]
         assert checked == ["alpha-llama.gguf"]
         beta = next(a for a in tray.model_menu.model_actions() if a.text() == "beta-llama.gguf")
@@ -403,3 +403,23 @@ def test_demo_model_is_offered_and_chosen(qtbot, cleanup):
         assert chosen.args == [DEMO_MODEL]
     finally:
         menu.deleteLater()
+
+
+def test_the_switch_dialog_says_in_words_which_command_line_settings_stop_applying(qtbot, cleanup, model_files):
+    """`slotkeeper --ctx 4096 --parallel 2`, then another model: the dialog says it in words, no field
+    names (it said "The command line's model_path, ctx applied to the model it came with")."""
+    from slotkeeper.gui.model_switch import SwitchModelDialog, dropped_words
+
+    bridge, engine, _ = make_bridge(qtbot, Settings().with_profile(model_path=str(model_files["a"])),
+                                    overrides={"profile.ctx": 4096, "profile.parallel": 2})
+    cleanup.append((bridge, engine))
+    p = preview(qtbot, bridge, model_files["b"])
+    assert set(p.plan.dropped_overrides) == {"profile.ctx", "profile.parallel"}
+    d = SwitchModelDialog(p)
+    qtbot.addWidget(d)
+    text = d.dropped_label.text()
+    assert text == (f"The context size and number of slots you gave on the command line were for the model "
+                    f"Slotkeeper started with; {p.name} runs with its own settings.")
+    assert "_" not in text and "ctx" not in text
+    assert dropped_words(("profile.model_path",)) == ""  # choosing another model is the point
+    assert dropped_words(("profile.model_path", "profile.ctx")) == "context size"

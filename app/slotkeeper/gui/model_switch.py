@@ -158,6 +158,29 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
                          tuple(waiting), resumable)
 
 
+# The per-model settings in words, for "the context size you gave on the command line".
+SETTING_WORDS = {
+    "profile.ctx": "context size",
+    "profile.parallel": "number of slots",
+    "profile.flash_attn": "flash attention setting",
+    "profile.cache_type_k": "K cache type",
+    "profile.cache_type_v": "V cache type",
+    "profile.swa_full": "full sliding-window cache (--swa-full)",
+    "profile.extra_args": "extra llama-server arguments",
+    "profile.mmproj_path": "image projector",
+}
+
+
+def dropped_words(names: tuple[str, ...]) -> str:
+    """Command-line settings that stop applying, in words ("context size and number of slots"); the
+    model itself is left out: choosing another one is the point."""
+    words = [SETTING_WORDS.get(n, n.removeprefix("profile.").replace("_", " ")) for n in names
+             if n != "profile.model_path"]
+    if len(words) < 2:
+        return "".join(words)
+    return f"{', '.join(words[:-1])} and {words[-1]}"
+
+
 class SwitchModelDialog(QDialog):
     """What switching to a model means, before it happens; ``swa_full`` is the user's choice."""
 
@@ -182,10 +205,13 @@ class SwitchModelDialog(QDialog):
         self.settings_label = WrappedLabel()
         layout.addWidget(self.settings_label)
         self._where = where
-        if p.plan.dropped_overrides:
-            flags = ", ".join(n.removeprefix("profile.") for n in p.plan.dropped_overrides)
-            layout.addWidget(WrappedLabel(f"The command line's {flags} applied to the model it came with; "
-                                          "this model uses its own settings."))
+        dropped = dropped_words(p.plan.dropped_overrides)
+        self.dropped_label: QLabel | None = None
+        if dropped:
+            self.dropped_label = WrappedLabel(
+                f"The {dropped} you gave on the command line {'was' if ' and ' not in dropped else 'were'} for "
+                f"the model Slotkeeper started with; {p.name} runs with its own settings.")
+            layout.addWidget(self.dropped_label)
 
         self.memory_label = WrappedLabel()
         layout.addWidget(self.memory_label)
