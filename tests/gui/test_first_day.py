@@ -9,6 +9,7 @@ import socket
 
 import pytest
 from gui_helpers import emit_from_thread
+from PySide6.QtCore import Qt
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL
@@ -68,3 +69,50 @@ def test_the_terminal_says_the_address_clients_use(qtbot, caplog):
         with qtbot.waitSignal(app.finished, timeout=10_000):
             app.request_quit()
         app.deleteLater()
+
+
+def test_the_tray_and_the_sessions_tab_agree_on_age_and_slot(qtbot, bridge, engine, sessions_dir):
+    """One source: the age is when the conversation last changed (its KV file), whatever a launch
+    restore did to "last used" (they said 15 min and 8 min); the slot holds any save of it."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    from gui_helpers import make_session
+
+    from slotkeeper.core.sessions.sidecar import format_utc
+    from slotkeeper.core.views import SlotView
+    from slotkeeper.gui.pages.sessions_page import SessionsPage
+    from slotkeeper.gui.sessions_model import COLUMN
+
+    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+    make_session(sessions_dir, "aaaaaaaaaaaa", title="Walking", age_hours=0.25)
+    sidecar = sessions_dir / "aaaaaaaaaaaa.json"
+    data = json.loads(sidecar.read_text())
+    data["last_used_at"] = format_utc(datetime.now(timezone.utc) - timedelta(minutes=8))  # restored at launch
+    sidecar.write_text(json.dumps(data))
+    make_session(sessions_dir, "bbbbbbbbbbbb", title="Boots", age_hours=5, pinned=True)
+    make_session(sessions_dir, "cccccccccccc", title="Boots", age_hours=4, pinned=True, parent="bbbbbbbbbbbb",
+                 continues=True)  # went on from the pinned snapshot: one conversation
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged((SlotView(0, session_id="bbbbbbbbbbbb"),)))
+
+    page = SessionsPage(bridge)
+    qtbot.addWidget(page)
+    tray = TrayController(bridge)
+    try:
+        qtbot.waitUntil(lambda: page.sessions_proxy.rowCount() == 2, timeout=10_000)
+        model = page.sessions_model
+        assert model.headerData(COLUMN["last_used"], Qt.Orientation.Horizontal) == "Last changed"
+
+        def cell(sid, key):
+            return model.index(model.row_of(sid), COLUMN[key]).data()
+
+        assert cell("aaaaaaaaaaaa", "last_used") == "15 min ago"
+        assert cell("cccccccccccc", "in_slot") == "slot 0"
+        tray.rebuild_resume_menu()
+        labels = {a.data(): a.text() for a in tray.resume_menu.actions()}
+        assert labels["aaaaaaaaaaaa"].endswith("(15 min ago)")
+        assert labels["cccccccccccc"].endswith("(in slot 0)")
+    finally:
+        tray.dispose()
+        tray.deleteLater()

@@ -7,8 +7,8 @@ row under the conversation it left."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from PySide6.QtCore import (
@@ -46,7 +46,8 @@ COLUMNS = (
     ("model", "Model", "The model it was made with (the tooltip says how its cache was stored)."),
     ("tokens", "Tokens", "How long the conversation is, in tokens."),
     ("size", "Size", "Disk space its saved cache takes (every save of it)."),
-    ("last_used", "Last used", "When it was last saved or restored."),
+    ("last_used", "Last changed", "When the conversation last changed (its last save; bringing it back "
+                                  "into a slot does not count). The tray's Resume menu says the same."),
     ("pinned", "Pinned", "Pinned conversations are never deleted to stay within the disk budget."),
     ("restore", "Restore", "What bringing it back saves: with most models any part of it is reused; with "
                            "some only an exact continuation."),
@@ -83,6 +84,30 @@ def relative_time(moment: datetime, now: float) -> str:
     return moment.astimezone().strftime("%Y-%m-%d")
 
 
+def changed_at(entry: SessionEntry, saved_at: Mapping[str, float]) -> float | None:
+    """When a saved conversation last changed: its KV file's time (``saved_at``, from the listing's
+    feed), else its sidecar's last use. One source for the Sessions tab and the tray: "last used"
+    also moves when a launch restores it or a quit finds it unchanged."""
+    moment = saved_at.get(entry.id)
+    if moment:
+        return moment
+    if entry.sidecar is None:
+        return None
+    try:
+        return parse_utc(entry.sidecar.last_used_at).timestamp()
+    except ValueError:
+        return None
+
+
+def conversation_slot(conversation: Conversation, in_slot: Mapping[str, int]) -> int | None:
+    """The slot holding any save of ``conversation`` now (``in_slot``: session id -> slot), newest
+    save first; the rule the Sessions tab and the tray share."""
+    for e in reversed(conversation.saves):
+        if e.id in in_slot:
+            return in_slot[e.id]
+    return None
+
+
 class _Node:
     """A row: one conversation (its saves) under its parent row (None: top level)."""
 
@@ -108,13 +133,17 @@ class SessionsTableModel(QAbstractItemModel):
         self._facts: ServerFacts | None = None
         self._clock = clock
         self._in_slot: dict[str, int] = {}  # session id -> the slot holding it now
+        self._saved_at: Mapping[str, float] = {}  # session id -> when its KV file was written
         self.total_bytes = 0
         self.unmanaged_bytes = 0
 
     # -- feeding --------------------------------------------------------------------------
-    def set_listing(self, listing: Listing, facts: ServerFacts | None) -> None:
+    def set_listing(self, listing: Listing, facts: ServerFacts | None,
+                    saved_at: Mapping[str, float] | None = None) -> None:
+        """``saved_at``: when each session's KV file was written (``Feeds.saved_at``)."""
         self.beginResetModel()
         self._entries = list(listing.sessions)
+        self._saved_at = dict(saved_at or {})
         self._facts = facts
         self._reasons = {e.id: compat_reasons(e, facts) for e in self._entries}
         self._nodes = []
@@ -148,10 +177,7 @@ class SessionsTableModel(QAbstractItemModel):
         self._changed_all(COLUMN["in_slot"], COLUMN["in_slot"])
 
     def slot_of(self, conversation: Conversation) -> int | None:
-        for e in reversed(conversation.saves):
-            if e.id in self._in_slot:
-                return self._in_slot[e.id]
-        return None
+        return conversation_slot(conversation, self._in_slot)
 
     def where(self, session_id: str) -> str:
         slot = self._in_slot.get(session_id)
@@ -302,10 +328,10 @@ class SessionsTableModel(QAbstractItemModel):
         if key == "restore":
             return describe_restore_mode(sc.restore_mode)
         if key == "last_used":
-            try:
-                return relative_time(parse_utc(sc.last_used_at), self._clock())
-            except ValueError:
+            moment = changed_at(entry, self._saved_at)
+            if moment is None:
                 return sc.last_used_at
+            return relative_time(datetime.fromtimestamp(moment, tz=timezone.utc), self._clock())
         return ""
 
     def _tooltip(self, conv: Conversation, reasons: list[str] | None, key: str) -> str | None:
@@ -357,10 +383,8 @@ class SessionsTableModel(QAbstractItemModel):
         if key == "restore":
             return restore_mode_explanation(sc.restore_mode)
         if key == "last_used":
-            try:
-                return parse_utc(sc.last_used_at).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-            except ValueError:
-                return None
+            moment = changed_at(entry, self._saved_at)
+            return None if moment is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
         if key == "pinned":
             return "Pinned: never deleted to stay within the disk budget." if conv.pinned else None
         return None
@@ -384,10 +408,7 @@ class SessionsTableModel(QAbstractItemModel):
         if key == "tokens":
             return sc.n_tokens
         if key == "last_used":
-            try:
-                return parse_utc(sc.last_used_at).timestamp()
-            except ValueError:
-                return 0.0
+            return changed_at(entry, self._saved_at) or 0.0
         return self._display(conv, reasons, key).lower()
 
 

@@ -16,7 +16,6 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine.model import profile_model_name
 from slotkeeper.core.sessions.conversations import group_conversations
-from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.units import human_bytes, human_duration
 from slotkeeper.core.views import STOPPED_STATES, ServerState
 from slotkeeper.gui import icons
@@ -24,7 +23,7 @@ from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import no_browser_message, open_url
 from slotkeeper.gui.model_menu import ModelMenu
 from slotkeeper.gui.notifications import ERROR, WARNING
-from slotkeeper.gui.sessions_model import relative_time
+from slotkeeper.gui.sessions_model import changed_at, conversation_slot, relative_time
 
 RESUME_ITEMS = 10
 
@@ -211,14 +210,17 @@ class TrayController(QObject):
         menu = self.resume_menu
         menu.clear()
         listing = b.listing
-        heads = [c.head for top in group_conversations(listing.sessions if listing else []) for c in top.walk()]
-        entries = [e for e in heads if e.sidecar is not None]
-        in_slot = {v.session_id: v.id for v in b.slots if v.session_id}
+        conversations = [c for top in group_conversations(listing.sessions if listing else []) for c in top.walk()]
+        # Where each is and when it changed: the Sessions tab's rules (sessions_model), one answer.
+        slots = {v.session_id: v.id for v in b.slots if v.session_id}
+        in_slot = {c.head.id: slot for c in conversations
+                   if (slot := conversation_slot(c, slots)) is not None}
+        entries = [c.head for c in conversations if c.head.sidecar is not None]
 
-        def changed_at(e) -> float:
-            return b.saved_at.get(e.id) or parse_utc(e.sidecar.last_used_at).timestamp()
+        def changed(e) -> float:
+            return changed_at(e, b.saved_at) or 0.0
 
-        entries.sort(key=lambda e: (e.id in in_slot, changed_at(e)), reverse=True)
+        entries.sort(key=lambda e: (e.id in in_slot, changed(e)), reverse=True)
         entries = entries[:RESUME_ITEMS]
         if not entries:
             a = menu.addAction("Reading the saved conversations…" if listing is None else "No saved conversations yet")
@@ -230,7 +232,7 @@ class TrayController(QObject):
             if e.id in in_slot:
                 label = f"● {_elide(sc.title)}  (in slot {in_slot[e.id]})"
             else:
-                label = f"{_elide(sc.title)}  ({relative_time_of(changed_at(e), now)})"
+                label = f"{_elide(sc.title)}  ({relative_time_of(changed(e), now)})"
             verdict = b.resume_verdict(e)
             if verdict.switch_to and e.id not in in_slot:
                 label += f" — {verdict.label[0].lower()}{verdict.label[1:]}"

@@ -188,7 +188,7 @@ class SessionsPage(QWidget):
         selected = {e.id for e in self.selected_saves()}
         current = self.current_entry()
         expanded = self._expanded_ids()
-        self.sessions_model.set_listing(listing, facts)
+        self.sessions_model.set_listing(listing, facts, self.bridge.saved_at)  # the tray's ages too
         for sid in expanded:  # branches stay open across a new listing
             self.table.expand(self.sessions_proxy.mapFromSource(self.sessions_model.index_of(sid)))
         if selected:  # the same conversations stay selected (a save that went on stays in its row)
