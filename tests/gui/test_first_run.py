@@ -50,7 +50,7 @@ def test_nothing_found_offers_the_demo(qtbot, jobs, tmp_path):
     qtbot.addWidget(d)
     qtbot.waitUntil(lambda: "No GGUF models found" in d.status.text(), timeout=10_000)
     assert not d.use_button.isEnabled()
-    assert "gibberish" in d.demo_button.toolTip()
+    assert "SmolLM2" in d.demo_button.toolTip()
     d.use_demo()
     assert d.chosen == DEMO_MODEL
 
@@ -60,3 +60,20 @@ def test_not_now(qtbot, jobs, tmp_path):
     qtbot.addWidget(d)
     d.reject()
     assert d.chosen is None
+
+
+def test_two_files_of_one_model_are_told_apart(qtbot, jobs, tmp_path):
+    from pathlib import Path
+
+    from slotkeeper.core.discovery import FoundModel
+
+    d = FirstRunDialog(jobs, search_dirs=[("Empty", tmp_path / "none")])
+    qtbot.addWidget(d)
+    qtbot.waitUntil(lambda: d.searching == 0, timeout=10_000)
+    name = "Smollm2 135M 8k Lc100K Mix1 Ep2"
+    d.searching += 1
+    d._found([FoundModel(Path("/m/SmolLM2-135M-Instruct.Q4_1.gguf"), 98_362_432, "llama", name, "LM Studio", None)])
+    d.searching += 1  # a second search finds the other quantization
+    d._found([FoundModel(Path("/m/SmolLM2-135M-Instruct.Q8_0.gguf"), 144_000_000, "llama", name, "LM Studio", None)])
+    labels = sorted(d.tree.topLevelItem(i).text(0) for i in range(d.tree.topLevelItemCount()))
+    assert labels == [f"{name} (SmolLM2-135M-Instruct.Q4_1.gguf)", f"{name} (SmolLM2-135M-Instruct.Q8_0.gguf)"]

@@ -310,3 +310,21 @@ def test_projectors_beside_a_model_best_match_first(tmp_path: Path) -> None:
 
 def test_projectors_beside_a_model_in_a_missing_folder_is_empty(tmp_path: Path) -> None:
     assert discovery.projectors_beside(tmp_path / "gone" / "m.gguf") == []
+
+
+def test_models_that_share_a_name_are_told_apart():
+    """Two quantizations of one model carry one GGUF name ("Smollm2 135M 8k Lc100K Mix1 Ep2" twice):
+    the file's name tells them apart, and the folder when the file names agree too."""
+    from slotkeeper.core.discovery import FoundModel, distinct_names
+
+    name = "Smollm2 135M 8k Lc100K Mix1 Ep2"
+    q4 = FoundModel(Path("/m/a/SmolLM2-135M-Instruct.Q4_1.gguf"), 1, "llama", name, "LM Studio", None)
+    q8 = FoundModel(Path("/m/a/SmolLM2-135M-Instruct.Q8_0.gguf"), 1, "llama", name, "LM Studio", None)
+    copy = FoundModel(Path("/m/b/SmolLM2-135M-Instruct.Q8_0.gguf"), 1, "llama", name, "llama.cpp", None)
+    other = FoundModel(Path("/m/qwen.gguf"), 1, "qwen3", "Qwen3 4B", "llama.cpp", None)
+    named = distinct_names([q4, q8, other])
+    assert named[q4.path] == f"{name} (SmolLM2-135M-Instruct.Q4_1.gguf)"
+    assert named[q8.path] == f"{name} (SmolLM2-135M-Instruct.Q8_0.gguf)"
+    assert named[other.path] == "Qwen3 4B"  # alone with its name: as it is
+    named = distinct_names([q8, copy])
+    assert named[q8.path] != named[copy.path] and named[copy.path].endswith("(/m/b)")

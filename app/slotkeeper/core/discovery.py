@@ -26,6 +26,7 @@ __all__ = [
     "SOURCE_LM_STUDIO",
     "FoundModel",
     "default_search_dirs",
+    "distinct_names",
     "find_models",
 ]
 
@@ -71,6 +72,22 @@ class FoundModel:
     @property
     def display_name(self) -> str:
         return self.name or self.path.name
+
+
+def distinct_names(models: Iterable[FoundModel]) -> dict[Path, str]:
+    """What to call each model so that no two read the same: its GGUF name, with its file's name
+    after it when another one found has that name too (two quantizations of one model carry one
+    name), and its folder when even the file names agree."""
+    models = list(models)
+    names = {m.path: m.display_name for m in models}
+    for extra in (lambda m: m.path.name, lambda m: str(m.path.parent)):
+        seen: dict[str, int] = {}
+        for m in models:
+            seen[names[m.path]] = seen.get(names[m.path], 0) + 1
+        for m in models:
+            if seen[names[m.path]] > 1 and extra(m) not in names[m.path]:
+                names[m.path] = f"{names[m.path]} ({extra(m)})"
+    return names
 
 
 # --------------------------------------------------------------------------------------

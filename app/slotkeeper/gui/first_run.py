@@ -28,6 +28,7 @@ from slotkeeper.gui.jobs import JobRunner, describe_error
 log = logging.getLogger(__name__)
 
 PATH_ROLE = Qt.ItemDataRole.UserRole + 1
+MODEL_ROLE = Qt.ItemDataRole.UserRole + 2  # the FoundModel
 
 
 def download_model(parent: QWidget | None, **kwargs) -> Path | None:
@@ -130,6 +131,15 @@ class FirstRunDialog(QDialog):
         self.jobs.run(find, on_success=self._found, on_failure=self._search_failed,
                       description="Looking for models")
 
+    def _name_apart(self) -> None:
+        """Two files of one model (two quantizations) carry one GGUF name: say what tells them apart."""
+        from slotkeeper.core.discovery import distinct_names
+
+        items = [self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount())]
+        names = distinct_names(item.data(0, MODEL_ROLE) for item in items)
+        for item in items:
+            item.setText(0, names[item.data(0, MODEL_ROLE).path])
+
     def _found(self, models: list) -> None:
         if self._closing:
             return
@@ -146,7 +156,9 @@ class FirstRunDialog(QDialog):
                 item.setDisabled(True)
                 for col in range(5):
                     item.setToolTip(col, m.error or "cannot be used")
+            item.setData(0, MODEL_ROLE, m)
             self.tree.addTopLevelItem(item)
+        self._name_apart()
         n = sum(1 for i in range(self.tree.topLevelItemCount()) if not self.tree.topLevelItem(i).isDisabled())
         if self.searching:
             return
