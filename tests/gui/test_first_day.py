@@ -116,3 +116,22 @@ def test_the_tray_and_the_sessions_tab_agree_on_age_and_slot(qtbot, bridge, engi
     finally:
         tray.dispose()
         tray.deleteLater()
+
+
+def test_people_read_conversations_not_sessions(qtbot, bridge):
+    """The tab, the tray entry and what a failed action says call them conversations (the code and
+    the `slotkeeper sessions` command keep their names)."""
+    from slotkeeper.gui.main_window import MainWindow
+
+    window = MainWindow(bridge)
+    qtbot.addWidget(window)
+    assert window.tabs.tabText(3) == "Conversations"
+    tray = TrayController(bridge)
+    try:
+        assert tray.sessions_action.text() == "Conversations…"
+    finally:
+        tray.dispose()
+        tray.deleteLater()
+    with qtbot.waitSignal(bridge.errorOccurred, timeout=10_000) as failed:
+        bridge.delete_session("0123456789ab")  # not there
+    assert failed.args[0] == "Deleting a conversation"

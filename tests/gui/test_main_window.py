@@ -21,7 +21,7 @@ def window(qtbot, bridge):
 
 
 def test_tabs_and_initial_state(qtbot, window):
-    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == ["Server", "Slots", "History", "Sessions"]
+    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == ["Server", "Slots", "History", "Conversations"]
     assert [window.tabs.widget(i) for i in range(window.tabs.count())] == [
         window.server_page, window.slots_page, window.history_page, window.sessions_page]
     server = window.server_page
@@ -30,6 +30,9 @@ def test_tabs_and_initial_state(qtbot, window):
     assert not server.stop_action.isEnabled()
     assert "(not running)" in server.address_label.text()
     window.show_tab("sessions")
+    assert window.tabs.currentIndex() == 3
+    window.show_tab("Server")
+    window.show_tab("Conversations")  # its title works too
     assert window.tabs.currentIndex() == 3
 
 

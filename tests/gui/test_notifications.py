@@ -98,5 +98,5 @@ def test_resume_and_errors(qtbot, bridge, said):
     assert "“Chat” is loaded in slot 1 (300 tokens in 20 ms)" in said[-1][1]
     bridge.resumeFinished.emit("x", None)
     assert len(said) == 1
-    bridge.errorOccurred.emit("Deleting a session", "permission denied")
-    assert said[-1] == ("Deleting a session failed", "permission denied", ERROR)
+    bridge.errorOccurred.emit("Deleting a conversation", "permission denied")
+    assert said[-1] == ("Deleting a conversation failed", "permission denied", ERROR)

@@ -71,7 +71,7 @@ def test_budget_scale_helpers():
 
 def test_tabs(make_dialog):
     d = make_dialog()
-    assert [d.tabs.tabText(i) for i in range(d.tabs.count())] == ["Server", "Sessions", "Disk budget"]
+    assert [d.tabs.tabText(i) for i in range(d.tabs.count())] == ["Server", "Conversations", "Disk budget"]
     assert [d.tabs.widget(i) for i in range(d.tabs.count())] == list(d.form_tabs)
 
 

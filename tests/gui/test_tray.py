@@ -57,7 +57,7 @@ def test_no_tray_offscreen_and_menu_still_works(qtbot, tray, bridge):
     assert "New chat" in texts and "Open chat" in texts
     assert not tray.web_ui_action.isVisible()  # offered only when llama-server serves its own page
     assert any(t.startswith("Copy API address") for t in texts)
-    assert "Sessions…" in texts and "Settings…" in texts and texts[-1] == "Quit Slotkeeper"
+    assert "Conversations…" in texts and "Settings…" in texts and texts[-1] == "Quit Slotkeeper"
     assert tray.open_chat_action.isEnabled()
     assert tray.icon_state == "stopped"
 

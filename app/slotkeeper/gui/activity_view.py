@@ -130,7 +130,7 @@ class ActivityView(QWidget):
         title.setFont(font)
         top.addWidget(title)
         self.search = QLineEdit()
-        self.search.setPlaceholderText("Search: saved, restored, refused, pruned, a session id…")
+        self.search.setPlaceholderText("Search: saved, restored, refused, pruned, a conversation's id…")
         self.search.setClearButtonEnabled(True)
         self.search.setAccessibleName("Search Slotkeeper's activity")
         top.addWidget(self.search, 1)

@@ -301,18 +301,18 @@ class EngineBridge(QObject):
     def set_pinned(self, session_id: str, pinned: bool) -> None:
         self.jobs.run(self.engine.sessions.set_pinned, session_id, pinned,
                       on_success=lambda _: self.refresh_sessions(),
-                      description="Pinning a session" if pinned else "Unpinning a session")
+                      description="Pinning a conversation" if pinned else "Unpinning a conversation")
 
     def delete_session(self, session_id: str) -> None:
         self.jobs.run(self.engine.sessions.delete, session_id, on_success=lambda _: self.refresh_sessions(),
-                      description="Deleting a session")
+                      description="Deleting a conversation")
 
     def verify_session(self, session_id: str) -> None:
         def done(entry: Any) -> None:
             self.sessionVerified.emit(entry)
             self.refresh_sessions()
 
-        self.jobs.run(self.engine.sessions.verify, session_id, on_success=done, description="Verifying a session")
+        self.jobs.run(self.engine.sessions.verify, session_id, on_success=done, description="Verifying a conversation")
 
     def preview_prune(self, budget: int, on_done: Callable[[Any], None],
                       on_failure: Callable[[BaseException], None] | None = None) -> None:

@@ -130,9 +130,9 @@ class Feeds(QObject):
 
         def failed(exc: BaseException) -> None:
             self._listing_running = False
-            self.errorOccurred.emit("Listing saved sessions", describe_error(exc))
+            self.errorOccurred.emit("Listing saved conversations", describe_error(exc))
 
-        self._jobs.run(list_folder, on_success=done, on_failure=failed, description="Listing saved sessions")
+        self._jobs.run(list_folder, on_success=done, on_failure=failed, description="Listing saved conversations")
 
     def relist_cached(self) -> None:
         """Compatibility depends on the running server: re-announce the listing we have."""

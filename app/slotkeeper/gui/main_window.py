@@ -1,4 +1,4 @@
-"""The main window: the Server, Slots, History and Sessions pages (see ``pages``) in tabs,
+"""The main window: the Server, Slots, History and Conversations pages (see ``pages``) in tabs,
 menus, a status bar with the engine's activity.
 
 Closing it hides it to the tray when there is one; Quit lives in the tray menu and File menu.
@@ -49,7 +49,7 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.server_page, "Server")
         self.tabs.addTab(self.slots_page, "Slots")
         self.tabs.addTab(self.history_page, "History")
-        self.tabs.addTab(self.sessions_page, "Sessions")
+        self.tabs.addTab(self.sessions_page, "Conversations")
         # Keys: Ctrl+1..4 choose a tab (Ctrl+Tab / Ctrl+Shift+Tab step through them, Qt's own).
         for i in range(self.tabs.count()):
             key = QKeySequence(f"Ctrl+{i + 1}")
@@ -99,7 +99,7 @@ class MainWindow(QMainWindow):
 
     # -- window behaviour -----------------------------------------------------------------
     def show_tab(self, name: str) -> None:
-        name = name.lower()
+        name = {"conversations": "sessions"}.get(name.lower(), name.lower())  # the tab's title, or its code name
         if name in TABS:
             self.tabs.setCurrentIndex(TABS.index(name))
 

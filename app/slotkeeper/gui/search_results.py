@@ -1,6 +1,6 @@
-"""Conversations found by what was said in them: the Sessions tab's search results.
+"""Conversations found by what was said in them: the Conversations tab's search results.
 
-Typing in the Sessions tab's search box filters the table by title, preview, model and id at
+Typing in the Conversations tab's search box filters the table by title, preview, model and id at
 once, and (a moment later, off the GUI thread) searches the conversations' full text through the
 sessions service. This list shows each conversation found with the passage that matched, its
 words in bold; choosing one selects its row in the table, and Enter or a double click resumes it

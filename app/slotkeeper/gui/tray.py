@@ -83,7 +83,7 @@ class TrayController(QObject):
         self.copy_action = self.menu.addAction("Copy API address")
         self.copy_action.triggered.connect(self.copy_address)
         self.menu.addSeparator()
-        self.sessions_action = self.menu.addAction("Sessions…")
+        self.sessions_action = self.menu.addAction("Conversations…")
         self.sessions_action.triggered.connect(lambda: self.showWindowRequested.emit("sessions"))
         self.window_action = self.menu.addAction("Show window…")
         self.window_action.triggered.connect(lambda: self.showWindowRequested.emit("server"))

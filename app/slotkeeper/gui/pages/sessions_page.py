@@ -267,7 +267,7 @@ class SessionsPage(QWidget):
             extra.append(f"{len(listing.unmanaged)} other file(s), {human_bytes(listing.unmanaged_bytes)}, "
                          "not Slotkeeper's: not counted")
         if over:
-            extra.append("over budget: pinned or in-use sessions cannot be pruned")
+            extra.append("over budget: pinned conversations and those in a slot are never pruned")
         self.usage_label.setText("; ".join(extra))
 
     # -- the selection --------------------------------------------------------------------
@@ -388,7 +388,7 @@ class SessionsPage(QWidget):
         saves = saves if saves is not None else entries
         if len(entries) == 1:
             sc = entries[0].sidecar
-            what = f"“{sc.title}”" if sc else f"session {entries[0].id}"
+            what = f"“{sc.title}”" if sc else f"conversation {entries[0].id}"
         else:
             what = f"{len(entries)} saved conversations"
         if len(saves) > len(entries):

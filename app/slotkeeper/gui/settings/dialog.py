@@ -56,7 +56,7 @@ class SettingsDialog(QDialog):
         self.disk_tab = DiskTab(bridge, self.base)
         self.tabs = QTabWidget(self)
         self.tabs.addTab(self.server_tab, "Server")
-        self.tabs.addTab(self.sessions_tab, "Sessions")
+        self.tabs.addTab(self.sessions_tab, "Conversations")
         self.tabs.addTab(self.disk_tab, "Disk budget")
 
         self.restart_label = QLabel()

@@ -1,4 +1,4 @@
-"""The Sessions tab: autosave after idle, restores at launch, starting with the app and at login."""
+"""The Conversations tab: autosave after idle, restores at launch, starting with the app and at login."""
 
 from __future__ import annotations
 
