@@ -68,7 +68,7 @@ clean:
 
 # The double-clickable app (PyInstaller, one folder): dist/slotkeeper/ (+ dist/Slotkeeper.app on macOS).
 .PHONY: package test-package
-package: $(VENV)/.installed-test
+package: $(VENV)/.installed-test $(STARTER)
 	$(BIN)/pyinstaller --noconfirm --clean packaging/slotkeeper.spec --distpath dist --workpath build/pyinstaller
 
 test-package: package

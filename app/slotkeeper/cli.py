@@ -62,7 +62,7 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
                              "are what the settings start with.")
     m = g.add_mutually_exclusive_group()
     m.add_argument("--model", metavar="PATH", help="GGUF model to serve")
-    m.add_argument("--demo", action="store_true", help="serve the embedded demo model (random weights: it answers with gibberish)")
+    m.add_argument("--demo", action="store_true", help="serve the starter model, SmolLM2 135M Instruct (98 MB; fetched once if this installation lacks it)")
     g.add_argument("--mmproj", metavar="PATH", help="multimodal projector (mmproj GGUF) for a model that reads images")
     g.add_argument("--server-bin", metavar="PATH", help="llama-server binary to run (default: found automatically)")
     g.add_argument("--host", help=f"address to bind (default {defaults.host})")
@@ -318,9 +318,11 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     pre = prelaunch(paths, settings, getattr(args, "command_line", None))
 
     import asyncio
+    import time
 
     from slotkeeper.core import events as ev
     from slotkeeper.core.engine import Engine, EngineError
+    from slotkeeper.core.history import LaunchRecord
     from slotkeeper.core.server.command import is_loopback
     from slotkeeper.core.server.state import ServerState
 
@@ -353,6 +355,12 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             if event.restored:
                 tokens = sum(r.n_restored for r in event.restored)
                 log.info("restored %d conversation(s), %d tokens", len(event.restored), tokens)
+            # The desktop app's History marks the launches of `serve` too (a small append).
+            launch = LaunchRecord(engine.snapshot.started_at or time.time(), tuple(r.slot for r in event.restored))
+            try:
+                engine.history.append(launch)
+            except OSError as exc:
+                log.warning("could not record the launch in the request history: %s", exc)
             profile = engine.running_profile
             where = "" if is_loopback(profile.host) else f" (listening on {profile.host} port {profile.port}: " \
                                                         "other machines can reach it)"

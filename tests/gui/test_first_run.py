@@ -50,7 +50,7 @@ def test_nothing_found_offers_the_demo(qtbot, jobs, tmp_path):
     qtbot.addWidget(d)
     qtbot.waitUntil(lambda: "No GGUF models found" in d.status.text(), timeout=10_000)
     assert not d.use_button.isEnabled()
-    assert "gibberish" in d.demo_button.toolTip()
+    assert "SmolLM2" in d.demo_button.toolTip()
     d.use_demo()
     assert d.chosen == DEMO_MODEL
 

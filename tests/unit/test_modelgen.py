@@ -10,9 +10,8 @@ import gguf
 import pytest
 
 from slotkeeper.core import modelgen
-from slotkeeper.core.demo_model import ensure_demo_model
 from slotkeeper.core.gguf_info import kv_estimate, read_model_info
-from slotkeeper.core.modelgen import DEMO_FILENAME, DEMO_NOTICE, write_model
+from slotkeeper.core.modelgen import DEMO_FILENAME, write_model
 
 
 def sha(path: Path) -> str:
@@ -145,27 +144,9 @@ def test_written_file_has_normal_permissions(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_ensure_demo_model_writes_once(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    path = ensure_demo_model(models)
-    assert path == models / DEMO_FILENAME
-    assert read_model_info(path).name == "Slotkeeper demo (random weights)"
-    first = path.stat().st_mtime_ns
-    os.utime(path, ns=(first - 10_000_000_000, first - 10_000_000_000))
-    stamped = path.stat().st_mtime_ns
-    assert ensure_demo_model(models) == path
-    assert path.stat().st_mtime_ns == stamped  # reused, not rewritten
-
-
-def test_ensure_demo_model_replaces_a_damaged_file(tmp_path: Path) -> None:
-    path = tmp_path / DEMO_FILENAME
-    path.write_bytes(b"GGUF half a model")
-    ensure_demo_model(tmp_path)
-    assert read_model_info(path).arch == "llama"
-
-
-def test_demo_notice() -> None:
-    assert "random weights" in DEMO_NOTICE and "gibberish" in DEMO_NOTICE
+def test_the_demo_kind_is_a_small_llama_the_tests_use(tmp_path: Path) -> None:
+    path = write_model(tmp_path / DEMO_FILENAME, "demo", seed=0)
+    assert read_model_info(path).name == "Slotkeeper demo (random weights)" and read_model_info(path).arch == "llama"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from slotkeeper.core.units import human_bytes
 
 __all__ = ["DEMO_MODEL", "LaunchCheck", "ModelChoice", "check_launch", "profile_model_name"]
 
-DEMO_MODEL = ":demo:"  # the profile's model_path value that means "the embedded demo model"
+DEMO_MODEL = ":demo:"  # the profile's model_path value that means "the starter model" (demo_model)
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,14 @@ class ModelChoice:
 
     @property
     def display_name(self) -> str:
-        return "demo model" if self.is_demo else self.path.name
+        return "starter model (SmolLM2 135M)" if self.is_demo else self.path.name
 
 
 def profile_model_name(model_path: str | None) -> str:
     """What to call the profile's model before it has been read."""
     if not model_path:
         return "no model chosen"
-    return "demo model" if model_path == DEMO_MODEL else Path(model_path).name
+    return "starter model (SmolLM2 135M)" if model_path == DEMO_MODEL else Path(model_path).name
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from slotkeeper.core.demo_model import DEMO_FILENAME, DEMO_NOTICE
+# The random-weight "demo" kind: a small llama that loads fast (tests; the demo itself is the starter model).
+DEMO_FILENAME = "slotkeeper-demo-llama.gguf"
 
 __all__ = [
     "DEMO_FILENAME",
-    "DEMO_NOTICE",
     "MODEL_KINDS",
     "write_model",
 ]

@@ -253,7 +253,7 @@ class EngineBridge(QObject):
     def start_server(self, resume_id: str | None = None) -> None:
         if not self.settings.profile.model_path:
             self.errorOccurred.emit("Starting llama-server",
-                                    "No model chosen yet: pick one in Settings, or use the demo model.")
+                                    "No model chosen yet: pick one in Settings, or use the starter model.")
             return
         self._command(self.engine.start_async(resume_id), "Starting llama-server",
                       on_failure=lambda exc: self._start_failed("Starting llama-server", exc))

@@ -84,12 +84,12 @@ class FirstRunDialog(QDialog):
         self.download_button.setToolTip("A few well-known models, small to large, with what each needs; "
                                         "downloaded into the Hugging Face cache other tools share")
         self.download_button.clicked.connect(self.download)
-        self.demo_button = QPushButton("Use the demo model")
+        self.demo_button = QPushButton("Use the starter model")
         self.demo_button.setToolTip(DEMO_NOTICE)
         self.demo_button.clicked.connect(self.use_demo)
         # Said once: the button's tooltip carries the longer notice.
-        self.demo_note = demo_note = QLabel("The demo model is tiny and needs no download, but its weights are "
-                                            "random: it answers with gibberish. It is there to try Slotkeeper.")
+        self.demo_note = demo_note = QLabel("The starter model (SmolLM2 135M Instruct, 98 MB) is small and quick: "
+                                            "good for trying Slotkeeper, not for real work.")
         demo_note.setWordWrap(True)
         self.later_button = QPushButton("Not now" if welcome else "Cancel")
         self.later_button.clicked.connect(self.reject)
@@ -172,7 +172,7 @@ class FirstRunDialog(QDialog):
                         break
         else:
             self.status.setText("No GGUF models found in the Hugging Face cache, llama.cpp's cache or "
-                                "LM Studio's folders. Search another folder, choose a file, or try the demo model.")
+                                "LM Studio's folders. Search another folder, choose a file, or try the starter model.")
 
     def _search_failed(self, exc: BaseException) -> None:
         if self._closing:

@@ -87,7 +87,7 @@ class ModelMenu(QMenu):
             self.addSection("Recent")
         for path in recent:
             memory = settings.remembered(path)
-            tip = path if path != DEMO_MODEL else "The demo model: tiny, random weights (it answers with gibberish)"
+            tip = path if path != DEMO_MODEL else "The starter model: SmolLM2 135M Instruct, small and quick"
             if memory is not None:
                 tip += (f"\nRemembered: context {memory.ctx:,}, {memory.parallel} slot"
                         f"{'s' if memory.parallel != 1 else ''}{', --swa-full' if memory.swa_full else ''}")
@@ -108,7 +108,7 @@ class ModelMenu(QMenu):
 
         self.addSeparator()
         if not any(_same_file(DEMO_MODEL, p) for p in listed):
-            demo = self.addAction("Demo model (tiny, random weights)")
+            demo = self.addAction("Starter model (SmolLM2 135M)")
             demo.setToolTip("Needs no download; it answers with gibberish, but shows how saving and "
                             "restoring conversations works")
             demo.triggered.connect(lambda _=False: self.modelChosen.emit(DEMO_MODEL))

@@ -108,7 +108,7 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
     key = profile.model_path or model_path
     models_dir = bridge.paths.models_dir
     if key == DEMO_MODEL:
-        from slotkeeper.core.demo_model import ensure_demo_model  # the demo model: copied or written
+        from slotkeeper.core.demo_model import ensure_demo_model  # the starter model: found, or fetched
 
         file = ensure_demo_model(models_dir)
     else:

@@ -158,7 +158,7 @@ class TrayController(QObject):
             self.start_stop_action.setText("Start server" if has_model else "Choose a model to start…")
             self.start_stop_action.setEnabled(True)
             self.start_stop_action.setToolTip("" if has_model else "No model chosen yet: pick a GGUF file, "
-                                              "one found on this computer, or the demo model")
+                                              "one found on this computer, or the starter model")
         elif state is ServerState.STOPPING:
             self.start_stop_action.setText("Stopping…")
             self.start_stop_action.setEnabled(False)

@@ -130,6 +130,7 @@ class Engine(EngineFace):
         self._emitted_slots: Any = None  # the slots the last SlotsChanged carried
         self._door_keys: DoorKeys | None = None  # the user's keys for the front door (per launch)
         self._binary = ""  # llama-server's file, this launch
+        self._demo_said = False
         self._snapshot = EngineSnapshot(settings=settings)
 
         # -- the parts, composed -------------------------------------------------------------
@@ -328,7 +329,8 @@ class Engine(EngineFace):
         self.link.launching(plan.private, plan.profile, plan.model)
         self._door_keys = DoorKeys(plan.profile.extra_args)
         self.identity.begin(plan.model.path)
-        if plan.model.is_demo:
+        if plan.model.is_demo and not self._demo_said:  # once, however often it is launched
+            self._demo_said = True
             self.events.emit(NoticeRaised(DEMO_NOTICE))
         for note in plan.notes:
             self.events.emit(WarningRaised(note))

@@ -34,12 +34,17 @@ def resolve_model(model_path: str | None, models_dir: Path, facts: FileFactsCach
     """The model to run: the profile's path, or the embedded demo model. Reads the GGUF header,
     unless ``facts`` holds what it said for this very file (same size, mtime, inode and ctime)."""
     if not model_path:
-        raise EngineError("No model chosen: pick a GGUF file (--model PATH) or use --demo.")
+        raise EngineError("No model chosen: pick a GGUF file (--model PATH), or use the starter model (--demo).")
     is_demo = model_path == DEMO_MODEL
     if is_demo:
-        from slotkeeper.core.demo_model import ensure_demo_model  # the demo model: copied or written
+        from slotkeeper.core.demo_model import ensure_demo_model  # the starter model: found, or fetched
+        from slotkeeper.core.starter_model import StarterUnavailable
 
-        path = ensure_demo_model(models_dir)
+        try:
+            path = ensure_demo_model(models_dir)
+        except StarterUnavailable as exc:
+            raise EngineError(f"The starter model cannot be had: {exc}. Choose a model file (--model PATH) "
+                              "instead.") from exc
     else:
         path = Path(model_path).expanduser()
     info = gguf_info.model_info_from_json(facts.get(path, "model"), path) if facts is not None else None

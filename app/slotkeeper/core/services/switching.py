@@ -69,9 +69,9 @@ def resolved_model_file(model_path: str | None, models_dir: Path) -> str | None:
     if not model_path:
         return None
     if model_path == DEMO_MODEL:
-        from slotkeeper.core.demo_model import DEMO_FILENAME
+        from slotkeeper.core.starter_model import STARTER_FILENAME, find_starter_model
 
-        return os.path.realpath(models_dir / DEMO_FILENAME)
+        return os.path.realpath(find_starter_model(models_dir) or models_dir / STARTER_FILENAME)
     return os.path.realpath(os.path.expanduser(model_path))
 
 

@@ -147,7 +147,7 @@ class ServerPage(QWidget):
         self.restart_button = action_button(self.restart_action)
         self.open_chat_button = action_button(self.open_chat_action)
         self.choose_model_button = QPushButton("Choose model…")
-        self.choose_model_button.setToolTip("A GGUF model on this computer, a file, or the demo model")
+        self.choose_model_button.setToolTip("A GGUF model on this computer, a file, or the starter model")
         self.choose_model_button.clicked.connect(self.chooseModelRequested)
         settings_button = QPushButton("Settings…")
         settings_button.clicked.connect(self.settingsRequested)
@@ -241,7 +241,7 @@ class ServerPage(QWidget):
         has_model = bool(b.settings.profile.model_path)
         if state is ServerState.STOPPED and not has_model:
             message = ("No model chosen yet. Choose a GGUF model (one found on this computer, a file, or the "
-                       "demo model) and the server starts on it.")
+                       "starter model) and the server starts on it.")
         elif state is ServerState.STOPPED and not message:
             message = "Start the server to serve the model and resume saved conversations."
         self.state_message.setText(message)
@@ -261,7 +261,7 @@ class ServerPage(QWidget):
             model_text = f"{model.path.name} ({info.arch}{', sliding window' if info.has_swa else ''})"
             self.model_label.setToolTip(str(model.path))
         elif model is not None:
-            model_text = "demo model (random weights: it answers with gibberish)"
+            model_text = "starter model (SmolLM2 135M Instruct)"
         self.model_label.setText(model_text)
         self.flags_label.setText(describe_flags(profile))
         url = b.base_url

@@ -51,7 +51,7 @@ from slotkeeper.gui.theme import error_style, warning_style
 log = logging.getLogger(__name__)
 
 MODEL_INFO_DELAY_MS = 300
-DEMO_LABEL = "Demo model (random weights: it answers with gibberish)"
+DEMO_LABEL = "Starter model (SmolLM2 135M Instruct: small, for trying Slotkeeper)"
 
 
 
@@ -495,7 +495,7 @@ class ServerTab(FormTab):
 
         def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]]:
             if value == DEMO_MODEL:
-                from slotkeeper.core.demo_model import ensure_demo_model  # the demo model: copied or written
+                from slotkeeper.core.demo_model import ensure_demo_model  # the starter model: found, or fetched
 
                 path = ensure_demo_model(models_dir)
             else:
@@ -517,7 +517,7 @@ class ServerTab(FormTab):
             text = (f"{info.arch}, {info.n_layers} layers, trained for {info.context_length:,} tokens{swa}; "
                     f"{human_bytes(info.file_size)}")
             if value == DEMO_MODEL:
-                text = "The demo model has random weights: it answers with gibberish. " + text
+                text = "The starter model is small: good for trying Slotkeeper, not for real work. " + text
             self.model_note.setText(text)
             self._update_swa_note()
 
