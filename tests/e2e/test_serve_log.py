@@ -1,5 +1,5 @@
 """What `slotkeeper serve` says in a terminal: the address clients use, llama-server's own one named
-as private, the demo's notice once."""
+as private, the demo's notice once; its launch is kept in the request history."""
 
 from __future__ import annotations
 
@@ -29,3 +29,8 @@ def test_serve_says_the_address_clients_use_and_the_demo_notice_once(server_bin,
     [private] = [line for line in err.splitlines() if "llama-server ready" in line]
     assert "on its private address http://127.0.0.1:" in private and f":{port} " not in private
     assert "server ready: http" not in err
+    # the launch is kept for the desktop app's History markers
+    from slotkeeper.core.history import RequestHistory
+    from slotkeeper.core.paths import app_paths
+
+    assert len(RequestHistory(app_paths(isolated_home).history_file).launches()) == 1

@@ -41,3 +41,16 @@ def test_history_tab(qtbot, bridge, engine):
         emit_from_thread(engine, ev.RequestDone(slot=0, task=1, n_prompt=1000, cache_n=750,
                                                 prompt_n=250, prompt_ms=30.0, at=1_700_000_000.0))
     assert "1 requests, 1,000 prompt tokens, 75% served from cache" == page.history_summary.text()
+
+
+def test_history_keeps_the_launches_of_earlier_runs(qtbot, bridge, engine):
+    """After a relaunch the earlier runs' launch markers stay (they were this run's only), and a
+    request served by a launch's restore says so."""
+    from slotkeeper.core.history import LaunchRecord, RequestRecord
+
+    engine.history.append(LaunchRecord(1_790_000_000.0, (0,)))
+    engine.history.append(RequestRecord(1_790_000_005.0, 0, 100, 90, 10, 1.0, "slot"))
+    page = HistoryPage(bridge)
+    qtbot.addWidget(page)
+    qtbot.waitUntil(lambda: 1_790_000_000.0 in page.history_plot.launches, timeout=5000)
+    qtbot.waitUntil(lambda: [p.source for p in page.history_plot.points] == ["launch"], timeout=5000)

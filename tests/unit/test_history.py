@@ -177,3 +177,35 @@ def test_records_without_the_cache_source_still_read(path: Path) -> None:
     path.write_text(json.dumps(old) + "\n")
     [r] = RequestHistory(path).load()
     assert r.source == "" and r.saved_ms == 0.0
+
+
+def test_launches_are_kept_beside_the_requests(path: Path) -> None:
+    """A relaunch reads the earlier launches back (the History tab's markers); request readers skip
+    launch lines, as a version without them would."""
+    from slotkeeper.core.history import LaunchRecord
+
+    history = RequestHistory(path)
+    history.append(LaunchRecord(1_700_000_000.0 - 5, (0,)))
+    for i in range(3):
+        history.append(rec(i))
+    history.append(LaunchRecord(1_700_000_010.0, (0, 1)))
+    history.append(rec(20))
+    again = RequestHistory(path)
+    assert [r.at for r in again.load()] == [rec(i).at for i in (0, 1, 2, 20)]
+    assert again.launches() == [LaunchRecord(1_700_000_000.0 - 5, (0,)), LaunchRecord(1_700_000_010.0, (0, 1))]
+    assert json.loads(lines(path)[-2]) == {"v": HISTORY_VERSION, "launch": 1_700_000_010.0, "restored_slots": [0, 1]}
+
+
+def test_compaction_keeps_the_launches_of_the_requests_it_keeps(path: Path) -> None:
+    from slotkeeper.core.history import LaunchRecord
+
+    history = RequestHistory(path, max_records=3)
+    history.append(LaunchRecord(1_699_999_999.0))  # before request 0
+    for i in range(4):
+        history.append(rec(i))
+    history.append(LaunchRecord(1_700_000_003.5, (0,)))  # between requests 3 and 4
+    for i in range(4, 8):
+        history.append(rec(i))  # compacted on the way: 3 requests kept
+    kept = RequestHistory(path, max_records=3)
+    assert [r.at for r in kept.load()] == [rec(i).at for i in (5, 6, 7)]
+    assert kept.launches() == [LaunchRecord(1_700_000_003.5, (0,))]  # the launch that began their run

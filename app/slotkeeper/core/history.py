@@ -1,7 +1,9 @@
 """Per-request history (how much of each prompt came from the cache), kept across restarts.
 
 Stored as JSON Lines, one request per line, so recording a request is one small append
-rather than a rewrite. The file is compacted (rewritten atomically with the newest
+rather than a rewrite. A launch of the server is a line too (``LaunchRecord``: when it was ready
+and which slots it restored), so the History tab marks launches of earlier runs after a relaunch;
+a version that does not know launch lines skips them as it skips any line it cannot read. The file is compacted (rewritten atomically with the newest
 ``max_records``) once it holds twice that many lines, which keeps appends cheap and the
 file bounded. A damaged line (a crash mid-append, a disk filling up) costs that one
 record, never the whole history.
@@ -20,7 +22,7 @@ from typing import Any, BinaryIO
 
 from slotkeeper.core.fsutil import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, atomic_write_text
 
-__all__ = ["HISTORY_VERSION", "RequestHistory", "RequestRecord"]
+__all__ = ["HISTORY_VERSION", "LaunchRecord", "RequestHistory", "RequestRecord"]
 
 HISTORY_VERSION = 1
 
@@ -76,6 +78,28 @@ class RequestRecord:
         )
 
 
+@dataclass(frozen=True)
+class LaunchRecord:
+    """The server was launched and ready at ``at`` (unix time), with saved conversations restored
+    into ``restored_slots`` at launch: the first request of such a slot is served by that restore."""
+
+    at: float
+    restored_slots: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": HISTORY_VERSION, "launch": self.at, "restored_slots": list(self.restored_slots)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> LaunchRecord:
+        """ValueError when it is not a launch line this version knows."""
+        if not isinstance(data, dict) or data.get("v") != HISTORY_VERSION or "launch" not in data:
+            raise ValueError("not a version-1 launch record")
+        slots = data.get("restored_slots", [])
+        if not isinstance(slots, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in slots):
+            raise ValueError(f"bad restored_slots: {slots!r}")
+        return cls(at=_number(data, "launch"), restored_slots=tuple(slots))
+
+
 def _number(data: dict[str, Any], key: str) -> float:
     value = data.get(key)
     # bool is an int subclass; a true/false here means the line is not ours.
@@ -91,7 +115,7 @@ def _int(data: dict[str, Any], key: str) -> int:
     return value
 
 
-def _encode(record: RequestRecord) -> str:
+def _encode(record: RequestRecord | LaunchRecord) -> str:
     return json.dumps(record.to_json(), separators=(",", ":")) + "\n"
 
 
@@ -114,6 +138,15 @@ def _decode(line: str) -> RequestRecord | None:
         return None
 
 
+def _decode_launch(line: str) -> LaunchRecord | None:
+    if '"launch"' not in line:  # most lines are requests: no JSON parse for them
+        return None
+    try:
+        return LaunchRecord.from_json(json.loads(line))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class RequestHistory:
     """The history file; one instance per file, shared by every thread that records."""
 
@@ -125,8 +158,8 @@ class RequestHistory:
         self._lock = threading.Lock()
         self._line_count: int | None = None  # counted lazily, on the first append
 
-    def append(self, record: RequestRecord) -> None:
-        """Record one request; compacts the file when it has grown past 2x max_records."""
+    def append(self, record: RequestRecord | LaunchRecord) -> None:
+        """Record one request (or a launch); compacts the file when it has grown past 2x max_records."""
         line = _encode(record)
         with self._lock:
             if self._line_count is None:
@@ -152,6 +185,15 @@ class RequestHistory:
         with self._lock:
             return list(self._read(self.max_records))
 
+    def launches(self) -> list[LaunchRecord]:
+        """The launches recorded since the oldest request kept, oldest first (the launch before
+        that request included: it marks where that request's run began)."""
+        with self._lock:
+            records, launches = self._read_all(self.max_records)
+        oldest = records[0].at if records else float("-inf")
+        before = [launch for launch in launches if launch.at <= oldest]
+        return before[-1:] + [launch for launch in launches if launch.at > oldest]
+
     def recent(self, n: int) -> list[RequestRecord]:
         """The newest ``n`` records (at most ``max_records``), oldest first."""
         if n <= 0:
@@ -162,16 +204,24 @@ class RequestHistory:
     # -- internals (called with the lock held) -------------------------------------------
 
     def _read(self, keep: int) -> deque[RequestRecord]:
+        return self._read_all(keep)[0]
+
+    def _read_all(self, keep: int) -> tuple[deque[RequestRecord], list[LaunchRecord]]:
         newest: deque[RequestRecord] = deque(maxlen=keep)
+        launches: list[LaunchRecord] = []
         try:
             with open(self.path, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     record = _decode(line)
                     if record is not None:
                         newest.append(record)
+                        continue
+                    launch = _decode_launch(line)
+                    if launch is not None:
+                        launches.append(launch)
         except OSError:
             pass  # no history yet, or unreadable: the plot simply starts empty
-        return newest
+        return newest, launches
 
     def _count_lines(self) -> int:
         try:
@@ -181,6 +231,10 @@ class RequestHistory:
             return 0
 
     def _compact(self) -> None:
-        records = self._read(self.max_records)
-        atomic_write_text(self.path, "".join(_encode(r) for r in records))  # 0600
-        self._line_count = len(records)
+        records, launches = self._read_all(self.max_records)
+        oldest = records[0].at if records else float("-inf")
+        kept = [launch for launch in launches if launch.at <= oldest][-1:] + [
+            launch for launch in launches if launch.at > oldest]
+        lines = sorted([*records, *kept], key=lambda r: r.at)
+        atomic_write_text(self.path, "".join(_encode(r) for r in lines))  # 0600
+        self._line_count = len(lines)

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSyste
 
 from slotkeeper.core.engine import Engine, EngineError
 from slotkeeper.core.events import ActivityChanged, EngineReady
+from slotkeeper.core.history import LaunchRecord
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings
@@ -200,6 +202,9 @@ class SlotkeeperApp(QObject):
     def _on_ready(self, event: EngineReady) -> None:
         # The terminal says where clients go (llama-server's own address is private).
         log.info("ready: clients use %s (OpenAI API %s/v1)", event.url, event.url.rstrip("/"))
+        # The History tab marks this launch after a relaunch too, and what it restored.
+        launch = LaunchRecord(self.bridge.snapshot.started_at or time.time(), tuple(r.slot for r in event.restored))
+        self.bridge.jobs.run(self.engine.history.append, launch, description="Recording the launch")
 
     # -- windows --------------------------------------------------------------------------
     @property

@@ -4,8 +4,11 @@ One bar per request, oldest on the left, newest on the right (spaced evenly: a n
 requests would otherwise squash the day into a line); its green part is what came from the
 slot's cache, its blue part what the server had to process. The orange line is the cached
 share (right axis, 0-100%). Time labels under the bars say when, each different from the one
-before (seconds are shown when the requests came within minutes). A purple mark above a bar says its
-cache was restored from disk for it; a dashed line marks where the server was (re)launched.
+before (seconds are shown when the requests came within minutes); the newest, the oldest and the
+first after each launch are labelled first. A purple mark above a bar says its cache was restored
+from disk for it (also by the launch before it: a slot's first request after a launch that restored
+that slot); a dashed line marks where the server was (re)launched, earlier runs' launches included.
+The token axis has whole-number ticks.
 QtCharts is not in PySide6-Essentials, hence the hand-drawn plot.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPainterPath, QPalette, QPen
@@ -27,8 +30,10 @@ RESTORE_COLOUR = QColor("#8b5cf6")
 LAUNCH_COLOUR = QColor("#6b7280")
 # Where a request's cache came from (history records since Slotkeeper serves the requests).
 SOURCES = {"slot": ", already in the slot", "restored": ", restored from disk for it",
+           "launch": ", restored from disk when the server was launched",
            "ram": ", from llama-server's RAM cache", "recomputed": ", recomputed (a restore would have been wrong)",
            "none": ""}
+RESTORED = ("restored", "launch")  # served by a restore: for this request, or by the launch before it
 MIN_BAR_PX = 3.0
 MAX_BAR_PX = 28.0
 
@@ -69,6 +74,40 @@ def nice_ceiling(value: float) -> float:
     return 10.0 ** (exp + 1)  # pragma: no cover
 
 
+def nice_step(value: float) -> int:
+    """The smallest whole-number tick step at or above ``value``: 1, 2 or 5 x 10^n (and 25, 250,
+    ... from 10 up), never a fraction of a token."""
+    if value <= 1:
+        return 1
+    exp = math.floor(math.log10(value))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        step = m * 10**exp
+        if step >= value and step == int(step):
+            return int(step)
+    return 10 ** (exp + 1)  # pragma: no cover
+
+
+def served_by_launch(points: list[PlotPoint], launches: dict[float, tuple[int, ...]]) -> set[int]:
+    """Indices of requests served by a launch restore: the first request of a slot after a launch
+    that restored that slot, found "already in the slot" (it was brought from disk at launch)."""
+    out: set[int] = set()
+    if not launches:
+        return out
+    moments = sorted(launches)
+    seen: set[tuple[float, int]] = set()  # (launch, slot) already had its first request
+    for i, pt in enumerate(points):
+        before = [t for t in moments if t <= pt.at]
+        if not before:
+            continue
+        launch = before[-1]
+        if (launch, pt.slot) in seen:
+            continue
+        seen.add((launch, pt.slot))
+        if pt.source == "slot" and pt.slot in launches[launch]:
+            out.add(i)
+    return out
+
+
 def short_count(n: float) -> str:
     if n >= 1_000_000:
         return f"{n / 1_000_000:g}M"
@@ -80,10 +119,13 @@ def short_count(n: float) -> str:
 class HistoryPlot(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.points: list[PlotPoint] = []
+        self.points: list[PlotPoint] = []  # as drawn (a launch's restores marked)
+        self._records: list[PlotPoint] = []  # as recorded
         self.launches: list[float] = []  # when the server was (re)launched (unix time)
+        self._launch_slots: dict[float, tuple[int, ...]] = {}  # launch -> the slots it restored
         self._bars: list[tuple[QRectF, PlotPoint]] = []
         self.time_labels: list[str] = []  # the time labels drawn last (kept to test them)
+        self.tick_labels: list[str] = []  # the token axis's labels drawn last, bottom up
         self.markers: list[tuple[str, int]] = []  # ("restored" | "launch", bar index) drawn last
         self.setMouseTracking(True)
         self.setAccessibleName("Request history")
@@ -93,17 +135,30 @@ class HistoryPlot(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
     def set_records(self, records) -> None:
-        self.points = [PlotPoint.from_record(r) for r in records]
-        self.points.sort(key=lambda p: p.at)
+        self._records = sorted((PlotPoint.from_record(r) for r in records), key=lambda p: p.at)
+        self._relabel()
+
+    def set_launches(self, launches) -> None:
+        """When the server was launched: unix times, or ``LaunchRecord``s (with the slots each
+        restored). A dashed line before the first request after each; a slot's first request after
+        a launch that restored it is marked as served by that restore."""
+        slots: dict[float, tuple[int, ...]] = {}
+        for launch in launches:
+            at = float(getattr(launch, "at", launch) or 0)
+            if at:
+                slots[at] = tuple(sorted({*slots.get(at, ()), *getattr(launch, "restored_slots", ())}))
+        if slots != self._launch_slots:
+            self._launch_slots = slots
+            self.launches = sorted(slots)
+            self._relabel()
+
+    def _relabel(self) -> None:
+        points = list(self._records)
+        for i in served_by_launch(points, self._launch_slots):
+            points[i] = replace(points[i], source="launch")
+        self.points = points
         self.setAccessibleDescription(self.summary())
         self.update()
-
-    def set_launches(self, moments) -> None:
-        """When the server was launched (unix times): a dashed line before the first request after each."""
-        launches = sorted({float(m) for m in moments if m})
-        if launches != self.launches:
-            self.launches = launches
-            self.update()
 
     def sizeHint(self) -> QSize:
         return QSize(640, 300)
@@ -154,12 +209,13 @@ class HistoryPlot(QWidget):
         bottom = lh * 2 + 10  # time labels + axis title
         plot = QRectF(left, top, max(10.0, self.width() - left - right), max(10.0, self.height() - top - bottom))
         points = self._visible(plot.width())
-        y_max = nice_ceiling(max(pt.n_prompt for pt in points) or 1)
+        y_step = nice_step((max(pt.n_prompt for pt in points) or 1) / 4)
+        y_max = 4 * y_step
 
         # legend
         x = plot.left()
         legend = [("from cache", CACHE_COLOUR), ("processed", PROCESSED_COLOUR), ("share from cache", SHARE_COLOUR)]
-        if any(pt.source == "restored" for pt in points):
+        if any(pt.source in RESTORED for pt in points):
             legend.append(("restored from disk", RESTORE_COLOUR))
         if any(points[0].at < t <= points[-1].at for t in self.launches):
             legend.append(("server launched", LAUNCH_COLOUR))
@@ -175,10 +231,11 @@ class HistoryPlot(QWidget):
             y = plot.bottom() - plot.height() * i / 4
             p.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
         p.setPen(muted)
+        self.tick_labels = [short_count(y_step * i) for i in range(5)]
         for i in range(5):
             y = plot.bottom() - plot.height() * i / 4
             p.drawText(QRectF(0, y - lh / 2, left - 6, lh), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
-                       short_count(y_max * i / 4))
+                       self.tick_labels[i])
             p.drawText(QRectF(plot.right() + 6, y - lh / 2, right - 6, lh),
                        Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, f"{25 * i}%")
 
@@ -219,7 +276,7 @@ class HistoryPlot(QWidget):
                 p.setPen(QPen(LAUNCH_COLOUR, 1.5, Qt.PenStyle.DashLine))
                 p.drawLine(QPointF(lx, plot.top()), QPointF(lx, plot.bottom()))
                 self.markers.append(("launch", i))
-            if pt.source == "restored":
+            if pt.source in RESTORED:
                 p.setPen(Qt.PenStyle.NoPen)
                 p.setBrush(RESTORE_COLOUR)
                 tri = QPainterPath()
@@ -232,25 +289,30 @@ class HistoryPlot(QWidget):
                 self.markers.append(("restored", i))
         p.setBrush(Qt.BrushStyle.NoBrush)
 
-        # time labels: as many as fit without overlapping, none the same as the one before
+        # time labels: the newest, the oldest and the first after each launch first, then evenly
+        # spaced ones, as many as fit without overlapping; two that read the same say one thing
         p.setPen(muted)
         span = points[-1].at - points[0].at
         fmt = "%d %b %H:%M" if span > 20 * 3600 else ("%H:%M:%S" if span < 600 else "%H:%M")
         label_w = fm.horizontalAdvance(time.strftime(fmt, time.localtime(points[-1].at))) + 16
         n_labels = max(1, min(len(points), int(plot.width() // label_w)))
         step = max(1, math.ceil(len(points) / n_labels))
-        last_right = -1e9
-        self.time_labels = []
-        for i in range(0, len(points), step):
+        first_after_launch = [i for i, pt in enumerate(points)
+                              if any((points[i - 1].at if i else float("-inf")) < t <= pt.at for t in launches)]
+        wanted = [len(points) - 1, 0, *first_after_launch, *range(0, len(points), step)]
+        placed: list[tuple[float, float, str]] = []  # x0, x1, text
+        for i in dict.fromkeys(wanted):
             cx = plot.left() + slot_w * (i + 0.5)
             label = time.strftime(fmt, time.localtime(points[i].at))
             w = fm.horizontalAdvance(label)
             x0 = max(0.0, min(cx - w / 2, self.width() - w))
-            if x0 < last_right + 8 or (self.time_labels and label == self.time_labels[-1]):
+            if any(label == text or (x0 < b + 8 and a < x0 + w + 8) for a, b, text in placed):
                 continue
+            placed.append((x0, x0 + w, label))
+        placed.sort()
+        for x0, _x1, label in placed:
             p.drawText(QPointF(x0, plot.bottom() + 4 + fm.ascent()), label)
-            self.time_labels.append(label)
-            last_right = x0 + w
+        self.time_labels = [label for _x0, _x1, label in placed]
         p.drawText(QRectF(plot.left(), plot.bottom() + 4 + lh, plot.width(), lh),
                    Qt.AlignmentFlag.AlignHCenter, "requests, oldest to newest")
         p.setPen(QPen(grid, 1))

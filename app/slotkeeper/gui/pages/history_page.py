@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from slotkeeper.core import events as ev
+from slotkeeper.core.history import LaunchRecord
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.history_plot import HistoryPlot
 
@@ -13,7 +14,7 @@ class HistoryPage(QWidget):
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.bridge = bridge
-        self._launches: set[float] = set()
+        self._launches: dict[float, LaunchRecord] = {}
         layout = QVBoxLayout(self)
         self.history_summary = QLabel()
         layout.addWidget(self.history_summary)
@@ -25,6 +26,9 @@ class HistoryPage(QWidget):
         bridge.on(ev.EngineReady, self._on_launch)
         self._on_launch()
         bridge.load_history()
+        # Launches of earlier runs too (the history file keeps them): a relaunch keeps the markers.
+        bridge.jobs.run(bridge.engine.history.launches, on_success=self._add_launches,
+                        description="Reading the request history")
 
     def _on_history(self, records: list) -> None:
         self.history_plot.set_records(records)
@@ -32,9 +36,16 @@ class HistoryPage(QWidget):
         self.history_summary.setText(self.history_plot.summary() if records else "")
         self.history_summary.setVisible(bool(records))
 
-    def _on_launch(self, *_args) -> None:
+    def _on_launch(self, event: ev.EngineReady | None = None) -> None:
         """This run's launch (and relaunches after a crash) as a marker among the bars."""
         started = self.bridge.snapshot.started_at
         if started:
-            self._launches.add(started)
-            self.history_plot.set_launches(self._launches)
+            slots = tuple(r.slot for r in event.restored) if event is not None else ()
+            self._add_launches([LaunchRecord(started, slots)])
+
+    def _add_launches(self, launches: list[LaunchRecord]) -> None:
+        for launch in launches:
+            known = self._launches.get(launch.at)
+            slots = tuple(sorted({*launch.restored_slots, *(known.restored_slots if known else ())}))
+            self._launches[launch.at] = LaunchRecord(launch.at, slots)
+        self.history_plot.set_launches(self._launches.values())
