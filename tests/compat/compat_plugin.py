@@ -16,7 +16,7 @@ def pytest_runtest_logreport(report) -> None:
     if not path or (report.when != "call" and report.passed):
         return
     rec = {"id": report.nodeid, "when": report.when, "outcome": report.outcome,
-           "duration": round(report.duration, 2)}
+           "duration": round(report.duration, 2), "run": os.environ.get("COMPAT_RUN_ID", "")}
     if hasattr(report, "wasxfail"):
         rec["xfail"] = True
     if report.failed:

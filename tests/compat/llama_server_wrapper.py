@@ -7,8 +7,8 @@ model the harness fetched (no network here), and download-only arguments are dro
 
 - ``COMPAT_MODE=raw``: exec llama-server with those arguments;
 - ``COMPAT_MODE=door``: run ``python -m slotkeeper serve`` on the test's host and port with a fresh
-  data folder; the arguments Slotkeeper manages itself become serve's options or are dropped
-  (``OWNED``/``DROPPED_IN_DOOR`` below), the rest go to llama-server after ``--``. llama-server's log
+  data folder; the arguments Slotkeeper manages itself (its ``OWNED_FLAGS``) become serve's
+  options or are dropped, the rest go to llama-server after ``--``. llama-server's log
   (Slotkeeper writes it to the data folder) is copied to this process's stdout, where the tests
   read it. On SIGTERM Slotkeeper is asked to stop; whatever still runs after ``STOP_SECONDS``
   (``ServerProcess.stop`` kills us after 5 s) is killed, llama-server included.
@@ -35,23 +35,36 @@ from pathlib import Path
 STOP_SECONDS = 4.0
 NUMBER = re.compile(r"^-\d")
 
-# Arguments that fetch a model: replaced by COMPAT_MODEL (True: takes a value).
-MODEL_ARGS = {"-m": True, "--model": True, "-hfr": True, "--hf-repo": True, "-hf": True,
-              "-hff": True, "--hf-file": True, "-mu": True, "--model-url": True, "-dr": True,
-              "--docker-repo": True}
+# Arguments that fetch a model: replaced by COMPAT_MODEL.
+MODEL_ARGS = {"-m", "--model", "-hfr", "--hf-repo", "-hf", "-hff", "--hf-file", "-mu", "--model-url", "-dr",
+              "--docker-repo"}
 # Only about downloading: dropped on both sides.
-DOWNLOAD_ONLY = {"--offline": False, "-hft": True, "--hf-token": True, "-mmu": True, "--mmproj-url": True}
-# Slotkeeper manages these (command.py OWNED_FLAGS); the door maps them to serve's options...
+DOWNLOAD_ONLY = {"--offline", "-hft", "--hf-token", "-mmu", "--mmproj-url"}
+# Slotkeeper manages some arguments itself (command.py OWNED_FLAGS) and refuses them after `--`;
+# the door maps these to serve's options and drops the other owned ones.
 TO_SERVE_OPTION = {"--host": "--host", "--port": "--port", "-c": "--ctx", "--ctx-size": "--ctx",
                    "-np": "--parallel", "--parallel": "--parallel", "-ctk": "--cache-type-k",
                    "--cache-type-k": "--cache-type-k", "-ctv": "--cache-type-v",
                    "--cache-type-v": "--cache-type-v"}
-# ... or drops them (True: takes a value): what Slotkeeper passes anyway or refuses to hand over.
-DROPPED_IN_DOOR = {"--slot-save-path": True, "-kvu": False, "--kv-unified": False, "-no-kvu": False,
-                   "--no-kv-unified": False, "--cache-idle-slots": False, "--no-cache-idle-slots": False,
-                   "--slots": False, "--no-slots": False, "--cache-ram": True, "-cram": True,
-                   "-mm": True, "--mmproj": True, "--no-mmproj": False, "--mmproj-auto": False,
-                   "--no-mmproj-auto": False}
+# OWNED_FLAGS as of this harness, for a Slotkeeper that cannot be imported to ask.
+OWNED_FALLBACK = frozenset({
+    "-m", "--model", "--host", "--port", "-c", "--ctx-size", "-np", "--parallel", "-fa", "--flash-attn",
+    "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "--swa-full", "--no-swa-full", "--slot-save-path",
+    "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified", "--cache-idle-slots", "--no-cache-idle-slots",
+    "--cache-ram", "-cram", "--api-prefix", "--reuse-port", "-mm", "--mmproj", "-mmu", "--mmproj-url",
+    "--no-mmproj", "--mmproj-auto", "--no-mmproj-auto"})
+
+
+def owned_flags() -> tuple[frozenset[str], str]:
+    """The OWNED_FLAGS of the Slotkeeper the door runs (COMPAT_SLOTKEEPER_PATH first, as for it)."""
+    if os.environ.get("COMPAT_SLOTKEEPER_PATH"):
+        sys.path.insert(0, os.environ["COMPAT_SLOTKEEPER_PATH"])
+    try:
+        from slotkeeper.core.server.command import OWNED_FLAGS
+
+        return frozenset(OWNED_FLAGS), ""
+    except Exception as exc:  # e.g. a working tree mid-edit
+        return OWNED_FALLBACK, f"OWNED_FLAGS not importable ({type(exc).__name__}): used the harness's copy"
 
 
 def split(args: list[str]) -> list[tuple[str, str | None]]:
@@ -91,6 +104,11 @@ def translate(args: list[str], mode: str, model: str) -> tuple[list[str], list[s
         notes.append("no model given (router mode): " + ("Slotkeeper gets " + Path(model).name if mode == "door" else "left as is"))
         if mode == "raw":
             serve = []
+    owned: frozenset[str] = frozenset()
+    if mode == "door":
+        owned, problem = owned_flags()
+        if problem:
+            notes.append(problem)
     for flag, value in pairs:
         if flag in MODEL_ARGS:
             continue
@@ -110,8 +128,8 @@ def translate(args: list[str], mode: str, model: str) -> tuple[list[str], list[s
             if flag in ("--swa-full", "--no-swa-full"):
                 serve.append(flag)
                 continue
-            if flag in DROPPED_IN_DOOR:
-                notes.append(f"dropped {flag}{' ' + value if value else ''} (managed by Slotkeeper)")
+            if flag in owned:
+                notes.append(f"dropped {flag}{' ' + value if value else ''} (owned by Slotkeeper)")
                 continue
         rest.append((flag, value))
     return serve, flatten(rest), notes

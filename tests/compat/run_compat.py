@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -56,6 +57,10 @@ MODES = ("raw", "door")
 
 def say(text: str) -> None:
     print(f"test-compat: {text}", flush=True)
+
+
+def shown(path: Path) -> Path:
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
 
 
 def run(argv: list[str], **kwargs) -> None:
@@ -171,18 +176,19 @@ def probe(binary: Path, model: Path, log: Path) -> dict[str, str]:
     raise SystemExit(f"test-compat: llama-server cannot run {model.name} on this machine; see {log}")
 
 
-def sweep(markers: list[str], since: float) -> int:
-    """Kill processes started by this run (after ``since``) whose command line names one of
-    ``markers`` (the run's data folders, its model): a test killed mid-way may leave some."""
+def sweep(token: str, since: float) -> int:
+    """Kill what this side started and left running (a test killed mid-way may leave a server):
+    the processes created after ``since`` whose environment carries COMPAT_RUN_TOKEN=``token``
+    (llama-server inherits it through Slotkeeper). Never another run's or anyone else's."""
     import psutil
 
     me = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     killed = 0
-    for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+    for p in psutil.process_iter(["pid", "create_time"]):
         try:
             if p.pid in me or p.info["create_time"] < since:
                 continue
-            if any(m in a for a in (p.info["cmdline"] or []) for m in markers):
+            if p.environ().get("COMPAT_RUN_TOKEN") == token:
                 p.kill()
                 killed += 1
         except psutil.Error:
@@ -220,8 +226,11 @@ def slotkeeper_snapshot(rev: str, out: Path) -> tuple[Path, str]:
 def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
     out: Path = ctx["out"]
     results, log, launches = out / f"{mode}.jsonl", out / f"{mode}.log", out / f"{mode}-launches.tsv"
-    for f in (results, launches):
-        f.unlink(missing_ok=True)
+    if ctx["update"]:  # the tests run now replace their own earlier results; the rest stay
+        log = out / f"{mode}-update.log"
+    else:
+        for f in (results, launches):
+            f.unlink(missing_ok=True)
     tmp = out / "tmp" / mode
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -230,7 +239,8 @@ def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
         "LLAMA_SERVER_BIN_PATH": str(ctx["shim"]),
         "COMPAT_MODE": mode, "COMPAT_MODEL": str(ctx["model"]), "COMPAT_LLAMA_SERVER": str(ctx["binary"]),
         "COMPAT_PYTHON": sys.executable, "COMPAT_TMP": str(tmp), "COMPAT_NOTES": str(launches),
-        "COMPAT_RESULTS": str(results),
+        "COMPAT_RESULTS": str(results), "COMPAT_RUN_ID": dt.datetime.now().isoformat(timespec="seconds"),
+        "COMPAT_RUN_TOKEN": secrets.token_hex(8),
         "PORT": str(free_port()),
         "LLAMA_CACHE": str(ctx["cache"] / "llama-cache"),
         "PYTHONPATH": os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -239,7 +249,7 @@ def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
     env.pop("DEBUG", None)  # utils.py adds --verbose for any value
     argv = [str(ctx["test_python"]), "-m", "pytest", "-p", "compat_plugin", "-p", "no:cacheprovider", "-v",
             "--timeout", str(ctx["timeout"]), *pytest_args]
-    say(f"[{mode}] $ (cd {ctx['tests_dir']} && {shlex.join(argv)})  > {log.relative_to(REPO)}")
+    say(f"[{mode}] $ (cd {ctx['tests_dir']} && {shlex.join(argv)})  > {shown(log)}")
     started = time.time()
     source_state = (ctx["snapshot"][1], False) if ctx["snapshot"] else source_state_now()
     if ctx["snapshot"]:
@@ -264,14 +274,20 @@ def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
             p.wait()
             raise
         finally:
-            n = sweep([str(tmp), str(ctx["model"])], started)
+            n = sweep(env["COMPAT_RUN_TOKEN"], started - 1)
             if n:
                 say(f"[{mode}] killed {n} leftover process(es)")
     elapsed = time.time() - started
-    meta = {"exit": code, "seconds": round(elapsed), "argv": argv, "env_extra": ctx["env_extra"],
+    meta = {"exit": code, "seconds": round(elapsed), "argv": argv, "pytest_args": pytest_args,
+            "env_extra": ctx["env_extra"],
             "commit": source_state[0], "snapshot": bool(ctx["snapshot"]),
             "app_dirty": source_state[1] or (not ctx["snapshot"] and source_state_now()[1])}
-    (out / f"{mode}.meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    meta_file = out / f"{mode}.meta.json"
+    if ctx["update"] and meta_file.exists():
+        first = json.loads(meta_file.read_text(encoding="utf-8"))
+        first.setdefault("updates", []).append(meta)
+        meta = first
+    meta_file.write_text(json.dumps(meta), encoding="utf-8")
     shutil.rmtree(tmp, ignore_errors=True)
     say(f"[{mode}] pytest exited {code} after {elapsed / 60:.1f} min")
     return code
@@ -283,8 +299,13 @@ def outcomes(path: Path) -> dict[str, dict]:
     tests: dict[str, dict] = {}
     if not path.exists():
         return tests
-    for line in path.read_text(encoding="utf-8").splitlines():
-        rec = json.loads(line)
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    latest: dict[str, str] = {}
+    for rec in records:  # a test run again (--update) counts as it ran last
+        latest[rec["id"]] = max(latest.get(rec["id"], ""), rec.get("run", ""))
+    for rec in records:
+        if rec.get("run", "") != latest[rec["id"]]:
+            continue
         t = tests.setdefault(rec["id"], {"outcome": "pass", "message": "", "log": [], "when": ""})
         if rec["outcome"] == "failed":
             if t["outcome"] != "fail":
@@ -366,6 +387,8 @@ def report(out: Path, command: str) -> int:
                       ) if metas[m].get("commit") and m == "door" else ""
             md.append(f"- {m}: pytest exit {metas[m]['exit']}, {metas[m]['seconds'] / 60:.1f} min{source}"
                       + (f", with {' '.join(f'{k}={v}' for k, v in env.items())} (see run_compat.probe)" if env else ""))
+            for u in metas[m].get("updates", []):
+                md.append(f"  - then run again ({u['commit']}, pytest exit {u['exit']}): `{shlex.join(u.get('pytest_args', []))}`")
     md.append("")
     md.append("| | pass | fail | skip | total |")
     md.append("|---|---|---|---|---|")
@@ -398,7 +421,7 @@ def report(out: Path, command: str) -> int:
     (out / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
 
     print()
-    say(f"report: {(out / 'report.md').relative_to(REPO) if out.is_relative_to(REPO) else out / 'report.md'}")
+    say(f"report: {shown(out / 'report.md')}")
     for m in MODES:
         c = counts[m]
         say(f"{m:>4}: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped of {sum(c.values())}")
@@ -423,6 +446,8 @@ def main(argv: list[str]) -> int:
                     help="pytest -m (default 'not slow', as llama.cpp's tests.sh: the slow ones fetch more models)")
     ap.add_argument("--only", choices=MODES, help="run one side (the report uses the other side's last results)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the last results")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the last results; the tests selected now (-k, node ids after --) replace theirs")
     ap.add_argument("--slotkeeper", metavar="REV",
                     help="run the door with app/ as committed at REV (e.g. HEAD) instead of the working tree")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout; default 300)")
@@ -455,7 +480,8 @@ def main(argv: list[str]) -> int:
     pytest_args = ["-m", args.m, *(["-k", args.k] if args.k else []), *passthrough]
     ctx = {"out": out, "cache": cache, "tests_dir": tests_dir, "model": model, "test_python": test_python,
            "binary": binary, "env_extra": env_extra, "shim": shim, "timeout": args.timeout,
-           "snapshot": slotkeeper_snapshot(args.slotkeeper, out) if args.slotkeeper else None}
+           "snapshot": slotkeeper_snapshot(args.slotkeeper, out) if args.slotkeeper else None,
+           "update": args.update}
     for mode in MODES:
         if args.only in (None, mode):
             run_side(mode, ctx, pytest_args)
