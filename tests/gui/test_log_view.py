@@ -88,3 +88,15 @@ def test_the_idle_heartbeat_is_hidden_in_the_view_and_kept_in_the_file(tmp_path,
     view.set_lines(tailer.lines())
     assert "all slots are idle" not in view.plain_text()
     assert log.read_text().count("all slots are idle") == 2  # the file keeps them
+
+
+def test_long_lines_wrap_instead_of_scrolling_sideways(qtbot, view):
+    view.append_lines(["srv  log_server_r: request: POST /v1/chat/completions 127.0.0.1 200 " + "x" * 400])
+    assert view.text.horizontalScrollBar().maximum() == 0, "nothing hidden to the right"
+
+
+def test_lines_of_an_earlier_run_say_so(view):
+    view.set_lines(["old line 1", "old line 2"], note="——— llama-server's earlier run ———")
+    assert view.plain_text().splitlines() == ["——— llama-server's earlier run ———", "old line 1", "old line 2"]
+    view.set_lines([], note="——— nothing ———")
+    assert view.plain_text() == ""

@@ -93,3 +93,17 @@ def test_notifications_without_a_tray(qtbot, window):
     assert "2 restored" in window.statusBar().currentMessage()
     window.show_notification("Slotkeeper", "swa warning", "warning")
     assert window.server_page.warning_box.text() == "swa warning"
+
+
+def test_search_boxes_stay_readable_at_the_smallest_window(qtbot, window):
+    """At the window's least size both search boxes of the Server tab collapsed to "S…"."""
+    window.resize(window.minimumSizeHint())
+    qtbot.waitUntil(lambda: window.size() == window.minimumSizeHint(), timeout=2000)
+    assert window.minimumSizeHint().width() <= 900, "still fits a small screen"
+    page = window.server_page
+    for edit, words in ((page.log_view.search, "Search the log"), (page.activity_view.search, "Search: saved")):
+        assert edit.width() >= edit.fontMetrics().horizontalAdvance(words) + 20, (words, edit.width())
+    window.show_tab("conversations")
+    edit = window.sessions_page.filter_edit
+    qtbot.waitUntil(lambda: edit.isVisible(), timeout=2000)
+    assert edit.width() >= edit.fontMetrics().horizontalAdvance("Search everything said") + 20

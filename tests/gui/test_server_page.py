@@ -93,3 +93,28 @@ def test_when_ready_the_header_gives_the_front_doors_address_not_llama_servers(q
         emit_from_thread(engine, ev.ServerStateChanged(ServerState.READY, "http://127.0.0.1:40111"))
     assert page.state_label.text() == "Ready"
     assert page.state_message.text() == bridge.base_url and "40111" not in bridge.base_url
+
+
+def test_an_earlier_runs_log_is_marked_as_such(qtbot, bridge, engine):
+    """After a start refused before llama-server ran (its port in use) the log file is the previous
+    run's: the Server tab says so instead of showing it as this failure's log."""
+    import os
+
+    from slotkeeper.gui.pages.server_page import read_log
+
+    log = engine.paths.server_log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("srv  llama_server: listening on http://127.0.0.1:45000\n")
+    os.utime(log, (1_700_000_000, 1_700_000_000))  # written long before this Slotkeeper started
+    lines, note = read_log(engine)
+    assert lines == ["srv  llama_server: listening on http://127.0.0.1:45000"]
+    assert note is not None and "earlier run" in note and "has not run since Slotkeeper started" in note
+    assert read_log(engine, since=1_600_000_000)[1] is None  # written since: this run's own
+    page = ServerPage(bridge)
+    qtbot.addWidget(page)
+    qtbot.waitUntil(lambda: "earlier run" in page.log_view.plain_text(), timeout=5000)
+    with qtbot.waitSignal(bridge.eventArrived):  # a new llama-server: its lines follow a divider
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING, "preparing"))
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING, "loading the model"))
+    assert page.log_view.plain_text().count("——— llama-server starting") == 1

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core.journal import ERROR, INFO, KINDS, WARNING, JournalEntry
+from slotkeeper.gui.log_view import search_width
 
 Index = QModelIndex | QPersistentModelIndex
 COLUMNS = ("Time", "What", "Details")
@@ -123,15 +124,16 @@ class ActivityView(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        top = QHBoxLayout()
-        title = QLabel("Slotkeeper's activity")
+        title = QLabel("Slotkeeper's activity")  # a row of its own: the search box keeps the room
         font = title.font()
         font.setBold(True)
         title.setFont(font)
-        top.addWidget(title)
+        layout.addWidget(title)
+        top = QHBoxLayout()
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search: saved, restored, refused, pruned, a conversation's id…")
         self.search.setClearButtonEnabled(True)
+        self.search.setMinimumWidth(search_width(self.search, "Search: saved, restored"))
         self.search.setAccessibleName("Search Slotkeeper's activity")
         top.addWidget(self.search, 1)
         self.problems = QCheckBox("Problems only")

@@ -1,4 +1,7 @@
-"""The server's output, live, with a search box (next / previous, every match highlighted)."""
+"""The server's output, live, with a search box (next / previous, every match highlighted).
+
+Long lines wrap (the view never needs scrolling sideways); the search box keeps a readable width
+however small the window."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from PySide6.QtGui import (
     QTextCharFormat,
     QTextCursor,
     QTextDocument,
+    QTextOption,
 )
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -19,8 +23,8 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QPushButton,
     QTextEdit,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -33,6 +37,11 @@ HIGHLIGHT = QColor("#fde68a")
 CURRENT = QColor("#f59e0b")
 
 
+def search_width(edit: QLineEdit, words: str) -> int:
+    """A search box's least width: ``words`` readable beside its clear button."""
+    return edit.fontMetrics().horizontalAdvance(words) + 48
+
+
 class LogView(QWidget):
     """``append_lines`` adds server output; it follows the end unless the user scrolled up."""
 
@@ -43,7 +52,9 @@ class LogView(QWidget):
         self.text = QPlainTextEdit(self)
         self.text.setReadOnly(True)
         self.text.setMaximumBlockCount(max_lines)
-        self.text.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        # Wrapped: llama-server's lines are long, and what matters is at their end.
+        self.text.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
+        self.text.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
         self.text.setUndoRedoEnabled(False)
         mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
         self.text.setFont(mono)
@@ -52,11 +63,19 @@ class LogView(QWidget):
         self.search = QLineEdit(self)
         self.search.setPlaceholderText("Search the log")
         self.search.setClearButtonEnabled(True)
+        self.search.setMinimumWidth(search_width(self.search, "Search the log"))
         self.case = QCheckBox("Match case", self)
-        self.prev_button = QPushButton("Previous", self)
-        self.next_button = QPushButton("Next", self)
+        # Arrows, not words: the search box keeps the room in a narrow window.
+        self.prev_button = QToolButton(self)
+        self.prev_button.setArrowType(Qt.ArrowType.UpArrow)
+        self.prev_button.setToolTip("Previous match")
+        self.prev_button.setAccessibleName("Previous match")
+        self.next_button = QToolButton(self)
+        self.next_button.setArrowType(Qt.ArrowType.DownArrow)
+        self.next_button.setToolTip("Next match")
+        self.next_button.setAccessibleName("Next match")
         self.count_label = QLabel("", self)
-        self.count_label.setMinimumWidth(self.count_label.fontMetrics().horizontalAdvance("9999 matches"))
+        self.count_label.setMinimumWidth(self.count_label.fontMetrics().horizontalAdvance("999 matches"))
         self.follow = QCheckBox("Follow", self)
         self.follow.setChecked(True)
         self.follow.setToolTip("Keep the newest output in view")
@@ -102,9 +121,10 @@ class LogView(QWidget):
         if self.search.text():
             self._highlight_all(keep_current=True)
 
-    def set_lines(self, lines: list[str]) -> None:
+    def set_lines(self, lines: list[str], note: str | None = None) -> None:
+        """The log so far; ``note`` comes first (what these lines are, when they are not this run's)."""
         self.text.clear()
-        self.append_lines(lines)
+        self.append_lines(([note] if note and lines else []) + lines)
 
     def plain_text(self) -> str:
         return self.text.toPlainText()

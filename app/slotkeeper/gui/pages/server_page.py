@@ -3,9 +3,11 @@ them Slotkeeper's own activity (a searchable list) beside llama-server's raw log
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 
+import psutil
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import (
@@ -43,6 +45,23 @@ WARNING_BOX_STYLE = (
     "QLabel { background: #fef3c7; color: #78350f; border: 1px solid #f59e0b; "
     "border-radius: 4px; padding: 6px; }"
 )
+
+
+def read_log(engine, since: float | None = None) -> tuple[list[str], str | None]:
+    """The server log's last lines, and a note when they are an earlier run's: written before
+    ``since`` (default: when this Slotkeeper started), as when llama-server has not run since (a
+    start refused before it ran, a port in use). Reads the disk: a job."""
+    lines = initial_log(engine)
+    if since is None:
+        since = psutil.Process().create_time()
+    try:
+        written = os.stat(engine.paths.server_log).st_mtime
+    except OSError:
+        return lines, None
+    if written >= since:
+        return lines, None
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(written))
+    return lines, f"——— llama-server's earlier run, until {when}: it has not run since Slotkeeper started ———"
 
 
 def describe_flags(profile) -> str:
@@ -99,7 +118,9 @@ class ServerPage(QWidget):
         bridge.settingsChanged.connect(self.refresh)
 
         self.refresh()
-        bridge.jobs.run(initial_log, bridge.engine, on_success=self.log_view.set_lines,
+        self._last_state = bridge.state
+        bridge.jobs.run(read_log if not bridge.running else lambda e: (initial_log(e), None), bridge.engine,
+                        on_success=lambda got: self.log_view.set_lines(*got),
                         description="Reading the server log")
 
     # -- building -------------------------------------------------------------------------
@@ -280,6 +301,10 @@ class ServerPage(QWidget):
 
     # -- events ---------------------------------------------------------------------------
     def _on_state(self, event: ev.ServerStateChanged) -> None:
+        if event.state is ServerState.STARTING and self._last_state is not ServerState.STARTING:
+            # a new llama-server: its lines follow, apart from the earlier ones
+            self.log_view.append_lines([f"——— llama-server starting, {time.strftime('%H:%M:%S')} ———"])
+        self._last_state = event.state
         self.refresh()
         if event.state is ServerState.FAILED and event.log_tail:
             self.state_message.setToolTip("\n".join(event.log_tail[-10:]))
