@@ -137,3 +137,42 @@ def test_people_read_conversations_not_sessions(qtbot, bridge):
     with qtbot.waitSignal(bridge.errorOccurred, timeout=10_000) as failed:
         bridge.delete_session("0123456789ab")  # not there
     assert failed.args[0] == "Deleting a conversation"
+
+
+def test_help_about_says_the_version_and_the_licence_and_opens_the_readme(qtbot, bridge):
+    from slotkeeper import __version__
+    from slotkeeper.gui.main_window import MainWindow
+
+    window = MainWindow(bridge)
+    qtbot.addWidget(window)
+    help_menu = [a for a in window.menuBar().actions() if a.text() == "&Help"]
+    assert help_menu and [a.text() for a in help_menu[0].menu().actions()] == ["&About Slotkeeper"]
+    window.about_action.trigger()
+    about = window.about_dialog
+    assert about is not None and about.isVisible()
+    text = about.label.text()
+    assert f"Slotkeeper {__version__}" in text and "Licence: MIT" in text and str(bridge.paths.data_dir) in text
+    about.label.linkActivated.emit("readme")
+    assert about.readme is not None and about.readme.isVisible()
+    assert "Keeps a local LLM's memory warm" in about.readme.browser.toPlainText()
+    about.close()
+
+
+def test_the_tray_offers_about_without_building_the_window(qtbot, monkeypatch):
+    monkeypatch.setattr(TrayController, "show", lambda self: (self.tray.show(), True)[1])  # a tray host shows it
+    app = SlotkeeperApp(app_paths().ensure(),
+                        Settings(start_server_on_launch=False).with_profile(model_path=DEMO_MODEL),
+                        tray_available=True, first_run=False)
+    try:
+        assert app._window is None
+        assert app.tray.about_action.text() == "About Slotkeeper…"
+        app.tray.about_action.trigger()
+        assert app.about_dialog is not None and app.about_dialog.isVisible()
+        assert "Slotkeeper 0." in app.about_dialog.label.text()
+        assert app._window is None
+    finally:
+        if app._window is not None:
+            qtbot.addWidget(app.window)
+        with qtbot.waitSignal(app.finished, timeout=10_000):
+            app.request_quit()
+        app.deleteLater()

@@ -38,6 +38,7 @@ from slotkeeper.gui.tray import TrayController
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.launching import Prelaunched
+    from slotkeeper.gui.about import AboutDialog
     from slotkeeper.gui.chat.launcher import ChatLauncher
     from slotkeeper.gui.main_window import MainWindow
     from slotkeeper.gui.settings.dialog import SettingsDialog
@@ -170,6 +171,7 @@ class SlotkeeperApp(QObject):
         self.chooser: FirstRunDialog | None = None
         self.tray: TrayController | None = None
         self.settings_dialog: SettingsDialog | None = None
+        self.about_dialog: AboutDialog | None = None  # the tray's, while the window is not built
         self.progress: QProgressDialog | None = None
         self.quitting = False
         self.done = False
@@ -186,6 +188,7 @@ class SlotkeeperApp(QObject):
             self.tray.chooseModelRequested.connect(self.open_model_chooser)
             self.tray.chatRequested.connect(self.open_chat)
             self.tray.newChatRequested.connect(self.new_chat)
+            self.tray.aboutRequested.connect(self.show_about)
             self._hide_on_close = self.tray.show()
         self.notifier.notify.connect(self._notify)
         self.bridge.on(EngineReady, self._on_ready)
@@ -245,6 +248,20 @@ class SlotkeeperApp(QObject):
 
     def new_chat(self) -> None:
         self.chats.new_chat()
+
+    def show_about(self) -> None:
+        """The tray's "About Slotkeeper…": the window's own About when it is built, else one of its
+        own (the window is not built just for it)."""
+        if self._window is not None:
+            self._window.show_about()
+            return
+        if self.about_dialog is None:
+            from slotkeeper.gui.about import AboutDialog
+
+            self.about_dialog = AboutDialog(None, data_dir=self.paths.data_dir)
+        self.about_dialog.show()
+        self.about_dialog.raise_()
+        self.about_dialog.activateWindow()
 
     def open_settings(self) -> None:
         if self.settings_dialog is not None:
@@ -386,6 +403,10 @@ class SlotkeeperApp(QObject):
             self.tray.dispose()
         if self.settings_dialog is not None:
             self.settings_dialog.reject()
+        if self.about_dialog is not None:
+            self.about_dialog.close()
+            self.about_dialog.deleteLater()
+            self.about_dialog = None
         self.bridge.quitting = True
         if self._window is not None:
             self._window.hide_on_close = False

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QTabWidget, QWid
 
 from slotkeeper.core import events as ev
 from slotkeeper.gui import icons
+from slotkeeper.gui.about import AboutDialog
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.model_menu import ModelMenu
 from slotkeeper.gui.notifications import ERROR, WARNING
@@ -96,6 +97,18 @@ class MainWindow(QMainWindow):
         server_menu.addAction(server.open_chat_action)
         server_menu.addAction(server.web_ui_action)
         server_menu.addAction(server.copy_action)
+        help_menu = self.menuBar().addMenu("&Help")
+        self.about_action = help_menu.addAction("&About Slotkeeper")
+        self.about_action.triggered.connect(self.show_about)
+        self.about_dialog: AboutDialog | None = None
+
+    def show_about(self) -> None:
+        """Help ▸ About: the version, the licence, the README."""
+        if self.about_dialog is None:
+            self.about_dialog = AboutDialog(self, data_dir=self.bridge.paths.data_dir)
+        self.about_dialog.show()
+        self.about_dialog.raise_()
+        self.about_dialog.activateWindow()
 
     # -- window behaviour -----------------------------------------------------------------
     def show_tab(self, name: str) -> None:

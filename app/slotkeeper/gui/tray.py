@@ -52,6 +52,7 @@ class TrayController(QObject):
     chooseModelRequested = Signal()  # no model yet: open the model chooser
     chatRequested = Signal(str)  # open a conversation in the chat window ("": the last chat window, or a new chat)
     newChatRequested = Signal()
+    aboutRequested = Signal()  # Slotkeeper's version and licence
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -89,6 +90,8 @@ class TrayController(QObject):
         self.window_action.triggered.connect(lambda: self.showWindowRequested.emit("server"))
         self.settings_action = self.menu.addAction("Settings…")
         self.settings_action.triggered.connect(self.settingsRequested)
+        self.about_action = self.menu.addAction("About Slotkeeper…")
+        self.about_action.triggered.connect(self.aboutRequested)
         self.menu.addSeparator()
         self.quit_action = self.menu.addAction("Quit Slotkeeper")
         self.quit_action.triggered.connect(self.quitRequested)
