@@ -30,13 +30,18 @@ from benchlib import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # The client alone, the engine that imports it, and the GUI (what the desktop app loads at start-up).
-IMPORTED = ("slotkeeper.core.client", "slotkeeper.core.engine.engine", "slotkeeper.gui.application")
+IMPORTED = ("slotkeeper.core.server.client", "slotkeeper.core.engine.engine", "slotkeeper.gui.application")
 
 IMPORT_PROBE = """
 import sys, time, psutil
 proc = psutil.Process()
 rss0, t0 = proc.memory_info().rss, time.perf_counter()
-import {module}
+try:
+    import {module}
+except ModuleNotFoundError as e:  # a checkout from before the client moved under core/server/
+    if e.name != "slotkeeper.core.server.client":
+        raise
+    import slotkeeper.core.client
 t1 = time.perf_counter()
 print(t1 - t0, proc.memory_info().rss - rss0)
 """
@@ -49,7 +54,10 @@ if sys.argv[3] == "httpx":
     http = httpx.Client(base_url=url, timeout=10)
     call = lambda: http.get("/slots").json()
 else:
-    from slotkeeper.core.client import LlamaClient
+    try:
+        from slotkeeper.core.server.client import LlamaClient
+    except ModuleNotFoundError:  # a checkout from before the client moved under core/server/
+        from slotkeeper.core.client import LlamaClient
     http = LlamaClient(url)
     call = http.slots
 for _ in range(10):
@@ -102,8 +110,8 @@ class SlotsHandler(BaseHTTPRequestHandler):
 
 def start_llama_server(work: Path) -> tuple[subprocess.Popen, str]:
     sys.path.insert(0, str(ROOT / "app"))
-    from slotkeeper.core.client import LlamaClient, ServerUnavailable
     from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.server.client import LlamaClient, ServerUnavailable
     from slotkeeper.core.server.locate import locate_server
 
     model = write_model(work / "tiny.gguf", "llama")

@@ -383,8 +383,8 @@ class _ServingModel:
         if self._asked:
             return
         self._asked = True
-        from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
         from slotkeeper.core.model_hash import ModelHashCache
+        from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
 
         paths = app_paths(self._data_dir)
         try:

@@ -271,7 +271,7 @@ def test_too_many_requests_at_once_get_retry_after(llama_model, server_bin, port
 
 def test_llama_server_killed_during_an_on_demand_restore_gives_a_503_with_the_reason(
         llama_model, server_bin, port, monkeypatch):
-    from slotkeeper.core.client import LlamaClient
+    from slotkeeper.core.server.client import LlamaClient
 
     engine = make_engine(llama_model, server_bin, port, idle_save=3600)
     events = EventLog(engine)

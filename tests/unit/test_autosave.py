@@ -1,7 +1,7 @@
 """The autosave policy with a fake clock: turn end, idle delay, deferral while others generate."""
 
 from slotkeeper.core.autosave import AutosavePolicy
-from slotkeeper.core.client import SlotInfo
+from slotkeeper.core.server.client import SlotInfo
 
 
 def slot(i, task=None, busy=False):

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slotkeeper.core import client as client_module
-from slotkeeper.core.client import (
+from slotkeeper.core.server import client as client_module
+from slotkeeper.core.server.client import (
     MAX_IDLE_CONNECTIONS,
     LlamaClient,
     ServerError,
@@ -376,7 +376,7 @@ def test_close_drops_the_idle_connections_and_later_requests_still_work(server):
 def test_the_client_and_the_engine_do_not_import_httpx():
     """httpx (and what it drags in: click, rich, pygments in a dev install) costs megabytes and a
     noticeable part of start-up; only the Hub download (imported when one starts) uses it."""
-    code = ("import sys, slotkeeper.core.client, slotkeeper.core.engine.engine, slotkeeper.cli, "
+    code = ("import sys, slotkeeper.core.server.client, slotkeeper.core.engine.engine, slotkeeper.cli, "
             "slotkeeper.models_cli; "
             "print(sorted(m for m in ('httpx', 'httpx2', 'huggingface_hub', 'slotkeeper.core.hub_download') "
             "if m in sys.modules))")

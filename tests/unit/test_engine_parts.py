@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core.client import SlotInfo
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotBoard, judge_reuse
+from slotkeeper.core.server.client import SlotInfo
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.services.resume import resume_verdict
 from slotkeeper.core.sessions.compat import ServerFacts

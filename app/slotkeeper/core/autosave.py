@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from slotkeeper.core.client import SlotInfo
+from slotkeeper.core.server.client import SlotInfo
 
 MAX_DEFER_SECONDS = 60.0
 POLL_SECONDS = 0.5

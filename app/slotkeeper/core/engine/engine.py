@@ -25,7 +25,6 @@ import threading
 from typing import Any, TypeVar
 
 from slotkeeper.core import datalock
-from slotkeeper.core.client import ServerError, ServerUnavailable
 from slotkeeper.core.demo_model import DEMO_NOTICE
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.face import EngineFace
@@ -70,6 +69,7 @@ from slotkeeper.core.history import RequestHistory
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.server.apikey import DoorKeys, exposure_refusal
+from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.server.command import user_wants
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user

@@ -12,13 +12,13 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from slotkeeper.core.client import LlamaClient
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.model import ModelChoice
 from slotkeeper.core.engine.slot_saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS
 from slotkeeper.core.engine.snapshot import EngineSnapshot
 from slotkeeper.core.model_hash import ModelHashCache
 from slotkeeper.core.server.apikey import DoorKeys
+from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.server.supervisor import Supervisor
 from slotkeeper.core.sessions.compat import ServerFacts

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from slotkeeper.core.client import LlamaClient
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.model import ModelChoice, llama_build_tag, resolve_projector, server_facts
 from slotkeeper.core.model_hash import ModelHashCache
+from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ServerProfile
 from slotkeeper.core.views import Activity

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from slotkeeper.core.client import LlamaClient
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.identity import ModelIdentity
 from slotkeeper.core.engine.loop import EngineLoop
@@ -14,6 +13,7 @@ from slotkeeper.core.engine.model import ModelChoice, llama_build_tag, server_fa
 from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS
 from slotkeeper.core.engine.slot_saves import SlotSaves, describe_save_error, save_summary
 from slotkeeper.core.events import EventBus, SaveFailed, SessionSaved, WarningRaised
+from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.sessions.saving import SaveContext
 from slotkeeper.core.settings import ServerProfile, SettingsError, connect_url
 

@@ -14,11 +14,11 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from slotkeeper.core.client import LlamaClient
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.searching import complete_partial
 from slotkeeper.core.events import EventBus, FolderTidied, SearchIndexRepaired, SessionsPruned, WarningRaised
 from slotkeeper.core.paths import AppPaths
+from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.index import SessionsIndex

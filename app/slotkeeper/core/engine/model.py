@@ -24,7 +24,7 @@ from slotkeeper.core.settings import ServerProfile
 from slotkeeper.core.units import human_bytes
 
 if TYPE_CHECKING:
-    from slotkeeper.core.client import Props  # http.client: imported once llama-server runs
+    from slotkeeper.core.server.client import Props  # http.client: imported once llama-server runs
 
 LLAMA_BUILD_FALLBACK = "unknown"
 PROJECTOR_ARCH = "clip"  # general.architecture of every mmproj GGUF llama.cpp reads

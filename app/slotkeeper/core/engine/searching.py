@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slotkeeper.core.client import LlamaClient, ServerError, ServerUnavailable
+from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.sessions.titles import conversation_text, title_and_preview

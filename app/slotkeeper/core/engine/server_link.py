@@ -11,10 +11,10 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from slotkeeper.core.client import LlamaClient
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.model import LLAMA_BUILD_FALLBACK, ModelChoice
+from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.server.private import PrivateAddress
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.server.supervisor import Supervisor

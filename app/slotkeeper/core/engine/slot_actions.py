@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 
 from slotkeeper.core import families
-from slotkeeper.core.client import ServerError, ServerUnavailable
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
@@ -22,6 +21,7 @@ from slotkeeper.core.engine.slot_saves import SlotSaves
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
 from slotkeeper.core.events import EventBus, RestoreReused, SessionRefused, SessionRestored, SlotRecomputed
 from slotkeeper.core.families import EXACT_ONLY_MODES
+from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len

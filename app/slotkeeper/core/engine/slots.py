@@ -34,8 +34,8 @@ from slotkeeper.core.tokens import TokenArray, as_tokens, no_tokens
 from slotkeeper.core.views import SlotView
 
 if TYPE_CHECKING:
-    from slotkeeper.core.client import SlotInfo
     from slotkeeper.core.engine.frontdesk import RequestShape
+    from slotkeeper.core.server.client import SlotInfo
     from slotkeeper.core.sessions.transcripts import Transcript
 
 log = logging.getLogger(__name__)

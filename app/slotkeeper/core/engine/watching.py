@@ -11,10 +11,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from slotkeeper.core.autosave import IDLE_POLL_SECONDS, POLL_SECONDS
-from slotkeeper.core.client import ServerError, ServerUnavailable
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.server_link import ServerLink
 from slotkeeper.core.engine.slots import SlotBoard
+from slotkeeper.core.server.client import ServerError, ServerUnavailable
 
 ABANDONED_POLL_SECONDS = 1.5  # llama-server's HTTP_POLLING_SECONDS is 1
 ABANDONED_GIVE_UP_SECONDS = 120.0

@@ -453,7 +453,8 @@ class Supervisor:
         deadline = time.monotonic() + self.health_timeout
         started = time.monotonic()
         last_report = 0.0
-        from slotkeeper.core.client import LlamaClient, ServerUnavailable  # here: llama-server starts sooner
+        # imported here: llama-server starts sooner
+        from slotkeeper.core.server.client import LlamaClient, ServerUnavailable
 
         with LlamaClient(spec.base_url, timeout=2.0) as client:
             while True:
@@ -540,7 +541,7 @@ class Supervisor:
         early = bool(data.get("early"))
         same = list(data.get("argv", [])) == list(spec.argv)
         if same and not early:
-            from slotkeeper.core.client import LlamaClient, ServerUnavailable
+            from slotkeeper.core.server.client import LlamaClient, ServerUnavailable
 
             try:
                 with LlamaClient(spec.base_url, timeout=2.0) as client:
