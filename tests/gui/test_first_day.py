@@ -44,6 +44,8 @@ def test_a_port_in_use_is_a_failure_with_its_reason(qtbot, bridge, engine, busy_
         assert page.state_label.text() == "Failed"
         assert f"Port {busy_port} on 127.0.0.1 is already in use" in page.state_message.text()
         assert "Choose another port in Settings" in page.state_message.text()
+        assert page.log_view.plain_text().splitlines()[-1].startswith(
+            f"——— llama-server failed: Port {busy_port} on 127.0.0.1 is already in use")  # not an old run's log
         assert tray.icon_state == "error"
         assert tray.start_stop_action.text() == "Start server"  # try again once the port is free
         [entry] = [e for e in bridge.journal if e.level == "error"]

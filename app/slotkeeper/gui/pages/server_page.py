@@ -64,6 +64,10 @@ def read_log(engine, since: float | None = None) -> tuple[list[str], str | None]
     return lines, f"——— llama-server's earlier run, until {when}: it has not run since Slotkeeper started ———"
 
 
+def failure_line(message: str) -> str:
+    return f"——— llama-server failed: {message or 'it could not be started'} ———"
+
+
 def describe_flags(profile) -> str:
     parts = [
         f"context {profile.ctx:,} ({profile.ctx_per_slot:,} per slot)",
@@ -120,7 +124,7 @@ class ServerPage(QWidget):
         self.refresh()
         self._last_state = bridge.state
         bridge.jobs.run(read_log if not bridge.running else lambda e: (initial_log(e), None), bridge.engine,
-                        on_success=lambda got: self.log_view.set_lines(*got),
+                        on_success=self._log_read,
                         description="Reading the server log")
 
     # -- building -------------------------------------------------------------------------
@@ -300,10 +304,18 @@ class ServerPage(QWidget):
         self.warning_box.show()
 
     # -- events ---------------------------------------------------------------------------
+    def _log_read(self, got: tuple[list[str], str | None]) -> None:
+        self.log_view.set_lines(*got)
+        if self.bridge.state is ServerState.FAILED:  # the window was built after it
+            self.log_view.append_lines([failure_line(self.bridge.state_message)])
+
     def _on_state(self, event: ev.ServerStateChanged) -> None:
         if event.state is ServerState.STARTING and self._last_state is not ServerState.STARTING:
             # a new llama-server: its lines follow, apart from the earlier ones
             self.log_view.append_lines([f"——— llama-server starting, {time.strftime('%H:%M:%S')} ———"])
+        elif event.state is ServerState.FAILED:
+            # what ended it, after its last words (or after nothing: a start refused before it ran)
+            self.log_view.append_lines([failure_line(event.message)])
         self._last_state = event.state
         self.refresh()
         if event.state is ServerState.FAILED and event.log_tail:
