@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import signal
 import statistics
 import subprocess
@@ -32,20 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from benchlib import free_port
+from benchlib import LlamaServer, free_port, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from slotkeeper.core.server.locate import locate_server  # noqa: E402
 from slotkeeper.core.starter_model import ensure_starter_model  # noqa: E402
-
-WORDS = ("river mountain garden window letter candle summer harbour violin meadow lantern orchard thunder "
-         "pebble falcon ribbon compass cellar willow saddle").split()
-
-
-def text(seed: int, n: int) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 @dataclass
@@ -59,32 +50,12 @@ class Figures:
     restart_processed: int = 0
 
 
-class Raw:
+class Raw(LlamaServer):
     """llama-server as people run it, started by hand."""
 
     def __init__(self, binary: list[str], model: Path, slots: int, ram: bool) -> None:
-        self.argv = [*binary, "-m", str(model), "-c", str(slots * 4096), "-np", str(slots), "--no-kv-unified"]
-        if not ram:
-            self.argv += ["--cache-ram", "0"]
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-
-    def start(self) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([*self.argv, "--port", str(port)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        if not _healthy(self.url, self.proc) and "--no-repack" not in self.argv:
-            # Died of SIGILL loading the model (a system that does not allow the instructions its
-            # weight repacking uses): as Slotkeeper does, without repacking.
-            self.argv.append("--no-repack")
-            self.start()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
-            self.proc = None
+        super().__init__([*binary, "-m", str(model), "-c", str(slots * 4096), "-np", str(slots), "--no-kv-unified",
+                          *([] if ram else ["--cache-ram", "0"])])
 
 
 class Door:
@@ -112,23 +83,6 @@ class Door:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(120)
             self.proc = None
-
-
-def _healthy(url: str, proc: subprocess.Popen) -> bool:
-    """True once it answers; False when it died of SIGILL while loading."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            if proc.returncode == -signal.SIGILL:
-                return False
-            raise SystemExit(f"llama-server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return True
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit("llama-server did not get ready")
 
 
 def turn(url: str, messages: list[dict]) -> tuple[float | None, dict, str]:

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import free_port
+from benchlib import first_token, free_port, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
@@ -46,16 +46,6 @@ from slotkeeper.core.paths import app_paths  # noqa: E402
 from slotkeeper.core.server.locate import locate_server  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
-
-WORDS = ("river mountain garden window letter candle summer harbour violin meadow lantern orchard thunder "
-         "pebble falcon ribbon compass cellar willow saddle").split()
-
-
-
-
-def text(seed: int, n: int) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def trace(conversations: int, turns: int, seed: int) -> list[tuple[int, int]]:
@@ -68,24 +58,6 @@ def trace(conversations: int, turns: int, seed: int) -> list[tuple[int, int]]:
         order.append((c, left[c]))
         left[c] += 1
     return order
-
-
-def first_token(url: str, messages: list[dict], headers: dict | None = None) -> tuple[float, dict]:
-    """Seconds to the first streamed token, and the request's timings."""
-    body = {"messages": messages, "max_tokens": 8, "stream": True, "temperature": 0, "seed": 1}
-    t0 = time.perf_counter()
-    ttft = None
-    timings: dict = {}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            d = json.loads(line[6:])
-            if ttft is None and any(c.get("delta", {}).get("content") for c in d.get("choices", [])):
-                ttft = time.perf_counter() - t0
-            timings = d.get("timings", timings)
-    return (ttft if ttft is not None else time.perf_counter() - t0), timings
 
 
 def replay(order, systems: dict, restart_after: int, first_tokens: int, seed: int) -> dict:

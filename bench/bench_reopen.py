@@ -22,8 +22,6 @@ than cold.
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import signal
 import statistics
 import subprocess
@@ -33,21 +31,14 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import free_port
+from benchlib import LlamaServer, first_token, free_port, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from slotkeeper.core.server.locate import locate_server  # noqa: E402
 from slotkeeper.core.starter_model import ensure_starter_model  # noqa: E402
 
-WORDS = ("river mountain garden window letter candle summer harbour violin meadow lantern orchard thunder "
-         "pebble falcon ribbon compass cellar willow saddle").split()
 CTX = 8192
-
-
-def text(seed: int, n: int) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def conversation(url: str, tokens: int, seed: int) -> list[dict]:
@@ -62,58 +53,10 @@ def conversation(url: str, tokens: int, seed: int) -> list[dict]:
         messages.append({"role": "assistant", "content": text(seed * 7 + len(messages), 60)})
 
 
-def first_token(url: str, messages: list[dict]) -> tuple[float, dict]:
-    body = {"messages": messages, "max_tokens": 8, "stream": True, "temperature": 0}
-    t0 = time.perf_counter()
-    first = None
-    timings: dict = {}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=900) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            d = json.loads(line[6:])
-            if first is None and any(c.get("delta", {}).get("content") for c in d.get("choices", [])):
-                first = time.perf_counter() - t0
-            timings = d.get("timings", timings)
-    return (first if first is not None else time.perf_counter() - t0), timings
-
-
-def healthy(url: str, proc: subprocess.Popen) -> bool:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return True
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit("llama-server did not get ready")
-
-
-class Raw:
+class Raw(LlamaServer):
     def __init__(self, binary: list[str], model: Path, save_dir: Path) -> None:
-        self.argv = [*binary, "-m", str(model), "-c", str(CTX), "-np", "1", "--slot-save-path", str(save_dir),
-                     "--cache-ram", "0"]
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-
-    def start(self) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([*self.argv, "--port", str(port)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        if not healthy(self.url, self.proc) and "--no-repack" not in self.argv:
-            self.argv.append("--no-repack")  # as Slotkeeper does where repacking dies of SIGILL
-            self.start()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
-            self.proc = None
+        super().__init__([*binary, "-m", str(model), "-c", str(CTX), "-np", "1", "--slot-save-path", str(save_dir),
+                          "--cache-ram", "0"])
 
 
 def main() -> None:

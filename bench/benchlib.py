@@ -83,3 +83,85 @@ def report(what: str, slotkeeper: list[float], raw: list[float],
     """The medians of ``alternate``'s rounds, and their ratio."""
     s, r = statistics.median(slotkeeper), statistics.median(raw)
     print(f"{what}, median of {len(slotkeeper)}: {names[0]} {s:.3f} s, {names[1]} {r:.3f} s: {s / r:.2f}x")
+
+
+# -- conversations and llama-server by hand, for the benchmarks that chat ----------------------------
+WORDS = ("river mountain garden window letter candle summer harbour violin meadow lantern orchard thunder "
+         "pebble falcon ribbon compass cellar willow saddle").split()
+
+
+def text(seed: int, n: int) -> str:
+    """``n`` words, the same for the same seed."""
+    import random
+
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def first_token(url: str, messages: list[dict], headers: dict | None = None,
+                max_tokens: int = 8) -> tuple[float, dict]:
+    """Seconds to the first streamed token of a chat answer, and the request's timings."""
+    import json
+    import time
+
+    import httpx
+
+    body = {"messages": messages, "max_tokens": max_tokens, "stream": True, "temperature": 0, "seed": 1}
+    t0 = time.perf_counter()
+    ttft = None
+    timings: dict = {}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=900) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if ttft is None and any(c.get("delta", {}).get("content") for c in d.get("choices", [])):
+                ttft = time.perf_counter() - t0
+            timings = d.get("timings", timings)
+    return (ttft if ttft is not None else time.perf_counter() - t0), timings
+
+
+class LlamaServer:
+    """llama-server started by hand from ``argv`` (a free loopback port added). Like Slotkeeper, it
+    starts again with --no-repack where repacking the weights dies of SIGILL (a system that reports
+    CPU instructions it does not allow), so both sides run the same way."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = list(argv)
+        self.proc = None
+        self.url = ""
+
+    def start(self) -> None:
+        import signal
+        import subprocess
+        import time
+
+        import httpx
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([*self.argv, "--port", str(port)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                if self.proc.returncode == -signal.SIGILL and "--no-repack" not in self.argv:
+                    self.argv.append("--no-repack")
+                    return self.start()
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return None
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("llama-server did not start")
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+            self.proc = None
