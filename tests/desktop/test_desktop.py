@@ -102,3 +102,76 @@ def test_tray_gauge_quit_saves_relaunch_restores(desktop, tmp_path, llama_model,
             suffix = f"-dark{suffix}"
         for png in shots.glob("*.png"):
             shutil.copy(png, Path(keep) / f"{png.stem}{suffix}.png")
+
+
+def run_command_phase(phase, env, home, shots, port, cache):
+    """A phase run as the `slotkeeper` command runs the app: no model on the command line (what the
+    first run chose is what runs), a llama.cpp cache holding the model to find."""
+    result = shots.parent / f"{phase}.json"
+    cmd = [sys.executable, str(SCENARIO), phase, str(result), str(shots), "--",
+           "--port", str(port), "--data-dir", str(home), "--idle-save", "0.3"]
+    env = {**env, "LLAMA_CACHE": str(cache), "HF_HUB_CACHE": str(shots.parent / "hf-hub"),
+           "QT_QPA_PLATFORM": "xcb", "LANG": "C.UTF-8"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    data = json.loads(result.read_text()) if result.exists() else {}
+    assert proc.returncode == 0 and "error" not in data, (
+        f"{phase} failed ({proc.returncode}): {data.get('error')}\n{proc.stderr[-3000:]}")
+    return data, proc.stderr
+
+
+def test_a_newcomers_first_day(desktop, tmp_path, llama_model, port):
+    """A fresh data folder, the first run (choose a model), two conversations, Quit; the relaunch
+    serves at once, Resume lists both, and the window and the tray agree on where each is; another
+    program on the port is a failure in words and a red icon."""
+    import socket
+
+    home, shots, cache = tmp_path / "home", tmp_path / "shots", tmp_path / "llama-cache"
+    shots.mkdir()
+    cache.mkdir()
+    shutil.copy(llama_model, cache / "tiny-llama.gguf")
+
+    first, _ = run_command_phase("newcomer", desktop, home, shots, port, cache)
+    assert first["first_run"]["title"] == "Welcome to Slotkeeper"
+    assert first["chosen"] == str(cache / "tiny-llama.gguf")
+    assert first["done"] is True
+    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.settings import load_settings
+
+    saved = load_settings(app_paths(home).settings_file)
+    assert saved.profile.model_path == str(cache / "tiny-llama.gguf")
+    assert saved.start_server_on_launch, "once a model is chosen, a relaunch serves it"
+
+    again, err = run_command_phase("newcomer-again", desktop, home, shots, port, cache)
+    assert not again["first_run_shown"]
+    assert again["health"] == 200, "serving without a click"
+    assert not again["window_built"]
+    assert f"ready: clients use http://127.0.0.1:{port}" in err
+    ids = again["resume_ids"]
+    assert len(ids) == 2 and all(ids), again["resume_items"]
+    assert "(in slot 0)" in again["resume_items"][0]  # restored at launch into the one slot
+    assert again["tray_where"] == again["table_where"], (again["tray_where"], again["table_where"])
+    assert again["table_where"][again["a_id"]] == "0", "the conversation that went on is in slot 0"
+    assert again["tray_age"] == again["table_age"]
+    assert again["launches"] >= 2 and again["launch_markers"] == 2, "both launches are marked"
+    assert "restored" in again["sources"]
+    assert again["log_sideways"] == 0
+    assert "&Help" in again["help_menu"] and again["tray_about"] == "About Slotkeeper…"
+    for name, (width, needs) in again["search_widths"].items():
+        assert width >= needs, (name, width, needs)
+
+    with socket.socket() as other:  # another program takes the port
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        busy, err = run_command_phase("port-busy", desktop, home, shots, port, cache)
+    assert busy["icon_state"] == "error"
+    assert busy["state_label"] == "Failed"
+    assert f"Port {port} on 127.0.0.1 is already in use" in busy["state_message"]
+    assert busy["log_last"].startswith(f"——— llama-server failed: Port {port}"), "the log says it, not an old run"
+    assert "Traceback" not in err, err[-3000:]
+    assert sum("already in use" in line for line in err.splitlines()) == 1, err[-3000:]
+    keep = os.environ.get("SLOTKEEPER_SCREENSHOTS")
+    if keep:
+        suffix = "-dark" if os.environ.get("SLOTKEEPER_COLOR_SCHEME", "").lower() == "dark" else ""
+        for name in ("tray-resume-menu.png", "main-window-port-in-use.png", "first-run.png"):
+            shutil.copy(shots / name, Path(keep) / name.replace(".png", f"{suffix}.png"))
