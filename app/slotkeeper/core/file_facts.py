@@ -3,9 +3,9 @@
 Each launch needs the flags the llama-server binary knows (running it with --help) and the model's
 header facts (reading its GGUF metadata); both take time on every launch and both are fixed for a
 given file. They are kept in one small JSON file (0600, written atomically) per kind, keyed by the
-resolved path and valid while the file's size, mtime_ns, inode and ctime_ns are the ones seen when
-the facts were read (as ``model_hash`` does for model hashes): a rebuilt binary, a model replaced
-in place or moved into place, reads again. ``version`` names the code that produced the facts, so
+resolved path and valid while the file's stamp (``fsutil.file_stamp``: size, mtime_ns, inode and
+ctime_ns) is the one seen when the facts were read (as ``model_hash`` does for model hashes): a
+rebuilt binary, a model replaced in place or moved into place, reads again. ``version`` names the code that produced the facts, so
 a Slotkeeper that reads them differently never trusts an older one's.
 """
 
@@ -18,20 +18,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.fsutil import atomic_write_text, file_stamp
 
-__all__ = ["FileFactsCache", "file_stamp"]
+__all__ = ["FileFactsCache"]
 
 log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 64  # a handful of binaries and models; the oldest go first
-
-
-def file_stamp(path: str | os.PathLike[str]) -> tuple[str, dict[str, int]]:
-    """(resolved path, {size, mtime_ns, ino, ctime_ns}); raises OSError."""
-    resolved = os.path.realpath(path)
-    st = os.stat(resolved)
-    return resolved, {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
 
 
 class FileFactsCache:

@@ -1,5 +1,6 @@
-"""Durable file writes shared by settings, sidecars and state files, and safe reads of files in a
-folder other people's programs also write to (the sessions folder: llama-server writes there)."""
+"""Durable file writes shared by settings, sidecars and state files, safe reads of files in a
+folder other people's programs also write to (the sessions folder: llama-server writes there), and
+the stamp that tells one version of a file from another."""
 
 from __future__ import annotations
 
@@ -209,3 +210,27 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -
             pass
         raise
     fsync_dir(path.parent)
+
+
+# -- the file stamp --------------------------------------------------------------------------
+# What a cache keyed on a file (model hashes, GGUF facts, --help flags, a verified KV file, the head
+# start's note, the API key file) records to know the file is still the one it read:
+# - size: a truncation or an append;
+# - mtime_ns: any write;
+# - ino: another file moved or copied into its place;
+# - ctime_ns: the kernel sets it on every write, truncate, chmod and rename, and no program can set
+#   it back, so a write that puts the old mtime back (`cp -p`, `touch -d`) still shows.
+# On Windows st_ctime is the creation time, so there the inode, size and mtime carry the check.
+STAMP_FIELDS = ("size", "mtime_ns", "ino", "ctime_ns")
+
+
+def stat_stamp(st: os.stat_result) -> dict[str, int]:
+    """The stamp of the file ``st`` describes: {size, mtime_ns, ino, ctime_ns} (JSON as it is)."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+def file_stamp(path: str | os.PathLike[str]) -> tuple[str, dict[str, int]]:
+    """(resolved path, ``stat_stamp`` of the file it names): two spellings of one file (a link,
+    ``..``) give one path. Raises OSError."""
+    resolved = os.path.realpath(path)
+    return resolved, stat_stamp(os.stat(resolved))

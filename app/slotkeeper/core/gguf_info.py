@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from slotkeeper.core import families, gguf_header
+from slotkeeper.core.fsutil import stat_stamp
 from slotkeeper.core.units import human_bytes
 
 __all__ = [
@@ -291,8 +292,7 @@ def facts_version() -> str:
     parts = [f"model-info-1:{__version__}"]
     for module in (__file__, gguf_header.__file__, families.__file__):
         try:
-            st = os.stat(module)
-            parts.append(f"{st.st_size}:{st.st_mtime_ns}")
+            parts.append(":".join(map(str, stat_stamp(os.stat(module)).values())))
         except (OSError, TypeError):  # a frozen app: its version says it all
             pass
     return "/".join(parts)

@@ -2,8 +2,9 @@
 
 A saved KV state is only valid for the exact model that produced it, and llama-server's save
 files carry no model identity, so sessions record the model's SHA-256. Hashing a 20 GB model
-takes a minute or more, so the result is cached by (resolved path, size, mtime_ns, inode,
-ctime_ns): the next start reads it back without touching the model. Size and mtime alone are
+takes a minute or more, so the result is cached by the resolved path and the file's stamp
+(``fsutil.file_stamp``: size, mtime_ns, inode, ctime_ns): the next start reads it back without
+touching the model. Size and mtime alone are
 not enough: `cp -p other.gguf model.gguf` writes another model of the same size into the same
 file and puts the old mtime back. It cannot put the ctime back (the kernel sets it on every
 write and every utime), and a file moved into place has another inode. Entries written before
@@ -21,11 +22,10 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.fsutil import atomic_write_text, file_stamp
 
 __all__ = ["CHUNK_SIZE", "ModelChangedError", "ModelHashCache"]
 
@@ -39,25 +39,6 @@ ProgressCallback = Callable[[int, int], None]  # (bytes hashed so far, file size
 
 class ModelChangedError(RuntimeError):
     """The model file changed while it was being hashed; the result would be meaningless."""
-
-
-@dataclass(frozen=True)
-class _FileKey:
-    path: str  # resolved, so two spellings of one file share an entry
-    size: int
-    mtime_ns: int
-    ino: int
-    ctime_ns: int
-
-    @classmethod
-    def of(cls, path: str | Path) -> _FileKey:
-        resolved = Path(path).resolve()
-        st = resolved.stat()
-        return cls(str(resolved), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-
-    def fields(self) -> dict[str, int]:
-        """What an entry of the cache file records about the file (all must match for a hit)."""
-        return {"size": self.size, "mtime_ns": self.mtime_ns, "ino": self.ino, "ctime_ns": self.ctime_ns}
 
 
 class ModelHashCache:
@@ -75,12 +56,12 @@ class ModelHashCache:
         Never reads the model itself (one stat call), so it is safe on the GUI thread.
         """
         try:
-            key = _FileKey.of(path)
+            resolved, stamp = file_stamp(path)
         except OSError:
             return None
         with self._lock:
-            entry = self._load().get(key.path)
-        if isinstance(entry, dict) and all(entry.get(k) == v for k, v in key.fields().items()):
+            entry = self._load().get(resolved)
+        if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()):
             sha = entry.get("sha256")
             return sha if isinstance(sha, str) else None
         return None
@@ -97,11 +78,11 @@ class ModelHashCache:
                 size = Path(path).stat().st_size
                 progress(size, size)
             return hit
-        key = _FileKey.of(path)
-        sha = _sha256_file(Path(key.path), key.size, progress)
-        if _FileKey.of(path) != key:
-            raise ModelChangedError(f"{key.path} changed while it was being hashed; try again")
-        self._store(key, sha)
+        resolved, stamp = file_stamp(path)
+        sha = _sha256_file(Path(resolved), stamp["size"], progress)
+        if file_stamp(path) != (resolved, stamp):
+            raise ModelChangedError(f"{resolved} changed while it was being hashed; try again")
+        self._store(resolved, stamp, sha)
         return sha
 
     def compute_async(
@@ -145,11 +126,11 @@ class ModelHashCache:
         entries = data.get("entries") if isinstance(data, dict) else None
         return entries if isinstance(entries, dict) else {}
 
-    def _store(self, key: _FileKey, sha: str) -> None:
+    def _store(self, resolved: str, stamp: dict[str, int], sha: str) -> None:
         with self._lock:
             # Re-read under the lock so entries written by other threads are kept.
             entries = self._load()
-            entries[key.path] = {**key.fields(), "sha256": sha}
+            entries[resolved] = {**stamp, "sha256": sha}
             self._write({"schema_version": _SCHEMA_VERSION, "entries": entries})
 
     def _write(self, data: dict[str, Any]) -> None:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from slotkeeper.core import gguf_info
 from slotkeeper.core.engine.errors import EngineError
-from slotkeeper.core.file_facts import FileFactsCache, file_stamp
+from slotkeeper.core.file_facts import FileFactsCache
+from slotkeeper.core.fsutil import file_stamp
 
 # The model before anything runs it is core.model_choice's (the services read it too); named here
 # as well, where the engine's parts have always found it.

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slotkeeper.core.fsutil import stat_stamp
 from slotkeeper.core.server.command import api_key_args, is_loopback
 
 
@@ -44,7 +45,7 @@ def file_keys(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class _FileState:
-    stamp: tuple[int, int, int, int] | None
+    stamp: dict[str, int] | None
     keys: tuple[str, ...]
     problem: str | None
 
@@ -109,7 +110,7 @@ class DoorKeys:
     def _read(self, path: Path) -> _FileState:
         try:
             st = os.stat(path)
-            stamp = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+            stamp = stat_stamp(st)
         except OSError as exc:
             return _FileState(None, (), f"the API key file {path} cannot be read ({exc.strerror or exc})")
         known = self._states.get(path)

@@ -4,7 +4,7 @@ Loading the model is the longest step of a relaunch, so it should begin at once.
 that `serve` (or the desktop app, when it starts the server at launch) plans leaves a note
 (``cache/last-launch.json``): the command line Slotkeeper was given,
 llama-server's command line it planned, and what that plan was made from (Slotkeeper's version,
-the working folder, the environment variables it reads, and the size, mtime and inode of the
+the working folder, the environment variables it reads, and the stamp (``fsutil.stat_stamp``) of the
 settings file, the private address file and of every file on llama-server's command line: the
 binary, the model, ...). When Slotkeeper runs again with the same command line and nothing of
 that has changed, ``begin`` (the standard library plus the light path, lock and spawn helpers) takes
@@ -124,6 +124,8 @@ def _start(argv: list[str]) -> Early | None:
 
 def inputs(paths, server_argv: Sequence[str]) -> dict:
     """What a launch plan is made from, as far as a note can tell it changed."""
+    from slotkeeper.core.fsutil import stat_stamp
+
     env = "\0".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                     if k == "PATH" or k.startswith(ENV_PREFIXES))
     files = {}
@@ -135,7 +137,7 @@ def inputs(paths, server_argv: Sequence[str]) -> dict:
                 files[name] = None
             continue
         if st.st_mode & 0o170000 == 0o100000:  # a regular file (a folder's mtime moves with every save)
-            files[name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+            files[name] = stat_stamp(st)
     return {"app": __version__, "python": sys.executable, "cwd": os.getcwd(),
             "env": zlib.crc32(env.encode("utf-8", "surrogateescape")), "files": files}
 

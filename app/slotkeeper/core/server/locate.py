@@ -7,7 +7,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core.file_facts import FileFactsCache, file_stamp
+from slotkeeper.core.file_facts import FileFactsCache
+from slotkeeper.core.fsutil import file_stamp
 
 BIN_ENV = "SLOTKEEPER_LLAMA_SERVER"
 

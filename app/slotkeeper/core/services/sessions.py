@@ -97,7 +97,9 @@ class SearchResult:
 
 
 def folder_stamp(directory) -> str:
-    """Changes whenever a file is added, removed or replaced in the folder (its mtime)."""
+    """Changes whenever a file is added, removed or replaced in the folder (its mtime). Not a file's
+    stamp (``fsutil.stat_stamp``) on purpose: the reconcile compares the folder's names, which only
+    the mtime follows (and the inode, for a folder replaced); a write inside a file moves neither."""
     st = os.stat(directory)
     return f"{st.st_mtime_ns}:{st.st_ino}"
 

@@ -21,6 +21,10 @@ import xxhash
 from slotkeeper.core.fsutil import atomic_write_bytes
 from slotkeeper.core.sessions.naming import is_scratch
 
+# An entry's lstat as the folder's look keeps it: fsutil.stat_stamp's fields with the file's type in
+# front, on purpose a tuple of ints (a look at 10,000 entries makes one per entry, rows_key packs
+# them into an array for the digest, the index keeps them a line per session) and of the entry
+# itself (a link is a link here, never followed).
 Stamp = tuple[int, int, int, int, int]  # st_mode, st_size, st_mtime_ns, st_ino, st_ctime_ns
 RACY_NS = 2_000_000_000  # a file changed this recently may change again without its stat changing
 # What the rows are made of: bump it when a row changes for the same files (a new sidecar schema,

@@ -3,15 +3,10 @@
 llama-server restores whatever file it is given (no checksum; a file one byte short aborts it),
 so a KV file must match the content hash in its sidecar before its name is sent. Hashing a
 1 GiB file from a cold page cache takes about as long as the restore itself, and nothing has
-touched the file since it was saved in the common case. So the file's stamp is recorded when its
-content is known to match its hash (when the save hashed it, and after each full check), and a
-restore re-hashes the file only when the stamp has changed:
-
-- size: a truncation or an append;
-- mtime_ns: any write;
-- inode: another file moved or copied into its place;
-- ctime_ns: the kernel sets it on every write, truncate, chmod and rename, and no program can
-  set it back, so a write that puts the old mtime back (`cp -p`, `touch -d`) still shows.
+touched the file since it was saved in the common case. So the file's stamp (``fsutil.stat_stamp``:
+size, mtime_ns, inode and ctime_ns, each for a reason given there) is recorded when its content is
+known to match its hash (when the save hashed it, and after each full check), and a restore
+re-hashes the file only when the stamp has changed.
 
 A stamp that differs means "hash it again", not "damaged": a file that was only touched passes
 the full check and gets a new stamp. The stamp is taken from the open file before and after the
@@ -33,13 +28,12 @@ from typing import Any
 
 import xxhash
 
-from slotkeeper.core.fsutil import open_regular
+from slotkeeper.core.fsutil import STAMP_FIELDS, open_regular, stat_stamp
 
 __all__ = ["CONTENT_HASH_PREFIX", "FileStamp", "hash_with_stamp", "same_file_version"]
 
 CONTENT_HASH_PREFIX = "xxh3_128:"
 _HASH_CHUNK_BYTES = 4 << 20
-_FIELDS = ("size", "mtime_ns", "ino", "ctime_ns")
 
 
 @dataclass(frozen=True)
@@ -54,24 +48,26 @@ class FileStamp:
 
     @classmethod
     def of(cls, st: os.stat_result, content_hash: str) -> FileStamp:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, content_hash)
+        return cls(**stat_stamp(st), content_hash=content_hash)
+
+    def stamp(self) -> dict[str, int]:
+        """The file's stamp as ``fsutil.stat_stamp`` gives it."""
+        return {k: getattr(self, k) for k in STAMP_FIELDS}
 
     def matches(self, st: os.stat_result, content_hash: str) -> bool:
         """True when the file ``st`` describes is the one verified, unchanged since, and the hash
         it was verified against is still the one expected."""
-        return (content_hash == self.content_hash and st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
-                and st.st_ino == self.ino and st.st_ctime_ns == self.ctime_ns)
+        return content_hash == self.content_hash and stat_stamp(st) == self.stamp()
 
     def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "mtime_ns": self.mtime_ns, "ino": self.ino, "ctime_ns": self.ctime_ns,
-                "content_hash": self.content_hash}
+        return {**self.stamp(), "content_hash": self.content_hash}
 
     @classmethod
     def from_json(cls, d: object) -> FileStamp | None:
         """None for anything that is not a well-formed stamp: it only means "hash it again"."""
         if not isinstance(d, Mapping):
             return None
-        values = [d.get(k) for k in _FIELDS]
+        values = [d.get(k) for k in STAMP_FIELDS]
         if not all(type(v) is int and v >= 0 for v in values):
             return None
         content_hash = d.get("content_hash")
@@ -81,7 +77,7 @@ class FileStamp:
 
 
 def same_file_version(a: os.stat_result, b: os.stat_result) -> bool:
-    return all(getattr(a, f"st_{k}") == getattr(b, f"st_{k}") for k in _FIELDS)
+    return stat_stamp(a) == stat_stamp(b)
 
 
 def hash_with_stamp(path: str | os.PathLike[str]) -> tuple[str, os.stat_result | None]:
@@ -101,6 +97,7 @@ def carried_over(hashed: os.stat_result | None, now: os.stat_result, content_has
     its ctime): the same inode, size and mtime (a write would have moved the mtime)."""
     if hashed is None:
         return None
+    # Not the whole stamp, on purpose: the rename into place and the chmod to 0600 moved the ctime.
     if (now.st_ino, now.st_size, now.st_mtime_ns) != (hashed.st_ino, hashed.st_size, hashed.st_mtime_ns):
         return None
     return FileStamp.of(now, content_hash)

@@ -106,7 +106,7 @@ class SessionStore:
         # Token lists by KV file name: a KV file is never rewritten under the same name, so the
         # list read once stays true while the file's size and mtime do. Callers share these
         # arrays: nobody changes one in place.
-        self._tokens: OrderedDict[str, tuple[int, int, TokenArray]] = OrderedDict()
+        self._tokens: OrderedDict[str, tuple[Stamp, TokenArray]] = OrderedDict()
         self._tokens_lock = threading.Lock()
 
     def ensure_folder(self) -> None:
@@ -303,22 +303,22 @@ class SessionStore:
         """The token list at the front of the session's KV file (read once per file version), as
         a token array: the kept lists take 4 bytes a token (a list of ints takes about 36)."""
         assert entry.kv_path is not None
-        st = os.lstat(entry.kv_path)
-        if not stat.S_ISREG(st.st_mode):
+        st = stamp_of(os.lstat(entry.kv_path))
+        if not stat.S_ISREG(st[0]):
             regular_size(entry.kv_path)  # raises NotARegularFile, naming what it is
         name = entry.kv_path.name
         with self._tokens_lock:
             hit = self._tokens.get(name)
-            if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
+            if hit is not None and hit[0] == st:
                 self._tokens.move_to_end(name)
-                return hit[2]
+                return hit[1]
         tokens = as_tokens(kvfile.read_tokens(entry.kv_path).tokens)
-        self._keep_tokens(name, st.st_size, st.st_mtime_ns, tokens)
+        self._keep_tokens(name, st, tokens)
         return tokens
 
-    def _keep_tokens(self, name: str, size: int, mtime_ns: int, tokens: TokenArray) -> None:
+    def _keep_tokens(self, name: str, st: Stamp, tokens: TokenArray) -> None:
         with self._tokens_lock:
-            self._tokens[name] = (size, mtime_ns, tokens)
+            self._tokens[name] = (st, tokens)
             self._tokens.move_to_end(name)
             while len(self._tokens) > TOKEN_LISTS_KEPT:
                 self._tokens.popitem(last=False)
@@ -419,7 +419,7 @@ class SessionStore:
         record = None if st is None else (name, SidecarRecord.read(st, sidecar))
         if self.index.note_save(sidecar.id, sidecar.model_sha256, record, sidecar.kv_file, kv_st, gone_kv, tokens):
             assert kv_st is not None and tokens is not None
-            self._keep_tokens(sidecar.kv_file, kv_st[1], kv_st[2], array(TYPECODE, tokens))  # a copy
+            self._keep_tokens(sidecar.kv_file, kv_st, array(TYPECODE, tokens))  # a copy
 
     def _note_sidecar(self, session_id: str, sidecar: Sidecar) -> None:
         name = sidecar_name(session_id)
