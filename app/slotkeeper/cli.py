@@ -485,11 +485,11 @@ def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:
-    from slotkeeper.core import gguf_info
+    from slotkeeper.core import gguf_info, gguf_memory, gguf_text
 
     try:
         info = gguf_info.read_model_info(args.path)
-        est = gguf_info.kv_estimate(
+        est = gguf_memory.kv_estimate(
             info,
             n_ctx=args.ctx,
             n_parallel=args.parallel,
@@ -503,9 +503,9 @@ def cmd_model_info(args: argparse.Namespace) -> int:
         print(f"slotkeeper: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(gguf_info.model_info_json(info, est), indent=2))
+        print(json.dumps(gguf_text.model_info_json(info, est), indent=2))
     else:
-        print(gguf_info.format_model_info(info, est))
+        print(gguf_text.format_model_info(info, est))
     return 0
 
 

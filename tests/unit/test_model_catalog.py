@@ -1,4 +1,4 @@
-"""The curated list: memory figures equal what gguf_info computes from the real files' headers."""
+"""The curated list: memory figures equal what gguf_memory computes from the real files' headers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import gguf
 import pytest
 
 from slotkeeper.core import families
-from slotkeeper.core.gguf_info import kv_estimate, read_model_info
+from slotkeeper.core.gguf_info import read_model_info
+from slotkeeper.core.gguf_memory import kv_estimate
 from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel, find_curated
 
 MiB = 1024 * 1024

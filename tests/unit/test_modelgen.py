@@ -10,7 +10,8 @@ import gguf
 import pytest
 
 from slotkeeper.core import modelgen
-from slotkeeper.core.gguf_info import kv_estimate, read_model_info
+from slotkeeper.core.gguf_info import read_model_info
+from slotkeeper.core.gguf_memory import kv_estimate
 from slotkeeper.core.modelgen import DEMO_FILENAME, write_model
 
 

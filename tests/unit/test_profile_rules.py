@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core import gguf_info, gguf_memory
 from slotkeeper.core.engine.model import ModelChoice, swa_explanation, swa_kv_estimate, swa_note
 from slotkeeper.core.server.command import (
     LOOPBACK_HOSTS,
@@ -99,7 +99,7 @@ def test_swa_explanation_and_swa_note_agree_on_the_cost(gemma2_model: Path):
     profile = ServerProfile(model_path=str(gemma2_model), ctx=8192, parallel=2, cache_type_k="q8_0",
                             cache_type_v="q8_0", flash_attn=True)
     est = swa_kv_estimate(info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
-    assert est == gguf_info.kv_estimate(info, 8192, 2, type_k="q8_0", type_v="q8_0")
+    assert est == gguf_memory.kv_estimate(info, 8192, 2, type_k="q8_0", type_v="q8_0")
     note = swa_note(ModelChoice(gemma2_model, info, False), profile)
     explanation = swa_explanation(info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
     extra = human_bytes(est.swa_full_extra_bytes)

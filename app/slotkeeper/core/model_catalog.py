@@ -4,7 +4,7 @@ Each entry names a file on the Hugging Face Hub and carries what a person needs 
 how much it downloads, the memory it needs at Slotkeeper's default context, and how saved
 conversations restore with it. Sizes are approximate (the Hub's own figure is used when the
 download starts); the memory figure is the weights plus the KV cache that
-``gguf_info.kv_estimate`` computes from the architecture facts recorded here (the same numbers
+``gguf_memory.kv_estimate`` computes from the architecture facts recorded here (the same numbers
 ``slotkeeper model-info`` prints once the file is on disk). It leaves out llama-server's
 compute buffers (a few hundred MiB) and the operating system.
 
@@ -106,9 +106,9 @@ class CuratedModel:
 
     def memory_need(self, n_ctx: int = DEFAULT_CTX, n_parallel: int = DEFAULT_PARALLEL,
                     cache_type: str = "f16") -> MemoryNeed:
-        from slotkeeper.core import gguf_info
+        from slotkeeper.core import gguf_memory
 
-        est = gguf_info.kv_estimate(self.model_info(), n_ctx, n_parallel, type_k=cache_type, type_v=cache_type)
+        est = gguf_memory.kv_estimate(self.model_info(), n_ctx, n_parallel, type_k=cache_type, type_v=cache_type)
         return MemoryNeed(weights=self.download_bytes, kv_default=est.bytes_swa, kv_swa_full=est.bytes_full,
                           n_ctx=est.n_ctx)
 

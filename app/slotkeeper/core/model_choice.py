@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core import gguf_info, gguf_memory
 from slotkeeper.core.settings import ServerProfile
 from slotkeeper.core.units import human_bytes
 
@@ -48,7 +48,7 @@ def check_launch(model: ModelChoice, profile: ServerProfile, total_memory: int, 
     cannot hold is refused (llama-server would otherwise run until the kernel kills it), one beyond
     the model's training context is a warning."""
     info = model.info
-    est = gguf_info.kv_estimate(info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
+    est = gguf_memory.kv_estimate(info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
                                 type_v=profile.cache_type_v, flash_attn=profile.flash_attn)
     kv = (est.bytes_full if profile.swa_full else est.bytes_swa) + est.recurrent_bytes
     need = kv + info.file_size

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.gguf_memory import CACHE_TYPES
 
 SCHEMA_VERSION = 3
 DEFAULT_PORT = 8789
@@ -18,7 +19,6 @@ SMALL_SLOT_CONTEXT = 256  # tokens per slot below which a launch is warned about
 MAX_CTX = 2**31 - 1  # llama-server reads --ctx-size as a 32-bit int
 DEFAULT_BUDGET_BYTES = 20 * 1024**3
 DEFAULT_IDLE_SAVE_SECONDS = 10.0
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 UNQUANTIZED_CACHE_TYPES = frozenset({"f32", "f16", "bf16"})
 MAX_REMEMBERED_MODELS = 20  # per-model settings kept, most recently chosen first
 

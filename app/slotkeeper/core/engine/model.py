@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core import gguf_info, gguf_memory
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.file_facts import FileFactsCache
 from slotkeeper.core.fsutil import file_stamp
@@ -88,9 +88,9 @@ def resolve_projector(mmproj_path: str | None) -> Path | None:
 
 
 def swa_kv_estimate(info: gguf_info.ModelInfo, ctx: int, parallel: int,
-                    type_k: str, type_v: str) -> gguf_info.KvEstimate:
+                    type_k: str, type_v: str) -> gguf_memory.KvEstimate:
     """The KV memory of a sliding-window model with the default cache and with --swa-full."""
-    return gguf_info.kv_estimate(info, ctx, parallel, type_k=type_k, type_v=type_v)
+    return gguf_memory.kv_estimate(info, ctx, parallel, type_k=type_k, type_v=type_v)
 
 
 def swa_note(model: ModelChoice | None, profile: ServerProfile) -> str | None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core import gguf_info, gguf_memory
 from slotkeeper.core.model_choice import ModelChoice, check_launch, profile_model_name
 from slotkeeper.core.server.command import kv_affecting_args
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible, model_file_name
@@ -188,7 +188,7 @@ def launch_sanity(info: gguf_info.ModelInfo, profile: ServerProfile, total_memor
     """The memory a launch of ``info`` with ``profile`` needs (weights + KV at this context) against
     the machine's, and the engine's own launch check (a context beyond the model's training
     context, memory that will not fit). ValueError for settings the estimate cannot read."""
-    est = gguf_info.kv_estimate(info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
+    est = gguf_memory.kv_estimate(info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
                                 type_v=profile.cache_type_v)
     kv = est.bytes_full if profile.swa_full else est.bytes_swa
     check = check_launch(ModelChoice(info.path, info, is_demo), profile, total_memory, available_memory)
