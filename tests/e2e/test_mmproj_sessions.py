@@ -15,8 +15,8 @@ from e2e_helpers import chat, wait_until
 from test_mmproj_server import IMAGE_URL
 from test_persistence import serve, sessions, stop
 
+from projgen import IMAGE_TOKENS, write_projector
 from slotkeeper.core.modelgen import write_model
-from slotkeeper.core.projgen import IMAGE_TOKENS, write_projector
 
 pytestmark = pytest.mark.e2e
 

@@ -250,8 +250,8 @@ def test_no_command_line_notes_without_overrides(make_dialog):
 
 def test_the_projector_beside_a_vision_model_is_offered_chosen_and_remembered(qtbot, bridge, engine, make_dialog,
                                                                            tmp_path):
+    from projgen import write_projector
     from slotkeeper.core.modelgen import write_model
-    from slotkeeper.core.projgen import write_projector
 
     folder = tmp_path / "vision"
     model = write_model(folder / "tiny-vision-Q8_0.gguf", "llama")

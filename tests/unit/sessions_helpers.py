@@ -10,8 +10,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from slotkeeper.core.sessions import saving
 from slotkeeper.core.sessions.kvfile import LLAMA_STATE_SEQ_MAGIC
 from slotkeeper.core.sessions.sidecar import Sidecar, content_hash_file, tokens_digest, write_sidecar_atomic
+from slotkeeper.core.sessions.store import SessionStore
 
 FIXTURE = Path(__file__).parent.parent / "data" / "sidecar_v1.json"
 
@@ -22,6 +24,16 @@ def write_slot_save(path: Path, tokens: list[int], kv_bytes: int = 64) -> Path:
     header = struct.pack("<III", LLAMA_STATE_SEQ_MAGIC, 4, len(blob))
     path.write_bytes(header + struct.pack(f"<{len(blob)}i", *blob) + b"\1" * kv_bytes)
     return path
+
+
+def save_incoming(store: SessionStore, incoming_name: str, n_written: int, slot: int, ctx: saving.SaveContext,
+                  describe: saving.Describe, current_id: str | None = None) -> saving.SaveOutcome:
+    """The save protocol as the engine runs it on the file llama-server just wrote (``check_written``,
+    then ``commit_written``); the incoming file is gone afterwards whatever happens. Raises SaveError."""
+    written = saving.check_written(store, incoming_name, n_written, slot)
+    if written is None:
+        return saving.SaveOutcome("empty", None)
+    return saving.commit_written(store, written, ctx, describe, current_id)
 
 
 def make_session(sessions_dir: Path, sid: str, size: int = 1000, used: str = "2026-01-01T00:00:00Z",

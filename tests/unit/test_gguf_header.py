@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 import slotkeeper
+from projgen import write_projector
 from slotkeeper.core import gguf_header
 from slotkeeper.core.gguf_header import SKIP_ARRAY_LEN, read_header
 from slotkeeper.core.gguf_info import ModelFileError, read_architecture, read_model_info
 from slotkeeper.core.modelgen import MODEL_KINDS, write_model
-from slotkeeper.core.projgen import write_projector
 
 # -- helpers ----------------------------------------------------------------------------
 

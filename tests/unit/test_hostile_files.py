@@ -12,7 +12,7 @@ import sys
 import threading
 
 import pytest
-from sessions_helpers import make_session, run_cli, write_slot_save
+from sessions_helpers import make_session, run_cli, save_incoming, write_slot_save
 
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.sessions import saving
@@ -65,7 +65,7 @@ def save(store: SessionStore, tokens: list[int], model_sha256: str) -> saving.Sa
     facts = ServerFacts(model_sha256=model_sha256, model_path="/m.gguf", flash_attn=True, cache_type_k="q8_0",
                         cache_type_v="q8_0", swa_full=False, n_parallel=2, n_ctx_slot=16384, swa=False)
     ctx = saving.SaveContext(facts, "qwen3", "b1")
-    return within(20, lambda: saving.save_incoming(store, name, size, 0, ctx, lambda t: ("title", "preview")))
+    return within(20, lambda: save_incoming(store, name, size, 0, ctx, lambda t: ("title", "preview")))
 
 
 def assert_saving_still_works(store, sc):

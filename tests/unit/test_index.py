@@ -9,7 +9,7 @@ import time
 
 import orjson
 import pytest
-from sessions_helpers import make_session, run_cli, write_slot_save
+from sessions_helpers import make_session, run_cli, save_incoming, write_slot_save
 
 from slotkeeper.core.paths import app_paths
 from slotkeeper.core.sessions import lineage, saving
@@ -223,7 +223,7 @@ def test_a_save_reads_the_token_lists_of_a_few_sessions_not_of_every_one(tmp_pat
                         cache_type_v="q8_0", swa_full=False, n_parallel=2, n_ctx_slot=16384, swa=False)
     name = "incoming-0000000000000000.kv"
     size = write_slot_save(folder / name, system + [5000 + 123] * 30 + [1, 2, 3]).stat().st_size
-    out = saving.save_incoming(store, name, size, 0, saving.SaveContext(facts, "qwen3", "b1"),
+    out = save_incoming(store, name, size, 0, saving.SaveContext(facts, "qwen3", "b1"),
                                lambda t: ("title", "preview"))
     assert out.kind == "update" and out.sidecar.id == f"{123:012x}"
     assert len(set(read)) <= saving.LINEAGE_FINALISTS

@@ -146,25 +146,6 @@ def test_no_temp_files_left(cache: ModelHashCache, model: Path) -> None:
     assert [p.name for p in cache.cache_file.parent.iterdir()] == [cache.cache_file.name]
 
 
-def test_compute_async_calls_on_done(cache: ModelHashCache, model: Path) -> None:
-    results: list[str] = []
-    thread = cache.compute_async(model, on_done=results.append)
-    assert thread.daemon
-    thread.join(timeout=30)
-    assert results == [expected(model)]
-
-
-def test_compute_async_reports_errors(cache: ModelHashCache, tmp_path: Path) -> None:
-    errors: list[BaseException] = []
-    done: list[str] = []
-    thread = cache.compute_async(
-        tmp_path / "gone.gguf", on_done=done.append, on_error=errors.append
-    )
-    thread.join(timeout=30)
-    assert done == []
-    assert len(errors) == 1 and isinstance(errors[0], FileNotFoundError)
-
-
 def test_concurrent_hashes_of_different_files_all_stored(
     cache: ModelHashCache, tmp_path: Path
 ) -> None:
@@ -176,14 +157,14 @@ def test_concurrent_hashes_of_different_files_all_stored(
     results: dict[str, str] = {}
     lock = threading.Lock()
 
-    def record(p: Path):  # type: ignore[no-untyped-def]
-        def cb(sha: str) -> None:
-            with lock:
-                results[p.name] = sha
+    def record(p: Path) -> None:  # as the engine's I/O threads hash
+        sha = cache.compute(p)
+        with lock:
+            results[p.name] = sha
 
-        return cb
-
-    threads = [cache.compute_async(p, on_done=record(p)) for p in paths]
+    threads = [threading.Thread(target=record, args=(p,)) for p in paths]
+    for t in threads:
+        t.start()
     for t in threads:
         t.join(timeout=30)
     assert len(results) == 6

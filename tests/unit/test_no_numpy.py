@@ -16,7 +16,7 @@ APP = Path(__file__).resolve().parents[2] / "app"
 
 # Modules that still read GGUF files with the gguf package (itself built on numpy) when they are
 # imported; they are another piece of work. Until then numpy may be loaded, but only through them.
-GGUF_READERS = frozenset({"slotkeeper.core.modelgen", "slotkeeper.core.projgen", "slotkeeper.core.gguf_info"})
+GGUF_READERS = frozenset({"slotkeeper.core.modelgen", "slotkeeper.core.gguf_info"})
 
 _PROBE = r"""
 import builtins, inspect, json, sys

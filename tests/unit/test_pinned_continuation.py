@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sessions_helpers import write_slot_save
+from sessions_helpers import save_incoming, write_slot_save
 
 from slotkeeper.core.sessions import saving
 from slotkeeper.core.sessions.compat import ServerFacts
@@ -16,7 +16,7 @@ FACTS = ServerFacts(model_sha256="a" * 64, model_path="/m.gguf", flash_attn=True
 def save(store: SessionStore, tokens: list[int], current: str | None = None) -> saving.SaveOutcome:
     name = new_incoming_name()
     path = write_slot_save(store.dir / name, tokens)
-    return saving.save_incoming(store, name, path.stat().st_size, 0, saving.SaveContext(FACTS, "llama", "b1"),
+    return save_incoming(store, name, path.stat().st_size, 0, saving.SaveContext(FACTS, "llama", "b1"),
                                 lambda t: ("Rivers", "p"), current_id=current)
 
 

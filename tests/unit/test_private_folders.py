@@ -10,7 +10,7 @@ import stat
 import sys
 
 import pytest
-from sessions_helpers import make_session, run_cli, write_slot_save
+from sessions_helpers import make_session, run_cli, save_incoming, write_slot_save
 
 from slotkeeper.core.fsutil import UnsafeFolder
 from slotkeeper.core.history import RequestHistory, RequestRecord
@@ -128,7 +128,7 @@ def test_a_saved_kv_file_is_0600_even_when_llama_server_wrote_it_0644(tmp_path):
     os.chmod(incoming, 0o644)  # as llama-server leaves it with umask 022
     facts = ServerFacts(model_sha256="a" * 64, model_path="/m.gguf", flash_attn=True, cache_type_k="f16",
                         cache_type_v="f16", swa_full=False, n_parallel=1, n_ctx_slot=4096, swa=False)
-    outcome = saving.save_incoming(store, name, incoming.stat().st_size, 0, saving.SaveContext(facts, "llama", "b1"),
+    outcome = save_incoming(store, name, incoming.stat().st_size, 0, saving.SaveContext(facts, "llama", "b1"),
                                    lambda tokens: ("t", "p"))
     assert outcome.kind == "new"
     assert mode(store.dir / outcome.sidecar.kv_file) == 0o600

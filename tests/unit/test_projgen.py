@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from slotkeeper.core.projgen import IMAGE_SIZE, IMAGE_TOKENS, PATCH_SIZE, write_projector
+from projgen import IMAGE_SIZE, IMAGE_TOKENS, PATCH_SIZE, write_projector
 
 
 def sha(path: Path) -> str:

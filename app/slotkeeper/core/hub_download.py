@@ -302,13 +302,6 @@ class HubDownloader:
         report(DownloadProgress("done", pointer.stat().st_size, remote.size), force=True)
         return pointer
 
-    def partial_bytes(self, repo_id: str, etag: str) -> int:
-        """Bytes of an unfinished download of the blob ``etag`` kept in the cache."""
-        try:
-            return _partial(repo_folder(self.cache_dir, repo_id) / "blobs" / etag).stat().st_size
-        except OSError:
-            return 0
-
     def _fetch_blob(self, remote: RemoteFile, blob: Path, report: _Reporter, cancel: threading.Event) -> None:
         partial = _partial(blob)
         attempts = 0

@@ -85,33 +85,6 @@ class ModelHashCache:
         self._store(resolved, stamp, sha)
         return sha
 
-    def compute_async(
-        self,
-        path: str | Path,
-        on_done: Callable[[str], None],
-        on_error: Callable[[BaseException], None] | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> threading.Thread:
-        """Hash on a daemon thread; exactly one of the callbacks runs, on that thread.
-
-        Without ``on_error`` a failure is logged with its traceback rather than lost.
-        """
-
-        def run() -> None:
-            try:
-                sha = self.compute(path, progress)
-            except BaseException as exc:  # handed to the caller, never swallowed
-                if on_error is not None:
-                    on_error(exc)
-                else:
-                    log.exception("hashing %s failed", path)
-                return
-            on_done(sha)
-
-        thread = threading.Thread(target=run, name=f"model-hash:{Path(path).name}", daemon=True)
-        thread.start()
-        return thread
-
     # -- storage --------------------------------------------------------------------------
 
     def _load(self) -> dict[str, dict[str, Any]]:

@@ -11,12 +11,11 @@ threads; nothing touches engine state.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
-from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
+from slotkeeper.core.sessions.search import SearchIndex
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.sessions.titles import conversation_text, title_and_preview
 from slotkeeper.core.sessions.transcripts import Transcript
@@ -55,19 +54,6 @@ class Described:
             return f"Conversation of {len(tokens)} tokens", ""
         self.text = text
         return title_and_preview(text)
-
-
-def index_saved(search: SearchIndex, session_id: str, kv_file: str, model_sha256: str, title: str,
-                preview: str, text: str | None) -> None:
-    """Put a saved session in the index: its full text, or its title and preview when the server
-    could not detokenize (completed later)."""
-    try:
-        if text is not None:
-            search.put(session_id, kv_file, model_sha256, title, conversation_text(text))
-        else:
-            search.put(session_id, kv_file, model_sha256, title, preview, complete=False)
-    except (sqlite3.Error, SearchUnavailable) as exc:  # the next search repairs it from the folder
-        log.warning("could not add %s to the search index: %s", session_id, exc)
 
 
 def complete_partial(search: SearchIndex, store: SessionStore, http: LlamaClient, model_sha256: str,

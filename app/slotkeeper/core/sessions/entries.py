@@ -86,8 +86,3 @@ class Listing:
     @property
     def unmanaged_bytes(self) -> int:
         return sum(u.size_bytes for u in self.unmanaged)
-
-    @property
-    def disk_bytes(self) -> int:
-        """Everything in the folder: sessions and other files."""
-        return self.total_bytes + self.unmanaged_bytes

@@ -306,18 +306,6 @@ class TokenIndex:
         return sorted(chosen, key=key)
 
 
-def _shared_blocks(saved: Sequence[int], new: Sequence[int]) -> int:
-    """How many leading chain hashes agree (chains agree up to a point, then never again)."""
-    lo, hi = 0, min(len(saved), len(new))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if saved[mid - 1] == new[mid - 1]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 # What a listing needs of each sidecar without decoding it (kept beside it in the index file).
 FACT_KEYS = ("id", "kv_file", "size_bytes", "corrupt", "last_used_at", "model_sha256")
 

@@ -49,7 +49,7 @@ from slotkeeper.core.units import human_bytes
 log = logging.getLogger(__name__)
 
 __all__ = ["FAULT_ENV", "SaveContext", "SaveError", "SaveOutcome", "Written", "check_written", "commit_written",
-           "save_incoming", "server_refused"]
+           "server_refused"]
 
 # Test-only fault injection: SLOTKEEPER_FAULT=<step> ends the process at that step of a save,
 # as a power cut or kill -9 would, so the crash-safety tests exercise the real code path.
@@ -84,8 +84,6 @@ class SaveOutcome:
     sidecar: Sidecar | None
     n_tokens: int = 0
     save_ms: float = 0.0
-    tokens: list[int] | None = None  # what the session holds now, when it changed (for the sessions index)
-    kv_mtime_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,25 +121,6 @@ class Written:
     size: int
     n_media: int
     slot: int
-
-
-def save_incoming(
-    store: SessionStore,
-    incoming_name: str,
-    n_written: int,
-    slot: int,
-    ctx: SaveContext,
-    describe: Describe,
-    current_id: str | None = None,
-    save_ms: float = 0.0,
-    n_prompt: int | None = None,
-) -> SaveOutcome:
-    """Turn the file llama-server just wrote into a session (steps 1-4); the incoming file is
-    gone afterwards whatever happens. Raises SaveError."""
-    written = check_written(store, incoming_name, n_written, slot)
-    if written is None:
-        return SaveOutcome("empty", None)
-    return commit_written(store, written, ctx, describe, current_id, save_ms, n_prompt)
 
 
 def check_written(store: SessionStore, incoming_name: str, n_written: int, slot: int) -> Written | None:
@@ -301,12 +280,4 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
         replaces = previous.sidecar.kv_file if kind == "update" and previous is not None else None
         sidecar = store.commit(inc.path, sidecar, inc.tokens, hashed=inc.hashed, replaces=replaces,
                                step=fault_point, transcript=transcript.to_bytes() if transcript else None)
-    return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms, inc.tokens,
-                       _mtime_ns(store.dir / final_name))
-
-
-def _mtime_ns(path: Path) -> int:
-    try:
-        return os.lstat(path).st_mtime_ns
-    except OSError:
-        return 0
+    return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms)

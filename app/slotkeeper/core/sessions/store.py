@@ -352,13 +352,6 @@ class SessionStore:
         taken out of the index (read again once a look at the folder finds it changed)."""
         self.index.remove(session_id)
 
-    def open_index(self) -> int:
-        """Bring the whole index up to the folder, token lists included (a running engine does
-        this once). Returns how many token headers were read."""
-        with self.exclusive(reading=True):
-            self._refresh()
-        return self.index_tokens()
-
     def usage_bytes(self) -> int:
         """The saved sessions' bytes on disk as the index saw them last (no file looked at):
         enough to know that a prune has nothing to do. A listing looks again."""
