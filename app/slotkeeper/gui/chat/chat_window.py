@@ -192,6 +192,8 @@ class ChatWindow(QMainWindow):
         bottom.addLayout(row)
         layout.addLayout(bottom)
         self.setCentralWidget(central)
+        self.server_label = QLabel()  # the model and the server's state (a passing message covers it a while)
+        self.statusBar().addWidget(self.server_label, 1)
         self.composer.setFocus()
 
     def _build_menus(self) -> None:
@@ -227,7 +229,7 @@ class ChatWindow(QMainWindow):
     # -- what is shown --------------------------------------------------------------------
     def _set_title(self, title: str) -> None:
         self.title = title
-        self.setWindowTitle(f"{title} — Slotkeeper chat")
+        self.setWindowTitle(f"{title} — Chat")  # Qt adds the application's name
 
     def open_session(self, session_id: str) -> None:
         """Read a saved conversation (a job) and show it."""
@@ -335,7 +337,7 @@ class ChatWindow(QMainWindow):
     def _update_status(self) -> None:
         b = self.bridge
         state = "ready" if b.facts is not None else b.state.value
-        self.statusBar().showMessage(f"{b.model_name()}: {state} · {b.base_url}")
+        self.server_label.setText(f"{b.model_name()}: {state} · {b.base_url}")
 
     # -- the server, the model ------------------------------------------------------------
     def _on_server(self, _event) -> None:
@@ -424,6 +426,8 @@ class ChatWindow(QMainWindow):
                 self.view.append(Entry(transcript.messages[-1]))
         user = Message("user", text)
         self.transcript = transcript.with_reply(user)
+        if self.session_id is None and self._last_user_index() <= 1:  # a new chat is named by its first message
+            self._set_title(self.transcript.title() or "New chat")
         self.view.append(Entry(user))
         self.composer.clear()
         self._request()
@@ -519,7 +523,8 @@ class ChatWindow(QMainWindow):
         n = len(self.transcript.messages)
         if m.content or m.reasoning or m.tool_calls:
             self.transcript = self.transcript.with_reply(m)
-            note = "stopped" if result.stopped else ("cut short" if result.error else "")
+            note = "stopped" if result.stopped else ("cut short" if result.error else (
+                "ended at the length limit" if result.finish_reason == "length" else ""))
             self.view.update_last(Entry(m, figures=result.figures.line(), note=note))
         else:
             self.view.truncate(n)  # nothing came: no empty reply is kept

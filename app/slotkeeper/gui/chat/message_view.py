@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QPalette
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -67,6 +67,14 @@ def heading(entry: Entry) -> str:
     if m.name:
         name += f" ({m.name})"
     return name
+
+
+def muted_colour(palette: QPalette) -> QColor:
+    """Text that stays readable but steps back (between the text colour and the background)."""
+    text, base = palette.color(QPalette.ColorRole.WindowText), palette.color(QPalette.ColorRole.Window)
+    mix = 0.62
+    return QColor(round(text.red() * mix + base.red() * (1 - mix)), round(text.green() * mix + base.green() * (1 - mix)),
+                  round(text.blue() * mix + base.blue() * (1 - mix)))
 
 
 def bubble_kind(role: str) -> str:
@@ -165,8 +173,7 @@ class MessageWidget(QFrame):
             self.footer.setObjectName("message-footer")
             self.footer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             pal = self.footer.palette()
-            pal.setColor(QPalette.ColorRole.WindowText, pal.color(QPalette.ColorGroup.Disabled,
-                                                                  QPalette.ColorRole.WindowText))
+            pal.setColor(QPalette.ColorRole.WindowText, muted_colour(pal))
             self.footer.setPalette(pal)
             small = self.footer.font()
             small.setPointSizeF(max(6.0, small.pointSizeF() * 0.9))
