@@ -2,7 +2,7 @@
 measured side by side in one run on the real starter model (SmolLM2-135M-Instruct Q4_1).
 
     .venv/bin/python bench/bench_concurrency.py [--cases 4x4,8x2,16x4] [--rounds 1] [--turns 4]
-                                                [--first-words 500] [--no-restart] [--raw-no-ram]
+                                                [--first-words 500] [--no-restart] [--raw-no-ram] [--with-ram]
 
 Each client sends a long first message (~770 tokens), then ``--turns`` short streamed turns, each
 carrying the whole conversation; all clients run at once. The systems run one after the other,
@@ -58,21 +58,31 @@ class Raw(LlamaServer):
                           *([] if ram else ["--cache-ram", "0"])])
 
 
+# `slotkeeper serve` that lets --cache-ram through (its later value wins over Slotkeeper's "--cache-ram 0").
+RAM_TOO = ("import sys; from slotkeeper.core.server import command; "
+           "command.OWNED_FLAGS = command.OWNED_FLAGS - {'--cache-ram'}; "
+           "from slotkeeper.__main__ import main; sys.exit(main())")
+
+
 class Door:
     """`slotkeeper serve` with the same model, slots and context (its own data folder)."""
 
-    def __init__(self, model: Path, slots: int, home: Path) -> None:
-        self.model, self.slots, self.home = model, slots, home
+    def __init__(self, model: Path, slots: int, home: Path, ram: bool = False) -> None:
+        self.model, self.slots, self.home, self.ram = model, slots, home, ram
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
     def start(self) -> None:
         port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "slotkeeper", "serve", "--data-dir", str(self.home), "--model", str(self.model),
-             "--port", str(port), "--parallel", str(self.slots), "--ctx", str(self.slots * 4096),
-             "--idle-save", "10"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        args = ["serve", "--data-dir", str(self.home), "--model", str(self.model), "--port", str(port),
+                "--parallel", str(self.slots), "--ctx", str(self.slots * 4096), "--idle-save", "10"]
+        if self.ram:  # llama-server's RAM prompt cache too: a measurement only, Slotkeeper refuses the flag
+            program = [sys.executable, "-c", RAM_TOO]
+            args += ["--", "--cache-ram", "8192"]
+        else:
+            program = [sys.executable, "-m", "slotkeeper"]
+        self.proc = subprocess.Popen([*program, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     start_new_session=True)
         line = self.proc.stdout.readline().strip() if self.proc.stdout else ""
         if not line.startswith("ready "):
             raise SystemExit(f"serve did not get ready: {line!r}")
@@ -166,6 +176,8 @@ def main() -> None:
     ap.add_argument("--first-words", type=int, default=500, help="words in each client's first message (~770 tokens)")
     ap.add_argument("--no-restart", action="store_true")
     ap.add_argument("--raw-no-ram", action="store_true", help="also raw llama-server with --cache-ram 0")
+    ap.add_argument("--with-ram", action="store_true",
+                    help="also Slotkeeper with llama-server's RAM prompt cache on beside its disk tier")
     ap.add_argument("--seed", type=int, default=11)
     args = ap.parse_args()
 
@@ -174,13 +186,14 @@ def main() -> None:
         binary = locate_server(None).argv_prefix
         for case in args.cases.split(","):
             clients, slots = (int(x) for x in case.split("x"))
-            names = ["raw", "slotkeeper"] + (["raw, --cache-ram 0"] if args.raw_no_ram else [])
+            names = ["raw", "slotkeeper"] + (["raw, --cache-ram 0"] if args.raw_no_ram else []) + (
+                ["slotkeeper + RAM cache"] if args.with_ram else [])
             figs = {name: Figures() for name in names}
             for r in range(args.rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
                 for name in order:
-                    if name == "slotkeeper":
-                        system = Door(model, slots, Path(tmp) / f"home-{case}-{r}")
+                    if name.startswith("slotkeeper"):
+                        system = Door(model, slots, Path(tmp) / f"home-{case}-{r}-{len(name)}", ram=name != "slotkeeper")
                     else:
                         system = Raw(binary, model, slots, ram=name == "raw")
                     system.start()
