@@ -182,7 +182,7 @@ def test_the_first_run_says_the_demo_once(qtbot):
     d = FirstRunDialog(jobs, search_dirs=[])
     qtbot.addWidget(d)
     text = d.demo_note.text().lower()
-    assert text.count("demo model") == 1 and text.count("download") == 1
+    assert text.count("starter model") == 1 and "smollm2" in text
     jobs.shutdown()
     jobs.deleteLater()
 

@@ -8,7 +8,6 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from slotkeeper.core.demo_model import DEMO_FILENAME
 from slotkeeper.core.model_choice import DEMO_MODEL
 from slotkeeper.core.services.resume import resume_verdict
 from slotkeeper.core.services.switching import (
@@ -21,6 +20,7 @@ from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.sidecar import load_sidecar
 from slotkeeper.core.settings import ModelMemory, Settings
+from slotkeeper.core.starter_model import STARTER_FILENAME, find_starter_model
 from slotkeeper.core.views import SavesReport, SaveSummary, ServerState
 
 FACTS = ServerFacts(model_sha256="a" * 64, model_path="/m/a.gguf", flash_attn=False, cache_type_k="f16",
@@ -113,7 +113,8 @@ def test_model_files_are_named_as_sidecars_record_them(tmp_path):
     link = tmp_path / "snapshot.gguf"
     link.symlink_to(real)
     assert resolved_model_file(None, tmp_path) is None
-    assert resolved_model_file(DEMO_MODEL, tmp_path) == os.path.realpath(tmp_path / DEMO_FILENAME)
+    starter = find_starter_model(tmp_path) or tmp_path / STARTER_FILENAME  # this installation's, or the one to fetch
+    assert resolved_model_file(DEMO_MODEL, tmp_path) == os.path.realpath(starter)
     assert resolved_model_file(str(link), tmp_path) == str(real.resolve())
     chosen, aliases = model_files(str(link), [ModelMemory(model_path=str(link))], tmp_path)
     assert chosen == str(real.resolve()) and aliases == {str(real.resolve()): str(link)}

@@ -495,7 +495,8 @@ class ServerTab(FormTab):
 
         def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]]:
             if value == DEMO_MODEL:
-                from slotkeeper.core.demo_model import ensure_demo_model  # the starter model: found, or fetched
+                # The starter model: found, or fetched.
+                from slotkeeper.core.demo_model import ensure_demo_model
 
                 path = ensure_demo_model(models_dir)
             else:
