@@ -35,12 +35,14 @@ run: $(VENV)/.installed-run $(STARTER)
 lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports
 	$(BIN)/ruff check app tests bench
+	$(BIN)/mypy
 
 test: export SLOTKEEPER_REQUIRE_SERVER = 1
 test: $(VENV)/.installed-test $(STARTER)
 	bash tests/system-deps.sh
 	$(BIN)/lint-imports
 	$(BIN)/ruff check app tests bench
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 # Opt-in: the desktop scenario 20 times in a row; every launch and quit must exit cleanly.
@@ -64,7 +66,7 @@ test-compat: $(VENV)/.installed-run
 	$(BIN)/python tests/compat/run_compat.py $(COMPAT_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache
 
 # The double-clickable app (PyInstaller, one folder): dist/slotkeeper/ (+ dist/Slotkeeper.app on macOS).
 .PHONY: package test-package

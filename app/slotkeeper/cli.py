@@ -98,7 +98,7 @@ def _add_global_options(p: argparse.ArgumentParser, root: bool = False) -> None:
     `slotkeeper sessions --data-dir X list` and `slotkeeper sessions list --data-dir X` agree (a
     command's copy sets the option only when given, so the root's value stands otherwise)."""
     g = p.add_argument_group("global")
-    unset = {} if root else {"default": argparse.SUPPRESS}
+    unset: dict[str, Any] = {} if root else {"default": argparse.SUPPRESS}
     g.add_argument("-v", "--verbose", action="store_true", help="more logging on stderr", **unset)
     g.add_argument("--data-dir", metavar="DIR", help="keep every file Slotkeeper writes under DIR (also $SLOTKEEPER_HOME)",
                    **unset)
@@ -419,10 +419,20 @@ def _on_signals(loop, handler: Callable[[int], None]) -> Callable[[], None]:
     try:
         for sig in sigs:
             loop.add_signal_handler(sig, handler, sig)
-        return lambda: [loop.remove_signal_handler(sig) for sig in sigs]
     except (NotImplementedError, RuntimeError):  # Windows: Python handlers, which post to the loop
         previous = {sig: signal.signal(sig, lambda n, _f: loop.call_soon_threadsafe(handler, n)) for sig in sigs}
-        return lambda: [signal.signal(sig, old) for sig, old in previous.items()]
+
+        def restore_handlers() -> None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+        return restore_handlers
+
+    def remove_handlers() -> None:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
+
+    return remove_handlers
 
 
 class ServeLog:

@@ -9,6 +9,7 @@ crashed app never leaves the folder locked.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 _held: dict[str, int] = {}  # lock file -> fd, kept open for the life of the process
@@ -20,7 +21,7 @@ class DataDirBusy(Exception):
 
 def _try_lock(fd: int) -> bool:
     try:
-        if os.name == "nt":
+        if sys.platform == "win32":
             import msvcrt
 
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)

@@ -189,12 +189,13 @@ class EventBus:
                 raise TypeError(f"{t!r} is not an event type")
         entry = (tuple(types) or (Event,), handler)
         with self._lock:
+            # A handler of E is kept with the handlers of every event: only events of its types reach it.
             self._handlers.append(entry)  # type: ignore[arg-type]
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._handlers:
-                    self._handlers.remove(entry)  # type: ignore[arg-type]
+                    self._handlers.remove(entry)
 
         return unsubscribe
 

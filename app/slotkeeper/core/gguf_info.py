@@ -269,8 +269,8 @@ def model_info_from_json(d: object, path: str | Path) -> ModelInfo | None:
     if not isinstance(d, dict):
         return None
     try:
-        values = {f.name: tuple(d[f.name]) if isinstance(d[f.name], list) else d[f.name]
-                  for f in fields(ModelInfo) if f.name != "path"}
+        values: dict[str, Any] = {f.name: tuple(d[f.name]) if isinstance(d[f.name], list) else d[f.name]
+                                  for f in fields(ModelInfo) if f.name != "path"}
         return ModelInfo(path=Path(path), **values)
     except (KeyError, TypeError, ValueError):
         return None

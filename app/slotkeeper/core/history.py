@@ -235,6 +235,6 @@ class RequestHistory:
         oldest = records[0].at if records else float("-inf")
         kept = [launch for launch in launches if launch.at <= oldest][-1:] + [
             launch for launch in launches if launch.at > oldest]
-        lines = sorted([*records, *kept], key=lambda r: r.at)
+        lines: list[RequestRecord | LaunchRecord] = sorted([*records, *kept], key=lambda r: r.at)
         atomic_write_text(self.path, "".join(_encode(r) for r in lines))  # 0600
         self._line_count = len(lines)

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 from urllib.parse import urlparse
 
 import httpx
@@ -481,7 +482,12 @@ class HubDownloader:
 # --------------------------------------------------------------------------------------
 
 
-def _library() -> dict[str, str]:
+class _Library(TypedDict):
+    library_name: str
+    library_version: str
+
+
+def _library() -> _Library:
     """Who is asking, for the Hub's user agent."""
     from slotkeeper import __version__
 

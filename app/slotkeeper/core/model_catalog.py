@@ -99,8 +99,8 @@ class CuratedModel:
             head_dim_v=self.head_dim,
             context_length=self.context_length,
             sliding_window=self.sliding_window,
-            swa_layers=(gguf_info.swa_pattern_layers(self.n_layers, self.swa_period) if swa
-                        else (False,) * self.n_layers),
+            swa_layers=(gguf_info.swa_pattern_layers(self.n_layers, self.swa_period)
+                        if swa and self.swa_period is not None else (False,) * self.n_layers),
             swa_type="standard" if swa else "none",
         )
 

@@ -81,9 +81,11 @@ ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/tools"): _pass, ("POST", "/tools"): _pass,
     # Designed refusals: each would take a slot Slotkeeper cannot choose (no id_slot in a form
     # upload; decision tasks pick their own slot).
-    ("POST", "/v1/audio/transcriptions"): Endpoint(REFUSED, 501, UNROUTABLE.format(what="Audio transcription")),
-    ("POST", "/audio/transcriptions"): Endpoint(REFUSED, 501, UNROUTABLE.format(what="Audio transcription")),
-    ("POST", "/v1/systemone"): Endpoint(REFUSED, 501, UNROUTABLE.format(what="Decision-model")),
+    ("POST", "/v1/audio/transcriptions"): Endpoint(REFUSED, status=501,
+                                                   reason=UNROUTABLE.format(what="Audio transcription")),
+    ("POST", "/audio/transcriptions"): Endpoint(REFUSED, status=501,
+                                                reason=UNROUTABLE.format(what="Audio transcription")),
+    ("POST", "/v1/systemone"): Endpoint(REFUSED, status=501, reason=UNROUTABLE.format(what="Decision-model")),
     ("POST", "/models"): Endpoint(REFUSED, reason=ONE_MODEL), ("DELETE", "/models"): Endpoint(REFUSED, reason=ONE_MODEL),
     ("POST", "/models/load"): Endpoint(REFUSED, reason=ONE_MODEL),
     ("POST", "/models/unload"): Endpoint(REFUSED, reason=ONE_MODEL),

@@ -345,9 +345,12 @@ class FrontDoor:
                 outcome.status = up.status
                 if up.content_type == "text/event-stream":
                     outcome.processed = up.status == 200
+                    def feed(chunk: bytes) -> None:
+                        sse.feed(chunk)
+                        reply.feed_stream(chunk)
+
                     try:
-                        return await self._relay(request, up, lambda chunk: (sse.feed(chunk),
-                                                                             reply.feed_stream(chunk)))
+                        return await self._relay(request, up, feed)
                     finally:
                         outcome.timings = sse.timings
                 body = await up.read()

@@ -15,7 +15,7 @@ import ssl
 import sys
 
 
-def _skip(_context: ssl.SSLContext) -> None:
+def _skip(self: ssl.SSLContext) -> None:
     pass
 
 

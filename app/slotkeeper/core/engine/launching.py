@@ -199,7 +199,7 @@ def _prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] 
     supervisor.start(plan.spec, child=child)  # this launch; the engine plans the next ones
     if command_line is not None:
         headstart.remember(paths, command_line, plan.spec.argv, plan.private.port)
-    if child is not None:
+    if child is not None and early is not None:  # taken over: the early one
         log.debug("llama-server has had a head start of %.0f ms", (time.monotonic() - early.started) * 1000)
     else:
         log.debug("llama-server started before the engine was built")

@@ -140,7 +140,7 @@ class SlotActions:
             raise EngineError("every slot is busy; try again when a reply has finished")
         return min(idle, key=lambda s: s.id).id
 
-    async def at_launch(self, adopted: bool, idle_save_seconds: float, limit: int, resume_id: str | None,
+    async def at_launch(self, adopted: bool, idle_save_seconds: float, limit: int | None, resume_id: str | None,
                         set_activity: Callable[[Activity], None]) -> list[RestoreSummary]:
         """The launch's restores (``planning.plan_launch_restores``): after a crash each slot gets
         back what it held; otherwise the resume request, then the most recent usable sessions, up to

@@ -128,7 +128,7 @@ def inputs(paths, server_argv: Sequence[str]) -> dict:
 
     env = "\0".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                     if k == "PATH" or k.startswith(ENV_PREFIXES))
-    files = {}
+    files: dict[str, dict[str, int] | None] = {}
     for name in (str(paths.settings_file), str(paths.private_address_file), *server_argv):
         try:
             st = os.stat(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +67,12 @@ def _bundled() -> str | None:
 
 def locate_server(
     explicit: str | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
     path_env: str | None = None,
     use_package: bool = True,
 ) -> ServerBinary:
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     tried: list[str] = []
     if explicit:
         if _executable(explicit):

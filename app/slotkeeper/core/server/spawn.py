@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,8 +30,8 @@ def spawn_server(argv: Sequence[str], env: Mapping[str, str] | None, log_path: P
     ``log_path`` (rotated first), with ``env`` (default: ours) cleaned for a child. OSError when it cannot run."""
     logfile.rotate(log_path, force=True)
     out = logfile.open_for_child(log_path)
-    kwargs: dict[str, object] = {}
-    if os.name == "nt":
+    kwargs: dict[str, Any] = {}
+    if sys.platform == "win32":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP | getattr(subprocess, "CREATE_NO_WINDOW", 0)
     else:
         kwargs["start_new_session"] = True

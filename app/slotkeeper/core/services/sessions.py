@@ -147,7 +147,7 @@ def _sessions_by_name(search: SearchIndex, store: SessionStore) -> list[IndexedT
 
 class SessionsService:
     def __init__(self, store: SessionStore, in_slots: Callable[[], AbstractSet[str]],
-                 budget: Callable[[], int], on_deleted: Callable[[str], None] | None = None,
+                 budget: Callable[[], int], on_deleted: Callable[[str], object] | None = None,
                  search: SearchIndex | None = None,
                  on_repaired: Callable[[Reconciled], None] | None = None) -> None:
         """``on_deleted(id)`` is told of every session this service deletes (the store has

@@ -40,7 +40,7 @@ MODEL_OVERRIDES = frozenset({"profile.model_path", *(f"profile.{name}" for name 
 
 def field_names(settings: Settings) -> list[str]:
     """Every leaf setting as a dotted name."""
-    out = []
+    out: list[str] = []
     for f in fields(settings):
         value = getattr(settings, f.name)
         if is_dataclass(value):

@@ -524,11 +524,11 @@ class SessionsIndex(TokenIndex):
         that cannot have one (an unreadable sidecar, no regular KV file) are taken out of the
         token index; one whose KV file could not be read is not offered again until it changes."""
         with self.lock:
-            todo = []
+            todo: list[tuple[str, str, tuple[str, int, int]]] = []
             for sid in list(self.unindexed):
                 rec = self.records.get(sid)
                 data = rec.facts() if rec is not None else None
-                if data is None or rec.error is not None:
+                if rec is None or data is None or rec.error is not None:
                     self.unindexed.discard(sid)
                     self.remove(sid)
                     continue
@@ -537,7 +537,7 @@ class SessionsIndex(TokenIndex):
                 self.unindexed.discard(sid)
                 kv_file, sha = data.get("kv_file"), data.get("model_sha256")
                 st = self.files.get(kv_file) if isinstance(kv_file, str) else None
-                if st is None or not stat.S_ISREG(st[0]) or not isinstance(sha, str):
+                if st is None or not stat.S_ISREG(st[0]) or not isinstance(sha, str) or not isinstance(kv_file, str):
                     self.remove(sid)
                     continue
                 key = (kv_file, st[1], st[2])
@@ -682,9 +682,9 @@ def _load_one(index: SessionsIndex, line: bytes, now: int) -> None:
     if error is None:
         if not raw or not row or not isinstance(facts, dict) or set(facts) != set(FACT_KEYS):
             raise ValueError("neither a sidecar nor an error")
-        rec = SidecarRecord(stamp, None, None, raw=raw, facts=facts, row=row)  # type: ignore[arg-type]
+        rec = SidecarRecord(stamp, None, None, raw=raw, facts=facts, row=row)
     elif isinstance(error, str):
-        rec = SidecarRecord(stamp, None, error)  # type: ignore[arg-type]
+        rec = SidecarRecord(stamp, None, error)
     else:
         raise ValueError("neither a sidecar nor an error")
     rec.racy = now - stamp[2] < RACY_NS

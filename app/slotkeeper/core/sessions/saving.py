@@ -237,7 +237,7 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
                 fresh = store.get(previous.id)
             except SessionNotFound:
                 fresh = None
-            if fresh is None or fresh.sidecar is None or fresh.sidecar.kv_file != previous.sidecar.kv_file:
+            if fresh is None or fresh.sidecar is None or fresh.kv_path != previous.kv_path:
                 # Changed while we were away (another save, a delete): decide again, now under the lock.
                 kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
             elif kind != "contained":
@@ -249,11 +249,13 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             return SaveOutcome(kind, sc, len(inc.tokens), save_ms)
         title, preview = described if described is not None else describe(inc.tokens)
         continues = False
+        replaces = None  # the previous version's KV file, which the store removes (an update's)
         if kind == "update" and previous is not None:
             sc0 = previous.sidecar
             assert sc0 is not None
             sid, created, pinned, parent, last_restore = sc0.id, sc0.created_at, sc0.pinned, sc0.parent, sc0.last_restore
             continues = sc0.continues
+            replaces = sc0.kv_file
         elif kind == "continue" and previous is not None:
             # The pinned snapshot stays as it is; the conversation (and its pin) goes on here.
             sid, created, pinned, parent, last_restore = new_session_id(), now, True, previous.id, None
@@ -277,7 +279,6 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
         )  # fmt: skip
         # The store renames, writes the sidecar and removes the previous version (step 4); its
         # ``verified`` stamp is carried over from the hash above.
-        replaces = previous.sidecar.kv_file if kind == "update" and previous is not None else None
         sidecar = store.commit(inc.path, sidecar, inc.tokens, hashed=inc.hashed, replaces=replaces,
                                step=fault_point, transcript=transcript.to_bytes() if transcript else None)
     return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms)

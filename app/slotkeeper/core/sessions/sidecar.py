@@ -401,7 +401,7 @@ class Sidecar:
         return cls(**kw, extra=_unknown_keys(d, _SIDECAR_KEY_SET))
 
     @staticmethod
-    def check_index_paths(d: Mapping[str, Any], session_id: str) -> None:
+    def check_index_paths(d: Mapping[str, Any], session_id: object) -> None:
         """The id and the KV file name, which become paths: as ``from_json`` requires them."""
         if not isinstance(d, Mapping) or d.get("id") != session_id or not isinstance(session_id, str) \
                 or not _ID_RE.fullmatch(session_id):

@@ -67,13 +67,14 @@ class FileStamp:
         """None for anything that is not a well-formed stamp: it only means "hash it again"."""
         if not isinstance(d, Mapping):
             return None
-        values = [d.get(k) for k in STAMP_FIELDS]
-        if not all(type(v) is int and v >= 0 for v in values):
+        values = [v for v in (d.get(k) for k in STAMP_FIELDS) if type(v) is int and v >= 0]
+        if len(values) != len(STAMP_FIELDS):
             return None
         content_hash = d.get("content_hash")
         if not isinstance(content_hash, str) or not content_hash.startswith(CONTENT_HASH_PREFIX):
             return None
-        return cls(*values, content_hash)  # type: ignore[arg-type]
+        size, mtime_ns, ino, ctime_ns = values
+        return cls(size, mtime_ns, ino, ctime_ns, content_hash)
 
 
 def same_file_version(a: os.stat_result, b: os.stat_result) -> bool:

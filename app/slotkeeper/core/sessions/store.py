@@ -173,8 +173,9 @@ class SessionStore:
             rec = self._read_record(sid, rec.stamp)
             self.index.set_record(sid, rec)
             return self._record_entry(sid, rec, stat_of)
-        assert sc is not None
-        size, problems = self._problems(sid, rec.data, stat_of)
+        data = rec.data
+        assert sc is not None and data is not None  # a sidecar is made from its JSON
+        size, problems = self._problems(sid, data, stat_of)
         return SessionEntry(sc.id if sc.id == sid else sid, sc, self.dir / sc.kv_file, problems, size)
 
     def _problems(self, sid: str, data: dict[str, Any], stat_of: StatOf) -> tuple[int, list[str]]:
@@ -252,6 +253,7 @@ class SessionStore:
                         Sidecar.check_index_paths(facts, facts.get("id"))
                         size, problems = self._problems(sid, facts, files.get)
                         base = rec.row()
+                        assert base is not None  # facts were read, so the sidecar's JSON was
                     except (SidecarError, KeyError, TypeError):  # not what we wrote: the full way
                         row = orjson.dumps(self._record_entry(sid, rec, files.get).to_json())
                     else:
@@ -591,8 +593,5 @@ def kv_file_state(path: Path) -> tuple[int, str | None]:
 
 
 def most_recent_first(entries: Iterable[SessionEntry]) -> list[SessionEntry]:
-    return sorted(
-        (e for e in entries if e.sidecar is not None),
-        key=lambda e: parse_utc(e.sidecar.last_used_at),
-        reverse=True,
-    )
+    saved = [(parse_utc(e.sidecar.last_used_at), e) for e in entries if e.sidecar is not None]
+    return [e for _, e in sorted(saved, key=lambda pair: pair[0], reverse=True)]
