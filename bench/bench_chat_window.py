@@ -32,7 +32,8 @@ def transcript(n: int):
 
     msgs = [Message("system", "You are a helpful assistant.")]
     for i in range((n - 1) // 2):
-        msgs.append(Message("user", f"Question {i}: how do I reverse a list in Python, and which way is faster?"))
+        msgs.append(Message("user",
+                            f"Question {i}: how do I reverse a list in Python, and which way is faster?"))
         msgs.append(Message("assistant", f"Answer {i}. {ANSWER}"))
     return Transcript(CHAT, tuple(msgs))
 
@@ -94,8 +95,8 @@ def main() -> int:
     print(f"  first screen: median {median * 1000:.0f} ms, worst {worst * 1000:.0f} ms "
           f"(the first run includes loading fonts), {statistics.median(drawn):.0f} messages drawn; "
           f"target {TARGET_S * 1000:.0f} ms: {'met' if worst < TARGET_S else 'MISSED'}")
-    print(f"  drawing every message at once: {per_message * 1000:.1f} ms each, ~{per_message * n:.1f} s for all "
-          f"{n:,} ({per_message * n / median:.0f}x the lazy first screen)")
+    print(f"  drawing every message at once: {per_message * 1000:.1f} ms each, ~{per_message * n:.1f} s for "
+          f"all {n:,} ({per_message * n / median:.0f}x the lazy first screen)")
     return 0 if worst < TARGET_S else 1
 
 

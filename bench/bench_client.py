@@ -95,7 +95,8 @@ def latency(app: Path | None, url: str, calls: int, kind: str) -> str:
 class SlotsHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
-    body = json.dumps([{"id": i, "n_ctx": 4096, "is_processing": False, "id_task": None} for i in range(4)]).encode()
+    body = json.dumps([{"id": i, "n_ctx": 4096, "is_processing": False, "id_task": None}
+                       for i in range(4)]).encode()
 
     def do_GET(self) -> None:
         self.send_response(200)

@@ -52,8 +52,8 @@ def drop_from_page_cache(path: Path) -> None:
 
 
 def save_conversation(engine: Engine, http: httpx.Client, prompt: list[int]) -> str:
-    r = http.post(f"{engine.base_url}/completion", json={"prompt": prompt, "n_predict": 1, "cache_prompt": True},
-                  timeout=3600)
+    r = http.post(f"{engine.base_url}/completion",
+                  json={"prompt": prompt, "n_predict": 1, "cache_prompt": True}, timeout=3600)
     r.raise_for_status()
     summary = engine.save_slot(0)
     assert summary is not None, "the save failed"
@@ -74,8 +74,8 @@ def main() -> int:
 def measure(args: argparse.Namespace, work: Path) -> int:
     os.environ["SLOTKEEPER_HOME"] = str(work / "home")
     model = generated_model(work, "bench-kv")
-    settings = Settings(profile=ServerProfile(model_path=str(model), port=free_port(), ctx=max(16384, args.tokens + 512),
-                                              parallel=1),
+    settings = Settings(profile=ServerProfile(model_path=str(model), port=free_port(),
+                                              ctx=max(16384, args.tokens + 512), parallel=1),
                         idle_save_seconds=3600, restore_on_start=0)
     engine = Engine(app_paths(), settings)
     engine.start()
@@ -90,7 +90,8 @@ def measure(args: argparse.Namespace, work: Path) -> int:
                     if e.sidecar is not None and not e.problems}
             if len(prompt) in kept and 1 in kept:  # a --work folder of an earlier run: its saves serve again
                 big, small = kept[len(prompt)], kept[1]
-                print(f"setup: the {len(prompt)}-token and one-token sessions saved by an earlier run", flush=True)
+                print(f"setup: the {len(prompt)}-token and one-token sessions saved by an earlier run",
+                      flush=True)
             else:
                 print(f"setup: prefilling {len(prompt)} tokens (once, not timed) ...", flush=True)
                 t0 = time.perf_counter()
@@ -99,7 +100,8 @@ def measure(args: argparse.Namespace, work: Path) -> int:
                 small = save_conversation(engine, http, prompt[:1])
             entry = engine.store.get(big)
             kv = entry.kv_path
-            print(f"session file {kv.stat().st_size / 2**30:.2f} GiB ({entry.sidecar.n_tokens} tokens)", flush=True)
+            print(f"session file {kv.stat().st_size / 2**30:.2f} GiB ({entry.sidecar.n_tokens} tokens)",
+                  flush=True)
 
             def slotkeeper_round() -> float:
                 engine.restore(small, 0)

@@ -54,8 +54,8 @@ class Raw(LlamaServer):
     """llama-server as people run it, started by hand."""
 
     def __init__(self, binary: list[str], model: Path, slots: int, ram: bool) -> None:
-        super().__init__([*binary, "-m", str(model), "-c", str(slots * 4096), "-np", str(slots), "--no-kv-unified",
-                          *([] if ram else ["--cache-ram", "0"])])
+        super().__init__([*binary, "-m", str(model), "-c", str(slots * 4096), "-np", str(slots),
+                          "--no-kv-unified", *([] if ram else ["--cache-ram", "0"])])
 
 
 # `slotkeeper serve` that lets --cache-ram through (its later value wins over Slotkeeper's "--cache-ram 0").
@@ -81,8 +81,8 @@ class Door:
             args += ["--", "--cache-ram", "8192"]
         else:
             program = [sys.executable, "-m", "slotkeeper"]
-        self.proc = subprocess.Popen([*program, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen([*program, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, start_new_session=True)
         line = self.proc.stdout.readline().strip() if self.proc.stdout else ""
         if not line.startswith("ready "):
             raise SystemExit(f"serve did not get ready: {line!r}")
@@ -128,7 +128,8 @@ def run_clients(url: str, n: int, turns: int, first_words: int, seed: int, fig: 
         msgs = histories.setdefault(c, [{"role": "system", "content": f"You are assistant number {c}."}])
         last_prompt = 0
         for t in range(turns + 1):
-            msgs.append({"role": "user", "content": text(seed * 1000 + c * 10 + t, first_words if t == 0 else 25)})
+            msgs.append({"role": "user",
+                         "content": text(seed * 1000 + c * 10 + t, first_words if t == 0 else 25)})
             ttfb, timings, reply = turn(url, msgs)
             msgs.append({"role": "assistant", "content": reply or "..."})
             with lock:
@@ -136,7 +137,8 @@ def run_clients(url: str, n: int, turns: int, first_words: int, seed: int, fig: 
                     fig.failed += 1
                     continue
                 fig.ttfb.append(ttfb)
-                processed, n_prompt = timings.get("prompt_n", 0), timings.get("prompt_n", 0) + timings.get("cache_n", 0)
+                processed, n_prompt = timings.get("prompt_n",
+                                                  0), timings.get("prompt_n", 0) + timings.get("cache_n", 0)
                 fig.prompt_processed += processed
                 fig.least += max(n_prompt - last_prompt, 0)
                 last_prompt = n_prompt + 16
@@ -173,7 +175,8 @@ def main() -> None:
     ap.add_argument("--cases", default="4x4,8x2,16x4", help="clients x slots, comma separated")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--first-words", type=int, default=500, help="words in each client's first message (~770 tokens)")
+    ap.add_argument("--first-words", type=int, default=500,
+                    help="words in each client's first message (~770 tokens)")
     ap.add_argument("--no-restart", action="store_true")
     ap.add_argument("--raw-no-ram", action="store_true", help="also raw llama-server with --cache-ram 0")
     ap.add_argument("--with-ram", action="store_true",
@@ -193,29 +196,32 @@ def main() -> None:
                 order = names[r % len(names):] + names[:r % len(names)]
                 for name in order:
                     if name.startswith("slotkeeper"):
-                        system = Door(model, slots, Path(tmp) / f"home-{case}-{r}-{len(name)}", ram=name != "slotkeeper")
+                        system = Door(model, slots, Path(tmp) / f"home-{case}-{r}-{len(name)}",
+                                      ram=name != "slotkeeper")
                     else:
                         system = Raw(binary, model, slots, ram=name == "raw")
                     system.start()
                     histories: dict[int, list[dict]] = {}
                     try:
-                        run_clients(system.url, clients, args.turns, args.first_words, args.seed + r, figs[name],
-                                    histories)
+                        run_clients(system.url, clients, args.turns, args.first_words, args.seed + r,
+                                    figs[name], histories)
                         if not args.no_restart:
                             restart_phase(system, histories, args.seed + r, figs[name])
                     finally:
                         system.stop()
-            print(f"\n{clients} clients x {slots} slots, {args.turns} turns after a ~{args.first_words}-word first "
-                  f"message, {args.rounds} round(s):")
+            print(f"\n{clients} clients x {slots} slots, {args.turns} turns after a ~{args.first_words}-word "
+                  f"first message, {args.rounds} round(s):")
             base = figs["raw"]
             for name, f in figs.items():
                 ratio = f.wall / base.wall if base.wall else float("nan")
-                print(f"  {name:22} wall {f.wall:7.1f} s ({ratio:.2f}x raw)  prompt processed {f.prompt_processed:7,} "
-                      f"(least {f.least:,})  first byte median {statistics.median(f.ttfb or [0]):5.2f} s, "
-                      f"p95 {p95(f.ttfb):5.2f} s  failed {f.failed}")
+                print(f"  {name:22} wall {f.wall:7.1f} s ({ratio:.2f}x raw)  prompt processed "
+                      f"{f.prompt_processed:7,} (least {f.least:,})  first byte median "
+                      f"{statistics.median(f.ttfb or [0]):5.2f} s, p95 {p95(f.ttfb):5.2f} s  failed "
+                      f"{f.failed}")
                 if not args.no_restart:
                     print(f"  {'':22} after a restart: next turn first byte median "
-                          f"{statistics.median(f.restart_ttfb or [0]):5.2f} s, prompt processed {f.restart_processed:,}")
+                          f"{statistics.median(f.restart_ttfb or [0]):5.2f} s, prompt processed "
+                          f"{f.restart_processed:,}")
 
 
 if __name__ == "__main__":

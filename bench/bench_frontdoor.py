@@ -78,7 +78,8 @@ def replay(order, systems: dict, restart_after: int, first_tokens: int, seed: in
                 restart()
             restarted = True
         msgs = history.setdefault(c, [{"role": "system", "content": f"You are assistant number {c}."}])
-        msgs.append({"role": "user", "content": text(seed * 100 + c * 10 + t, first_tokens if t == 0 else 30)})
+        msgs.append({"role": "user",
+                     "content": text(seed * 100 + c * 10 + t, first_tokens if t == 0 else 30)})
         k = step % len(names)
         for name in names[k:] + names[:k]:
             ttft, timings = systems[name][0](msgs)
@@ -128,7 +129,8 @@ class RawServer:
 
 def slotkeeper(model: Path, ctx: int, home: Path, extra: tuple[str, ...] = ()) -> Engine:
     os.environ["SLOTKEEPER_HOME"] = str(home)
-    settings = Settings(profile=ServerProfile(model_path=str(model), port=free_port(), ctx=ctx, extra_args=extra),
+    settings = Settings(profile=ServerProfile(model_path=str(model), port=free_port(), ctx=ctx,
+                                              extra_args=extra),
                         idle_save_seconds=10.0)
     engine = Engine(app_paths(), settings)
     engine.start()
@@ -171,8 +173,10 @@ def serve(model: Path, ctx: int, home: Path) -> tuple[subprocess.Popen, str, str
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model",
                              str(model), "--port", str(port), "--ctx", str(ctx), "--parallel", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "app")})
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True,
+                            env={**os.environ,
+                                 "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "app")})
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("ready"):
@@ -191,8 +195,8 @@ def overhead(model: Path, ctx: int, home: Path, n: int) -> dict:
     as the client sees them and as llama-server reports them."""
     proc, front, private, key = serve(model, ctx, home)
     relay_port = free_port()
-    relay = subprocess.Popen([sys.executable, "-c", RELAY, str(relay_port), private, key], stdout=subprocess.PIPE,
-                             text=True)
+    relay = subprocess.Popen([sys.executable, "-c", RELAY, str(relay_port), private, key],
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert relay.stdout is not None and relay.stdout.readline().startswith("ready")
         direct_h = {"Authorization": f"Bearer {key}"}
@@ -202,7 +206,8 @@ def overhead(model: Path, ctx: int, home: Path, n: int) -> dict:
             "chat turn": ("/v1/chat/completions", {"messages": [{"role": "user", "content": text(5, 300)}],
                                                     "max_tokens": 1, "temperature": 0}),
             "text prompt": ("/completion", {"prompt": text(6, 300), "n_predict": 1, "temperature": 0}),
-            "token prompt": ("/completion", {"prompt": list(range(100, 700)), "n_predict": 1, "temperature": 0}),
+            "token prompt": ("/completion",
+                             {"prompt": list(range(100, 700)), "n_predict": 1, "temperature": 0}),
         }
         out: dict = {}
         with httpx.Client(timeout=60) as c:
@@ -246,7 +251,8 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--restart-after", type=int, default=2)
-    ap.add_argument("--first-tokens", type=int, default=800, help="words in each conversation's first message")
+    ap.add_argument("--first-tokens", type=int, default=800,
+                    help="words in each conversation's first message")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--overhead-requests", type=int, default=200)
     ap.add_argument("--model", help="GGUF to use (default: the generated ~200 MB bench model)")
@@ -269,7 +275,8 @@ def main() -> int:
     engines: dict[str, Engine] = {}
     try:
         raw.start()
-        for name, extra in (("slotkeeper", ()), ("slotkeeper + llama-server RAM cache", ("--cache-ram", "8192"))):
+        for name, extra in (("slotkeeper", ()),
+                            ("slotkeeper + llama-server RAM cache", ("--cache-ram", "8192"))):
             engines[name] = slotkeeper(model, ctx, work / name.replace(" ", "-"), extra)
 
         def raw_restart() -> None:
@@ -307,11 +314,12 @@ def main() -> int:
           "slotkeeper serve in its own process):")
     for kind in ("chat turn", "text prompt", "token prompt"):
         o = over[kind]
-        print(f"  {kind:<13} direct {o['direct']:6.2f} ms   front door +{o['front door'] - o['direct']:.2f} ms   "
-              f"(a bare aiohttp relay: +{o['bare relay'] - o['direct']:.2f} ms)")
+        print(f"  {kind:<13} direct {o['direct']:6.2f} ms   front door +{o['front door'] - o['direct']:.2f} "
+              f"ms   (a bare aiohttp relay: +{o['bare relay'] - o['direct']:.2f} ms)")
     (dc, ds), (fc, fs) = over["stream direct"], over["stream front door"]
-    print(f"streaming: {dc:.1f} tokens/s direct, {fc:.1f} through the front door ({100 * (fc / dc - 1):+.1f}%); "
-          f"llama-server's own figure {ds:.1f} vs {fs:.1f} ({100 * (fs / ds - 1):+.1f}%)")
+    print(f"streaming: {dc:.1f} tokens/s direct, {fc:.1f} through the front door "
+          f"({100 * (fc / dc - 1):+.1f}%); llama-server's own figure {ds:.1f} vs {fs:.1f} "
+          f"({100 * (fs / ds - 1):+.1f}%)")
     return 0
 
 

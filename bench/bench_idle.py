@@ -71,7 +71,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--settle", type=float, default=10.0, help="seconds to wait after the server is ready")
-    ap.add_argument("--app", help="the packaged app to measure (e.g. dist/slotkeeper/slotkeeper; default: from source)")
+    ap.add_argument("--app",
+                    help="the packaged app to measure (e.g. dist/slotkeeper/slotkeeper; default: from "
+                         "source)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="slotkeeper-bench-idle-"))
     display, xprocs = start_x(tray=True)
@@ -84,7 +86,8 @@ def main() -> int:
             wait_healthy(port, apps[name])
         time.sleep(args.settle)
         procs = {name: psutil.Process(p.pid) for name, p in apps.items()}
-        servers = {name: [c for c in p.children(recursive=True) if "llama" in c.name()] for name, p in procs.items()}
+        servers = {name: [c for c in p.children(recursive=True) if "llama" in c.name()]
+                   for name, p in procs.items()}
         start = {name: cpu_seconds(p) for name, p in procs.items()}
         sstart = {name: sum(cpu_seconds(c) for c in cs) for name, cs in servers.items()}
         rss: dict[str, list[float]] = {name: [] for name in procs}
@@ -95,16 +98,20 @@ def main() -> int:
             time.sleep(1.0)
         took = time.monotonic() - t0
         cpu = {name: 100 * (cpu_seconds(p) - start[name]) / took for name, p in procs.items()}
-        scpu = {name: 100 * (sum(cpu_seconds(c) for c in servers[name]) - sstart[name]) / took for name in procs}
+        scpu = {name: 100 * (sum(cpu_seconds(c) for c in servers[name]) - sstart[name]) / took
+                for name in procs}
         for name in procs:
             print(f"{name:>5}: app {cpu[name]:.2f}% of a core, RSS {statistics.median(rss[name]):.0f} MB "
-                  f"(max {max(rss[name]):.0f}); llama-server {scpu[name]:.2f}% of a core  [{took:.0f} s idle]")
+                  f"(max {max(rss[name]):.0f}); llama-server {scpu[name]:.2f}% of a core  [{took:.0f} s "
+                  "idle]")
         print(f"app CPU with -lv 4 vs plain: {cpu['lv4'] / max(cpu['plain'], 1e-6):.2f}x "
               f"(goal: each < 1% of a core, RSS < 120 MB)")
         log = work / "lv4" / "logs" / "llama-server.log"
         if log.exists():
-            beats = sum(1 for line in log.read_text(errors="replace").splitlines() if "all slots are idle" in line)
-            print(f"the -lv 4 server log holds {beats} idle heartbeat lines (kept in the file, hidden in the view)")
+            beats = sum(1 for line in log.read_text(errors="replace").splitlines()
+                        if "all slots are idle" in line)
+            print(f"the -lv 4 server log holds {beats} idle heartbeat lines (kept in the file, hidden in the "
+                  "view)")
         return 0
     finally:
         for p in apps.values():

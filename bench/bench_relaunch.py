@@ -1,6 +1,7 @@
 """Relaunch to first reply, Slotkeeper vs raw llama-server, side by side in one run.
 
-    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--kind bench|bench-kv] [--desktop [--tray]]
+    .venv/bin/python bench/bench_relaunch.py [--tokens 8000] [--rounds 6] [--kind bench|bench-kv] [--desktop
+    [--tray]]
                                              [--model PATH] [--work DIR]
 
 Setup (not timed): the ~200 MB bench model; `slotkeeper serve` prefills a --tokens conversation
@@ -71,8 +72,9 @@ class Serve:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model", str(model),
-                     "--port", str(self.port), "--ctx", str(ctx), "--parallel", "1", "--idle-save", "3600"]
+        self.argv = [sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model",
+                     str(model), "--port", str(self.port), "--ctx", str(ctx), "--parallel", "1",
+                     "--idle-save", "3600"]
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.cpu_at_ready: list[tuple[float, float]] = []  # (Slotkeeper's Python, its llama-server) per start
@@ -109,11 +111,13 @@ class Desktop(Serve):
     def __init__(self, home: Path, model: Path, ctx: int, log: Path, display: str | None = None) -> None:
         super().__init__(home, model, ctx, log)
         self.argv.remove("serve")
-        self.qt = {"DISPLAY": display, "QT_QPA_PLATFORM": "xcb"} if display else {"QT_QPA_PLATFORM": "offscreen"}
+        self.qt = {"DISPLAY": display,
+                   "QT_QPA_PLATFORM": "xcb"} if display else {"QT_QPA_PLATFORM": "offscreen"}
 
     def start(self) -> None:
         with self.log.open("a") as err:
-            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=err,
+                                         start_new_session=True,
                                          env={**serve_environment(self.log.parent), **self.qt})
 
     def complete(self, http: httpx.Client, prompt: list[int]) -> dict:
@@ -142,7 +146,8 @@ class Raw:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         profile = ServerProfile(model_path=str(model), host="127.0.0.1", port=self.port, ctx=ctx, parallel=1)
-        self.argv = build_argv(binary.argv_prefix, profile, model, folder, supported_flags=probe_flags(binary))
+        self.argv = build_argv(binary.argv_prefix, profile, model, folder,
+                               supported_flags=probe_flags(binary))
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.cpu_at_ready: list[float] = []
@@ -170,7 +175,8 @@ class Raw:
         raise RuntimeError(f"llama-server did not start; see {self.log}")
 
     def save(self, http: httpx.Client, filename: str) -> dict:
-        r = http.post(f"{self.url}/slots/0", params={"action": "save"}, json={"filename": filename}, timeout=600)
+        r = http.post(f"{self.url}/slots/0", params={"action": "save"}, json={"filename": filename},
+                      timeout=600)
         r.raise_for_status()
         return r.json()
 
@@ -211,14 +217,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--model", help="GGUF to use (default: a generated model of --kind)")
     ap.add_argument("--kind", choices=("bench", "bench-kv"), default="bench",
-                    help="the generated model: bench (~200 MB, loads in ~0.5 s) or bench-kv (an 8B model's KV "
-                         "per token: 2 GiB of KV at 16K context, a load of seconds)")
+                    help="the generated model: bench (~200 MB, loads in ~0.5 s) or bench-kv (an 8B model's "
+                         "KV per token: 2 GiB of KV at 16K context, a load of seconds)")
     ap.add_argument("--desktop", action="store_true",
                     help="time the desktop app (started with the model, Qt offscreen) instead of `serve`")
     ap.add_argument("--tray", action="store_true",
-                    help="with --desktop: on a virtual X display with a tray host (Xvfb and trayer), as the app "
-                         "usually runs, instead of Qt offscreen")
-    ap.add_argument("--work", help="folder for the model, the data and the logs (default: a new temporary one)")
+                    help="with --desktop: on a virtual X display with a tray host (Xvfb and trayer), as the "
+                         "app usually runs, instead of Qt offscreen")
+    ap.add_argument("--work",
+                    help="folder for the model, the data and the logs (default: a new temporary one)")
     args = ap.parse_args()
     if args.tray and not args.desktop:
         ap.error("--tray times the desktop app: add --desktop")
@@ -241,8 +248,8 @@ def measure(args: argparse.Namespace, work: Path, display: str | None = None) ->
     with httpx.Client() as http:
         print(f"setup: prefilling {args.tokens} tokens (once, not timed) ...", flush=True)
         serve.start()
-        r = http.post(f"{serve.url}/tokenize", json={"content": WORDS * (args.tokens // 10), "add_special": False},
-                      timeout=60)
+        r = http.post(f"{serve.url}/tokenize",
+                      json={"content": WORDS * (args.tokens // 10), "add_special": False}, timeout=60)
         r.raise_for_status()
         prompt = [int(t) for t in r.json()["tokens"]][: args.tokens]
         r = http.post(f"{serve.url}/tokenize", json={"content": " and one more thing", "add_special": False},
@@ -279,7 +286,8 @@ def measure(args: argparse.Namespace, work: Path, display: str | None = None) ->
         slotkeeper_round()  # warm-up; afterwards the saved conversation is what every round restores
         kv = session_file(home)
         shutil.copyfile(kv, raw_dir / "conversation.kv")
-        print(f"conversation: {len(prompt)} tokens, save file {kv.stat().st_size / 2**20:.0f} MiB", flush=True)
+        print(f"conversation: {len(prompt)} tokens, save file {kv.stat().st_size / 2**20:.0f} MiB",
+              flush=True)
         raw_round()  # warm-up
         def noted(fn):
             took, timings = fn()
@@ -288,7 +296,8 @@ def measure(args: argparse.Namespace, work: Path, display: str | None = None) ->
         serve.cpu_at_ready.clear()
         raw.cpu_at_ready.clear()
         try:
-            sk_times, raw_times = alternate(args.rounds, lambda: noted(slotkeeper_round), lambda: noted(raw_round))
+            sk_times, raw_times = alternate(args.rounds, lambda: noted(slotkeeper_round),
+                                            lambda: noted(raw_round))
         finally:
             raw.stop()
             if serve.proc is not None:
@@ -307,9 +316,9 @@ def cpu_breakdown(serve: list[tuple[float, float]], raw: list[float]) -> None:
     server = statistics.median(s for _, s in serve)
     alone = statistics.median(raw)
     cores = os.cpu_count() or 1
-    print(f"CPU used until ready (median, /proc): Slotkeeper's Python {py:.2f} s + its llama-server {server:.2f} s; "
-          f"raw llama-server {alone:.2f} s. On {cores} cores Slotkeeper's side needs at least "
-          f"{(py + server) / cores:.2f} s of wall time for that CPU alone.")
+    print(f"CPU used until ready (median, /proc): Slotkeeper's Python {py:.2f} s + its llama-server "
+          f"{server:.2f} s; raw llama-server {alone:.2f} s. On {cores} cores Slotkeeper's side needs at "
+          f"least {(py + server) / cores:.2f} s of wall time for that CPU alone.")
 
 
 if __name__ == "__main__":

@@ -55,8 +55,8 @@ def conversation(url: str, tokens: int, seed: int) -> list[dict]:
 
 class Raw(LlamaServer):
     def __init__(self, binary: list[str], model: Path, save_dir: Path) -> None:
-        super().__init__([*binary, "-m", str(model), "-c", str(CTX), "-np", "1", "--slot-save-path", str(save_dir),
-                          "--cache-ram", "0"])
+        super().__init__([*binary, "-m", str(model), "-c", str(CTX), "-np", "1", "--slot-save-path",
+                          str(save_dir), "--cache-ram", "0"])
 
 
 def main() -> None:
@@ -74,9 +74,11 @@ def main() -> None:
         raw.start()
         home = work / "home"
         port = free_port()
-        door = subprocess.Popen([sys.executable, "-m", "slotkeeper", "serve", "--data-dir", str(home), "--model",
-                                 str(model), "--port", str(port), "--ctx", str(CTX), "--idle-save", "3600"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        door = subprocess.Popen([sys.executable, "-m", "slotkeeper", "serve", "--data-dir", str(home),
+                                 "--model", str(model), "--port", str(port), "--ctx", str(CTX), "--idle-save",
+                                 "3600"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                start_new_session=True)
         door_url = door.stdout.readline().split()[1] if door.stdout else ""
         results: dict[str, list[float]] = {"slotkeeper": [], "raw by hand": [], "cold": []}
         cached: dict[str, list[int]] = {"slotkeeper": [], "raw by hand": []}
@@ -91,7 +93,8 @@ def main() -> None:
                 first_token(raw.url, messages)
                 httpx.post(f"{raw.url}/slots/0", params={"action": "save"}, json={"filename": f"conv{r}.bin"},
                            timeout=600).raise_for_status()
-                first_token(door_url, other)  # the door saves the conversation before the other takes the slot
+                # the door saves the conversation before the other takes the slot
+                first_token(door_url, other)
                 first_token(raw.url, other)
                 order = ["slotkeeper", "raw by hand", "cold"]
                 order = order[r % 3:] + order[:r % 3]
@@ -109,7 +112,8 @@ def main() -> None:
                         cached["raw by hand"].append(t.get("cache_n", 0))
                         first_token(raw.url, other)  # the slot goes back to the other conversation
                     else:
-                        httpx.post(f"{raw.url}/slots/0", params={"action": "erase"}, timeout=60).raise_for_status()
+                        httpx.post(f"{raw.url}/slots/0", params={"action": "erase"},
+                                   timeout=60).raise_for_status()
                         ttft, t = first_token(raw.url, nxt)
                         first_token(raw.url, other)
                     results[name].append(ttft)
@@ -119,8 +123,8 @@ def main() -> None:
             door.send_signal(signal.SIGTERM)
             door.wait(120)
         med = {k: statistics.median(v) for k, v in results.items()}
-        print(f"\nreopen a saved ~{args.tokens:,}-token conversation and continue it, {args.rounds} round(s), "
-              "time to first token (median):")
+        print(f"\nreopen a saved ~{args.tokens:,}-token conversation and continue it, {args.rounds} "
+              "round(s), time to first token (median):")
         for name, value in med.items():
             extra = f"  (cached {statistics.median(cached[name]):,.0f} tokens)" if name in cached else ""
             print(f"  {name:12} {value:7.3f} s{extra}")

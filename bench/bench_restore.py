@@ -38,7 +38,8 @@ def tokenize(url: str, text: str) -> list[int]:
 
 def request(url: str, prompt: list[int]) -> tuple[float, dict]:
     t0 = time.perf_counter()
-    r = httpx.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 1, "cache_prompt": True}, timeout=600)
+    r = httpx.post(f"{url}/completion", json={"prompt": prompt, "n_predict": 1, "cache_prompt": True},
+                   timeout=600)
     r.raise_for_status()
     return time.perf_counter() - t0, r.json()["timings"]
 
@@ -65,8 +66,8 @@ def main() -> int:
         # A cold start: empty the slot the launch restored the previous round into. The slot-file
         # actions are closed at the front door, so this goes to llama-server's private address.
         private, key = engine._upstream()
-        httpx.post(f"{private}/slots/0", params={"action": "erase"}, headers={"Authorization": f"Bearer {key}"},
-                   timeout=60).raise_for_status()
+        httpx.post(f"{private}/slots/0", params={"action": "erase"},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=60).raise_for_status()
         # Token ids, so the conversation is exactly --tokens long; each round differs.
         prompt = tokenize(url, f"round {rnd} " + words * (args.tokens // 4))[: args.tokens]
         more = tokenize(url, " and one more thing")
@@ -85,7 +86,8 @@ def main() -> int:
         restored.append(t_launch + t_next)
         cache_ns.append(timings2["cache_n"])
         print(f"round {rnd}: cold prefill {t_cold:.2f} s ({timings['prompt_n']} tokens) | "
-              f"relaunch+restore {t_launch:.2f} s + next request {t_next:.2f} s (cache_n {timings2['cache_n']})")
+              f"relaunch+restore {t_launch:.2f} s + next request {t_next:.2f} s (cache_n "
+              f"{timings2['cache_n']})")
     c, r = statistics.median(cold), statistics.median(restored)
     print(f"median cold prefill {c:.2f} s, median relaunch+restore+request {r:.2f} s: "
           f"{c / r:.1f}x faster with Slotkeeper (cache_n {min(cache_ns)}..{max(cache_ns)})")

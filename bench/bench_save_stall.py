@@ -88,14 +88,14 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="slotkeeper-bench-stall-"))
     model = write_model(work / "bench.gguf", "bench")
-    settings = Settings(profile=ServerProfile(model_path=str(model), server_bin=server_bin(), port=free_port(),
-                                              ctx=2 * (args.tokens + 1024), parallel=2),
+    settings = Settings(profile=ServerProfile(model_path=str(model), server_bin=server_bin(),
+                                              port=free_port(), ctx=2 * (args.tokens + 1024), parallel=2),
                         idle_save_seconds=IDLE_SAVE, restore_on_start=0)
     engine = Engine(app_paths(work / "home"), settings)
     saves: list[tuple[float, float]] = []
     # Slot 1's saves only (slot 0 is saved before each new story evicts the last: before its stream).
-    engine.events.subscribe(lambda e: e.summary.slot == 1 and saves.append((time.perf_counter(), e.summary.ms)),
-                            SessionSaved)
+    engine.events.subscribe(lambda e: e.summary.slot == 1
+                            and saves.append((time.perf_counter(), e.summary.ms)), SessionSaved)
     gaps: dict[str, list[float]] = {"alone": [], "raw save": [], "autosave": []}
     save_ms: list[float] = []
     try:
@@ -154,8 +154,8 @@ def main() -> int:
               f"max {1000 * max(g):.0f} ms ({len(g)} gaps; p99 {pct(g, 0.99) / base99:.2f}x alone, "
               f"p50 {pct(g, 0.5) / base50:.2f}x)")
     if save_ms:
-        print(f"slot 1's save itself: median {statistics.median(save_ms):.0f} ms (llama-server's task loop is busy "
-              f"that long)")
+        print(f"slot 1's save itself: median {statistics.median(save_ms):.0f} ms (llama-server's task loop "
+              f"is busy that long)")
     print("goal: p99 with autosave <= 1.2x alone")
     return 0
 

@@ -81,7 +81,8 @@ def seed_sessions(work: Path, model: Path) -> Path:
         engine.start()
         assert engine.wait_ready(120) is ServerState.READY, engine.supervisor.message
         for topic in TOPICS:
-            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Tell me about {topic}."}]
+            messages = [{"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": f"Tell me about {topic}."}]
             messages.append({"role": "assistant", "content": chat(engine.base_url, messages)})
             chat(engine.base_url, messages + [{"role": "user", "content": "And more?"}])
             engine.save_slot(0)
@@ -115,7 +116,8 @@ def cli_list(data_dir: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(APP)}
     env.pop("SLOTKEEPER_HOME", None)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "slotkeeper", "sessions", "--data-dir", str(data_dir), "list", "--json"],
+    r = subprocess.run([sys.executable, "-m", "slotkeeper", "sessions", "--data-dir", str(data_dir), "list",
+                        "--json"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=600)
     took = time.perf_counter() - t0
     if r.returncode:
@@ -177,7 +179,8 @@ def main() -> int:
             engine.start()
             assert engine.wait_ready(300) is ServerState.READY, engine.supervisor.message
             runs[name] = (engine, Saves(engine), [{"role": "system", "content": SYSTEM}])
-        print(f"both engines ready in {time.perf_counter() - t0:.1f} s (the big folder's index built on the way)")
+        print(f"both engines ready in {time.perf_counter() - t0:.1f} s (the big folder's index built on the "
+              "way)")
         kinds: dict[str, list[str]] = {"small": [], "big": []}
         for rnd in range(args.rounds + 1):
             for name, (engine, saved, messages) in runs.items():
@@ -197,8 +200,8 @@ def main() -> int:
         ls, lb = statistics.median(lists["small"]), statistics.median(lists["big"])
         ss, sb = statistics.median(saves["small"]), statistics.median(saves["big"])
         print(f"sessions list --json: 10 sessions {ls:.3f} s, {args.sessions} sessions {lb:.3f} s "
-              f"(median of {args.rounds}; {lb / ls:.2f}x; the first run on the big folder, building the index: "
-              f"{first:.2f} s)")
+              f"(median of {args.rounds}; {lb / ls:.2f}x; the first run on the big folder, building the "
+              f"index: {first:.2f} s)")
         print(f"idle save, reply to SessionSaved ({IDLE_SAVE_SECONDS} s idle delay included): 10 sessions "
               f"{ss:.3f} s, {args.sessions} sessions {sb:.3f} s (median of {args.rounds}; {sb / ss:.2f}x; "
               f"kinds {sorted(set(kinds['small'] + kinds['big']))})")

@@ -30,14 +30,16 @@ from bench_relaunch import WORDS, both_sides, complete
 from benchlib import alternate, generated_model, report, work_folder
 
 OTHER = "a sailor crossed the bay in a small boat while the wind was rising "
-SETTLE_SECONDS = 1.5  # after every round, on both sides: what finishes after a reply does not fall on the next
+# after every round, on both sides: what finishes after a reply does not fall on the next
+SETTLE_SECONDS = 1.5
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=4000, help="length of each conversation in tokens")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--work", help="folder for the model, the data and the logs (default: a new temporary one)")
+    ap.add_argument("--work",
+                    help="folder for the model, the data and the logs (default: a new temporary one)")
     args = ap.parse_args()
     with work_folder(args.work) as work:
         return measure(args, work)
@@ -50,14 +52,16 @@ def measure(args: argparse.Namespace, work: Path) -> int:
         raw.start(http)
         try:
             def tokenize(text: str) -> list[int]:
-                r = http.post(f"{serve.url}/tokenize", json={"content": text, "add_special": False}, timeout=60)
+                r = http.post(f"{serve.url}/tokenize", json={"content": text, "add_special": False},
+                              timeout=60)
                 r.raise_for_status()
                 return [int(t) for t in r.json()["tokens"]]
 
             convs = {"a": tokenize(WORDS * (args.tokens // 10))[: args.tokens],
                      "b": tokenize(OTHER * (args.tokens // 10))[: args.tokens]}
             mores = [tokenize(f" and then number {i} came along") for i in range(2 * args.rounds + 2)]
-            print(f"setup: prefilling two conversations of {args.tokens} tokens on both sides (not timed) ...",
+            print(f"setup: prefilling two conversations of {args.tokens} tokens on both sides (not timed) "
+                  "...",
                   flush=True)
             for name in ("a", "b"):
                 complete(http, serve.url, convs[name])  # B takes the slot: A is saved

@@ -122,7 +122,8 @@ def fresh_import(app: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(app)}
     runs = []
     for _ in range(5):
-        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                              check=True)
         t, rss, np_loaded = done.stdout.split()
         runs.append((float(t), float(rss), np_loaded == "True"))
     return {"import s": min(r[0] for r in runs), "peak RSS MB": min(r[1] for r in runs), "numpy": runs[0][2]}
@@ -146,8 +147,10 @@ def numpy_prefix(n: int, repeat: int) -> float:
 
 
 def run_tree(app: Path, n: int, repeat: int) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--measure", "--tokens", str(n), "--repeat", str(repeat)],
-                          env={**os.environ, "PYTHONPATH": str(app)}, capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, __file__, "--measure", "--tokens", str(n), "--repeat",
+                           str(repeat)],
+                          env={**os.environ, "PYTHONPATH": str(app)}, capture_output=True, text=True,
+                          check=True)
     found = json.loads(done.stdout)
     found.update(fresh_import(app))
     return found
@@ -199,7 +202,8 @@ def main() -> None:
         results = run_trees(trees, args.tokens, args.repeat, args.rounds)
     names = list(results)
     print(f"N = {args.tokens} tokens; best of {args.repeat}")
-    print(f"{'':34}" + "".join(f"{name:>16}" for name in names) + ("      after/before" if len(names) > 1 else ""))
+    print(f"{'':34}" + "".join(f"{name:>16}" for name in names) + ("      after/before" if len(names) > 1
+                                                                   else ""))
     for key in results["this tree"]:
         row = [results[name][key] for name in names]
         line = f"{key:34}" + "".join(f"{show(v, key):>16}" for v in row)

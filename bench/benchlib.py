@@ -110,7 +110,8 @@ def first_token(url: str, messages: list[dict], headers: dict | None = None,
     t0 = time.perf_counter()
     ttft = None
     timings: dict = {}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=900) as r:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers or {},
+                      timeout=900) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":

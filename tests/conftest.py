@@ -18,7 +18,8 @@ pytest_plugins = ["fake_hub"]
 def isolated_home(tmp_path, tmp_path_factory, monkeypatch) -> Path:
     home = tmp_path / "slotkeeper-home"
     monkeypatch.setenv("SLOTKEEPER_HOME", str(home))
-    run = tmp_path_factory.mktemp("run")  # the runtime folder (the data folder's lock by path), not in tmp_path
+    # the runtime folder (the data folder's lock by path), not in tmp_path
+    run = tmp_path_factory.mktemp("run")
     run.chmod(0o700)  # private, as the system's
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     monkeypatch.delenv("SLOTKEEPER_LLAMA_SERVER", raising=False)

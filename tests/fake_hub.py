@@ -200,7 +200,8 @@ class FakeHub:
             data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]
         start = 0
         status = 200
-        headers = {"ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        headers = {"ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes",
+                   "Content-Type": "application/octet-stream"}
         rng = request.headers.get("Range")
         if rng and not f.ignore_range:
             start = int(rng.removeprefix("bytes=").split("-")[0])

@@ -34,7 +34,8 @@ def _number(parse, what: str, minimum: float):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
         if n < minimum:
-            raise argparse.ArgumentTypeError("must not be negative" if minimum == 0 else f"must be at least {minimum}")
+            raise argparse.ArgumentTypeError("must not be negative" if minimum == 0
+                                             else f"must be at least {minimum}")
         return n
 
     return check
@@ -62,9 +63,13 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
                              "are what the settings start with.")
     m = g.add_mutually_exclusive_group()
     m.add_argument("--model", metavar="PATH", help="GGUF model to serve")
-    m.add_argument("--demo", action="store_true", help="serve the starter model, SmolLM2 135M Instruct (98 MB; fetched once if this installation lacks it)")
-    g.add_argument("--mmproj", metavar="PATH", help="multimodal projector (mmproj GGUF) for a model that reads images")
-    g.add_argument("--server-bin", metavar="PATH", help="llama-server binary to run (default: found automatically)")
+    m.add_argument("--demo", action="store_true",
+                   help="serve the starter model, SmolLM2 135M Instruct (98 MB; fetched once if this "
+                        "installation lacks it)")
+    g.add_argument("--mmproj", metavar="PATH",
+                   help="multimodal projector (mmproj GGUF) for a model that reads images")
+    g.add_argument("--server-bin", metavar="PATH",
+                   help="llama-server binary to run (default: found automatically)")
     g.add_argument("--host", help=f"address to bind (default {defaults.host})")
     g.add_argument("--port", type=_port, help=f"port to listen on (default {defaults.port})")
     g.add_argument("--ctx", type=_positive_int, metavar="N",
@@ -74,14 +79,21 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flash-attn", type=_on_off, metavar="on|off", help="flash attention")
     g.add_argument("--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
     g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
-    g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None, help="full-size cache for sliding-window layers (needed to restore conversations of SWA models)")
+    g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None,
+                   help="full-size cache for sliding-window layers (needed to restore conversations of SWA "
+                        "models)")
     s = p.add_argument_group("sessions")
     s.add_argument("--idle-save", type=_seconds, metavar="S",
-                   help=f"save a slot S seconds after its reply ends (default {DEFAULT_IDLE_SAVE_SECONDS:g}; 0 = at once)")
-    s.add_argument("--restore", type=_count, metavar="N", help="restore the N most recent compatible saved conversations at launch (default: one per slot)")
-    s.add_argument("--resume", metavar="ID", help="restore this saved conversation (its session id) into slot 0 first")
+                   help=f"save a slot S seconds after its reply ends (default {DEFAULT_IDLE_SAVE_SECONDS:g}; "
+                        "0 = at once)")
+    s.add_argument("--restore", type=_count, metavar="N",
+                   help="restore the N most recent compatible saved conversations at launch (default: one "
+                        "per slot)")
+    s.add_argument("--resume", metavar="ID",
+                   help="restore this saved conversation (its session id) into slot 0 first")
     s.add_argument("--budget", type=_size, metavar="SIZE",
-                   help=f"disk budget for saved conversations, e.g. 20G (default {human_bytes(DEFAULT_BUDGET_BYTES)})")
+                   help="disk budget for saved conversations, e.g. 20G (default "
+                        f"{human_bytes(DEFAULT_BUDGET_BYTES)})")
 
 
 def _size(value: str) -> int:
@@ -100,8 +112,8 @@ def _add_global_options(p: argparse.ArgumentParser, root: bool = False) -> None:
     g = p.add_argument_group("global")
     unset: dict[str, Any] = {} if root else {"default": argparse.SUPPRESS}
     g.add_argument("-v", "--verbose", action="store_true", help="more logging on stderr", **unset)
-    g.add_argument("--data-dir", metavar="DIR", help="keep every file Slotkeeper writes under DIR (also $SLOTKEEPER_HOME)",
-                   **unset)
+    g.add_argument("--data-dir", metavar="DIR",
+                   help="keep every file Slotkeeper writes under DIR (also $SLOTKEEPER_HOME)", **unset)
 
 
 def _defaults_from_root(sub: argparse.ArgumentParser) -> None:
@@ -189,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="slotkeeper",
         description="Keeps a local LLM's memory warm: runs llama-server on a private port and serves "
         f"its API at your address (by default {address}), sends each request to the slot holding its "
-        "conversation (brought back from disk when needed), saves each slot's KV cache and restores it after a restart. "
-        "With no command, opens the desktop app (tray icon); "
+        "conversation (brought back from disk when needed), saves each slot's KV cache and restores it after "
+        "a restart. With no command, opens the desktop app (tray icon); "
         "the server and session options below apply to it as to `serve`. Arguments after `--` "
         "go to llama-server.",
     )
@@ -204,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run llama-server headless (no Qt) until SIGINT/SIGTERM",
         description="Run and supervise llama-server without the desktop app and serve its API at "
         f"--host/--port (by default {address}). Prints `ready http://HOST:PORT` (the address for "
-        "clients) once the server answers and the launch restores are done. Arguments after `--` go to llama-server.",
+        "clients) once the server answers and the launch restores are done. Arguments after `--` go to "
+        "llama-server.",
     )
     _add_global_options(serve)
     add_server_options(serve)
@@ -219,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--ctx", type=_positive_int, default=defaults.ctx, metavar="N",
                       help=f"total context (default {defaults.ctx}, the app's and serve's)")
     info.add_argument("--parallel", type=_positive_int, default=1, metavar="N", help="slots (default 1)")
-    info.add_argument("--ubatch", type=_positive_int, default=512, metavar="N", help="micro-batch (default 512)")
+    info.add_argument("--ubatch", type=_positive_int, default=512, metavar="N",
+                      help="micro-batch (default 512)")
     info.add_argument("--cache-type-k", default="f16", metavar="T")
     info.add_argument("--cache-type-v", default="f16", metavar="T")
     info.add_argument("--unified", action="store_true", help="unified KV cache (-kvu)")
@@ -287,13 +301,14 @@ def run_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         out["profile.model_path"] = args.model
     if getattr(args, "mmproj", None):
         out["profile.mmproj_path"] = args.mmproj
-    for name in ("server_bin", "host", "port", "ctx", "parallel", "flash_attn", "cache_type_k", "cache_type_v",
-                 "swa_full"):
+    for name in ("server_bin", "host", "port", "ctx", "parallel", "flash_attn", "cache_type_k",
+                 "cache_type_v", "swa_full"):
         if getattr(args, name, None) is not None:
             out[f"profile.{name}"] = getattr(args, name)
     if extra:
         out["profile.extra_args"] = tuple(extra)
-    for arg, name in (("idle_save", "idle_save_seconds"), ("restore", "restore_on_start"), ("budget", "budget_bytes")):
+    for arg, name in (("idle_save", "idle_save_seconds"), ("restore", "restore_on_start"),
+                      ("budget", "budget_bytes")):
         if getattr(args, arg, None) is not None:
             out[name] = getattr(args, arg)
     return out
@@ -356,14 +371,15 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
                 tokens = sum(r.n_restored for r in event.restored)
                 log.info("restored %d conversation(s), %d tokens", len(event.restored), tokens)
             # The desktop app's History marks the launches of `serve` too (a small append).
-            launch = LaunchRecord(engine.snapshot.started_at or time.time(), tuple(r.slot for r in event.restored))
+            launch = LaunchRecord(engine.snapshot.started_at or time.time(),
+                                  tuple(r.slot for r in event.restored))
             try:
                 engine.history.append(launch)
             except OSError as exc:
                 log.warning("could not record the launch in the request history: %s", exc)
             profile = engine.running_profile
-            where = "" if is_loopback(profile.host) else f" (listening on {profile.host} port {profile.port}: " \
-                                                        "other machines can reach it)"
+            where = "" if is_loopback(profile.host) else (
+                f" (listening on {profile.host} port {profile.port}: other machines can reach it)")
             print(f"ready {event.url}{where}", flush=True)
 
         def on_signal(signum: int) -> None:  # on the loop
@@ -420,7 +436,8 @@ def _on_signals(loop, handler: Callable[[int], None]) -> Callable[[], None]:
         for sig in sigs:
             loop.add_signal_handler(sig, handler, sig)
     except (NotImplementedError, RuntimeError):  # Windows: Python handlers, which post to the loop
-        previous = {sig: signal.signal(sig, lambda n, _f: loop.call_soon_threadsafe(handler, n)) for sig in sigs}
+        previous = {sig: signal.signal(sig, lambda n, _f: loop.call_soon_threadsafe(handler, n))
+                    for sig in sigs}
 
         def restore_handlers() -> None:
             for sig, old in previous.items():

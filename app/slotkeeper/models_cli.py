@@ -30,7 +30,8 @@ def add_models_parser(sub, add_global_options: Callable[[argparse.ArgumentParser
     models = sub.add_parser(
         "models",
         help="curated models to start with, and downloads from the Hugging Face Hub",
-        description="Downloads go to the Hugging Face cache other tools share ($HF_HUB_CACHE, $HF_HOME/hub or "
+        description="Downloads go to the Hugging Face cache other tools share ($HF_HUB_CACHE, $HF_HOME/hub "
+                    "or "
         "~/.cache/huggingface/hub); $HF_ENDPOINT selects a mirror. An interrupted download continues "
         "where it stopped; the file's SHA-256 is checked against the Hub's before it is used.",
     )
@@ -121,8 +122,8 @@ def _download(args: argparse.Namespace) -> int:
         entry = find_curated(args.model)
         if entry is None:
             known = ", ".join(m.id for m in CATALOG)
-            print(f"slotkeeper: {args.model!r} is not a curated model ({known}); give a repository and a file "
-                  "name: `slotkeeper models download OWNER/NAME FILE`", file=sys.stderr)
+            print(f"slotkeeper: {args.model!r} is not a curated model ({known}); give a repository and a "
+                  "file name: `slotkeeper models download OWNER/NAME FILE`", file=sys.stderr)
             return EXIT_USAGE
         repo_id, filename = entry.repo_id, entry.filename
     else:

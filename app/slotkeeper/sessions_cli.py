@@ -129,7 +129,8 @@ def _print_table(entries: list[SessionEntry], unmanaged: list[UnmanagedFile], to
             rows.append((" ", e.id, "?", "?", size, "?", "?", "(unreadable)" + status))
             continue
         rows.append(("*" if s.pinned else " ", e.id, labels[s.model_sha256], f"{s.n_tokens:,}", size,
-                     local_time(s.last_used_at), restore_words(s.restore_mode), cut(s.title, TITLE_WIDTH) + status))
+                     local_time(s.last_used_at), restore_words(s.restore_mode),
+                     cut(s.title, TITLE_WIDTH) + status))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     right = {3, 4}  # numbers
     for r in rows:
@@ -301,8 +302,9 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
 def _transcript(service: SessionsService, sid: str) -> Transcript | None:
     t = service.transcript(sid)
     if t is None:
-        print(f"slotkeeper: {sid} was saved without a transcript (by an older Slotkeeper, or from requests that "
-              "were not a conversation): its title and preview are all there is in words", file=sys.stderr)
+        print(f"slotkeeper: {sid} was saved without a transcript (by an older Slotkeeper, or from requests "
+              "that were not a conversation): its title and preview are all there is in words",
+              file=sys.stderr)
     return t
 
 
@@ -407,8 +409,8 @@ class _ServingModel:
         if self._client is None or entry.sidecar is None or self._sha != entry.sidecar.model_sha256:
             return None
         c = self._client
-        return check_transcript(transcript, list(self.service.store.tokens(entry)), c.apply_template, c.tokenize,
-                                c.detokenize)
+        return check_transcript(transcript, list(self.service.store.tokens(entry)), c.apply_template,
+                                c.tokenize, c.detokenize)
 
     def why_not(self, entry: SessionEntry) -> str:
         try:
@@ -485,9 +487,9 @@ def _search(args: argparse.Namespace, service: SessionsService) -> int:
         print(f"    {' '.join(hit.plain().split())}")
     n = result.total
     best = f" (the best {len(result.hits)} shown; --limit N for more)" if n > len(result.hits) else ""
-    print(f"{n} conversation{'s' if n != 1 else ''} found{best}; resume one with `slotkeeper serve --resume ID` "
-          "or from the app")
+    print(f"{n} conversation{'s' if n != 1 else ''} found{best}; resume one with `slotkeeper serve --resume "
+          "ID` or from the app")
     if result.partial:
-        print("Some conversations are indexed by title and preview only: their full text is added while a server "
-              "of their model runs.", file=sys.stderr)
+        print("Some conversations are indexed by title and preview only: their full text is added while a "
+              "server of their model runs.", file=sys.stderr)
     return 0

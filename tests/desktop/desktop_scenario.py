@@ -134,7 +134,8 @@ class Scenario:
             return
         sk, engine = self.sk, self.sk.engine
         tray = sk.tray
-        self.note("launched", tray_available=QSystemTrayIcon.isSystemTrayAvailable(), has_tray=tray is not None)
+        self.note("launched", tray_available=QSystemTrayIcon.isSystemTrayAvailable(),
+                  has_tray=tray is not None)
         if tray is None:
             raise RuntimeError("no system tray: is the tray host running?")
         yield (lambda: tray.tray.isVisible() and tray.tray.geometry().width() > 0, 20, "the tray icon")
@@ -167,7 +168,8 @@ class Scenario:
             yield (lambda: sk.settings_dialog is not None and sk.settings_dialog.isVisible(), 10, "settings")
             dialog = sk.settings_dialog
             dialog.tabs.setCurrentIndex(2)  # "Disk budget": usage and what a prune would delete
-            yield (lambda: not dialog.disk_tab.preview_title.text().startswith("Working out"), 20, "the prune preview")
+            yield (lambda: not dialog.disk_tab.preview_title.text().startswith("Working out"), 20,
+                   "the prune preview")
             yield self.pause(0.3)
             self.shot("settings.png")
             dialog.reject()
@@ -184,11 +186,13 @@ class Scenario:
             yield (lambda: tray.bridge.found_models is not None, 20, "the models found")
             geo = tray.menu.actionGeometry(tray.model_menu.menuAction())
             at = tray.menu.mapToGlobal(geo.center())
-            subprocess.run(["xdotool", "mousemove", str(int(at.x() * dpr)), str(int(at.y() * dpr))], check=True)
+            subprocess.run(["xdotool", "mousemove", str(int(at.x() * dpr)), str(int(at.y() * dpr))],
+                           check=True)
             yield (lambda: tray.model_menu.isVisible(), 10, "the Model menu")
             yield self.pause(0.4)
             self.shot("tray-model-menu.png")
-            self.note("model-menu", model_menu_items=[a.text() for a in tray.model_menu.actions() if a.text()],
+            self.note("model-menu",
+                      model_menu_items=[a.text() for a in tray.model_menu.actions() if a.text()],
                       model_menu_checked=[a.text() for a in tray.model_menu.model_actions() if a.isChecked()])
             tray.model_menu.hide()
             tray.menu.hide()
@@ -221,7 +225,8 @@ class Scenario:
     # -- a newcomer's path ------------------------------------------------------------------
     def tray_ready(self):
         tray = self.sk.tray
-        self.note("launched", tray_available=QSystemTrayIcon.isSystemTrayAvailable(), has_tray=tray is not None)
+        self.note("launched", tray_available=QSystemTrayIcon.isSystemTrayAvailable(),
+                  has_tray=tray is not None)
         if tray is None:
             raise RuntimeError("no system tray: is the tray host running?")
         yield (lambda: tray.tray.isVisible() and tray.tray.geometry().width() > 0, 20, "the tray icon")
@@ -287,7 +292,8 @@ class Scenario:
         tray.resume_menu.hide()
         tray.menu.hide()
         # The first conversation goes on: it is brought back into the slot the other one holds.
-        a_id = next(e.id for e in bridge.listing.sessions if e.sidecar and e.sidecar.title.startswith("Hello there"))
+        a_id = next(e.id for e in bridge.listing.sessions if e.sidecar
+                    and e.sidecar.title.startswith("Hello there"))
         messages = json.loads((self.shots.parent / "conversation-a.json").read_text())
         messages.append({"role": "user", "content": "And which boots would you take?"})
         saved_before = bridge.saved_at.get(a_id, 0.0)
@@ -296,8 +302,8 @@ class Scenario:
         if "error" in box:
             raise box["error"]
         yield (lambda: [v.session_id for v in bridge.slots] == [a_id], 30, "the first conversation in slot 0")
-        yield (lambda: bridge.saved_at.get(a_id, 0.0) > saved_before and all(not v.running for v in bridge.slots),
-               60, "its save")
+        yield (lambda: bridge.saved_at.get(a_id, 0.0) > saved_before
+               and all(not v.running for v in bridge.slots), 60, "its save")
         yield self.pause(0.5)
         # The window, opened for the first time now, and the tray: one answer.
         tray.rebuild_resume_menu()
@@ -305,7 +311,8 @@ class Scenario:
         tray_age = {}
         for action in tray.resume_menu.actions():
             label = action.text()
-            tray_where[action.data()] = label.rsplit("(in slot ", 1)[1].rstrip(")") if "(in slot " in label else ""
+            tray_where[action.data()] = (label.rsplit("(in slot ", 1)[1].rstrip(")") if "(in slot " in label
+                                         else "")
             tray_age[action.data()] = label.rsplit("(", 1)[1].rstrip(")") if "(in slot " not in label else ""
         sk.show_window("conversations")
         window = sk.window
@@ -361,7 +368,8 @@ class Scenario:
         yield self.pause(0.4)
         self.shot("main-window-port-in-use.png")
         self.note("failed", icon_state=sk.tray.icon_state, state_label=page.state_label.text(),
-                  state_message=page.state_message.text(), log_last=page.log_view.plain_text().splitlines()[-1])
+                  state_message=page.state_message.text(),
+                  log_last=page.log_view.plain_text().splitlines()[-1])
         sk.tray.quit_action.trigger()
 
 
@@ -402,7 +410,8 @@ def pick_the_model_on_first_run(shots: Path, result: dict) -> None:
     from slotkeeper.gui.first_run import FirstRunDialog
 
     def look() -> None:
-        dialogs = [w for w in QApplication.topLevelWidgets() if isinstance(w, FirstRunDialog) and w.isVisible()]
+        dialogs = [w for w in QApplication.topLevelWidgets() if isinstance(w, FirstRunDialog)
+                   and w.isVisible()]
         if not dialogs or dialogs[0].searching:
             QTimer.singleShot(100, look)
             return

@@ -61,4 +61,5 @@ def test_the_chat_window_with_the_starter_model_answering(tmp_path, starter_mode
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         dark = os.environ.get("SLOTKEEPER_COLOR_SCHEME", "").lower() == "dark"
-        shutil.copy(shots / "chat-window.png", Path(keep) / ("chat-window-dark.png" if dark else "chat-window.png"))
+        shutil.copy(shots / "chat-window.png",
+                    Path(keep) / ("chat-window-dark.png" if dark else "chat-window.png"))

@@ -32,7 +32,8 @@ def desktop(tmp_path):
         pytest.skip(f"missing {missing}")
     scale = int(os.environ.get("SLOTKEEPER_DESKTOP_SCALE", "1"))  # 2 = a HiDPI screen
     with virtual_x(tray=True, wm=True, scale=scale) as display:
-        yield {**os.environ, "DISPLAY": display, "QT_SCALE_FACTOR": str(scale), "SCREEN_HEIGHT": str(800 * scale)}
+        yield {**os.environ, "DISPLAY": display, "QT_SCALE_FACTOR": str(scale),
+               "SCREEN_HEIGHT": str(800 * scale)}
 
 
 def run_phase(phase, env, home, shots, model, server_bin, port):
@@ -48,7 +49,8 @@ def run_phase(phase, env, home, shots, model, server_bin, port):
     cmd = [sys.executable, str(SCENARIO), phase, str(result), str(shots), "--",
            "--model", str(model), "--server-bin", server_bin, "--port", str(port),
            "--ctx", "2048", "--data-dir", str(home), "--idle-save", "0.3"]
-    env = {**env, "QT_QPA_PLATFORM": "xcb", "LANG": "C.UTF-8", "QT_SCALE_FACTOR": env.get("QT_SCALE_FACTOR", "1")}
+    env = {**env, "QT_QPA_PLATFORM": "xcb", "LANG": "C.UTF-8",
+           "QT_SCALE_FACTOR": env.get("QT_SCALE_FACTOR", "1")}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     data = json.loads(result.read_text()) if result.exists() else {}
     assert proc.returncode == 0 and "error" not in data, (
@@ -167,7 +169,8 @@ def test_a_newcomers_first_day(desktop, tmp_path, llama_model, port):
     assert busy["icon_state"] == "error"
     assert busy["state_label"] == "Failed"
     assert f"Port {port} on 127.0.0.1 is already in use" in busy["state_message"]
-    assert busy["log_last"].startswith(f"——— llama-server failed: Port {port}"), "the log says it, not an old run"
+    assert busy["log_last"].startswith(f"——— llama-server failed: Port {port}"), \
+        "the log says it, not an old run"
     assert "Traceback" not in err, err[-3000:]
     assert sum("already in use" in line for line in err.splitlines()) == 1, err[-3000:]
     keep = os.environ.get("SLOTKEEPER_SCREENSHOTS")

@@ -14,7 +14,8 @@ def start_x(tray: bool = False, wm: bool = False, scale: int = 1) -> tuple[str, 
     """Xvfb on a display number it picks itself (-displayfd); returns (":N", processes)."""
     r, w = os.pipe()
     width, height = 1280 * scale, 800 * scale
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(w), "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(w), "-screen", "0", f"{width}x{height}x24",
+                             "-nolisten", "tcp"],
                             pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(w)
     with os.fdopen(r) as f:
@@ -26,11 +27,13 @@ def start_x(tray: bool = False, wm: bool = False, scale: int = 1) -> tuple[str, 
     procs = [xvfb]
     env = {**os.environ, "DISPLAY": display}
     if wm:
-        procs.append(subprocess.Popen(["openbox"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(["openbox"], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
     if tray:
         procs.append(subprocess.Popen(
             ["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "request",
-             "--height", str(32 * scale), "--SetDockType", "true", "--transparent", "false", "--tint", "0x303030"],
+             "--height", str(32 * scale), "--SetDockType", "true", "--transparent", "false", "--tint",
+             "0x303030"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     if tray or wm:
         time.sleep(1.0)  # let the tray host claim the _NET_SYSTEM_TRAY selection

@@ -43,8 +43,9 @@ def test_a_next_turn_arriving_while_its_conversation_is_saved_out_is_restored_no
             return real(*args, **kwargs)
 
         monkeypatch.setattr(slot_saves, "check_written", slow_check)
-        other = threading.Thread(target=chat, args=(url, [{"role": "user", "content": "Sailing boats in a harbour, "
-                                                           "and the tides that move them at night."}]))
+        other = threading.Thread(target=chat,
+                                 args=(url, [{"role": "user", "content": "Sailing boats in a harbour, "
+                                              "and the tides that move them at night."}]))
         other.start()  # B takes the slot: A is saved out first
         assert writing.wait(30)
         a.append({"role": "user", "content": USER_TURNS[2]})

@@ -39,7 +39,8 @@ def _stop(proc):
 
 
 @pytest.mark.parametrize("step", ["after_server_write", "after_hash", "after_rename", "after_sidecar"])
-def test_engine_killed_at_each_save_step_leaves_a_whole_session(llama_model, server_bin, port, isolated_home, step):
+def test_engine_killed_at_each_save_step_leaves_a_whole_session(llama_model, server_bin, port, isolated_home,
+                                                                step):
     cmd = _serve_cmd(isolated_home, llama_model, server_bin, port)
     store = SessionStore(isolated_home / "sessions")
     proc, url = _start(cmd)
@@ -115,7 +116,8 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
         assert entry.id == first.id and entry.status == "ok"
         assert engine.store.verify(entry.id).status == "ok"
         # The supervisor restarts the server and restores what was in the slot.
-        wait_until(lambda: len(events.of(ev.SessionRestored)) >= 1, timeout=120, what="restore after the crash")
+        wait_until(lambda: len(events.of(ev.SessionRestored)) >= 1, timeout=120,
+                   what="restore after the crash")
         # The file llama-server was writing when it died is gone now, not at the next start.
         assert not [n for n in os.listdir(sessions_dir) if n.startswith("incoming-")]
         assert any(n.startswith("incoming-") for e in events.of(ev.FolderTidied) for n in e.removed)
@@ -128,7 +130,8 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
         engine.stop(save=False)
 
 
-def test_full_disk_gives_a_clear_error_and_keeps_the_previous_version(llama_model, server_bin, port, tmp_path, monkeypatch):
+def test_full_disk_gives_a_clear_error_and_keeps_the_previous_version(llama_model, server_bin, port, tmp_path,
+                                                                      monkeypatch):
     small = tmp_path / "small"
     small.mkdir()
     # mode=0700: a tmpfs root is 1777 by default, and a data folder others can write to is refused.

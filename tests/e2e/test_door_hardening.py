@@ -63,7 +63,8 @@ def test_no_spelling_of_the_slot_files_or_lora_reaches_llama_server(llama_model,
         history, first = converse(engine.base_url, USER_TURNS[:2], max_tokens=8)
         before = set(os.listdir(engine.store.dir))
         for spelling in SLOT_ACTION_SPELLINGS:
-            for action, body in (("save", {"filename": "x.kv"}), ("erase", {}), ("restore", {"filename": "x.kv"})):
+            for action, body in (("save", {"filename": "x.kv"}), ("erase", {}),
+                                 ("restore", {"filename": "x.kv"})):
                 target = spelling.format(a=action)
                 status, _h, data = raw_request(port, "POST", target, json.dumps(body).encode())
                 assert status in (400, 403), (target, status, data)
@@ -93,7 +94,8 @@ def test_generation_on_another_spelling_is_routed_and_saves_what_it_replaces(lla
                            "n_predict": 4}).encode()
         status, _h, data = raw_request(port, "POST", "/./v1/../completion", body)
         assert status == 200, data
-        wait_until(lambda: [s for s in events.of(ev.SessionSaved) if s.reason == "before switching conversations"],
+        wait_until(lambda: [s for s in events.of(ev.SessionSaved)
+                            if s.reason == "before switching conversations"],
                    what="A saved before the request took its slot (its commit follows the request)")
         wait_until(lambda: len(events.of(ev.RequestDone)) == 3, what="the routed request recorded")
     finally:
@@ -103,21 +105,24 @@ def test_generation_on_another_spelling_is_routed_and_saves_what_it_replaces(lla
 def test_llama_servers_key_rules_at_the_door(llama_model, server_bin, port, tmp_path):
     keyfile = tmp_path / "keys"
     keyfile.write_text(f"# the door's keys\n{KEY}\nsecond-key\n")
-    engine = make_engine(llama_model, server_bin, port, idle_save=3600, extra_args=("--api-key-file", str(keyfile)))
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600,
+                         extra_args=("--api-key-file", str(keyfile)))
     engine.start()
     url = f"http://127.0.0.1:{port}"
     try:
         assert engine.wait_ready(60) is ServerState.READY
         good = {"Authorization": f"Bearer {KEY}"}
         # GET variants of protected paths need the key like the plain ones.
-        for method, target in [("GET", "/props"), ("GET", "/./props"), ("GET", "/x/../slots"), ("GET", "/./metrics"),
-                               ("HEAD", "/./slots"), ("GET", "/%73lots"), ("GET", "/no/such/path")]:
+        for method, target in [("GET", "/props"), ("GET", "/./props"), ("GET", "/x/../slots"),
+                               ("GET", "/./metrics"), ("HEAD", "/./slots"), ("GET", "/%73lots"),
+                               ("GET", "/no/such/path")]:
             status, headers, _d = raw_request(port, method, target)
             assert status == 401, (method, target, status)
             assert "server" not in headers  # no framework banner, as llama-server sends none
         assert raw_request(port, "GET", "/./props", headers=good)[0] == 200
         assert raw_request(port, "GET", "/props", headers={"X-Api-Key": "second-key"})[0] == 200
-        assert raw_request(port, "GET", "/props", headers={"Authorization": "Bearer # the door's keys"})[0] == 401
+        assert raw_request(port, "GET", "/props",
+                           headers={"Authorization": "Bearer # the door's keys"})[0] == 401
         status, _h, data = raw_request(port, "GET", "/no/such/path", headers=good)
         assert status == 404 and json.loads(data)["error"] == {"code": 404, "message": "File Not Found",
                                                                "type": "not_found_error"}
@@ -132,7 +137,8 @@ def test_llama_servers_key_rules_at_the_door(llama_model, server_bin, port, tmp_
         # The key file emptied, then gone: the door shuts (503, saying why), never opens.
         keyfile.write_text("")
         r = httpx.get(f"{url}/props", headers=good)
-        assert r.status_code == 503 and "holds no key" in r.json()["error"]["message"] and r.headers["retry-after"]
+        assert (r.status_code == 503 and "holds no key" in r.json()["error"]["message"]
+                and r.headers["retry-after"])
         assert httpx.get(f"{url}/props").status_code == 503
         keyfile.unlink()
         r = httpx.get(f"{url}/props")
@@ -279,7 +285,8 @@ def test_llama_server_killed_during_an_on_demand_restore_gives_a_503_with_the_re
     try:
         assert engine.wait_ready(60) is ServerState.READY
         a, _r = converse(engine.base_url, USER_TURNS[:2], max_tokens=8)
-        converse(engine.base_url, ["A different conversation about ships in the harbour at night."], max_tokens=8)
+        converse(engine.base_url, ["A different conversation about ships in the harbour at night."],
+                 max_tokens=8)
         wait_until(lambda: events.of(ev.SessionSaved), what="A saved as B took its slot")
         real = LlamaClient.restore_slot
 
@@ -313,7 +320,8 @@ def test_a_session_whose_slot_went_on_with_another_conversation_can_be_deleted(l
             engine.sessions.delete(a.id)
         converse(engine.base_url, ["Something else entirely: the price of apples in the autumn market."],
                  max_tokens=8)
-        wait_until(lambda: engine.snapshot.slots and engine.snapshot.slots[0].detached, what="the slot moved on")
+        wait_until(lambda: engine.snapshot.slots and engine.snapshot.slots[0].detached,
+                   what="the slot moved on")
         engine.sessions.delete(a.id)
         assert not [e for e in engine.sessions.listing().sessions if e.id == a.id]
     finally:

@@ -39,9 +39,11 @@ def test_state_stays_consistent_under_concurrent_use(llama_model, server_bin, po
             while not stop.is_set():
                 messages = [{"role": "system", "content": "You are a helpful assistant."}]
                 for turn in range(3):
-                    messages.append({"role": "user", "content": f"Tell me about {TOPICS[(n + turn) % 4]}, part {turn}."})
+                    messages.append({"role": "user",
+                                     "content": f"Tell me about {TOPICS[(n + turn) % 4]}, part {turn}."})
                     reply = chat(engine.base_url, messages, max_tokens=6, id_slot=n)
-                    messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+                    messages.append({"role": "assistant",
+                                     "content": reply["choices"][0]["message"]["content"]})
                     requests[0] += 1
         except Exception as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(f"client {n}: {exc!r}")

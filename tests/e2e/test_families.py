@@ -40,7 +40,8 @@ RS_LINE = re.compile(r"llama_memory_recurrent: size = +([\d.]+) MiB \( *(\d+) ce
 
 
 @contextmanager
-def llama_server(binary: str, model: Path, folder: Path, name: str, swa_full: bool) -> Iterator[tuple[str, Path]]:
+def llama_server(binary: str, model: Path, folder: Path, name: str,
+                 swa_full: bool) -> Iterator[tuple[str, Path]]:
     """A llama-server as Slotkeeper runs it (one slot, flash attention off), its log at -lv 4."""
     log_file = folder / f"{name}.log"
     argv = [binary, "-m", str(model), "-c", str(CTX), "-np", "1", "-fa", "off", "--cache-ram", "0",
@@ -105,7 +106,8 @@ def expected_caches(info: gguf_info.ModelInfo, swa_full: bool) -> list[tuple[int
     est = gguf_memory.kv_estimate(info, CTX, 1, flash_attn=False)
     full_cells = est.n_ctx
     kv_layers = [il for il in range(info.n_layers) if info.layer_has_kv(il)]
-    cell = {il: gguf_memory._layer_cell_bytes(info, il, "f16", "f16", gguf_memory._max_v_row(info)) for il in kv_layers}
+    cell = {il: gguf_memory._layer_cell_bytes(info, il, "f16", "f16", gguf_memory._max_v_row(info))
+            for il in kv_layers}
     if not info.has_swa:
         assert est.bytes_full == sum(cell.values()) * full_cells
         return [(est.bytes_full, full_cells, len(kv_layers))]

@@ -29,7 +29,8 @@ def long_message(seed: int, n: int = 220) -> str:
 
 def chat(url: str, messages: list[dict], max_tokens: int = 8, **extra) -> dict:
     r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
-                   json={"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 1, **extra})
+                   json={"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 1,
+                         **extra})
     r.raise_for_status()
     return r.json()
 
@@ -114,7 +115,8 @@ def test_a_conversation_that_keeps_to_its_slot_is_not_tokenized_until_another_ne
         assert [d.source for d in done] == ["none", "slot", "slot"]
         for d, r in zip(done, (first, second, third)):
             t = r["timings"]
-            assert (d.n_prompt, d.cache_n, d.prompt_n) == (t["cache_n"] + t["prompt_n"], t["cache_n"], t["prompt_n"])
+            assert (d.n_prompt, d.cache_n, d.prompt_n) == (t["cache_n"] + t["prompt_n"], t["cache_n"],
+                                                           t["prompt_n"])
         assert reused(third) >= 0.9
         assert engine.snapshot.slots[0].n_tokens >= done[-1].n_prompt
 
@@ -138,8 +140,9 @@ SHAPES = {  # the same prompt, written the ways llama-server reads a completion'
 }
 
 
-@pytest.mark.parametrize("kind, shape", [("gemma2", "tokens"), ("gemma3", "tokens"), ("gemma3", "one-item list"),
-                                         ("gemma3", "prompt_string"), ("gemma3", "two prompts")])
+@pytest.mark.parametrize("kind, shape",
+                         [("gemma2", "tokens"), ("gemma3", "tokens"), ("gemma3", "one-item list"),
+                          ("gemma3", "prompt_string"), ("gemma3", "two prompts")])
 def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_server(kind, shape, models_dir,
                                                                                  server_bin, port):
     """--swa-full: llama-server's save keeps only a window of old sliding-layer cells, yet after a
@@ -164,7 +167,8 @@ def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_serve
 
     def top_logprobs(base: str) -> list[float]:
         r = httpx.post(f"{base}/completion", timeout=120,
-                       json={"prompt": SHAPES[shape](rollback), "n_predict": 1, "n_probs": 8, "temperature": 0})
+                       json={"prompt": SHAPES[shape](rollback), "n_predict": 1, "n_probs": 8,
+                             "temperature": 0})
         r.raise_for_status()
         first = r.json()[0] if isinstance(r.json(), list) else r.json()
         return [p["logprob"] for p in first["completion_probabilities"][0]["top_logprobs"]]
@@ -182,7 +186,8 @@ def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_serve
         url, key = engine._upstream()
         raw = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
         entry = engine.sessions.listing().sessions[0]
-        assert raw.post("/slots/0", params={"action": "restore"}, json={"filename": entry.sidecar.kv_file}).is_success
+        assert raw.post("/slots/0", params={"action": "restore"},
+                        json={"filename": entry.sidecar.kv_file}).is_success
         r = raw.post("/completion", json={"prompt": rollback, "n_predict": 1, "n_probs": 8, "temperature": 0,
                                          "id_slot": 0})
         unguarded = [p["logprob"] for p in r.json()["completion_probabilities"][0]["top_logprobs"]]
@@ -278,8 +283,9 @@ def test_a_hybrid_models_restored_state_serves_exact_continuations_and_recompute
         url, key = engine._upstream()
         raw = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
         raw.post("/slots/0", params={"action": "erase"})
-        cold = raw.post("/completion", json={"prompt": rollback, "n_predict": 1, "n_probs": 8, "temperature": 0,
-                                             "id_slot": 0}).json()
+        cold = raw.post("/completion",
+                        json={"prompt": rollback, "n_predict": 1, "n_probs": 8, "temperature": 0,
+                              "id_slot": 0}).json()
     finally:
         engine.stop(save=False)
     assert cold["timings"]["cache_n"] == 0
@@ -300,9 +306,11 @@ def test_streaming_cancellation_errors_and_every_endpoint(llama_model, server_bi
         assert httpx.get(f"{url}/models").status_code == 200
         assert "llamacpp:prompt_tokens_total" in httpx.get(f"{url}/metrics").text
         toks = httpx.post(f"{url}/tokenize", json={"content": "hello there"}).json()["tokens"]
-        assert httpx.post(f"{url}/detokenize", json={"tokens": toks}).json()["content"].strip() == "hello there"
+        assert httpx.post(f"{url}/detokenize",
+                          json={"tokens": toks}).json()["content"].strip() == "hello there"
         assert "hello" in httpx.post(f"{url}/apply-template",
-                                     json={"messages": [{"role": "user", "content": "hello"}]}).json()["prompt"]
+                                     json={"messages": [{"role": "user",
+                                                         "content": "hello"}]}).json()["prompt"]
         # The web UI (this source build has none: llama-server's own 404) comes back as llama-server answers.
         private, key = engine._upstream()
         ui, direct = httpx.get(f"{url}/"), httpx.get(f"{private}/")
@@ -332,11 +340,13 @@ def test_streaming_cancellation_errors_and_every_endpoint(llama_model, server_bi
                 if i > 5:
                     break
         url_priv, key = engine._upstream()
-        wait_until(lambda: not httpx.get(f"{url_priv}/slots", headers={"Authorization": f"Bearer {key}"}).json()[0][
+        wait_until(lambda: not httpx.get(f"{url_priv}/slots",
+                                         headers={"Authorization": f"Bearer {key}"}).json()[0][
             "is_processing"], timeout=10, what="the cancelled request to stop")
         # A request llama-server refuses comes back as it answered, and changes nothing to save.
         engine.save_slot(0)
-        too_long = httpx.post(f"{url}/completion", json={"prompt": "word " * 5000, "n_predict": 1}, timeout=60)
+        too_long = httpx.post(f"{url}/completion", json={"prompt": "word " * 5000, "n_predict": 1},
+                              timeout=60)
         assert too_long.status_code == 400 and "error" in too_long.json()
         report = engine.save_changed_slots()
         assert report.saved == () and report.unsaved == (), "a refused request is not a change to save"
@@ -352,7 +362,8 @@ def test_the_slot_file_api_is_closed_on_every_port(llama_model, server_bin, port
         front = engine.base_url
         user = {"Authorization": "Bearer users-key"}
         for action in ("save", "restore", "erase"):
-            r = httpx.post(f"{front}/slots/0", params={"action": action}, json={"filename": "junk.bin"}, headers=user)
+            r = httpx.post(f"{front}/slots/0", params={"action": action}, json={"filename": "junk.bin"},
+                           headers=user)
             assert r.status_code == 403 and "managed by Slotkeeper" in r.json()["error"]["message"]
         assert httpx.post(f"{front}/lora-adapters", json=[], headers=user).status_code == 403
         # The user's key guards the front door; health stays public, as llama-server has it.
@@ -382,7 +393,8 @@ def test_different_conversations_run_on_different_slots_at_once(llama_model, ser
         results: dict[str, dict] = {}
 
         def run(name: str) -> None:
-            results[name] = chat(url, [{"role": "user", "content": long_message(ord(name), 80)}], max_tokens=32)
+            results[name] = chat(url, [{"role": "user", "content": long_message(ord(name), 80)}],
+                                 max_tokens=32)
 
         threads = [threading.Thread(target=run, args=(n,)) for n in "AB"]
         for t in threads:

@@ -28,8 +28,9 @@ class Serve:
     """`python -m slotkeeper serve` as a user runs it, with the debug log kept."""
 
     def __init__(self, home, model, server_bin, port) -> None:
-        self.argv = [sys.executable, "-m", "slotkeeper", "-v", "--data-dir", str(home), "serve", "--model", str(model),
-                     "--server-bin", server_bin, "--port", str(port), "--ctx", "2048", "--idle-save", "3600"]
+        self.argv = [sys.executable, "-m", "slotkeeper", "-v", "--data-dir", str(home), "serve", "--model",
+                     str(model), "--server-bin", server_bin, "--port", str(port), "--ctx", "2048",
+                     "--idle-save", "3600"]
         self.home = home
         self.url = f"http://127.0.0.1:{port}"
         self.err = home.parent / "serve-stderr.log"
@@ -108,7 +109,8 @@ def test_the_next_serve_starts_llama_server_from_the_note_and_restores_into_it(
     try:
         assert TAKEN_OVER in serve.log(), serve.log()
         pid = json.loads((isolated_home / "state" / "server.json").read_text())["pid"]
-        assert [p.pid for p in servers_of(isolated_home)] == [pid]  # one llama-server: the early one, supervised
+        # one llama-server: the early one, supervised
+        assert [p.pid for p in servers_of(isolated_home)] == [pid]
 
         # The same command line while it runs: the folder is in use, no second llama-server starts.
         busy = subprocess.run(serve.argv, capture_output=True, text=True, timeout=120)
@@ -171,8 +173,9 @@ BEGIN = textwrap.dedent("""
 
 # What the head start must not wait for: the command line, the settings, the engine, psutil ...
 # (psutil comes right after the spawn, to record the server)
-HEAVY = ("argparse", "slotkeeper.cli", "slotkeeper.core.settings", "slotkeeper.core.engine", "psutil", "asyncio",
-         "aiohttp", "http.client", "slotkeeper.core.server.supervisor", "slotkeeper.core.gguf_header")
+HEAVY = ("argparse", "slotkeeper.cli", "slotkeeper.core.settings", "slotkeeper.core.engine", "psutil",
+         "asyncio", "aiohttp", "http.client", "slotkeeper.core.server.supervisor",
+         "slotkeeper.core.gguf_header")
 
 
 def test_the_head_start_imports_nothing_heavy_and_a_stop_before_the_take_over_stops_its_server(
@@ -264,7 +267,8 @@ def test_the_desktop_app_gets_the_head_start_too(llama_model, server_bin, port, 
     app.start()
     converse(app.url, USER_TURNS[:2])
     assert TAKEN_OVER not in app.stop()
-    assert json.loads((isolated_home / "cache" / "last-launch.json").read_text())["command_line"] == app.argv[3:]
+    note = json.loads((isolated_home / "cache" / "last-launch.json").read_text())
+    assert note["command_line"] == app.argv[3:]
 
     app.start()
     try:
@@ -281,8 +285,8 @@ def test_a_desktop_app_that_cannot_start_leaves_no_llama_server(llama_model, ser
     script = ("import sys; sys.modules['slotkeeper.gui.application'] = None\n"
               "from slotkeeper.cli import main; raise SystemExit(main(sys.argv[1:]))")
     app = DesktopApp(isolated_home, llama_model, server_bin, port)
-    r = subprocess.run([sys.executable, "-c", script, *app.argv[3:]], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    r = subprocess.run([sys.executable, "-c", script, *app.argv[3:]], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
     assert r.returncode == 1 and "the desktop app cannot start" in r.stderr and "Traceback" not in r.stderr
     assert (isolated_home / "logs" / "llama-server.log").exists()  # it had been started
     assert servers_of(isolated_home) == [] and not (isolated_home / "state" / "server.json").exists()

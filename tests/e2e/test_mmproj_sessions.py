@@ -62,7 +62,8 @@ def test_an_image_conversation_resumes_only_with_its_projector(server_bin, port,
     by_id = {s.sidecar.id: s.sidecar for s in sessions(isolated_home)}
     assert by_id[sc.id].mmproj_sha256 == sc.mmproj_sha256 and by_id[sc.id].content_hash == sc.content_hash
     other_sha = hashlib.sha256(other.read_bytes()).hexdigest()
-    assert [s for s in by_id.values() if s.mmproj_sha256 == other_sha and s.n_media == 2]  # both turns show it
+    # both turns show it
+    assert [s for s in by_id.values() if s.mmproj_sha256 == other_sha and s.n_media == 2]
 
     # No projector: not restored (llama-server would refuse it and empty the slot doing so).
     proc, url = serve(isolated_home, model, server_bin, port)
@@ -85,7 +86,8 @@ def test_an_image_conversation_resumes_only_with_its_projector(server_bin, port,
     assert entry.sidecar.last_restore is not None and entry.sidecar.last_restore.effective
 
 
-def test_a_projector_chosen_as_the_model_is_refused_with_a_clear_message(server_bin, port, isolated_home, tmp_path):
+def test_a_projector_chosen_as_the_model_is_refused_with_a_clear_message(server_bin, port, isolated_home,
+                                                                         tmp_path):
     projector = write_projector(tmp_path / "mmproj-x.gguf", 128)
     with pytest.raises(AssertionError, match="is a multimodal projector \\(mmproj\\), not a language model"):
         serve(isolated_home, projector, server_bin, port)

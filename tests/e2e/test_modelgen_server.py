@@ -28,8 +28,8 @@ def run_server(tmp_path: Path, server_bin: str) -> Iterator:
             slots.mkdir(exist_ok=True)
             # -lv 4: this build logs the KV-cache layout ("creating SWA KV cache") only at
             # trace verbosity; the default (3) leaves it out.
-            argv = [server_bin, "-m", str(model), "-c", "4096", "-np", "1", "-fa", "off", "--metrics", "-lv", "4",
-                    "--slot-save-path", str(slots)]
+            argv = [server_bin, "-m", str(model), "-c", "4096", "-np", "1", "-fa", "off", "--metrics", "-lv",
+                    "4", "--slot-save-path", str(slots)]
             return servers.enter_context(bare_llama_server(argv, log_file)), log_file
 
         yield start

@@ -44,7 +44,8 @@ def sessions(home):
     return SessionStore(home / "sessions").sessions()
 
 
-def test_full_loop_restores_and_continues_like_an_in_process_cache(llama_model, server_bin, port, isolated_home):
+def test_full_loop_restores_and_continues_like_an_in_process_cache(llama_model, server_bin, port,
+                                                                   isolated_home):
     proc, url = serve(isolated_home, llama_model, server_bin, port)
     try:
         history, _ = converse(url, USER_TURNS[:3])
@@ -97,10 +98,13 @@ def test_restore_reuse_is_measured_per_slot_with_two_slots_busy(llama_model, ser
         import threading
 
         results = {}
-        ta = threading.Thread(target=lambda: results.__setitem__("a", chat(engine2.base_url, a + [{"role": "user", "content": "more?"}])))
-        tb = threading.Thread(target=lambda: results.__setitem__("b", chat(engine2.base_url, b + [{"role": "user", "content": "more?"}])))
+        ta = threading.Thread(target=lambda: results.__setitem__(
+            "a", chat(engine2.base_url, a + [{"role": "user", "content": "more?"}])))
+        tb = threading.Thread(target=lambda: results.__setitem__(
+            "b", chat(engine2.base_url, b + [{"role": "user", "content": "more?"}])))
         ta.start(); tb.start(); ta.join(); tb.join()
-        reuse = wait_until(lambda: len(events2.of(ev.RestoreReused)) == 2 and events2.of(ev.RestoreReused), what="reuse figures")
+        reuse = wait_until(lambda: len(events2.of(ev.RestoreReused)) == 2 and events2.of(ev.RestoreReused),
+                           what="reuse figures")
         by_id = {r.id: r for r in reuse}
         for key in ("a", "b"):
             t = results[key]["timings"]
@@ -255,7 +259,8 @@ def test_resuming_a_conversation_already_in_a_slot_keeps_its_newer_turns(llama_m
         engine.stop(save=False)
 
 
-def test_settings_edited_without_a_restart_do_not_lose_the_running_servers_slots(llama_model, server_bin, port):
+def test_settings_edited_without_a_restart_do_not_lose_the_running_servers_slots(llama_model, server_bin,
+                                                                                 port):
     from e2e_helpers import free_port
 
     engine = make_engine(llama_model, server_bin, port, idle_save=3600)
@@ -304,7 +309,8 @@ def test_a_resume_clears_the_previous_conversations_prompt_figures(llama_model, 
         assert engine.wait_ready(60) is ServerState.READY
         converse(engine.base_url, ["First chat: about apples and pears in the orchard."], max_tokens=8)
         older = engine.save_slot(0).id
-        converse(engine.base_url, ["Second chat: about trains and stations, and a long ride north."], max_tokens=8)
+        converse(engine.base_url, ["Second chat: about trains and stations, and a long ride north."],
+                 max_tokens=8)
         wait_until(lambda: engine.snapshot.slots[0].n_prompt > 0, what="the second chat's figures")
         summary = engine.restore(older, 0)
         assert summary is not None and summary.n_restored > 0

@@ -49,7 +49,8 @@ SCRIPT = textwrap.dedent("""
     engine.start()
     ok = engine.wait_ready(120)
     print(json.dumps({"pid": pid, "server_pid": engine.supervisor.pid, "loaded_before": loaded_before,
-                      "ready": ok.value, "states": seen, "restored": restored, "url": engine.base_url}), flush=True)
+                      "ready": ok.value, "states": seen, "restored": restored, "url": engine.base_url}),
+          flush=True)
     sys.stdin.readline()  # the test talks to it, then lets it go
     engine.close(save=True)
     engine.dispose()
@@ -57,9 +58,10 @@ SCRIPT = textwrap.dedent("""
 
 
 def run_prelaunched(llama_model, server_bin, port, env, wait=True):
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(llama_model), server_bin, str(port), ",".join(HEAVY),
-                             "wait" if wait else "now"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(llama_model), server_bin, str(port),
+                             ",".join(HEAVY), "wait" if wait else "now"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     line = proc.stdout.readline()
     if not line:
         proc.kill()
@@ -73,7 +75,8 @@ def test_serve_starts_llama_server_before_the_engine_and_the_engine_takes_it_ove
     proc, out = run_prelaunched(llama_model, server_bin, port, env)
     try:
         assert out["loaded_before"] == []  # llama-server ran before any of them was imported
-        assert out["server_pid"] == out["pid"] and out["ready"] == "ready"  # the engine took that very process over
+        # the engine took that very process over
+        assert out["server_pid"] == out["pid"] and out["ready"] == "ready"
         # The engine heard the launch from its start (held events), and reached ready once.
         assert out["states"][:1] == ["starting"] and out["states"].count("ready") == 1, out["states"]
         converse(out["url"], USER_TURNS[:2])  # the front door serves on the claimed address
@@ -101,7 +104,8 @@ def test_a_busy_port_leaves_the_launch_to_the_engine_which_says_so(llama_model, 
         busy.listen(1)
         taken = busy.getsockname()[1]
         r = subprocess.run([sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model),
-                            "--server-bin", server_bin, "--port", str(taken), "--data-dir", str(isolated_home)],
+                            "--server-bin", server_bin, "--port", str(taken), "--data-dir",
+                            str(isolated_home)],
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "already in use" in r.stderr and "Traceback" not in r.stderr
     assert not (isolated_home / "logs" / "llama-server.log").exists()  # no llama-server was started

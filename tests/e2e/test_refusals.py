@@ -131,11 +131,12 @@ def _replace_same_size(p):
 
 
 @pytest.mark.parametrize("damage", [
-    _damage_truncate, _damage_flip, _damage_append, _keeping_mtime(_flip_in_place), _keeping_mtime(_cut_and_refill),
-    _replace_same_size,
+    _damage_truncate, _damage_flip, _damage_append, _keeping_mtime(_flip_in_place),
+    _keeping_mtime(_cut_and_refill), _replace_same_size,
 ], ids=["truncated-1-byte", "flipped-byte", "trailing-garbage", "flipped-in-place-same-mtime",
         "cut-and-refilled-same-mtime", "replaced-same-size-same-mtime"])
-def test_damaged_files_are_refused_marked_and_the_server_survives(saved_session, llama_model, server_bin, port, damage):
+def test_damaged_files_are_refused_marked_and_the_server_survives(saved_session, llama_model, server_bin,
+                                                                  port, damage):
     damage(saved_session.kv_path)
     engine = make_engine(llama_model, server_bin, port)
     events = EventLog(engine)
@@ -158,7 +159,8 @@ def test_damaged_files_are_refused_marked_and_the_server_survives(saved_session,
     lambda d: d.update(n_tokens="many"),
     lambda d: d.update(schema_version=42),
 ], ids=["wrong-type", "unknown-schema"])
-def test_bad_sidecars_list_as_corrupt_and_are_never_restored(saved_session, llama_model, server_bin, port, mutate):
+def test_bad_sidecars_list_as_corrupt_and_are_never_restored(saved_session, llama_model, server_bin, port,
+                                                             mutate):
     path = saved_session.kv_path.parent / f"{saved_session.id}.json"
     data = json.loads(path.read_text())
     mutate(data)

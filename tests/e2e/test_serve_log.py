@@ -15,8 +15,8 @@ pytestmark = pytest.mark.e2e
 def test_serve_says_the_address_clients_use_and_the_demo_notice_once(server_bin, port, isolated_home):
     from slotkeeper.core.demo_model import DEMO_NOTICE
 
-    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--demo", "--server-bin", server_bin, "--port", str(port),
-           "--data-dir", str(isolated_home), "--ctx", "512"]
+    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--demo", "--server-bin", server_bin, "--port",
+           str(port), "--data-dir", str(isolated_home), "--ctx", "512"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ready = proc.stdout.readline().strip()

@@ -73,5 +73,6 @@ def test_a_second_sigterm_stops_without_waiting_for_the_saves(llama_model, serve
             pass
     assert code == 1 and took < 30, (code, took, err)
     assert "again" in err and "stopped without saving" in err
-    assert not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE, "llama-server outlived serve"
+    assert (not psutil.pid_exists(server.pid)
+            or server.status() == psutil.STATUS_ZOMBIE), "llama-server outlived serve"
     assert os.path.exists(isolated_home)

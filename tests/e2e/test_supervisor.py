@@ -60,7 +60,8 @@ def test_start_ready_props_and_stop(llama_model, server_bin, port):
     assert not engine.paths.server_state_file.exists()
     log_text = engine.paths.server_log.read_text()
     assert "listening on http://127.0.0.1:" in log_text
-    assert f"127.0.0.1:{port}" not in log_text, "llama-server listens on a private port, the front door on ours"
+    assert f"127.0.0.1:{port}" not in log_text, \
+        "llama-server listens on a private port, the front door on ours"
 
 
 def test_kill9_is_restarted_then_repeated_crashes_fail_with_log_tail(llama_model, server_bin, port):
@@ -113,7 +114,8 @@ def test_missing_binary_and_non_gguf_model_are_clear_errors(llama_model, tmp_pat
     assert engine.wait_ready(10) is ServerState.FAILED
     assert "does not exist" in engine.supervisor.message and "pip install" in engine.supervisor.message
     # the front door says so to clients, in llama-server's error shape
-    r = httpx.post(f"{engine.base_url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(f"{engine.base_url}/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 503 and "not running" in r.json()["error"]["message"]
     engine.close(save=False)
 
@@ -203,7 +205,8 @@ def test_serve_demo_runs_the_starter_model_and_answers_in_english(server_bin, po
                              "max_tokens": 24, "temperature": 0})
         assert r.status_code == 200
         answer = r.json()["choices"][0]["message"]["content"].lower()
-        assert "red" in answer and {"the", "is", "a"} & set(answer.split()), answer  # a real model, in English
+        # a real model, in English
+        assert "red" in answer and {"the", "is", "a"} & set(answer.split()), answer
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
         assert "SmolLM2" in proc.stderr.read()
@@ -254,15 +257,17 @@ def test_a_crash_of_an_adopted_server_is_noticed_and_restarted(llama_model, serv
 
 
 def test_a_second_engine_on_the_same_data_folder_is_refused(llama_model, server_bin, port, isolated_home):
-    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model), "--server-bin", server_bin,
-           "--data-dir", str(isolated_home)]
-    first = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model), "--server-bin",
+           server_bin, "--data-dir", str(isolated_home)]
+    first = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
     try:
         assert first.stdout.readline().startswith("ready ")
         pid = json.loads((isolated_home / "state" / "server.json").read_text())["pid"]
         from e2e_helpers import free_port
 
-        second = subprocess.run([*cmd, "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+        second = subprocess.run([*cmd, "--port", str(free_port())], capture_output=True, text=True,
+                                timeout=60)
         assert second.returncode == 1
         assert "already running" in second.stderr and "Traceback" not in second.stderr
         assert psutil.pid_exists(pid) and httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
@@ -294,7 +299,8 @@ def test_a_leftover_with_other_settings_has_its_conversations_saved_before_it_is
         if proc.poll() is None:
             proc.kill()
     assert psutil.pid_exists(leftover["pid"])
-    engine = make_engine(llama_model, server_bin, port, extra_args=("--threads", "2"))  # other settings: no adoption
+    # other settings: no adoption
+    engine = make_engine(llama_model, server_bin, port, extra_args=("--threads", "2"))
     events = EventLog(engine)
     engine.start()
     try:
@@ -307,7 +313,8 @@ def test_a_leftover_with_other_settings_has_its_conversations_saved_before_it_is
         assert [r.id for r in events.of(ev.SessionRestored)] == [saved.id], "and it is resumed at once"
     finally:
         engine.stop()
-    assert not psutil.pid_exists(leftover["pid"]) or psutil.Process(leftover["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert (not psutil.pid_exists(leftover["pid"])
+            or psutil.Process(leftover["pid"]).status() == psutil.STATUS_ZOMBIE)
 
 
 def test_a_server_that_dies_of_an_illegal_instruction_while_loading_is_started_without_repacking(
@@ -334,7 +341,8 @@ def test_a_server_that_dies_of_an_illegal_instruction_while_loading_is_started_w
         engine.stop()
     again = make_engine(llama_model, str(wrapper), port)
     crashes = []
-    again.events.subscribe(lambda e: crashes.append(e) if e.state is ServerState.CRASHED else None, ServerStateChanged)
+    again.events.subscribe(lambda e: crashes.append(e) if e.state is ServerState.CRASHED else None,
+                           ServerStateChanged)
     again.start()
     try:
         assert again.wait_ready(60) is ServerState.READY and not crashes  # at once, this time

@@ -57,7 +57,8 @@ def test_a_conversation_is_kept_in_words_and_follows_its_session(llama_model, se
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert not engine.sessions.listing().unmanaged  # ours, not a stranger's file
         # Found by anything said in it, not only by the title (the tiny model's replies are not words).
-        wait_until(lambda: engine.sessions.search("river").hits, what="the search index to hold the conversation")
+        wait_until(lambda: engine.sessions.search("river").hits,
+                   what="the search index to hold the conversation")
     finally:
         engine.stop(save=False)
 
@@ -82,7 +83,8 @@ def test_a_conversation_is_kept_in_words_and_follows_its_session(llama_model, se
         engine.stop(save=False)
 
 
-def test_a_request_the_door_cannot_read_as_a_conversation_leaves_no_stale_transcript(llama_model, server_bin, port):
+def test_a_request_the_door_cannot_read_as_a_conversation_leaves_no_stale_transcript(llama_model, server_bin,
+                                                                                     port):
     engine = make_engine(llama_model, server_bin, port, idle_save=3600)
     engine.start()
     try:
@@ -91,7 +93,8 @@ def test_a_request_the_door_cannot_read_as_a_conversation_leaves_no_stale_transc
         chat(url, [{"role": "user", "content": "Tell me about snow."}])
         wait_until(lambda: engine.board[0].content.transcript is not None, what="the slot's transcript")
         tokens = httpx.post(f"{url}/tokenize", json={"content": "a text given as tokens"}).json()["tokens"]
-        assert httpx.post(f"{url}/completion", json={"prompt": tokens, "n_predict": 4}, timeout=60).status_code == 200
+        assert httpx.post(f"{url}/completion", json={"prompt": tokens, "n_predict": 4},
+                          timeout=60).status_code == 200
         wait_until(lambda: engine.board[0].content.transcript is None, what="the slot's transcript dropped")
         saved = engine.save_slot(0)
         assert engine.sessions.transcript(saved.id) is None  # saved without one: its title from the tokens
@@ -127,26 +130,28 @@ def test_a_transcript_is_checked_against_its_kv_file_with_the_models_template(ll
         engine.stop(save=False)
 
 
-def test_sessions_verify_checks_the_transcript_while_slotkeeper_serves_its_model(llama_model, server_bin, port,
-                                                                               isolated_home):
+def test_sessions_verify_checks_the_transcript_while_slotkeeper_serves_its_model(llama_model, server_bin,
+                                                                                 port, isolated_home):
     import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "slotkeeper"]
     proc = subprocess.Popen([*cmd, "serve", "--model", str(llama_model), "--server-bin", server_bin, "--port",
-                             str(port), "--ctx", "2048", "--data-dir", str(isolated_home), "--idle-save", "0.2"],
+                             str(port), "--ctx", "2048", "--data-dir", str(isolated_home), "--idle-save",
+                             "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         url = proc.stdout.readline().split()[1]
         chat(url, [{"role": "user", "content": "Is there snow on the ridge today?"}])
         sessions = isolated_home / "sessions"
         wait_until(lambda: list(sessions.glob("*.chat")), what="the idle save with its transcript")
-        r = subprocess.run([*cmd, "sessions", "--data-dir", str(isolated_home), "verify"], capture_output=True,
-                           text=True, timeout=60)
-        assert r.returncode == 0 and "transcript: the transcript matches the saved conversation" in r.stdout, r
+        r = subprocess.run([*cmd, "sessions", "--data-dir", str(isolated_home), "verify"],
+                           capture_output=True, text=True, timeout=60)
+        assert (r.returncode == 0
+                and "transcript: the transcript matches the saved conversation" in r.stdout), r
     finally:
         proc.terminate()
         proc.wait(60)
-    r = subprocess.run([*cmd, "sessions", "--data-dir", str(isolated_home), "verify"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([*cmd, "sessions", "--data-dir", str(isolated_home), "verify"], capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 0 and "its transcript was not checked" in r.stdout, r

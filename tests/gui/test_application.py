@@ -125,8 +125,8 @@ def test_settings_opened_from_the_app_name_the_command_line_values(qtbot, paths)
 def test_sigterm_quits_like_quit(qtbot, paths):
     QTimer.singleShot(300, lambda: os.kill(os.getpid(), signal.SIGTERM))
     before = signal.getsignal(signal.SIGTERM)
-    code = run_gui(None, paths, SettingsService(paths.settings_file), Settings().with_profile(model_path=DEMO_MODEL),
-                   start_now=False)
+    code = run_gui(None, paths, SettingsService(paths.settings_file),
+                   Settings().with_profile(model_path=DEMO_MODEL), start_now=False)
     assert code == 0
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
 
@@ -157,7 +157,8 @@ def test_an_app_left_in_the_tray_builds_its_window_only_when_it_is_shown(qtbot, 
     from slotkeeper.core.events import WarningRaised
     from slotkeeper.gui.tray import TrayController
 
-    monkeypatch.setattr(TrayController, "show", lambda self: (self.tray.show(), True)[1])  # a tray host shows it
+    # a tray host shows it
+    monkeypatch.setattr(TrayController, "show", lambda self: (self.tray.show(), True)[1])
     app = SlotkeeperApp(paths, Settings().with_profile(model_path=DEMO_MODEL), tray_available=True)
     assert app._window is None
     app.engine.events.emit(WarningRaised("the port is open to the network"))

@@ -124,7 +124,8 @@ def test_a_text_completion_is_shown_and_can_be_read_not_continued(qtbot, window,
     assert "## Prompt" in out.read_text() and "there was a river" in out.read_text()
 
 
-def test_a_conversation_saved_without_a_transcript_says_so_plainly(qtbot, window, bridge, sessions_dir, monkeypatch):
+def test_a_conversation_saved_without_a_transcript_says_so_plainly(qtbot, window, bridge, sessions_dir,
+                                                                   monkeypatch):
     make_session(sessions_dir, "aaaaaaaaaaaa", title="The herons by the river", preview="They nest in March.")
     monkeypatch.setattr(type(bridge.engine.sessions), "transcript", lambda self, sid: None, raising=False)
     with qtbot.waitSignal(window.transcriptShown, timeout=10_000):
@@ -147,7 +148,8 @@ def test_a_conversation_that_cannot_be_read_says_why(qtbot, window, sessions_dir
 
 def test_another_models_conversation_offers_the_switch(qtbot, window, bridge, sessions_dir, monkeypatch):
     make_session(sessions_dir, "cccccccccccc", title="Made elsewhere", model_sha256=OTHER_SHA)
-    monkeypatch.setattr(type(bridge.engine.sessions), "transcript", lambda self, sid: chat_of(1), raising=False)
+    monkeypatch.setattr(type(bridge.engine.sessions), "transcript", lambda self, sid: chat_of(1),
+                        raising=False)
     with qtbot.waitSignal(window.transcriptShown, timeout=10_000):
         window.open_session("cccccccccccc")
     assert window.banner.isVisible()
@@ -293,24 +295,28 @@ def send_and_wait(qtbot, w: ChatWindow, text: str, timeout: int = 20_000):
 
 
 def test_a_server_not_ready_says_so_with_when_to_try_again(qtbot, stub_window):
-    body = b'{"error":{"code":503,"message":"llama-server is restarting after a crash","type":"unavailable_error"}}'
-    w, stub = stub_window(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 7\r\n"
-                          b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    body = (b'{"error":{"code":503,"message":"llama-server is restarting after a crash",'
+            b'"type":"unavailable_error"}}')
+    w, stub = stub_window(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                          b"Retry-After: 7\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                          % (len(body), body))
     result = send_and_wait(qtbot, w, "Hello?")
-    assert result.error == "The server is not ready to answer (llama-server is restarting after a crash). Try again in 7 s."
+    assert result.error == ("The server is not ready to answer (llama-server is restarting after a crash). "
+                            "Try again in 7 s.")
     assert w.error_label.isVisible() and w.error_label.text() == result.error
     assert [m.role for m in w.transcript.messages] == ["user"]  # no empty reply kept
     assert w.regenerate_button.text() == "Send again" and w.regenerate_button.isEnabled()
     request = stub.requests[0]
     assert request.startswith(b"POST /v1/chat/completions ")
-    assert json.loads(request.partition(b"\r\n\r\n")[2]) == {"messages": [{"role": "user", "content": "Hello?"}],
-                                                            "stream": True}
+    assert json.loads(request.partition(b"\r\n\r\n")[2]) == {
+        "messages": [{"role": "user", "content": "Hello?"}], "stream": True}
 
 
 def test_a_refused_key_says_so_and_the_key_is_sent(qtbot, stub_window):
     body = b'{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}'
-    w, stub = stub_window(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                          b"Connection: close\r\n\r\n%s" % (len(body), body), key="sekrit-1")
+    w, stub = stub_window(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body),
+                          key="sekrit-1")
     result = send_and_wait(qtbot, w, "Hello?")
     assert result.error.startswith("The front door refused the API key (401)")
     assert b"\r\nAuthorization: Bearer sekrit-1\r\n" in stub.requests[0]
@@ -318,7 +324,8 @@ def test_a_refused_key_says_so_and_the_key_is_sent(qtbot, stub_window):
 
 def test_a_dropped_connection_keeps_the_text_so_far_and_says_so(qtbot, stub_window):
     chunk = b'data: {"choices":[{"index":0,"delta":{"content":"The river"}}]}\n\n'
-    w, _stub = stub_window(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    w, _stub = stub_window(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\n"
                            + b"%x\r\n%s\r\n" % (len(chunk), chunk))  # then the connection closes mid-stream
     result = send_and_wait(qtbot, w, "Tell me about rivers")
     assert "connection dropped before the reply ended" in result.error
@@ -332,15 +339,16 @@ def test_nothing_listening_says_to_start_the_server(qtbot, stub_window):
     w, _ = stub_window(None)
     assert w.banner.isVisible() and w.banner_button.text() == "Start server"
     result = send_and_wait(qtbot, w, "Anyone there?")
-    assert result.error.startswith("Nothing answers at http://127.0.0.1:") and "start the server" in result.error
+    assert (result.error.startswith("Nothing answers at http://127.0.0.1:")
+            and "start the server" in result.error)
 
 
 def test_the_web_ui_is_offered_only_when_served(qtbot):
     page = b"<!doctype html><title>llama.cpp</title>"
     html = StubServer(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n"
                       b"Connection: close\r\n\r\n%s" % (len(page), page))
-    not_found = StubServer(b'HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n'
-                           b'Connection: close\r\n\r\n{}')
+    not_found = StubServer(b'HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n'
+                           b'Content-Length: 2\r\nConnection: close\r\n\r\n{}')
     try:
         assert serves_web_ui(f"http://127.0.0.1:{html.port}") is True
         assert serves_web_ui(f"http://127.0.0.1:{not_found.port}") is False
@@ -403,7 +411,8 @@ def served(qtbot, llama_model, server_bin, port):
     from slotkeeper.gui.bridge import EngineBridge
 
     profile = ServerProfile(model_path=str(llama_model), server_bin=server_bin, port=port, ctx=4096)
-    engine = Engine(app_paths(), Settings(profile=profile, idle_save_seconds=0.3))  # as tests/e2e's make_engine
+    # as tests/e2e's make_engine
+    engine = Engine(app_paths(), Settings(profile=profile, idle_save_seconds=0.3))
     bridge = EngineBridge(engine, watch_sessions=False)
     bridge.start_server()
     qtbot.waitUntil(lambda: bridge.facts is not None, timeout=READY_MS)
@@ -463,7 +472,8 @@ def test_replies_stream_through_the_front_door_without_freezing_the_window(qtbot
     assert second.error is None
     assert second.figures.cache_n >= first.figures.prompt_tokens - 2
     line = w.view.widgets[-1].footer.text()
-    assert line.startswith(f"{second.figures.cache_n:,} of {second.figures.prompt_tokens:,} tokens from cache")
+    assert line.startswith(f"{second.figures.cache_n:,} of {second.figures.prompt_tokens:,} tokens from "
+                           "cache")
 
     # Regenerate: the same conversation without its last reply, for a new one.
     before = w.transcript.messages
@@ -494,7 +504,8 @@ def test_replies_stream_through_the_front_door_without_freezing_the_window(qtbot
     with qtbot.waitSignal(w.exported):
         w.export("json", str(js))
     text = md.read_text()
-    assert text.startswith("# ") and "## User" in text and "And which boots?" in text and "## Assistant" in text
+    assert (text.startswith("# ") and "## User" in text and "And which boots?" in text
+            and "## Assistant" in text)
     data = json.loads(js.read_text())
     assert data["messages"] == [m.to_openai() for m in w.transcript.messages]
     assert data["max_tokens"] == 24

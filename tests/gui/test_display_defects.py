@@ -155,7 +155,8 @@ def test_the_sliding_window_note_uses_one_arrow_and_offers_the_fix(qtbot, bridge
     assert settings.profile.swa_full and restart, "one click: --swa-full on, then a restart that saves first"
 
 
-def test_the_resume_menu_tells_conversations_apart_and_marks_the_one_in_a_slot(qtbot, bridge, engine, sessions_dir):
+def test_the_resume_menu_tells_conversations_apart_and_marks_the_one_in_a_slot(qtbot, bridge, engine,
+                                                                               sessions_dir):
     # a launch restored all three: their "last used" is now; what tells them apart is when they changed
     for sid, hours in (("aaaaaaaaaaaa", 0.5), ("bbbbbbbbbbbb", 5), ("cccccccccccc", 50)):
         sc = make_session(sessions_dir, sid, title=f"Chat {sid[0]}", age_hours=0)
@@ -193,7 +194,8 @@ def test_gauge_and_plot_have_accessible_names(qtbot):
     gauge.set_view(SlotView(2, n_ctx=4096, n_prompt=1000, cache_n=900, prompt_n=100, n_tokens=1200))
     gauge.set_title("Rivers")
     assert gauge.accessibleName() == "Slot 2"
-    assert "holds “Rivers”" in gauge.accessibleDescription() and "90% of 1,000" in gauge.accessibleDescription()
+    assert ("holds “Rivers”" in gauge.accessibleDescription()
+            and "90% of 1,000" in gauge.accessibleDescription())
     plot = HistoryPlot()
     qtbot.addWidget(plot)
     assert plot.accessibleDescription() == "No requests recorded yet."

@@ -25,7 +25,8 @@ def tiny(model_bytes) -> CuratedModel:
 @pytest.fixture
 def dialog(qtbot, hub, tiny, tmp_path, monkeypatch):
     isolate_huggingface_hub(monkeypatch, tmp_path)
-    downloader = HubDownloader(cache_dir=tmp_path / "hf-cache", endpoint=hub.endpoint, token=False, retry_delay=0)
+    downloader = HubDownloader(cache_dir=tmp_path / "hf-cache", endpoint=hub.endpoint, token=False,
+                               retry_delay=0)
     d = DownloadDialog(catalog=[*CATALOG, tiny], downloader=downloader, memory_bytes=8 * 1024**3)
     qtbot.addWidget(d)
     d.select("tiny")

@@ -45,7 +45,8 @@ def test_a_port_in_use_is_a_failure_with_its_reason(qtbot, bridge, engine, busy_
         assert f"Port {busy_port} on 127.0.0.1 is already in use" in page.state_message.text()
         assert "Choose another port in Settings" in page.state_message.text()
         assert page.log_view.plain_text().splitlines()[-1].startswith(
-            f"——— llama-server failed: Port {busy_port} on 127.0.0.1 is already in use")  # not an old run's log
+            # not an old run's log
+            f"——— llama-server failed: Port {busy_port} on 127.0.0.1 is already in use")
         assert tray.icon_state == "error"
         assert tray.start_stop_action.text() == "Start server"  # try again once the port is free
         [entry] = [e for e in bridge.journal if e.level == "error"]
@@ -64,7 +65,8 @@ def test_the_terminal_says_the_address_clients_use_and_the_launch_is_kept(qtbot,
     try:
         with caplog.at_level(logging.INFO, logger="slotkeeper.gui.application"):
             emit_from_thread(app.engine, ev.EngineReady("http://127.0.0.1:8789"))
-            qtbot.waitUntil(lambda: any("clients use" in r.getMessage() for r in caplog.records), timeout=5000)
+            qtbot.waitUntil(lambda: any("clients use" in r.getMessage() for r in caplog.records),
+                            timeout=5000)
         [line] = [r.getMessage() for r in caplog.records if "clients use" in r.getMessage()]
         assert line == "ready: clients use http://127.0.0.1:8789 (OpenAI API http://127.0.0.1:8789/v1)"
         # the launch is kept for the History tab's markers after a relaunch
@@ -153,7 +155,8 @@ def test_help_about_says_the_version_and_the_licence_and_opens_the_readme(qtbot,
     about = window.about_dialog
     assert about is not None and about.isVisible()
     text = about.label.text()
-    assert f"Slotkeeper {__version__}" in text and "Licence: MIT" in text and str(bridge.paths.data_dir) in text
+    assert (f"Slotkeeper {__version__}" in text and "Licence: MIT" in text
+            and str(bridge.paths.data_dir) in text)
     about.label.linkActivated.emit("readme")
     assert about.readme is not None and about.readme.isVisible()
     assert "Keeps a local LLM's memory warm" in about.readme.browser.toPlainText()
@@ -161,7 +164,8 @@ def test_help_about_says_the_version_and_the_licence_and_opens_the_readme(qtbot,
 
 
 def test_the_tray_offers_about_without_building_the_window(qtbot, monkeypatch):
-    monkeypatch.setattr(TrayController, "show", lambda self: (self.tray.show(), True)[1])  # a tray host shows it
+    # a tray host shows it
+    monkeypatch.setattr(TrayController, "show", lambda self: (self.tray.show(), True)[1])
     app = SlotkeeperApp(app_paths().ensure(),
                         Settings(start_server_on_launch=False).with_profile(model_path=DEMO_MODEL),
                         tray_available=True, first_run=False)

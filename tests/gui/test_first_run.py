@@ -72,8 +72,11 @@ def test_two_files_of_one_model_are_told_apart(qtbot, jobs, tmp_path):
     qtbot.waitUntil(lambda: d.searching == 0, timeout=10_000)
     name = "Smollm2 135M 8k Lc100K Mix1 Ep2"
     d.searching += 1
-    d._found([FoundModel(Path("/m/SmolLM2-135M-Instruct.Q4_1.gguf"), 98_362_432, "llama", name, "LM Studio", None)])
+    d._found([FoundModel(Path("/m/SmolLM2-135M-Instruct.Q4_1.gguf"), 98_362_432, "llama", name, "LM Studio",
+                         None)])
     d.searching += 1  # a second search finds the other quantization
-    d._found([FoundModel(Path("/m/SmolLM2-135M-Instruct.Q8_0.gguf"), 144_000_000, "llama", name, "LM Studio", None)])
+    d._found([FoundModel(Path("/m/SmolLM2-135M-Instruct.Q8_0.gguf"), 144_000_000, "llama", name, "LM Studio",
+                         None)])
     labels = sorted(d.tree.topLevelItem(i).text(0) for i in range(d.tree.topLevelItemCount()))
-    assert labels == [f"{name} (SmolLM2-135M-Instruct.Q4_1.gguf)", f"{name} (SmolLM2-135M-Instruct.Q8_0.gguf)"]
+    assert labels == [f"{name} (SmolLM2-135M-Instruct.Q4_1.gguf)",
+                      f"{name} (SmolLM2-135M-Instruct.Q8_0.gguf)"]

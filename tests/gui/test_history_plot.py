@@ -26,7 +26,8 @@ def test_axis_helpers():
 
 
 def test_point_from_record_and_share():
-    pt = PlotPoint.from_record(RequestRecord(at=1.0, slot=0, n_prompt=0, cache_n=30, prompt_n=10, prompt_ms=1))
+    pt = PlotPoint.from_record(RequestRecord(at=1.0, slot=0, n_prompt=0, cache_n=30, prompt_n=10,
+                                             prompt_ms=1))
     assert pt.n_prompt == 40  # derived when the prompt size was not reported
     assert pt.share == 0.75
 

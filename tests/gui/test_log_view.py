@@ -97,6 +97,7 @@ def test_long_lines_wrap_instead_of_scrolling_sideways(qtbot, view):
 
 def test_lines_of_an_earlier_run_say_so(view):
     view.set_lines(["old line 1", "old line 2"], note="——— llama-server's earlier run ———")
-    assert view.plain_text().splitlines() == ["——— llama-server's earlier run ———", "old line 1", "old line 2"]
+    assert view.plain_text().splitlines() == ["——— llama-server's earlier run ———", "old line 1",
+                                              "old line 2"]
     view.set_lines([], note="——— nothing ———")
     assert view.plain_text() == ""

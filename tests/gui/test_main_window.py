@@ -21,7 +21,8 @@ def window(qtbot, bridge):
 
 
 def test_tabs_and_initial_state(qtbot, window):
-    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == ["Server", "Slots", "History", "Conversations"]
+    assert [window.tabs.tabText(i)
+            for i in range(window.tabs.count())] == ["Server", "Slots", "History", "Conversations"]
     assert [window.tabs.widget(i) for i in range(window.tabs.count())] == [
         window.server_page, window.slots_page, window.history_page, window.sessions_page]
     server = window.server_page
@@ -101,7 +102,8 @@ def test_search_boxes_stay_readable_at_the_smallest_window(qtbot, window):
     qtbot.waitUntil(lambda: window.size() == window.minimumSizeHint(), timeout=2000)
     assert window.minimumSizeHint().width() <= 900, "still fits a small screen"
     page = window.server_page
-    for edit, words in ((page.log_view.search, "Search the log"), (page.activity_view.search, "Search: saved")):
+    for edit, words in ((page.log_view.search, "Search the log"),
+                        (page.activity_view.search, "Search: saved")):
         assert edit.width() >= edit.fontMetrics().horizontalAdvance(words) + 20, (words, edit.width())
     window.show_tab("conversations")
     edit = window.sessions_page.filter_edit

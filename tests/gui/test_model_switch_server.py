@@ -26,7 +26,8 @@ READY_MS = 120_000
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("switch-models")
-    return write_model(folder / "first-llama.gguf", "llama"), write_model(folder / "second-llama.gguf", "llama-alt")
+    return write_model(folder / "first-llama.gguf",
+                       "llama"), write_model(folder / "second-llama.gguf", "llama-alt")
 
 
 def chat(url: str, text: str) -> dict:
@@ -74,7 +75,8 @@ def test_switching_saves_changed_slots_first_then_relaunches_and_switches_back_t
     first, second = models
     # the second model is remembered with 2 slots: the switch brings that back
     settings = (Settings(idle_save_seconds=600).with_profile(model_path=str(second), ctx=2048, parallel=2)
-                .remember_model().choose_model(str(first)).with_profile(ctx=2048, parallel=1).remember_model())
+                .remember_model().choose_model(str(first)).with_profile(ctx=2048,
+                                                                        parallel=1).remember_model())
     app = build_app(qtbot, settings, {"profile.server_bin": server_bin, "profile.port": port})
     engine, bridge, switcher = app.engine, app.bridge, app.switcher
     try:
@@ -89,7 +91,8 @@ def test_switching_saves_changed_slots_first_then_relaunches_and_switches_back_t
         qtbot.waitUntil(lambda: switcher.dialog is not None, timeout=30_000)
         dialog = switcher.dialog
         assert dialog.windowTitle() == "Switch to second-llama.gguf"
-        assert "remembered for it" in dialog.settings_label.text() and "2 slots" in dialog.settings_label.text()
+        assert ("remembered for it" in dialog.settings_label.text()
+                and "2 slots" in dialog.settings_label.text())
         waiting = dialog.waiting_label
         assert waiting is None  # nothing saved yet for the first model
         keep_screenshot(dialog, "switch-model.png")
@@ -102,11 +105,13 @@ def test_switching_saves_changed_slots_first_then_relaunches_and_switches_back_t
         assert outcome.switched and outcome.report.ok
         assert [s.reason for s in outcome.report.saved] == ["before switching models"]
         qtbot.waitUntil(lambda: bridge.facts is not None and bridge.facts.n_parallel == 2, timeout=READY_MS)
-        qtbot.waitUntil(lambda: switcher.progress is None, timeout=10_000)  # closed once the new server is ready
+        # closed once the new server is ready
+        qtbot.waitUntil(lambda: switcher.progress is None, timeout=10_000)
         assert any("saving conversation 1 of 1" in t for t in progress_texts)
         kinds = log.kinds()
         # saved before the old server stopped, then the relaunch
-        assert kinds.index("saved:before switching models") < kinds.index("state:stopping") < kinds.index("ready")
+        assert (kinds.index("saved:before switching models") < kinds.index("state:stopping")
+                < kinds.index("ready"))
         assert engine.model.path.name == "second-llama.gguf"
         assert bridge.settings.profile.parallel == 2 and bridge.settings.profile.server_bin == server_bin
         on_disk = load_settings(app.paths.settings_file)
@@ -120,7 +125,8 @@ def test_switching_saves_changed_slots_first_then_relaunches_and_switches_back_t
             bridge.refresh_sessions()
         qtbot.waitUntil(lambda: page.sessions_model.rowCount() == 1, timeout=10_000)
         page.select_session(page.sessions_model.entry(0).id)
-        qtbot.waitUntil(lambda: page.resume_button.text() == "Switch to first-llama.gguf to resume", timeout=10_000)
+        qtbot.waitUntil(lambda: page.resume_button.text() == "Switch to first-llama.gguf to resume",
+                        timeout=10_000)
         app.window.show_tab("sessions")
         app.window.resize(1000, 360)
         keep_screenshot(app.window, "main-window-switch-to-resume.png")
@@ -128,7 +134,8 @@ def test_switching_saves_changed_slots_first_then_relaunches_and_switches_back_t
         bridge.on(ev.SessionRestored, lambda e: restored.append(e.summary))
         page.resume_button.click()
         qtbot.waitUntil(lambda: switcher.dialog is not None, timeout=30_000)
-        assert "1 saved conversation of first-llama.gguf can be resumed" in switcher.dialog.sessions_label.text()
+        assert ("1 saved conversation of first-llama.gguf can be resumed"
+                in switcher.dialog.sessions_label.text())
         switcher.dialog.accept()
         qtbot.waitUntil(lambda: bridge.facts is not None and engine.model.path.name == "first-llama.gguf"
                         and bool(restored), timeout=READY_MS)

@@ -135,7 +135,8 @@ def test_the_window_says_no_model_is_chosen_and_offers_to_choose_one(qtbot, clea
     assert any(a.text() == "&Model" for a in window.menuBar().actions()[1].menu().actions())
 
 
-def test_choose_model_from_the_window_opens_the_chooser_and_switches(qtbot, tmp_path, model_files, monkeypatch):
+def test_choose_model_from_the_window_opens_the_chooser_and_switches(qtbot, tmp_path, model_files,
+                                                                     monkeypatch):
     from slotkeeper.gui.application import SlotkeeperApp
 
     paths = app_paths().ensure()
@@ -159,7 +160,8 @@ def test_choose_model_from_the_window_opens_the_chooser_and_switches(qtbot, tmp_
 
 
 # -- per-model settings in the Settings dialog ------------------------------------------------
-def test_the_settings_dialog_fills_in_a_models_remembered_settings_and_saves_them(qtbot, cleanup, model_files):
+def test_the_settings_dialog_fills_in_a_models_remembered_settings_and_saves_them(qtbot, cleanup,
+                                                                                  model_files):
     from slotkeeper.gui.settings.dialog import SettingsDialog
 
     bridge, engine, service = make_bridge(qtbot, two_models(model_files))
@@ -191,11 +193,13 @@ def sessions_of(sessions_dir: Path, model: Path, n: int, ctx: int, parallel: int
     for i in range(n):
         make_session(sessions_dir, f"{i:012x}", title=f"Chat {i}", age_hours=i + 1,
                      model_path=os.path.realpath(model), model_sha256="a" * 64, arch="llama", swa=False,
-                     swa_full=False, flash_attn=False, cache_type_k="f16", cache_type_v="f16", n_parallel=parallel,
-                     kv_unified=False, n_ctx_slot=n_ctx_per_slot(ctx, parallel), n_tokens=300, kv_args=[])
+                     swa_full=False, flash_attn=False, cache_type_k="f16", cache_type_v="f16",
+                     n_parallel=parallel, kv_unified=False, n_ctx_slot=n_ctx_per_slot(ctx, parallel),
+                     n_tokens=300, kv_args=[])
 
 
-def test_settings_that_strand_saved_conversations_say_so_before_saving(qtbot, cleanup, model_files, monkeypatch):
+def test_settings_that_strand_saved_conversations_say_so_before_saving(qtbot, cleanup, model_files,
+                                                                       monkeypatch):
     from slotkeeper.gui.settings.dialog import SettingsDialog
 
     a = model_files["a"]
@@ -207,7 +211,8 @@ def test_settings_that_strand_saved_conversations_say_so_before_saving(qtbot, cl
     d = SettingsDialog(bridge, search_dirs=[])
     qtbot.addWidget(d)
     d.show()
-    qtbot.waitUntil(lambda: d.server_tab.identity is not None and d._current_identity is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: d.server_tab.identity is not None and d._current_identity is not None,
+                    timeout=10_000)
     assert not d.sessions_label.isVisible()  # nothing changed yet
     d.server_tab.parallel.setValue(2)
     expected = "12 saved conversations were made with 1 slot and will not restore with 2."
@@ -283,7 +288,8 @@ def preview(qtbot, bridge, path):
 def test_a_sliding_window_model_offers_swa_full_with_its_cost(qtbot, cleanup, model_files, monkeypatch):
     from slotkeeper.gui.model_switch import ModelSwitcher, SwitchModelDialog
 
-    bridge, engine, _ = make_bridge(qtbot, Settings().with_profile(model_path=str(model_files["a"]), ctx=4096))
+    bridge, engine, _ = make_bridge(qtbot,
+                                    Settings().with_profile(model_path=str(model_files["a"]), ctx=4096))
     cleanup.append((bridge, engine))
     p = preview(qtbot, bridge, model_files["swa"])
     assert p.needs_asking and p.swa_text and "--swa-full" in p.swa_text and "more KV memory" in p.swa_text
@@ -349,7 +355,8 @@ def test_sanity_before_launch_context_and_memory(qtbot, cleanup, model_files, mo
                                     .remember_model())
     cleanup.append((bridge, engine))
     info_ctx = read_model_info(model_files["a"]).context_length
-    huge = two_models(model_files).choose_model(str(model_files["b"])).with_profile(ctx=8 * info_ctx, parallel=1)
+    huge = two_models(model_files).choose_model(str(model_files["b"])).with_profile(
+        ctx=8 * info_ctx, parallel=1)
     save_settings(bridge.settings_service.path, huge.remember_model().choose_model(str(model_files["a"])))
     p = preview(qtbot, bridge, model_files["b"])
     assert any("beyond what" in w and f"{info_ctx:,}" in w for w in p.sanity[False].warnings)
@@ -374,7 +381,8 @@ def test_the_settings_dialog_shows_memory_against_the_machine(qtbot, cleanup, mo
     from slotkeeper.core.gguf_info import read_model_info
     from slotkeeper.gui.settings.dialog import SettingsDialog
 
-    bridge, engine, _ = make_bridge(qtbot, Settings().with_profile(model_path=str(model_files["a"]), ctx=2048))
+    bridge, engine, _ = make_bridge(qtbot,
+                                    Settings().with_profile(model_path=str(model_files["a"]), ctx=2048))
     cleanup.append((bridge, engine))
     d = SettingsDialog(bridge, search_dirs=[])
     qtbot.addWidget(d)
@@ -405,7 +413,8 @@ def test_demo_model_is_offered_and_chosen(qtbot, cleanup):
         menu.deleteLater()
 
 
-def test_the_switch_dialog_says_in_words_which_command_line_settings_stop_applying(qtbot, cleanup, model_files):
+def test_the_switch_dialog_says_in_words_which_command_line_settings_stop_applying(qtbot, cleanup,
+                                                                                   model_files):
     """`slotkeeper --ctx 4096 --parallel 2`, then another model: the dialog says it in words, no field
     names (it said "The command line's model_path, ctx applied to the model it came with")."""
     from slotkeeper.gui.model_switch import SwitchModelDialog, dropped_words

@@ -39,13 +39,15 @@ def test_quiet_ready_without_restores(qtbot, bridge, engine, said):
 def test_ineffective_restore_says_why(qtbot, bridge, engine, said):
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.RestoreReused(slot=0, id="zz", cache_n=0, n_prompt=900, n_restored=5000,
-                                                  effective=False, reason="sliding-window model without --swa-full"))
+                                                  effective=False,
+                                                  reason="sliding-window model without --swa-full"))
     title, message, level = said[-1]
     assert level == WARNING
     assert "reused 0 of its 5,000" in message and "--swa-full" in message
     with qtbot.waitSignal(bridge.eventArrived):
-        emit_from_thread(engine, ev.RestoreReused(slot=0, id="zz", cache_n=5000, n_prompt=5100, n_restored=5000,
-                                                  effective=True, reason=None))
+        emit_from_thread(engine,
+                         ev.RestoreReused(slot=0, id="zz", cache_n=5000, n_prompt=5100, n_restored=5000,
+                                          effective=True, reason=None))
     assert len(said) == 1
 
 

@@ -20,9 +20,11 @@ def test_the_macos_tray_icon_is_a_monochrome_template(qtbot):
         icon = icons.tray_icon(state, platform="darwin")
         assert icon.isMask()
         image = icon.pixmap(36, 36).toImage()
-        opaque = [image.pixelColor(x, y) for x in range(36) for y in range(36) if image.pixelColor(x, y).alpha() > 200]
+        opaque = [image.pixelColor(x, y) for x in range(36) for y in range(36)
+                  if image.pixelColor(x, y).alpha() > 200]
         assert opaque and all(c.red() < 40 and c.green() < 40 and c.blue() < 40 for c in opaque), state
-        assert (ICONS / f"tray-{state}Template.png").exists() and (ICONS / f"tray-{state}Template@2x.png").exists()
+        assert (ICONS / f"tray-{state}Template.png").exists()
+        assert (ICONS / f"tray-{state}Template@2x.png").exists()
     assert not icons.tray_icon("ready", platform="linux").isMask()
     # the states differ in shape, not only in colour
     renders = {s: icons.render_svg(icons.template_svg(s), 32) for s in icons.STATES}

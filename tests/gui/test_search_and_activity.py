@@ -20,8 +20,8 @@ CONVERSATIONS = [
      "Which birds nest on river banks?\nSand martins dig tunnels in the soft bank, and the kingfisher digs a "
      "burrow up to a metre long.\nLook for a flash of blue low over the water."),
     ("a1b2c3d4e5f6", "Planning a sailing trip along the coast",
-     "Planning a sailing trip along the coast next summer.\nWe could stop at the harbour where the kingfisher "
-     "nests under the old stone quay.\nTake dry biscuits, apples and plenty of water."),
+     "Planning a sailing trip along the coast next summer.\nWe could stop at the harbour where the "
+     "kingfisher nests under the old stone quay.\nTake dry biscuits, apples and plenty of water."),
     ("0f1e2d3c4b5a", "Baking bread at home for the first time",
      "I want to bake bread at home this weekend.\nMy neighbour gave me a sourdough starter in a jam jar.\n"
      "Let it rest overnight in a cool place."),
@@ -81,7 +81,8 @@ def test_the_search_box_finds_conversations_by_what_was_said(qtbot, window, brid
     assert set(results.ids) == {"a1b2c3d4e5f6", "3c4d5e6f7a8b", "5566778899aa"}
     texts = [results.list.itemWidget(results.list.item(i)).text() for i in range(results.list.count())]
     hostile = next(t for t in texts if "Notes" in t)
-    assert "&lt;b&gt;not bold&lt;/b&gt;" in hostile and "&lt;script&gt;" in hostile, "text is shown, never run"
+    assert ("&lt;b&gt;not bold&lt;/b&gt;" in hostile
+            and "&lt;script&gt;" in hostile), "text is shown, never run"
 
     search(qtbot, bridge, page, "zeppelin")
     assert results.ids == () and "Nothing said" in results.summary.text()
@@ -117,14 +118,16 @@ def test_a_search_answer_older_than_the_typing_is_dropped(qtbot, window, bridge,
 ACTIVITY = [
     ev.ServerStateChanged(ServerState.STARTING, "loading the model"),
     ev.FolderTidied(("incoming-3f9a2b.kv",)),
-    ev.SessionRestored(RestoreSummary("a1b2c3d4e5f6", 0, 1843, 21.0, "Planning a sailing trip along the coast")),
+    ev.SessionRestored(RestoreSummary("a1b2c3d4e5f6", 0, 1843, 21.0,
+                                      "Planning a sailing trip along the coast")),
     ev.EngineReady("http://127.0.0.1:8080", (RestoreSummary("a1b2c3d4e5f6", 0, 1843, 21.0, "Sailing"),)),
     ev.RestoreReused(0, "a1b2c3d4e5f6", 1843, 1900, 1843, True),
     ev.SessionSaved(SaveSummary(0, "update", "a1b2c3d4e5f6", "idle", 1960, 38.0, 31_457_280,
                                 "Planning a sailing trip along the coast")),
     ev.SessionRefused("0f1e2d3c4b5a", 1, ("made with flash attention on; this server runs with it off",)),
     ev.SessionsPruned(("99aa88bb77cc",), 2_147_483_648),
-    ev.ServerStateChanged(ServerState.CRASHED, f"llama-server {describe_exit(-9)}"),  # as the supervisor says it
+    # as the supervisor says it
+    ev.ServerStateChanged(ServerState.CRASHED, f"llama-server {describe_exit(-9)}"),
     ev.ServerStateChanged(ServerState.RESTARTING, "restart 1 of 5", delay=1.0),
     ev.SearchIndexRepaired(completed=3),
     ev.SlotsChanged(()),  # not an action: not listed
@@ -144,7 +147,8 @@ def test_the_activity_list_shows_and_searches_slotkeepers_actions(qtbot, window,
     texts = view.visible_texts()
     assert texts[0].startswith("repaired the search index"), "newest first"
     assert any(t.startswith("restored session a1b2c3d4e5f6") for t in texts)
-    assert any(t.startswith("refused to restore session 0f1e2d3c4b5a into slot 1: made with flash") for t in texts)
+    assert any(t.startswith("refused to restore session 0f1e2d3c4b5a into slot 1: made with flash")
+               for t in texts)
     assert any(t.startswith("llama-server crashed") for t in texts)
     assert not view.empty.isVisible()
     keep_screenshot(window, "main-window-activity.png")

@@ -64,7 +64,8 @@ def test_log_lines_reach_the_log_view(qtbot, page, bridge):
 
 def test_settings_changes_show_at_once(qtbot, page, bridge):
     with qtbot.waitSignal(bridge.settingsChanged, timeout=10_000):
-        bridge.apply_settings(bridge.settings.with_profile(model_path="/m/model.gguf", ctx=4096), persist=False)
+        bridge.apply_settings(bridge.settings.with_profile(model_path="/m/model.gguf", ctx=4096),
+                              persist=False)
     assert page.start_action.isEnabled()
     assert page.flags_label.text().startswith("context 4,096")
 
@@ -79,7 +80,8 @@ def test_helpers():
     assert format_duration(59) == "59 s" and format_duration(2.25) == "2.2 s"
     assert format_duration(3_725) == "1 h 2 min"
     assert format_duration(90_000) == "1 d 1 h 0 min"
-    text = describe_flags(ServerProfile(ctx=8192, parallel=2, flash_attn=True, swa_full=True, extra_args=("-t", "8")))
+    text = describe_flags(ServerProfile(ctx=8192, parallel=2, flash_attn=True, swa_full=True,
+                                        extra_args=("-t", "8")))
     assert text == ("context 8,192 (4,096 per slot), 2 slots, flash attention on, K f16 / V f16, "
                     "--swa-full, -t 8")
 

@@ -30,7 +30,8 @@ def store(tmp_path):
     make_session(d, "aaaaaaaaaaaa", title="Rust borrow checker", age_hours=2, size=4096,
                  flash_attn=True, cache_type_k="q8_0", cache_type_v="q8_0")
     make_session(d, "bbbbbbbbbbbb", title="Gemma chat", age_hours=30, size=8192, pinned=True,
-                 swa=True, swa_full=True, model_path="/m/gemma-2-9b.gguf", arch="gemma2", restore_mode="exact")
+                 swa=True, swa_full=True, model_path="/m/gemma-2-9b.gguf", arch="gemma2",
+                 restore_mode="exact")
     make_session(d, "cccccccccccc", title="Old Gemma chat", age_hours=0.01, size=1024,
                  swa=True, swa_full=False, model_sha256=OTHER_SHA, model_path="C:\\models\\other.gguf",
                  restore_mode="never")
@@ -166,7 +167,8 @@ def test_conversations_group_continuations_and_put_forks_under_their_parent(qtbo
     proxy = SessionsFilterProxy()
     proxy.setSourceModel(model)
     proxy.set_filter_text("cccccccccccc")
-    assert proxy.rowCount() == 1 and proxy.rowCount(proxy.index(0, 0)) == 1, "a matching branch keeps its parent"
+    assert proxy.rowCount() == 1 and proxy.rowCount(proxy.index(0,
+                                                                0)) == 1, "a matching branch keeps its parent"
 
 
 def test_a_conversation_found_by_content_in_any_of_its_saves_stays_listed(qtbot, tmp_path):

@@ -162,7 +162,8 @@ def test_a_page_built_later_says_where_each_conversation_is_now(qtbot, bridge, e
     assert where("bbbbbbbbbbbb") == "slot 0" and where("aaaaaaaaaaaa") == ""
 
 
-def test_a_pinned_conversation_that_went_on_is_one_row_with_its_pin(qtbot, page, bridge, sessions_dir, monkeypatch):
+def test_a_pinned_conversation_that_went_on_is_one_row_with_its_pin(qtbot, page, bridge, sessions_dir,
+                                                                    monkeypatch):
     """The snapshot pinned at 5,012 tokens and the conversation that went on from it: one row,
     pinned, titled and timed by the newest save; Unpin and Delete act on both files."""
     make_session(sessions_dir, "aaaaaaaaaaaa", title="The river", age_hours=5, pinned=True)
@@ -179,7 +180,8 @@ def test_a_pinned_conversation_that_went_on_is_one_row_with_its_pin(qtbot, page,
     assert model.index(0, COLUMN["tokens"]).data() == "6,000"
     assert model.index(0, COLUMN["last_used"]).data() == "just now"
     assert model.index(0, COLUMN["pinned"]).data() == "pinned"
-    assert "2 saves of this conversation (pinned at 5,012 tokens" in model.index(0, 0).data(Qt.ItemDataRole.ToolTipRole)
+    tooltip = model.index(0, 0).data(Qt.ItemDataRole.ToolTipRole)
+    assert "2 saves of this conversation (pinned at 5,012 tokens" in tooltip
     assert model.index(0, 0, top).data() == "The river, take two"
     assert page.sessions_count.text() == "1 saved conversation"
 

@@ -76,7 +76,8 @@ def test_tabs(make_dialog):
 
 
 def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dialog):
-    engine.update_settings(Settings(budget_bytes=5 * GIB, idle_save_seconds=30.0, restore_on_start=2).with_profile(
+    engine.update_settings(Settings(budget_bytes=5 * GIB, idle_save_seconds=30.0,
+                                    restore_on_start=2).with_profile(
         ctx=16384, parallel=2, flash_attn=True, cache_type_k="q8_0", cache_type_v="q8_0",
         extra_args=("--api-key", "two words"), model_path=DEMO_MODEL))
     d = make_dialog()
@@ -108,8 +109,8 @@ def test_missing_model_file_is_reported(qtbot, engine, make_dialog, tmp_path):
     d = make_dialog()
     server = d.server_tab
     server.model_combo.setEditText(str(tmp_path / "nope.gguf"))
-    qtbot.waitUntil(lambda: "nope.gguf" in server.model_note.text() or "not" in server.model_note.text().lower(),
-                    timeout=10_000)
+    qtbot.waitUntil(lambda: "nope.gguf" in server.model_note.text()
+                    or "not" in server.model_note.text().lower(), timeout=10_000)
 
 
 def test_exposure_warning(qtbot, make_dialog, monkeypatch):
@@ -248,8 +249,8 @@ def test_no_command_line_notes_without_overrides(make_dialog):
     assert all(not tab.override_notes for tab in d.form_tabs)
 
 
-def test_the_projector_beside_a_vision_model_is_offered_chosen_and_remembered(qtbot, bridge, engine, make_dialog,
-                                                                           tmp_path):
+def test_the_projector_beside_a_vision_model_is_offered_chosen_and_remembered(qtbot, bridge, engine,
+                                                                              make_dialog, tmp_path):
     from projgen import write_projector
     from slotkeeper.core.modelgen import write_model
 

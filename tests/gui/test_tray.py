@@ -95,10 +95,12 @@ def test_resume_menu_lists_the_ten_most_recent(qtbot, tray, bridge, engine, sess
     assert "Starts the server" in actions[0].toolTip()
 
 
-def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge, engine, sessions_dir, monkeypatch):
+def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge, engine, sessions_dir,
+                                                            monkeypatch):
     make_session(sessions_dir, "aaaaaaaaaaaa", title="Same model", age_hours=1)
     make_session(sessions_dir, "bbbbbbbbbbbb", title="Other model", age_hours=2, model_sha256=OTHER_SHA)
-    make_session(sessions_dir, "cccccccccccc", title="Other cache", age_hours=3, flash_attn=not base_sidecar().flash_attn)
+    make_session(sessions_dir, "cccccccccccc", title="Other cache", age_hours=3,
+                 flash_attn=not base_sidecar().flash_attn)
     listed(qtbot, bridge)
     facts = facts_for(base_sidecar())
     monkeypatch.setattr(type(bridge), "facts", property(lambda self: facts))

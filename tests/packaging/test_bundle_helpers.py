@@ -76,7 +76,8 @@ DROP = [
     "PySide6/translations/qtbase_fr.qm",
     # macOS
     "PySide6/Qt/lib/QtQuick.framework/Versions/A/QtQuick", "PySide6/Qt/lib/QtQml.framework/Resources",
-    "PySide6/Qt/plugins/imageformats/libqmacheif.dylib", "PySide6/Qt/plugins/permissions/libqdarwincamerapermission.dylib",
+    "PySide6/Qt/plugins/imageformats/libqmacheif.dylib",
+    "PySide6/Qt/plugins/permissions/libqdarwincamerapermission.dylib",
 ]
 
 

@@ -37,7 +37,8 @@ BUNDLED_SERVER = BUNDLE / "_internal" / "llama_server" / SERVER_NAME
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("SLOTKEEPER_TEST_PACKAGE") != "1",
-                       reason="set SLOTKEEPER_TEST_PACKAGE=1 (or run `make test-package`) to test the bundle"),
+                       reason="set SLOTKEEPER_TEST_PACKAGE=1 (or run `make test-package`) to test the "
+                              "bundle"),
     pytest.mark.timeout(600),
 ]
 
@@ -192,7 +193,8 @@ def test_save_stop_relaunch_restore_with_the_bundled_server(bundle, user_env, tm
         _assert_bundled_and_clean(server, user_env)
         messages = [
             {"role": "system", "content": "You are a helpful assistant for walkers."},
-            {"role": "user", "content": "Hello there, I would like to talk about the weather in the mountains."},
+            {"role": "user",
+             "content": "Hello there, I would like to talk about the weather in the mountains."},
         ]
         reply = _chat(url, messages)
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
@@ -210,7 +212,8 @@ def test_save_stop_relaunch_restore_with_the_bundled_server(bundle, user_env, tm
         _assert_bundled_and_clean(_server_process(data), user_env)
         messages.append({"role": "user", "content": "What should I pack for a long walk if it rains?"})
         resumed = _chat(url, messages)
-        assert resumed["timings"]["cache_n"] > 0, (resumed["timings"], log.read_text(errors="replace")[-4000:])
+        assert resumed["timings"]["cache_n"] > 0, (resumed["timings"],
+                                                   log.read_text(errors="replace")[-4000:])
         assert second.stop() == 0
     finally:
         second.kill()
@@ -287,7 +290,8 @@ def test_desktop_app_on_x11(bundle, user_env, tmp_path):
         assert "Traceback" not in text and "qt.qpa.plugin" not in text, text[-4000:]
 
 
-def test_the_bundle_downloads_a_model_into_the_hugging_face_cache(bundle, user_env, tmp_path, hub, model_bytes):
+def test_the_bundle_downloads_a_model_into_the_hugging_face_cache(bundle, user_env, tmp_path, hub,
+                                                                  model_bytes):
     # A local server that speaks the Hub's download API (tests/fake_hub.py), as in the unit tests.
     from fake_hub import FILE, REPO
 
@@ -295,8 +299,8 @@ def test_the_bundle_downloads_a_model_into_the_hugging_face_cache(bundle, user_e
     env = {**user_env, "HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "0",
            "HF_HUB_DISABLE_TELEMETRY": "1", "HOME": str(tmp_path)}
     env.pop("HF_TOKEN", None)
-    done = subprocess.run([str(EXE), "models", "download", REPO, FILE, "--quiet"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([str(EXE), "models", "download", REPO, FILE, "--quiet"], env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     path = Path(done.stdout.strip().splitlines()[-1])
     assert path.read_bytes() == model_bytes and cache in path.parents

@@ -75,7 +75,8 @@ def test_installs_the_server_extra_with_the_makefiles_cmake_args(workflow):
     for job in _bundle_jobs(workflow).values():
         env.update(job.get("env", {}))
         installs = [r for r in _runs(job) if "pip install" in r]
-        assert any(re.search(r"\.\[[^\]]*server[^\]]*dev|\.\[[^\]]*dev[^\]]*server", r) for r in installs), installs
+        assert any(re.search(r"\.\[[^\]]*server[^\]]*dev|\.\[[^\]]*dev[^\]]*server", r)
+                   for r in installs), installs
         assert sorted(env["CMAKE_ARGS"].split()) == sorted(make_cmake)
         setup = [s for s in _steps(job) if s.get("uses", "").startswith("actions/setup-python@")]
         assert setup and str(setup[0]["with"]["python-version"]) == "3.11"

@@ -116,8 +116,9 @@ class State:
 
     def describe(self, t0: float) -> str:
         users = [m["content"][: m["content"].index("]") + 1] for m in self.messages if m["role"] == "user"]
-        return (f"{self.kind} of {self.conv} (slot {self.client}) at +{self.start - t0:.1f}..+{self.end - t0:.1f} s, "
-                f"{len(self.messages)} messages, {self.n_tokens} tokens, users {' '.join(users)}")
+        return (f"{self.kind} of {self.conv} (slot {self.client}) at "
+                f"+{self.start - t0:.1f}..+{self.end - t0:.1f} s, {len(self.messages)} messages, "
+                f"{self.n_tokens} tokens, users {' '.join(users)}")
 
 
 def find_in_order(text: str, needles: list[str]) -> int:
@@ -465,7 +466,8 @@ class ChatClient(threading.Thread):
         # was generated (random weights do that) then leaves the saved tokens within the lineage's
         # tail slack and updates the session in place; longer ones fork it.
         short = self.rng.random() < 0.4
-        body = {"messages": self.messages, "max_tokens": self.rng.randint(4, 8) if short else self.rng.randint(9, 48)}
+        body = {"messages": self.messages,
+                "max_tokens": self.rng.randint(4, 8) if short else self.rng.randint(9, 48)}
         reply = self.post(body)
         if reply is None:
             self.messages.pop()

@@ -80,9 +80,9 @@ def chaos_plan(rng: random.Random) -> list[tuple[float, str]]:
 def test_nothing_is_lost_under_a_long_mixed_load_with_crashes(llama_model, server_bin, port, tmp_path):
     data, logs = tmp_path / "data", tmp_path / "logs"
     logs.mkdir()
-    argv = slotkeeper_argv("serve", "--model", str(llama_model), "--server-bin", server_bin, "--port", str(port),
-                           "--ctx", str(CTX), "--parallel", str(SLOTS), "--idle-save", str(IDLE_SAVE),
-                           "--data-dir", str(data))
+    argv = slotkeeper_argv("serve", "--model", str(llama_model), "--server-bin", server_bin, "--port",
+                           str(port), "--ctx", str(CTX), "--parallel", str(SLOTS), "--idle-save",
+                           str(IDLE_SAVE), "--data-dir", str(data))
     rng = random.Random(SEED)
     timeline, stats, stop = Timeline(), Stats(), threading.Event()
     cluster = Cluster(argv, data, logs, timeline)
@@ -116,7 +116,8 @@ def test_nothing_is_lost_under_a_long_mixed_load_with_crashes(llama_model, serve
         code = cluster.serve.terminate(300)
         t_end = now()
         if code != 0:
-            failures.append(f"serve exited with {code} after SIGTERM (expected 0); see {cluster.serve.stderr_path}")
+            failures.append(f"serve exited with {code} after SIGTERM (expected 0); see "
+                            f"{cluster.serve.stderr_path}")
         if process_alive(server_pid):
             failures.append(f"llama-server {server_pid} outlived serve")
     finally:
@@ -140,7 +141,8 @@ def test_nothing_is_lost_under_a_long_mixed_load_with_crashes(llama_model, serve
                             capture_output=True, text=True, timeout=600)
     if verify.returncode != 0:
         bad = [line for line in verify.stdout.splitlines() if "CORRUPT" in line]
-        failures.append(f"`slotkeeper sessions verify` exited with {verify.returncode}: {bad or verify.stderr}")
+        failures.append(f"`slotkeeper sessions verify` exited with {verify.returncode}: "
+                        f"{bad or verify.stderr}")
 
     # -- an engine on the same profile: detokenize, then restore ------------------------------
     settings = Settings(profile=ServerProfile(model_path=str(llama_model), server_bin=server_bin, port=port,
@@ -184,13 +186,14 @@ def test_nothing_is_lost_under_a_long_mixed_load_with_crashes(llama_model, serve
         # -- 3. a sample restores, and the next request continues from the cache ----------
         sample = rng.sample(entries, min(len(entries), RESTORE_SAMPLE))
         suffix = httpx.post(f"{engine.base_url}/tokenize", timeout=30, json={
-            "content": "\n[check] Please go on from where we stopped.", "add_special": False}).json()["tokens"]
+            "content": "\n[check] Please go on from where we stopped.",
+            "add_special": False}).json()["tokens"]
         for i, e in enumerate(sample):
             slot = i % SLOTS
             summary = engine.restore(e.id, slot)
             if summary is None or summary.already_loaded:
-                failures.append(f"session {e.id} ({e.sidecar.n_tokens} tokens) did not restore into slot {slot}: "
-                                f"{summary}")
+                failures.append(f"session {e.id} ({e.sidecar.n_tokens} tokens) did not restore into slot "
+                                f"{slot}: {summary}")
                 continue
             r = httpx.post(f"{engine.base_url}/completion", timeout=120, json={
                 "prompt": tokens[e.id] + suffix, "n_predict": 4, "id_slot": slot, "cache_prompt": True,
@@ -226,7 +229,8 @@ def test_nothing_is_lost_under_a_long_mixed_load_with_crashes(llama_model, serve
     print(f"  seed {SEED}; load {t_stop - t0:.0f} s; whole test {now() - t_begin:.0f} s "
           f"(shutdown save {t_end - t_stop:.1f} s)")
     print(f"  conversations {stats.conversations}; requests {stats.requests} answered "
-          f"({stats.attempts} attempts, {stats.outage_errors} failed during outages: {dict(stats.outage_kinds)})")
+          f"({stats.attempts} attempts, {stats.outage_errors} failed during outages: "
+          f"{dict(stats.outage_kinds)})")
     print(f"  turns {stats.turns}; forks {stats.forks}; cancellations {stats.cancels} "
           f"({stats.cancels_completed} streams ended before the client closed them)")
     print(f"  some slot busy {100 * timeline.busy_share(t0, t_stop):.0f}% of the time")

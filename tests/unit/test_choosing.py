@@ -107,7 +107,8 @@ def test_swa_full_and_arguments():
     swa_model = ModelIdentity(BASE.model_path, BASE.model_sha256, has_swa=True)
     swa_sessions = sessions(2, swa=True, swa_full=True)
     before = expected_facts(replace(PROFILE, swa_full=True), swa_model)
-    after = expected_facts(replace(PROFILE, swa_full=False, extra_args=("--rope-freq-base", "1e6")), swa_model)
+    after = expected_facts(replace(PROFILE, swa_full=False, extra_args=("--rope-freq-base", "1e6")),
+                           swa_model)
     assert left_behind(swa_sessions, before, swa_model, after, swa_model) == [
         "2 saved conversations were made with --swa-full and will not restore with the default "
         "sliding-window cache.",
@@ -144,16 +145,18 @@ def test_another_projector_or_none_strands_only_the_conversations_holding_images
     text_only = sessions(3, mmproj_sha256="a" * 64)
     entries = with_images + text_only
     before = expected_facts(replace(PROFILE, mmproj_path=str(proj)), MODEL)
-    same = left_behind(entries, before, MODEL, expected_facts(replace(PROFILE, mmproj_path=str(proj)), MODEL), MODEL)
+    same = left_behind(entries, before, MODEL, expected_facts(replace(PROFILE, mmproj_path=str(proj)), MODEL),
+                       MODEL)
     assert same == []
     # other settings still count every conversation, images or not
     more = left_behind(entries, before, MODEL,
-                       expected_facts(replace(PROFILE, mmproj_path=str(proj), parallel=4, ctx=65536), MODEL), MODEL)
+                       expected_facts(replace(PROFILE, mmproj_path=str(proj), parallel=4, ctx=65536), MODEL),
+                       MODEL)
     assert more == ["5 saved conversations were made with 2 slots and will not restore with 4."]
     assert left_behind(entries, before, MODEL, expected_facts(PROFILE, MODEL), MODEL) == [
         "2 saved conversations hold images read by the current projector and will not restore without it."]
-    assert left_behind(entries, before, MODEL, expected_facts(replace(PROFILE, mmproj_path=str(other)), MODEL),
-                       MODEL) == [
+    assert left_behind(entries, before, MODEL,
+                       expected_facts(replace(PROFILE, mmproj_path=str(other)), MODEL), MODEL) == [
         "2 saved conversations hold images read by the current projector and will not restore with another "
         "projector."]
     # without a projector now, image sessions do not restore anyway: nothing more is lost by adding one

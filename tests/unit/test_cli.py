@@ -27,7 +27,8 @@ def test_options_before_or_after_the_subcommand_agree():
 
 
 def test_extra_arguments_after_double_dash():
-    assert _split_extra(["serve", "--demo", "--", "--threads", "2"]) == (["serve", "--demo"], ["--threads", "2"])
+    assert (_split_extra(["serve", "--demo", "--", "--threads", "2"])
+            == (["serve", "--demo"], ["--threads", "2"]))
 
 
 @pytest.mark.parametrize("argv", [["serve", "--port", "70000"], ["serve", "--budget", "lots"],
@@ -57,10 +58,12 @@ def test_model_info_errors_and_json(tmp_path, capsys):
     import json
 
     data = json.loads(capsys.readouterr().out)
-    assert data["arch"] == "gemma2" and data["swa"] and data["kv"]["bytes_swa_full"] > data["kv"]["bytes_default"]
+    assert (data["arch"] == "gemma2" and data["swa"]
+            and data["kv"]["bytes_swa_full"] > data["kv"]["bytes_default"])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no-display detection is Linux (X11/Wayland) only")
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="no-display detection is Linux (X11/Wayland) only")
 def test_desktop_app_without_a_display_says_so(monkeypatch, capsys, tmp_path):
     for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
         monkeypatch.delenv(var, raising=False)

@@ -33,7 +33,8 @@ def test_model_info_estimates_at_the_apps_default_context(tmp_path, capsys):
     from slotkeeper.core.modelgen import write_model
 
     assert build_parser().parse_args(["model-info", "m.gguf"]).ctx == APP_CTX
-    assert f"--ctx N total context (default {APP_CTX}, the app's and serve's)" in help_text(capsys, "model-info")
+    assert (f"--ctx N total context (default {APP_CTX}, the app's and serve's)"
+            in help_text(capsys, "model-info"))
     model = write_model(tmp_path / "g.gguf", "llama")
     assert main(["model-info", str(model), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kv"]["n_ctx"] == APP_CTX

@@ -173,7 +173,8 @@ def test_slot_actions_send_the_action_in_the_query_and_the_file_in_the_body(clie
     assert client.erase_slot(3) == 5
     seen = server.fake.seen
     assert [(s.method, s.path) for s in seen] == [
-        ("POST", "/slots/1?action=save"), ("POST", "/slots/0?action=restore"), ("POST", "/slots/3?action=erase")]
+        ("POST", "/slots/1?action=save"), ("POST", "/slots/0?action=restore"),
+        ("POST", "/slots/3?action=erase")]
     assert [json.loads(s.body) for s in seen] == [{"filename": "a b&c.bin"}, {"filename": "x.bin"}, {}]
     with pytest.raises(ValueError):
         client.erase_slot(-1)
@@ -186,7 +187,8 @@ def test_the_api_key_is_sent_as_a_bearer_token(server):
         c.save_slot(0, "f.bin")
     with LlamaClient(server.url) as c:
         c.slots()
-    assert [s.headers.get("Authorization") for s in server.fake.seen] == ["Bearer s3cret", "Bearer s3cret", None]
+    assert [s.headers.get("Authorization")
+            for s in server.fake.seen] == ["Bearer s3cret", "Bearer s3cret", None]
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -205,14 +207,16 @@ def test_error_answers_carry_the_servers_words(client, server, status, content_t
     server.fake.answers["/slots"] = (status, content_type, body)
     with pytest.raises(ServerError) as caught:
         client.slots()
-    assert (caught.value.status, caught.value.message, caught.value.error_type) == (status, message, error_type)
+    assert (caught.value.status, caught.value.message,
+            caught.value.error_type) == (status, message, error_type)
     assert str(caught.value) == f"llama-server answered {status}: {message}"
     assert client.props().total_slots == 2  # the connection stays usable after an error
 
 
 def test_health_tells_loading_from_failing(client, server):
     server.fake.answers["/health"] = (503, "application/json",
-                                      b'{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}')
+                                      b'{"error": {"code": 503, "message": "Loading model", "type": '
+                                      b'"unavailable_error"}}')
     health = client.health()
     assert (health.ok, health.loading, health.message) == (False, True, "Loading model")
     server.fake.answers["/health"] = (500, "text/plain", b"broken")

@@ -115,7 +115,8 @@ def test_the_projector_setting_becomes_mmproj_and_extra_args_cannot_name_another
     from slotkeeper.core.server.command import CommandError, build_argv
     from slotkeeper.core.settings import ServerProfile
 
-    argv = build_argv(["llama-server"], ServerProfile(mmproj_path="~/models/mmproj-x.gguf"), "m.gguf", tmp_path)
+    argv = build_argv(["llama-server"], ServerProfile(mmproj_path="~/models/mmproj-x.gguf"), "m.gguf",
+                      tmp_path)
     i = argv.index("--mmproj")
     assert argv[i + 1].endswith("models/mmproj-x.gguf") and "~" not in argv[i + 1]
     assert "--mmproj" not in build_argv(["llama-server"], ServerProfile(), "m.gguf", tmp_path)

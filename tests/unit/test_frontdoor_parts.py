@@ -55,7 +55,8 @@ def test_only_json_objects_are_routed_and_anything_else_is_refused_not_passed_on
         with pytest.raises(BadBody, match=why):
             parse_object(raw)
     assert parse_object(b'{"seed": 123456789012345678901234567890}').keys() == {"seed"}  # past 64 bits
-    assert parse_object(b'\xef\xbb\xbf{"prompt": "x"}') == {"prompt": "x"}  # a byte order mark, as llama-server
+    # a byte order mark, as llama-server
+    assert parse_object(b'\xef\xbb\xbf{"prompt": "x"}') == {"prompt": "x"}
 
 
 def test_a_body_rewritten_with_a_huge_integer_stays_valid():
@@ -81,8 +82,8 @@ def test_timings_are_read_from_the_timings_key_not_from_the_reply_text():
 
 
 def test_stream_timings_survive_any_split():
-    events = [b'data: {"content": "a"}\n\n', b'data: {"content": "b", "timings": {"prompt_n": 7, "cache_n": 1}}\n\n',
-              b"data: [DONE]\n\n"]
+    events = [b'data: {"content": "a"}\n\n',
+              b'data: {"content": "b", "timings": {"prompt_n": 7, "cache_n": 1}}\n\n', b"data: [DONE]\n\n"]
     stream = b"".join(events)
     for cut in range(1, len(stream)):
         sse = SseTimings()

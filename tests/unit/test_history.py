@@ -172,7 +172,8 @@ def test_max_records_must_be_positive(path: Path) -> None:
 
 
 def test_records_without_the_cache_source_still_read(path: Path) -> None:
-    old = {"v": HISTORY_VERSION, "at": 1.0, "slot": 0, "n_prompt": 10, "cache_n": 5, "prompt_n": 5, "prompt_ms": 1.0}
+    old = {"v": HISTORY_VERSION, "at": 1.0, "slot": 0, "n_prompt": 10, "cache_n": 5, "prompt_n": 5,
+           "prompt_ms": 1.0}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(old) + "\n")
     [r] = RequestHistory(path).load()
@@ -192,8 +193,10 @@ def test_launches_are_kept_beside_the_requests(path: Path) -> None:
     history.append(rec(20))
     again = RequestHistory(path)
     assert [r.at for r in again.load()] == [rec(i).at for i in (0, 1, 2, 20)]
-    assert again.launches() == [LaunchRecord(1_700_000_000.0 - 5, (0,)), LaunchRecord(1_700_000_010.0, (0, 1))]
-    assert json.loads(lines(path)[-2]) == {"v": HISTORY_VERSION, "launch": 1_700_000_010.0, "restored_slots": [0, 1]}
+    assert again.launches() == [LaunchRecord(1_700_000_000.0 - 5, (0,)),
+                                LaunchRecord(1_700_000_010.0, (0, 1))]
+    assert json.loads(lines(path)[-2]) == {"v": HISTORY_VERSION, "launch": 1_700_000_010.0,
+                                           "restored_slots": [0, 1]}
 
 
 def test_compaction_keeps_the_launches_of_the_requests_it_keeps(path: Path) -> None:

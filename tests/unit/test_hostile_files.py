@@ -140,7 +140,8 @@ def test_a_kv_file_that_is_not_a_regular_file(home, tmp_path, kind):
         kv.mkdir()
     else:
         kv.symlink_to(write_slot_save(tmp_path / "outside.kv", CHAT[:30]))
-    what = {"loop": "symbolic link", "link-outside": "symbolic link", "fifo": "FIFO", "directory": "directory"}[kind]
+    what = {"loop": "symbolic link", "link-outside": "symbolic link", "fifo": "FIFO",
+            "directory": "directory"}[kind]
     listing = within(10, store.listing, [kv] if kind == "fifo" else [])
     bad = next(e for e in listing.sessions if e.id == BAD)
     assert bad.status == "corrupt" and what in bad.problems[0], bad.problems

@@ -27,8 +27,8 @@ SCRIPT = textwrap.dedent("""
 def test_aiohttp_loads_no_certificates_and_the_ssl_module_is_left_as_it_was():
     if ssl.create_default_context().cert_store_stats()["x509_ca"] == 0:
         pytest.skip("this system has no CA certificates to skip")
-    out = json.loads(subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True,
-                                    timeout=120).stdout)
+    out = json.loads(subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                                    check=True, timeout=120).stdout)
     assert out["aiohttp"] == 0  # its default HTTPS contexts (unused: the front door is plain HTTP)
     assert out["after"] > 0 and out["patched"] is False  # everyone else's contexts are as before
     assert out["same_web"] is True

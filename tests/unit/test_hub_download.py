@@ -223,7 +223,8 @@ def test_git_blob_ids_verify_small_files():
     data = b"hello\n"
     h = _Hasher("git-sha1", len(data))
     h.update(data)
-    assert h.hexdigest() == hashlib.sha1(b"blob 6\0hello\n").hexdigest() == "ce013625030ba8dba906f756967f9e9ca394464a"
+    assert (h.hexdigest() == hashlib.sha1(b"blob 6\0hello\n").hexdigest()
+            == "ce013625030ba8dba906f756967f9e9ca394464a")
 
 
 def test_huggingface_hub_telemetry_is_off_unless_the_user_turned_it_on() -> None:

@@ -123,7 +123,8 @@ def test_a_listing_reads_only_the_sidecars_that_changed_and_repairs_the_rest(tmp
         make_session(folder, sid, tokens=A[:100])
     old_enough(*folder.iterdir())
     store = CountingStore(folder, index_file=tmp_path / "index.json")
-    assert len(store.listing().sessions) == 3 and sorted(store.reads) == ["aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"]
+    assert len(store.listing().sessions) == 3
+    assert sorted(store.reads) == ["aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"]
     store.reads.clear()
     assert len(store.listing().sessions) == 3 and store.reads == []
 
@@ -245,7 +246,8 @@ def test_the_cli_lists_from_the_index_and_keeps_it(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [x["id"] for x in rows] == [e.id for e in SessionStore(paths.sessions_dir).listing().sessions]
-    assert paths.sessions_index_file.exists() and stat.S_IMODE(paths.sessions_index_file.stat().st_mode) == 0o600
+    assert (paths.sessions_index_file.exists()
+            and stat.S_IMODE(paths.sessions_index_file.stat().st_mode) == 0o600)
     (paths.sessions_dir / f"{3:012x}.json").unlink()
     rows = json.loads(run_cli(paths.data_dir, "list", "--json").stdout)
     assert len(rows) == 4 and f"{3:012x}" not in {x["id"] for x in rows}
@@ -361,7 +363,8 @@ def _cli_list_json(data_dir) -> tuple[list, bool]:
         import json, sys
         from slotkeeper import cli
         code = cli.main(["sessions", "--data-dir", {str(data_dir)!r}, "list", "--json"])
-        sys.stderr.write(json.dumps({{"code": code, "store": "slotkeeper.core.sessions.store" in sys.modules}}))
+        loaded = "slotkeeper.core.sessions.store" in sys.modules
+        sys.stderr.write(json.dumps({{"code": code, "store": loaded}}))
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     info = json.loads(r.stderr.strip().splitlines()[-1])

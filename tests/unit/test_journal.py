@@ -14,7 +14,8 @@ from slotkeeper.core.views import Activity, RestoreSummary, SaveSummary, SlotVie
 
 SAVED = ev.SessionSaved(SaveSummary(0, "new", "abc123", "idle", 1234, 41.0, 5 * 1024**2, "Otters at dawn"))
 ACTIONS = [
-    (SAVED, "saved", INFO, "saved slot 0 (idle, new): 1,234 tokens as session abc123 “Otters at dawn”, 5.0 MiB"),
+    (SAVED, "saved", INFO,
+     "saved slot 0 (idle, new): 1,234 tokens as session abc123 “Otters at dawn”, 5.0 MiB"),
     (ev.SessionSaved(SaveSummary(1, "empty", None, "shutdown", 0, 1.0, 0, "")), "saved", INFO,
      "saved slot 1 (shutdown, empty): the slot was empty"),
     (ev.SaveFailed(2, "the disk is full"), "save failed", ERROR, "saving slot 2 failed: the disk is full"),
@@ -50,7 +51,8 @@ ACTIONS = [
     (ev.ServerAdopted(4242), "server", INFO, "took over llama-server (pid 4242)"),
     (ev.EngineReady("http://127.0.0.1:8080", (RestoreSummary("a", 0, 100, 1.0, "t"),)), "server", INFO,
      "ready at http://127.0.0.1:8080; restored 1 conversation (100 tokens)"),
-    (ev.WarningRaised("the model has a sliding window"), "warning", WARNING, "the model has a sliding window"),
+    (ev.WarningRaised("the model has a sliding window"), "warning", WARNING,
+     "the model has a sliding window"),
     (ev.NoticeRaised("saved 2 conversations"), "notice", INFO, "saved 2 conversations"),
 ]
 

@@ -113,9 +113,12 @@ def test_media_positions_become_one_pseudo_token_per_chunk(tmp_path: Path) -> No
 
 
 def test_the_same_image_gives_the_same_pseudo_token_and_another_image_another(tmp_path: Path) -> None:
-    one = read_tokens(_write_fake_save(tmp_path / "1.kv", [], words=_media_blob([5, -1, -1], [(1, b"sha-one")])))
-    same = read_tokens(_write_fake_save(tmp_path / "2.kv", [], words=_media_blob([5, -1, -1], [(1, b"sha-one")])))
-    other = read_tokens(_write_fake_save(tmp_path / "3.kv", [], words=_media_blob([5, -1, -1], [(1, b"sha-two")])))
+    one = read_tokens(_write_fake_save(tmp_path / "1.kv", [],
+                                       words=_media_blob([5, -1, -1], [(1, b"sha-one")])))
+    same = read_tokens(_write_fake_save(tmp_path / "2.kv", [],
+                                        words=_media_blob([5, -1, -1], [(1, b"sha-one")])))
+    other = read_tokens(_write_fake_save(tmp_path / "3.kv", [],
+                                         words=_media_blob([5, -1, -1], [(1, b"sha-two")])))
     assert one.tokens == same.tokens
     assert one.tokens != other.tokens
 

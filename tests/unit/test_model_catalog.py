@@ -62,7 +62,8 @@ def test_worked_figures_at_the_default_context():
 def test_restore_modes_follow_the_architecture():
     modes = {m.id: m.restore_mode for m in CATALOG}
     assert modes["gemma3-4b"] == modes["gpt-oss-20b"] == families.RESTORE_NEEDS_SWA_FULL
-    assert {modes[i] for i in ("qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3.2-3b")} == {families.RESTORE_WORKS}
+    assert {modes[i]
+            for i in ("qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3.2-3b")} == {families.RESTORE_WORKS}
     hybrid = CuratedModel(id="h", title="h", repo_id="a/b", filename="h.gguf", quant="Q4_K_M",
                           download_bytes=1, arch="lfm2", n_layers=4, n_embd=64, n_head=4, n_head_kv=4,
                           head_dim=16, context_length=4096, recurrent=True)

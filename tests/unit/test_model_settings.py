@@ -18,7 +18,8 @@ DATA = Path(__file__).parent.parent / "data"
 def test_per_model_fields_are_profile_fields():
     profile_fields = set(st.ServerProfile().to_json())
     assert set(PER_MODEL_FIELDS) <= profile_fields
-    assert {"ctx", "parallel", "flash_attn", "cache_type_k", "cache_type_v", "swa_full", "extra_args", "mmproj_path"} == set(
+    assert {"ctx", "parallel", "flash_attn", "cache_type_k", "cache_type_v", "swa_full", "extra_args",
+            "mmproj_path"} == set(
         PER_MODEL_FIELDS)
     assert "port" not in PER_MODEL_FIELDS and "model_path" not in PER_MODEL_FIELDS
 

@@ -147,7 +147,8 @@ def test_written_file_has_normal_permissions(tmp_path: Path) -> None:
 
 def test_the_demo_kind_is_a_small_llama_the_tests_use(tmp_path: Path) -> None:
     path = write_model(tmp_path / DEMO_FILENAME, "demo", seed=0)
-    assert read_model_info(path).name == "Slotkeeper demo (random weights)" and read_model_info(path).arch == "llama"
+    assert (read_model_info(path).name == "Slotkeeper demo (random weights)"
+            and read_model_info(path).arch == "llama")
 
 
 @pytest.mark.parametrize(

@@ -51,9 +51,9 @@ def _probe(*modules: str) -> dict:
 
 
 def test_session_files_lineage_and_the_index_never_load_numpy():
-    found = _probe("slotkeeper.core.tokens", "slotkeeper.core.sessions.kvfile", "slotkeeper.core.sessions.lineage",
-                   "slotkeeper.core.sessions.index", "slotkeeper.core.sessions.store",
-                   "slotkeeper.core.sessions.saving")
+    found = _probe("slotkeeper.core.tokens", "slotkeeper.core.sessions.kvfile",
+                   "slotkeeper.core.sessions.lineage", "slotkeeper.core.sessions.index",
+                   "slotkeeper.core.sessions.store", "slotkeeper.core.sessions.saving")
     assert not found["loaded"], found
 
 

@@ -101,7 +101,8 @@ def test_swa_explanation_and_swa_note_agree_on_the_cost(gemma2_model: Path):
     est = swa_kv_estimate(info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
     assert est == gguf_memory.kv_estimate(info, 8192, 2, type_k="q8_0", type_v="q8_0")
     note = swa_note(ModelChoice(gemma2_model, info, False), profile)
-    explanation = swa_explanation(info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
+    explanation = swa_explanation(info, profile.ctx, profile.parallel, profile.cache_type_k,
+                                  profile.cache_type_v)
     extra = human_bytes(est.swa_full_extra_bytes)
     assert f"costs {extra} more KV memory" in note
     assert f"costs {extra} more KV memory" in explanation

@@ -31,7 +31,8 @@ def test_evicting_a_changed_conversation_saves_it_first():
     # saved already: nothing to save
     assert not route(300, [slot(0, prefix=40, held=400, n_prompt=350, changed=False)]).save_first
     # least recently used goes first, a saved one before a changed one
-    r = route(100, [slot(0, held=10, n_prompt=5, changed=True, used=1.0), slot(1, held=10, n_prompt=5, used=9.0)])
+    r = route(100,
+              [slot(0, held=10, n_prompt=5, changed=True, used=1.0), slot(1, held=10, n_prompt=5, used=9.0)])
     assert r.slot == 1 and not r.save_first
 
 
@@ -47,7 +48,8 @@ def test_a_saved_session_is_restored_when_it_beats_the_slots_by_the_break_even()
     s = SessionOption("abc", prefix=900, n_tokens=950, exact_only=False)
     r = route(1000, [slot(0, prefix=40, held=300, n_prompt=280, changed=True)], s, break_even_tokens=100)
     assert r.restore == "abc" and r.slot == 0 and r.save_first and r.expected_prefix == 900
-    assert route(1000, [slot(0, prefix=850, held=860, n_prompt=850)], s, break_even_tokens=100).restore is None
+    assert route(1000, [slot(0, prefix=850, held=860, n_prompt=850)], s,
+                 break_even_tokens=100).restore is None
 
 
 def test_fragile_sessions_are_restored_only_for_an_exact_continuation():

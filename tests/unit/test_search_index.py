@@ -93,7 +93,8 @@ def test_the_cli_delete_keeps_the_index_in_step(service, paths):
 
 
 def test_sessions_missing_from_the_index_are_found_by_title_until_completed(service):
-    make_session(service.store.dir, "copied", tokens=list(range(5, 70)), title="Planning the harbour festival",
+    make_session(service.store.dir, "copied", tokens=list(range(5, 70)),
+                 title="Planning the harbour festival",
                  preview="You: which boats come to the harbour festival?")
     result = service.search("harbour")
     [hit] = result.hits
@@ -115,7 +116,8 @@ class FakeDetokenizer:
 
 def test_partial_entries_are_completed_by_a_server_of_their_model(service):
     sc = make_session(service.store.dir, "p", tokens=list(range(5, 70)), title="Untitled walk")
-    make_session(service.store.dir, "other", tokens=list(range(5, 70)), title="Another model", model_sha256="e" * 64)
+    make_session(service.store.dir, "other", tokens=list(range(5, 70)), title="Another model",
+                 model_sha256="e" * 64)
     service.search("walk")
     http = FakeDetokenizer("<|im_start|>user\nTell me about the ferry timetable<|im_end|>")
     assert complete_partial(service.search_index, service.store, http, sc.model_sha256) == 1

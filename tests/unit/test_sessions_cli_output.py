@@ -41,8 +41,9 @@ def sessions(paths, *args: str, capsys) -> tuple[int, str, str]:
 @pytest.fixture
 def three(paths):
     """Two saves of Qwen3-8B's Q4_K_M (one pinned, one a branch of it) and one of gemma."""
-    make_session(paths.sessions_dir, "3f9c2a7b1e04", title=LONG_TITLE, pinned=True, used="2026-01-03T12:00:00Z",
-                 model_path="/models/Qwen3-8B-Q4_K_M.gguf", model_sha256=SHA_A, n_tokens=5012)
+    make_session(paths.sessions_dir, "3f9c2a7b1e04", title=LONG_TITLE, pinned=True,
+                 used="2026-01-03T12:00:00Z", model_path="/models/Qwen3-8B-Q4_K_M.gguf", model_sha256=SHA_A,
+                 n_tokens=5012)
     make_session(paths.sessions_dir, "3f11aa7b1e04", title="Short one", used="2026-01-02T12:00:00Z",
                  model_path="/models/Qwen3-8B-Q4_K_M.gguf", model_sha256=SHA_A, parent="3f9c2a7b1e04")
     make_session(paths.sessions_dir, "0123456789ab", title="Gemma chat", used="2026-01-01T12:00:00Z",
@@ -59,7 +60,8 @@ def test_the_list_has_a_header_a_model_column_and_titles_cut_with_an_ellipsis(th
     first = lines[1]
     assert first.startswith("* 3f9c2a7b1e04  Qwen3-8B ") and "5,012" in first and "works" in first
     assert first.endswith("…") and LONG_TITLE[:30] in first and LONG_TITLE not in first
-    assert "gemma-3-4b-it " in lines[3] and "exact continuation only" in lines[3] and lines[3].endswith("Gemma chat")
+    assert ("gemma-3-4b-it " in lines[3] and "exact continuation only" in lines[3]
+            and lines[3].endswith("Gemma chat"))
     column = lines[0].index("MODEL")  # the columns line up under the header
     assert [lines[1].index("Qwen3"), lines[2].index("Qwen3"), lines[3].index("gemma")] == [column] * 3
     assert lines[4] == "3 saved conversations, 2.9 KiB on disk  (* = pinned)"
@@ -141,14 +143,16 @@ def test_show_is_a_summary_to_read_and_json_has_every_field(three, capsys):
     assert lines[0] == "Short one"
     text = "\n".join(lines)
     for expected in ("/models/Qwen3-8B-Q4_K_M.gguf (qwen3", "5,012", "1000 B on disk", "last used",
-                     "2026-01-02", "pinned", "works", "full attention", "branched from  3f9c2a7b1e04 (A rather",
-                     "into slot 1, 4,000 tokens", "status", "ok", "sessions show --json 3f11aa7b1e04"):
+                     "2026-01-02", "pinned", "works", "full attention",
+                     "branched from  3f9c2a7b1e04 (A rather", "into slot 1, 4,000 tokens", "status", "ok",
+                     "sessions show --json 3f11aa7b1e04"):
         assert expected in text, (expected, text)
     for internal in INTERNALS:
         assert internal not in text, internal
     code, out, _err = sessions(three, "show", "3f11aa7b1e04", "--json", capsys=capsys)
     data = json.loads(out)
-    assert code == 0 and data["kv_file"] == "3f11aa7b1e04.00000000.kv" and data["content_hash"].startswith("xxh3")
+    assert (code == 0 and data["kv_file"] == "3f11aa7b1e04.00000000.kv"
+            and data["content_hash"].startswith("xxh3"))
     assert data["verified"]["ino"] > 0 and data["parent"] == "3f9c2a7b1e04"
 
 

@@ -70,7 +70,8 @@ def test_a_stored_v2_file_starts_the_server_with_the_app(tmp_path):
 
 def test_turned_off_in_a_v3_file_it_stays_off(tmp_path):
     path = tmp_path / "settings.json"
-    st.save_settings(path, st.Settings(start_server_on_launch=False).with_profile(model_path="/models/a.gguf"))
+    st.save_settings(path,
+                     st.Settings(start_server_on_launch=False).with_profile(model_path="/models/a.gguf"))
     assert json.loads(path.read_text())["schema_version"] == 3
     assert st.load_settings(path).start_server_on_launch is False
 

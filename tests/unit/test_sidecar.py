@@ -192,7 +192,8 @@ def test_loads_stored_v2_file_with_media() -> None:
     assert (plain.n_media, plain.mmproj_sha256) == (0, None)  # files before the keys hold text only
 
 
-@pytest.mark.parametrize("bad", [{"n_media": -1}, {"n_media": True}, {"mmproj_sha256": "abc"}, {"mmproj_sha256": 5}])
+@pytest.mark.parametrize("bad",
+                         [{"n_media": -1}, {"n_media": True}, {"mmproj_sha256": "abc"}, {"mmproj_sha256": 5}])
 def test_media_keys_are_type_checked(bad: dict) -> None:
     stored = json.loads((DATA / "sidecar_v2_media.json").read_text(encoding="utf-8"))
     with pytest.raises(SidecarError):
@@ -341,7 +342,8 @@ def test_newer_schema_is_refused_with_a_clear_message() -> None:
     with pytest.raises(SidecarError) as excinfo:
         Sidecar.from_json(valid_json(schema_version=7))
     assert (
-        str(excinfo.value) == f"saved by a newer Slotkeeper (schema 7); this version reads up to {SCHEMA_VERSION}"
+        str(excinfo.value) == "saved by a newer Slotkeeper (schema 7); this version reads up to "
+                              f"{SCHEMA_VERSION}"
     )
 
 
@@ -719,7 +721,8 @@ def test_the_sessions_index_gives_back_the_sidecar_it_kept(changes):
     from slotkeeper.core.sessions.stamps import FileStamp
 
     if changes.get("verified") == "stamp":
-        changes = {**changes, "verified": FileStamp(4096, 1_700_000_000_000_000_000, 42, 1_700_000_000_000_000_001,
-                                                    "xxh3_128:" + "f" * 32)}
+        changes = {**changes,
+                   "verified": FileStamp(4096, 1_700_000_000_000_000_000, 42, 1_700_000_000_000_000_001,
+                                         "xxh3_128:" + "f" * 32)}
     sc = make_sidecar(**changes)
     assert Sidecar.from_index(sc.to_json()) == sc

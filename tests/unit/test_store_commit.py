@@ -101,10 +101,12 @@ def test_a_first_save_without_its_tokens_is_read_from_its_file_later(tmp_path):
     store.listing()
     store.index_tokens()
     incoming = write_slot_save(folder / "incoming-0000000000000000.kv", A[:150])
-    sc = store.commit(incoming, replace(template, id="bbbbbbbbbbbb", kv_file="bbbbbbbbbbbb.00000001.kv"), None)
+    sc = store.commit(incoming, replace(template, id="bbbbbbbbbbbb", kv_file="bbbbbbbbbbbb.00000001.kv"),
+                      None)
     assert sc.verified is None  # no hash stamp given: a restore hashes the file
     assert store.index_tokens() == 1
-    assert {h.session_id for h in store.index.longest_prefix(A[:100], SHA)} == {"aaaaaaaaaaaa", "bbbbbbbbbbbb"}
+    assert {h.session_id
+            for h in store.index.longest_prefix(A[:100], SHA)} == {"aaaaaaaaaaaa", "bbbbbbbbbbbb"}
 
 
 def test_the_index_changes_through_its_own_methods(tmp_path):
@@ -114,8 +116,9 @@ def test_the_index_changes_through_its_own_methods(tmp_path):
 
     def read(sid, st):
         reads.append(sid)
-        return SidecarRecord(st, {"id": sid, "kv_file": f"{sid}.00000000.kv", "size_bytes": 5, "corrupt": None,
-                                  "last_used_at": "2026-01-01T00:00:00Z", "model_sha256": "m"})
+        return SidecarRecord(st,
+                             {"id": sid, "kv_file": f"{sid}.00000000.kv", "size_bytes": 5, "corrupt": None,
+                              "last_used_at": "2026-01-01T00:00:00Z", "model_sha256": "m"})
 
     old = 1_000_000_000
     st = {sid: (0o100600, 100, old, i, old) for i, sid in enumerate(("a" * 12, "b" * 12))}

@@ -76,7 +76,8 @@ def test_a_held_lock_makes_the_cli_give_up_with_a_message_not_hang(tmp_path):
     finally:
         holder.kill()
         holder.wait(10)
-    assert run_cli(paths.data_dir, "pin", "aaaaaaaaaaaa", env={"SLOTKEEPER_LOCK_TIMEOUT": "1"}).returncode == 0
+    assert run_cli(paths.data_dir, "pin", "aaaaaaaaaaaa",
+                   env={"SLOTKEEPER_LOCK_TIMEOUT": "1"}).returncode == 0
 
 
 def test_a_bad_lock_timeout_is_a_usage_error(tmp_path):

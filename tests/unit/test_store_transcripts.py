@@ -82,7 +82,8 @@ def test_the_command_line_shows_and_exports_a_transcript(tmp_path):
     _commit(folder, SessionStore(folder), old, "00000001", 200, T2)
     shown = run_cli(home, "show", "aaaa", "--transcript")
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.splitlines()[:2] == ["--- user", "Is the ridge icy?"] and "--- assistant\nIn places." in shown.stdout
+    assert shown.stdout.splitlines()[:2] == ["--- user", "Is the ridge icy?"]
+    assert "--- assistant\nIn places." in shown.stdout
     md = run_cli(home, "export", "aaaaaaaaaaaa")
     assert md.returncode == 0 and "## Assistant\n\nIn places." in md.stdout
     out = tmp_path / "chat.json"

@@ -113,7 +113,8 @@ def test_model_files_are_named_as_sidecars_record_them(tmp_path):
     link = tmp_path / "snapshot.gguf"
     link.symlink_to(real)
     assert resolved_model_file(None, tmp_path) is None
-    starter = find_starter_model(tmp_path) or tmp_path / STARTER_FILENAME  # this installation's, or the one to fetch
+    # this installation's, or the one to fetch
+    starter = find_starter_model(tmp_path) or tmp_path / STARTER_FILENAME
     assert resolved_model_file(DEMO_MODEL, tmp_path) == os.path.realpath(starter)
     assert resolved_model_file(str(link), tmp_path) == str(real.resolve())
     chosen, aliases = model_files(str(link), [ModelMemory(model_path=str(link))], tmp_path)

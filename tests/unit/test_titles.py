@@ -1,7 +1,8 @@
 from slotkeeper.core.sessions.titles import title_and_preview
 
-REAL = ("<s><|im_start|> system\nBe brief.<|im_end|> \n<|im_start|> user\nHello there how are you today<|im_end|> \n"
-        "<|im_start|> assistant\nfine<|im_end|> \n<|im_start|> user\ngood<|im_end|> \n<|im_start|> assistant\n ea oth")
+REAL = ("<s><|im_start|> system\nBe brief.<|im_end|> \n<|im_start|> user\nHello there how are you "
+        "today<|im_end|> \n<|im_start|> assistant\nfine<|im_end|> \n<|im_start|> user\ngood<|im_end|> "
+        "\n<|im_start|> assistant\n ea oth")
 
 
 def test_chatml_as_detokenized_by_the_real_server():

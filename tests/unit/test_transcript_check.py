@@ -32,7 +32,8 @@ T = Transcript("chat", (Message("user", "hi"), Message("assistant", "hello there
 
 def held(render) -> list[int]:
     asked = [m.to_openai() for m in T.messages[:-1]]
-    return tokenize(render({"messages": asked, "add_generation_prompt": True}) + "ye")  # the last token not yet in
+    # the last token not yet in
+    return tokenize(render({"messages": asked, "add_generation_prompt": True}) + "ye")
 
 
 def test_a_transcript_that_says_what_the_file_holds():
@@ -47,12 +48,14 @@ def test_one_that_does_not():
 
 
 def test_what_a_template_makes_its_own_cannot_be_checked():
-    thought = Transcript("chat", (Message("user", "hi"), Message("assistant", "hello there", reasoning="greet"),
-                                  *T.messages[2:]))
+    thought = Transcript("chat",
+                         (Message("user", "hi"), Message("assistant", "hello there", reasoning="greet"),
+                          *T.messages[2:]))
     check = check_transcript(thought, tokenize("<user>hi</><assistant><think>greet</>..."), chatml, tokenize,
                              detokenize)
     assert check.verdict == UNCHECKABLE and "reasoning or tool calls" in check.words
-    pictured = Transcript("chat", (Message("user", "this?", media=("image:ab",)), Message("assistant", "a heron")))
+    pictured = Transcript("chat",
+                          (Message("user", "this?", media=("image:ab",)), Message("assistant", "a heron")))
     assert check_transcript(pictured, [-5, 1, 2], chatml, tokenize, detokenize).verdict == UNCHECKABLE
     check = check_transcript(T, held(chatml), dated, tokenize, detokenize)
     assert check.verdict == UNCHECKABLE and "differently each time" in check.words

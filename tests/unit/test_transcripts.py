@@ -37,9 +37,11 @@ def test_a_chat_with_tool_calls_reasoning_and_an_image_reads_as_a_conversation()
     t = from_request("/v1/chat/completions", "chat", body)
     assert [m.role for m in t.messages] == ["system", "user", "assistant", "tool"]
     user = t.messages[1]
-    assert user.content == "What is in this picture?" and len(user.media) == 1 and user.media[0].startswith("image:")
+    assert (user.content == "What is in this picture?" and len(user.media) == 1
+            and user.media[0].startswith("image:"))
     assert IMAGE not in json.dumps(t.to_json())  # a placeholder with its hash, never the image itself
-    assert t.messages[2].reasoning == "Let me look." and t.messages[2].tool_calls[0]["function"]["name"] == "look"
+    assert (t.messages[2].reasoning == "Let me look."
+            and t.messages[2].tool_calls[0]["function"]["name"] == "look")
     assert t.messages[3].tool_call_id == "c1"
     assert t.options == {"tools": body["tools"]}  # what renders the prompt, not how it is sampled
     assert t.title() == "What is in this picture?"
@@ -51,8 +53,8 @@ def test_a_streamed_chat_reply_is_assembled_with_its_tool_calls():
                  {"choices": [{"delta": {"reasoning_content": "ing."}}]},
                  {"choices": [{"delta": {"content": "The "}}]},
                  {"choices": [{"delta": {"content": "heron."}}]},
-                 {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "x", "function": {"name": "fly",
-                                                                                           "arguments": '{"a"'}}]}}]},
+                 {"choices": [{"delta": {"tool_calls": [
+                     {"index": 0, "id": "x", "function": {"name": "fly", "arguments": '{"a"'}}]}}]},
                  {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}}]},
                  {"choices": [{"delta": {}, "finish_reason": "stop"}], "timings": {"prompt_n": 3}})
     for cut in (7, 50, 333):  # whatever the chunks
@@ -61,7 +63,8 @@ def test_a_streamed_chat_reply_is_assembled_with_its_tool_calls():
             r.feed_stream(stream[i:i + cut])
         m = r.message()
         assert (m.content, m.reasoning) == ("The heron.", "Thinking.")
-        assert m.tool_calls == ({"id": "x", "type": "function", "function": {"name": "fly", "arguments": '{"a": 1}'}},)
+        assert m.tool_calls == ({"id": "x", "type": "function",
+                                 "function": {"name": "fly", "arguments": '{"a": 1}'}},)
 
 
 def test_a_whole_chat_reply_and_the_conversation_after_it():
@@ -89,15 +92,16 @@ def test_a_text_completion_keeps_its_prompt_and_what_followed():
 def test_anthropic_messages_and_their_stream():
     body = {"system": "Be kind.", "messages": [
         {"role": "user", "content": "Hello"},
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "Hi."},
-                                          {"type": "tool_use", "id": "t1", "name": "sum", "input": {"a": 1}}]},
+        {"role": "assistant",
+         "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "Hi."},
+                     {"type": "tool_use", "id": "t1", "name": "sum", "input": {"a": 1}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"},
                                      {"type": "text", "text": "Thanks"}]}]}
     t = from_request("/v1/messages", None, body)
     assert [(m.role, m.content) for m in t.messages] == [
         ("system", "Be kind."), ("user", "Hello"), ("assistant", "Hi."), ("tool", "1"), ("user", "Thanks")]
-    assert t.messages[2].reasoning == "hm" and json.loads(t.messages[2].tool_calls[0]["function"]["arguments"]) == {
-        "a": 1}
+    assert t.messages[2].reasoning == "hm"
+    assert json.loads(t.messages[2].tool_calls[0]["function"]["arguments"]) == {"a": 1}
     r = ReplyCollector()
     r.feed_stream(sse({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "You are "}},
                       {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "welcome."}}))

@@ -140,10 +140,11 @@ def test_a_corrupt_mark_wins_over_the_stamp(store, hashes):
     assert problems == ["damaged: damaged on disk"]
 
 
-@pytest.mark.parametrize("value", [None, "x", {"size": 1}, {"size": -1, "mtime_ns": 1, "ino": 1, "ctime_ns": 1,
-                                                           "content_hash": "xxh3_128:" + "0" * 32},
-                                   {"size": True, "mtime_ns": 1, "ino": 1, "ctime_ns": 1,
-                                    "content_hash": "xxh3_128:" + "0" * 32}])
+@pytest.mark.parametrize("value",
+                         [None, "x", {"size": 1}, {"size": -1, "mtime_ns": 1, "ino": 1, "ctime_ns": 1,
+                                                  "content_hash": "xxh3_128:" + "0" * 32},
+                          {"size": True, "mtime_ns": 1, "ino": 1, "ctime_ns": 1,
+                           "content_hash": "xxh3_128:" + "0" * 32}])
 def test_a_malformed_stamp_only_means_hash_again(value):
     assert FileStamp.from_json(value) is None
 

@@ -256,7 +256,8 @@ class _WinregRunKey:
         self._key_path = key_path
 
     def get(self, name: str) -> str | None:
-        if sys.platform != "win32":  # as the import would say (and mypy reads the registry API on Windows only)
+        # as the import would say (and mypy reads the registry API on Windows only)
+        if sys.platform != "win32":
             raise ModuleNotFoundError("No module named 'winreg'", name="winreg")
         import winreg
 
@@ -268,7 +269,8 @@ class _WinregRunKey:
         return str(value)
 
     def set(self, name: str, value: str) -> None:
-        if sys.platform != "win32":  # as the import would say (and mypy reads the registry API on Windows only)
+        # as the import would say (and mypy reads the registry API on Windows only)
+        if sys.platform != "win32":
             raise ModuleNotFoundError("No module named 'winreg'", name="winreg")
         import winreg
 
@@ -278,7 +280,8 @@ class _WinregRunKey:
             winreg.SetValueEx(key, name, 0, winreg.REG_SZ, value)
 
     def delete(self, name: str) -> None:
-        if sys.platform != "win32":  # as the import would say (and mypy reads the registry API on Windows only)
+        # as the import would say (and mypy reads the registry API on Windows only)
+        if sys.platform != "win32":
             raise ModuleNotFoundError("No module named 'winreg'", name="winreg")
         import winreg
 

@@ -64,7 +64,8 @@ def path_lock_file(data_dir: str) -> Path | None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         if os.name != "nt" and (folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077):
             return None  # not private to us: not a lock another user could hold for us
-        digest = hashlib.sha256(os.path.realpath(os.path.abspath(data_dir)).encode("utf-8", "surrogateescape"))
+        resolved = os.path.realpath(os.path.abspath(data_dir))
+        digest = hashlib.sha256(resolved.encode("utf-8", "surrogateescape"))
         return folder / f"data-{digest.hexdigest()[:24]}.lock"
     except OSError:
         return None

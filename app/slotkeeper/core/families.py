@@ -181,7 +181,8 @@ def describe_restore_mode(mode: str) -> str:
 _EXPLANATIONS = {
     RESTORE_WORKS: "Restoring it works: the next request reuses what it shares with the saved conversation, "
                    "even after an edit or a regenerated reply.",
-    RESTORE_NEEDS_SWA_FULL: "Sliding-window model: restores help only when llama-server runs with --swa-full.",
+    RESTORE_NEEDS_SWA_FULL: "Sliding-window model: restores help only when llama-server runs with "
+                            "--swa-full.",
     RESTORE_EXACT: "Only the next turn of this exact conversation reuses it. An edit or a regenerated reply "
                    "rolls back inside it, which this model cannot do from a saved state, so that request is "
                    "computed from scratch.",

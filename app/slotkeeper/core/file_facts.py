@@ -5,8 +5,8 @@ header facts (reading its GGUF metadata); both take time on every launch and bot
 given file. They are kept in one small JSON file (0600, written atomically) per kind, keyed by the
 resolved path and valid while the file's stamp (``fsutil.file_stamp``: size, mtime_ns, inode and
 ctime_ns) is the one seen when the facts were read (as ``model_hash`` does for model hashes): a
-rebuilt binary, a model replaced in place or moved into place, reads again. ``version`` names the code that produced the facts, so
-a Slotkeeper that reads them differently never trusts an older one's.
+rebuilt binary, a model replaced in place or moved into place, reads again. ``version`` names the code that
+produced the facts, so a Slotkeeper that reads them differently never trusts an older one's.
 """
 
 from __future__ import annotations

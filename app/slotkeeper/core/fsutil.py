@@ -148,7 +148,8 @@ def open_regular(path: Path, max_bytes: int | None = None) -> BinaryIO:
 
 
 def not_regular_error(path: Path, mode: int) -> NotARegularFile:
-    """The error for ``path`` found to be ``mode`` (a stat already taken) where a regular file was expected."""
+    """The error for ``path`` found to be ``mode`` (a stat already taken) where a regular file was
+    expected."""
     return _not_regular(Path(path), mode)
 
 

@@ -426,7 +426,8 @@ def _model_info_from_fields(path: Path, file_size: int, f: _Fields) -> ModelInfo
     v_swa = f.get(f"{arch}.attention.value_length_swa")
 
     swa_type, window, swa_layers = _resolve_swa(arch, n_layers, f)
-    fam = _family_facts(arch, n_layers, n_embd, n_head, head_dim_k, n_head_kv_per_layer or (n_head_kv,) * n_layers, f)
+    fam = _family_facts(arch, n_layers, n_embd, n_head, head_dim_k,
+                        n_head_kv_per_layer or (n_head_kv,) * n_layers, f)
     if arch in _ATTENTION_LAYERS_SLIDE and window and fam.attention_layers:
         # lfm2: with a sliding_window key, every attention layer slides (src/models/lfm2.cpp)
         swa_type, swa_layers = "standard", fam.attention_layers
@@ -544,7 +545,8 @@ def _family_facts(arch: str, n_layers: int, n_embd: int, n_head: int, head_dim_k
     return _Family(memory, known, recr, attn, r, s, what)
 
 
-def _recurrent_state(arch: str, n_embd: int, n_head: int, head_dim_k: int, f: _Fields) -> tuple[int, int, str]:
+def _recurrent_state(arch: str, n_embd: int, n_head: int, head_dim_k: int,
+                     f: _Fields) -> tuple[int, int, str]:
     """(n_embd_r, n_embd_s, what) exactly as llama_hparams::n_embd_r / n_embd_s in b11434."""
     if arch in _RWKV:
         head_size = int(f.get(f"{arch}.wkv.head_size") or 0)

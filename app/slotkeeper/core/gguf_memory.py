@@ -160,7 +160,8 @@ def kv_estimate(
 
 def _max_v_row(info: ModelInfo) -> int:
     """llama_hparams::n_embd_v_gqa_max: the widest V row over every layer."""
-    return max((info.layer_head_dims(il)[1] * info.layer_head_kv(il) for il in range(info.n_layers)), default=0)
+    return max((info.layer_head_dims(il)[1] * info.layer_head_kv(il) for il in range(info.n_layers)),
+               default=0)
 
 
 def _layer_cell_bytes(info: ModelInfo, il: int, type_k: str, type_v: str, v_pad: int = 0) -> int:

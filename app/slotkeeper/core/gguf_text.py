@@ -43,7 +43,8 @@ def format_model_info(info: ModelInfo, est: KvEstimate) -> str:
     ]
     if info.mla:
         lines.append(("MLA", f"the KV cache stores the compressed latent: kv_lora_rank {info.kv_lora_rank} + "
-                              f"{info.rope_dim} RoPE dims = {info.head_dim_k} values per token and layer, no V"))
+                              f"{info.rope_dim} RoPE dims = {info.head_dim_k} values per token and layer, no "
+                              "V"))
     if info.n_expert:
         used = f", {info.n_expert_used} per token" if info.n_expert_used else ""
         lines.append(("MoE", f"{info.n_expert} experts{used} (changes the weights, not the KV cache)"))
@@ -58,7 +59,8 @@ def format_model_info(info: ModelInfo, est: KvEstimate) -> str:
         )
     )
     if not est.known:
-        lines.append(("  total", "unknown: llama.cpp builds this model's cache in its own way, not modelled here"))
+        lines.append(("  total",
+                      "unknown: llama.cpp builds this model's cache in its own way, not modelled here"))
     elif info.memory == "none":
         lines.append(("  total", "none: this model keeps no cache (nothing to save or restore)"))
     elif info.has_swa:
@@ -127,7 +129,8 @@ def _family_text(info: ModelInfo) -> str:
                 f"{_layers_phrase(attn, 'attention')} with a KV cache")
         return text if info.sizes_known else text + "; its cache layout is not modelled here"
     if not info.sizes_known:
-        return "attention with a cache llama.cpp builds its own way (sparse-attention indexer or shared cache)"
+        return ("attention with a cache llama.cpp builds its own way (sparse-attention indexer or shared "
+                "cache)")
     if info.mla:
         return "MLA (multi-head latent attention)"
     return "sliding window + full attention" if info.has_swa else "full attention"
@@ -139,11 +142,14 @@ def _restore_text(info: ModelInfo) -> str:
         return ("needs --swa-full: without it a restored session is re-read from the start (never helps); "
                 "with it only an exact continuation of the saved conversation reuses it")
     why = {
-        families.RESTORE_WORKS: "the next request reuses the common prefix, even after an edit or a regenerate",
+        families.RESTORE_WORKS: "the next request reuses the common prefix, even after an edit or a "
+                                "regenerate",
         families.RESTORE_EXACT: ("only a request that continues the saved tokens exactly reuses them; "
-                                 "a rollback (edit, regenerate) is recomputed, because the state cannot go back"),
+                                 "a rollback (edit, regenerate) is recomputed, because the state cannot go "
+                                 "back"),
         families.RESTORE_NEVER: "there is no cache to save",
-        families.RESTORE_UNKNOWN: "the architecture is unknown, so Slotkeeper trusts only an exact continuation",
+        families.RESTORE_UNKNOWN: "the architecture is unknown, so Slotkeeper trusts only an exact "
+                                  "continuation",
     }[mode]
     return f"{families.describe_restore_mode(mode)} ({why})"
 

@@ -3,10 +3,10 @@
 Stored as JSON Lines, one request per line, so recording a request is one small append
 rather than a rewrite. A launch of the server is a line too (``LaunchRecord``: when it was ready
 and which slots it restored), so the History tab marks launches of earlier runs after a relaunch;
-a version that does not know launch lines skips them as it skips any line it cannot read. The file is compacted (rewritten atomically with the newest
-``max_records``) once it holds twice that many lines, which keeps appends cheap and the
-file bounded. A damaged line (a crash mid-append, a disk filling up) costs that one
-record, never the whole history.
+a version that does not know launch lines skips them as it skips any line it cannot read. The file is
+compacted (rewritten atomically with the newest ``max_records``) once it holds twice that many lines, which
+keeps appends cheap and the file bounded. A damaged line (a crash mid-append, a disk filling up) costs that
+one record, never the whole history.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class LaunchRecord:
         if not isinstance(data, dict) or data.get("v") != HISTORY_VERSION or "launch" not in data:
             raise ValueError("not a version-1 launch record")
         slots = data.get("restored_slots", [])
-        if not isinstance(slots, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in slots):
+        if (not isinstance(slots, list)
+                or not all(isinstance(s, int) and not isinstance(s, bool) for s in slots)):
             raise ValueError(f"bad restored_slots: {slots!r}")
         return cls(at=_number(data, "launch"), restored_slots=tuple(slots))
 

@@ -192,7 +192,8 @@ def _check_names(repo_id: str, filename: str, revision: str) -> None:
     if len(parts) != 2 or not all(re.fullmatch(r"[\w.\-]+", p) for p in parts) or ".." in repo_id:
         raise DownloadError(f"{repo_id!r} is not a Hugging Face repository name (expected owner/name)")
     segments = filename.split("/")
-    if not filename or filename.startswith("/") or "\\" in filename or any(s in ("", ".", "..") for s in segments):
+    if (not filename or filename.startswith("/") or "\\" in filename
+            or any(s in ("", ".", "..") for s in segments)):
         raise DownloadError(f"{filename!r} is not a file name inside a repository")
     if not revision or ".." in revision or revision.startswith("/"):
         raise DownloadError(f"{revision!r} is not a revision")
@@ -317,7 +318,8 @@ class HubDownloader:
                     attempts = 0 if after > before else attempts + 1
                     if attempts >= MAX_ATTEMPTS_WITHOUT_PROGRESS:
                         raise DownloadError(f"downloading {remote.filename} failed {attempts} times in a row "
-                                            f"({exc}); {human_bytes(after)} kept, try again to continue") from None
+                                            f"({exc}); {human_bytes(after)} kept, try again to "
+                                            "continue") from None
                     delay = min(RETRY_DELAY_MAX_S, self.retry_delay * (2 ** max(0, attempts - 1)))
                     log.warning("download of %s interrupted (%s); continuing from %s in %.0f s",
                                 remote.filename, exc, human_bytes(after), delay)
@@ -400,8 +402,8 @@ class HubDownloader:
         actual = hasher.hexdigest()
         if remote.size is not None and size != remote.size:
             partial.unlink(missing_ok=True)
-            raise ChecksumMismatch(f"{remote.filename} is not the Hub's file: {size} bytes arrived, the Hub says "
-                                   f"{remote.size}. The download was deleted; try again.")
+            raise ChecksumMismatch(f"{remote.filename} is not the Hub's file: {size} bytes arrived, the Hub "
+                                   f"says {remote.size}. The download was deleted; try again.")
         if actual != remote.etag:
             partial.unlink(missing_ok=True)
             raise ChecksumMismatch(
@@ -550,8 +552,8 @@ def _check_space(folder: Path, needed: int) -> None:
     except OSError:
         return
     if free < needed:
-        raise DownloadError(f"not enough disk space in {folder}: the download needs {human_bytes(needed)} more, "
-                            f"{human_bytes(free)} is free")
+        raise DownloadError(f"not enough disk space in {folder}: the download needs {human_bytes(needed)} "
+                            f"more, {human_bytes(free)} is free")
 
 
 def _range_start(content_range: str) -> int | None:

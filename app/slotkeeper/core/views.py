@@ -23,7 +23,8 @@ class ServerState(str, enum.Enum):
 
 
 # The process exists (or is being brought up) and can be stopped.
-RUNNING_STATES = frozenset({ServerState.STARTING, ServerState.READY, ServerState.CRASHED, ServerState.RESTARTING})
+RUNNING_STATES = frozenset({ServerState.STARTING, ServerState.READY, ServerState.CRASHED,
+                            ServerState.RESTARTING})
 # Nothing runs and nothing is on its way: Start is what comes next.
 STOPPED_STATES = frozenset({ServerState.STOPPED, ServerState.FAILED})
 

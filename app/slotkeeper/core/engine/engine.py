@@ -113,7 +113,8 @@ class Engine(EngineFace):
             self.binary_facts = binary_facts_cache(paths.binary_facts_file)
             self.supervisor = Supervisor(spec_factory=self._launch_spec, log_path=paths.server_log,
                                          state_file=paths.server_state_file, events=self.events,
-                                         before_stopping_leftover=self._save_leftover, retry_start=self._retry_start)
+                                         before_stopping_leftover=self._save_leftover,
+                                         retry_start=self._retry_start)
         self.ready = threading.Event()  # set once launch restores are done (for wait_ready)
 
         # -- state owned by the loop -------------------------------------------------------
@@ -138,12 +139,15 @@ class Engine(EngineFace):
         self.link = ServerLink(self.supervisor, self.loop, closed=lambda: self._closed)
         self.library = Library(paths, self.loop, self.events, in_slots=lambda: self._snapshot.in_slots,
                                budget=lambda: self._snapshot.settings.budget_bytes)
-        self.store, self.search, self.sessions = self.library.store, self.library.search, self.library.sessions
+        self.store, self.search, self.sessions = (self.library.store, self.library.search,
+                                                  self.library.sessions)
         self.identity = ModelIdentity(self.hashes, self.loop, self._set_activity)
-        self.saves = SlotSaves(self.board, self.link, self.library, self.loop, self.events, self._set_activity)
+        self.saves = SlotSaves(self.board, self.link, self.library, self.loop, self.events,
+                               self._set_activity)
         self.actions = SlotActions(self.board, self.link, self.library, self.saves, self.loop, self.events,
                                    on_restored=lambda ms, n: self.desk.restore_measured(ms, n))
-        self.poller = SlotPoller(self.board, self.link, self.loop, idle_save=lambda s: self.saves.save(s, "idle"))
+        self.poller = SlotPoller(self.board, self.link, self.loop,
+                                 idle_save=lambda s: self.saves.save(s, "idle"))
         self.ledger = RequestLedger(self.board, self.history, self.store, self.loop, self.events)
         self.desk = FrontDesk(self.board, self.link, self.actions, self.saves, self.library, self.ledger,
                               self.poller)
@@ -188,8 +192,8 @@ class Engine(EngineFace):
             return None
         saved = await self.loop.run_io(self.store.tokens, entry)
         http = self.link.client()
-        return await self.loop.run_io(check_transcript, transcript, list(saved), http.apply_template, http.tokenize,
-                                      http.detokenize)
+        return await self.loop.run_io(check_transcript, transcript, list(saved), http.apply_template,
+                                      http.tokenize, http.detokenize)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start_async(self, resume_id: str | None = None) -> None:
@@ -259,7 +263,8 @@ class Engine(EngineFace):
         self._publish()
         return report
 
-    async def close_async(self, save: bool = True, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
+    async def close_async(self, save: bool = True,
+                          timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
         """The final stop: after it start_async() does nothing, so a queued Start cannot outlive Quit."""
         self._closed = True
         report = await self.stop_async(save=save, timeout=timeout)
@@ -312,14 +317,16 @@ class Engine(EngineFace):
         if not remember_illegal_instruction(self._binary, self.binary_facts):
             return False  # started so already: it failed for another reason
         self.events.emit(WarningRaised(
-            "llama-server stopped on an illegal instruction while it loaded the model: this system reports CPU "
-            "instructions it does not let programs use (AMX in some virtual machines, say), which llama-server's "
-            "weight repacking uses. Slotkeeper starts it with --no-repack now, and from now on."))
+            "llama-server stopped on an illegal instruction while it loaded the model: this system reports "
+            "CPU instructions it does not let programs use (AMX in some virtual machines, say), which "
+            "llama-server's weight repacking uses. Slotkeeper starts it with --no-repack now, and from now "
+            "on."))
         return True
 
     async def _prepare_launch(self) -> LaunchSpec:
-        plan = await self.loop.run_io(lambda: plan_launch(self.paths, self._settings.profile, self.model_facts,
-                                                          self.binary_facts, self.supervisor.leftover_port()))
+        plan = await self.loop.run_io(lambda: plan_launch(self.paths, self._settings.profile,
+                                                          self.model_facts, self.binary_facts,
+                                                          self.supervisor.leftover_port()))
         self._take_plan(plan)
         return plan.spec
 
@@ -358,7 +365,8 @@ class Engine(EngineFace):
             self.ready.clear()
             self._ready = False
             self._swa_note = None
-            if event.state in (ServerState.CRASHED, ServerState.STOPPED, ServerState.FAILED) and self._after_ready:
+            if (event.state in (ServerState.CRASHED, ServerState.STOPPED, ServerState.FAILED)
+                    and self._after_ready):
                 self._after_ready.cancel()
             if event.state is not ServerState.STOPPING:
                 self.link.facts = None  # stale once the server is gone (or is being replaced)
@@ -411,13 +419,16 @@ class Engine(EngineFace):
         if model is None:
             model = self.link.model = await self.loop.run_io(resolve_model, self._settings.profile.model_path,
                                                              self.paths.models_dir, self.model_facts)
-        facts, self.link.llama_build = await self.identity.facts(model, self._running_profile(), self.link.client())
+        facts, self.link.llama_build = await self.identity.facts(model, self._running_profile(),
+                                                                 self.link.client())
         return facts
 
     async def _launch_restores(self) -> list[RestoreSummary]:
-        await self.library.sweep_once()  # the folder tidied and the index up to date (a prelaunch does it meanwhile)
+        # the folder tidied and the index up to date (a prelaunch does it meanwhile)
+        await self.library.sweep_once()
         done = await self.actions.at_launch(self.supervisor.adopted, self._settings.idle_save_seconds,
-                                            self._settings.restore_on_start, self._resume_id, self._set_activity)
+                                            self._settings.restore_on_start, self._resume_id,
+                                            self._set_activity)
         if done:
             note = swa_note(self.link.model, self._running_profile())
             if note:

@@ -52,13 +52,14 @@ RATE_WEIGHT = 0.2  # exponential moving average of the measured rates
 # only in these (and in a longer conversation) render the same prompt prefix.
 SAMPLING_FIELDS = frozenset({
     "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n_predict", "temperature",
-    "dynatemp_range", "dynatemp_exponent", "top_p", "top_k", "min_p", "typical_p", "top_n_sigma", "seed", "stop",
-    "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "penalty_last_n", "logprobs",
-    "top_logprobs", "n_probs", "post_sampling_probs", "id_slot", "cache_prompt", "timings_per_token",
-    "return_progress", "return_tokens", "user", "logit_bias", "mirostat", "mirostat_tau", "mirostat_eta",
-    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
-    "xtc_probability", "xtc_threshold", "samplers", "n", "ignore_eos", "t_max_predict_ms", "grammar", "n_keep",
-    "n_indent", "n_discard", "n_cmpl", "lora", "speculative.n_max", "speculative.n_min", "speculative.p_min"})
+    "dynatemp_range", "dynatemp_exponent", "top_p", "top_k", "min_p", "typical_p", "top_n_sigma", "seed",
+    "stop", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "penalty_last_n",
+    "logprobs", "top_logprobs", "n_probs", "post_sampling_probs", "id_slot", "cache_prompt",
+    "timings_per_token", "return_progress", "return_tokens", "user", "logit_bias", "mirostat", "mirostat_tau",
+    "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "samplers", "n", "ignore_eos",
+    "t_max_predict_ms", "grammar", "n_keep", "n_indent", "n_discard", "n_cmpl", "lora", "speculative.n_max",
+    "speculative.n_min", "speculative.p_min"})
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ def request_shape(path_kind: str, body: dict[str, Any]) -> RequestShape | None:
         growing = tuple(growing)
     elif not (path_kind == "text" and isinstance(growing, str) and growing):
         return None
-    return RequestShape(path_kind, growing, {k: v for k, v in body.items() if k != key and k not in SAMPLING_FIELDS})
+    return RequestShape(path_kind, growing,
+                        {k: v for k, v in body.items() if k != key and k not in SAMPLING_FIELDS})
 
 
 def restore_mode(facts: ServerFacts | None) -> str:
@@ -186,7 +188,8 @@ class FrontDesk:
         if n_slots == 0:
             raise FrontDeskError(503, "llama-server has no slots ready yet; try again shortly")
         if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
-            raise FrontDeskError(400, f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
+            raise FrontDeskError(400,
+                                 f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
         await self.board.learn_lagging()
         me: _Waiter | None = None
         try:
@@ -254,15 +257,15 @@ class FrontDesk:
         try:
             return await self._prepare_slot(r, tokens)
         except ServerUnavailable as exc:  # llama-server went away while its slot was being prepared
-            raise FrontDeskError(503, f"llama-server stopped while Slotkeeper prepared slot {r.slot} for this "
-                                      f"request ({exc}); try again shortly", retry_after=1.0) from exc
+            raise FrontDeskError(503, f"llama-server stopped while Slotkeeper prepared slot {r.slot} for "
+                                      f"this request ({exc}); try again shortly", retry_after=1.0) from exc
 
     async def _prepare_slot(self, r: Route, tokens: TokenArray | None) -> Ticket:
         ticket = Ticket(r.slot, tokens, r.expected_prefix, "slot" if r.expected_prefix else "none")
         async with self.board.lock(r.slot):
             if r.save_first and not await self.saves.save_before_switching(r.slot):
-                raise FrontDeskError(503, f"slot {r.slot} holds a conversation that could not be saved, so it "
-                                          "was not replaced (see Slotkeeper's messages)")
+                raise FrontDeskError(503, f"slot {r.slot} holds a conversation that could not be saved, so "
+                                          "it was not replaced (see Slotkeeper's messages)")
             if r.restore:
                 summary = await self.actions.restore_for_request(r.restore, r.slot)
                 if summary is None:
@@ -370,7 +373,8 @@ class FrontDesk:
             # Not known (a prompt shape the front door cannot tokenize): the slot holds a prompt of
             # the size llama-server reports, which a next conversation saves before replacing it.
             # Restored state that cannot be rolled back was erased first (routing), so none is left.
-            c.tokens, c.n_prompt, c.fragile_until = no_tokens(), (cache_n + prompt_n) if outcome.timings else UNKNOWN, 0
+            c.tokens, c.n_prompt, c.fragile_until = (no_tokens(), (cache_n + prompt_n) if outcome.timings
+                                                     else UNKNOWN, 0)
             c.learn = c.learning = None
         else:
             tokens = ticket.tokens
@@ -399,7 +403,8 @@ class FrontDesk:
         elif cache_n > 0 and source in ("none", "recomputed"):
             source = "ram"  # llama-server found it in its own prompt cache
         saved_ms = cache_n / self.prefill_tokens_per_ms if cache_n else 0.0
-        self.ledger.done(slot, c.held, Figures(c.n_prompt, cache_n, prompt_n, prompt_ms, source, saved_ms, shared))
+        self.ledger.done(slot, c.held,
+                         Figures(c.n_prompt, cache_n, prompt_n, prompt_ms, source, saved_ms, shared))
 
 
 def _ema(old: float, new: float) -> float:

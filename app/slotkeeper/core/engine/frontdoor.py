@@ -61,15 +61,17 @@ BUSY_RETRY_SECONDS = 1
 MAX_CHARS_PER_TOKEN = 64
 TOKEN_LIMIT = 2**31  # llama-server's token ids are 32-bit
 TOKENIZE_ATTEMPTS = 3
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-                        "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key"})
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                        "trailers", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
+                        "x-api-key"})
 
 
 def error_response(status: int, message: str, error_type: str = "invalid_request_error",
                    retry_after: float | None = None) -> web.Response:
     """An error in llama-server's own shape, so clients show it as they show the server's."""
     headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
-    return web.Response(body=orjson.dumps({"error": {"code": status, "message": message, "type": error_type}}),
+    return web.Response(body=orjson.dumps({"error": {"code": status, "message": message,
+                                                     "type": error_type}}),
                         status=status, content_type="application/json", charset="utf-8", headers=headers)
 
 
@@ -155,7 +157,8 @@ class FrontDoor:
     # -- requests -------------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if self._in_flight >= MAX_IN_FLIGHT:
-            return error_response(503, "Slotkeeper is holding as many requests as it takes; try again shortly",
+            return error_response(503,
+                                  "Slotkeeper is holding as many requests as it takes; try again shortly",
                                   "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
         self._in_flight += 1
         try:
@@ -194,7 +197,8 @@ class FrontDoor:
             return error_response(501, "This server does not support slots endpoint. Start it with `--slots`",
                                   "not_supported_error")
         if ep.kind == endpoints.METRICS and not policy.metrics:
-            return error_response(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+            return error_response(501,
+                                  "This server does not support metrics endpoint. Start it with `--metrics`",
                                   "not_supported_error")
         raw = await self._read_body(request)
         try:
@@ -228,14 +232,16 @@ class FrontDoor:
             raise FrontDeskError(413, f"the request body is {length:,} bytes; llama-server takes at most "
                                       f"{MAX_BODY_BYTES:,}")
         if self._bytes_in_flight + length > MAX_BODY_BYTES_IN_FLIGHT:
-            raise FrontDeskError(503, "Slotkeeper is holding as much request data as it takes; try again shortly",
+            raise FrontDeskError(503,
+                                 "Slotkeeper is holding as much request data as it takes; try again shortly",
                                  retry_after=BUSY_RETRY_SECONDS)
         self._bytes_in_flight += length
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
-            raise FrontDeskError(413, f"the request body is larger than llama-server takes ({MAX_BODY_BYTES:,} "
-                                      "bytes)") from exc
+            raise FrontDeskError(413,
+                                 f"the request body is larger than llama-server takes ({MAX_BODY_BYTES:,} "
+                                 "bytes)") from exc
         finally:
             self._bytes_in_flight -= length
         self._bytes_in_flight += len(raw)
@@ -308,13 +314,15 @@ class FrontDoor:
         outcome = Outcome(status=0, processed=False)
         reply = ReplyCollector()
         try:
-            return await self._forward(request, path, query, with_slot(raw, body, ticket.slot), ticket, outcome, reply)
+            return await self._forward(request, path, query, with_slot(raw, body, ticket.slot), ticket,
+                                       outcome, reply)
         finally:
             # The conversation as it stands now (built after the reply went out; never sent anywhere).
             if outcome.processed and outcome.timings is not None:
                 text = single_prompt(body.get("prompt")) if ep.prompt == endpoints.PROMPT_TEXT else None
                 outcome.transcript = conversation(
-                    transcripts.from_request(path, ep.prompt, body, text if isinstance(text, str) else None), reply)
+                    transcripts.from_request(path, ep.prompt, body, text if isinstance(text, str) else None),
+                    reply)
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
@@ -325,7 +333,8 @@ class FrontDoor:
                 asyncio.ensure_future(self._prompt_tokens(ep.prompt, body)).add_done_callback(
                     lambda f: self._finish_tokenized(ticket, outcome, f))
 
-    def _finish_tokenized(self, ticket: Ticket, outcome: Outcome, f: asyncio.Future[TokenArray | None]) -> None:
+    def _finish_tokenized(self, ticket: Ticket, outcome: Outcome,
+                          f: asyncio.Future[TokenArray | None]) -> None:
         ticket.tokens = None if f.cancelled() or f.exception() is not None else f.result()
         self.desk.finish(ticket, outcome)
 
@@ -359,7 +368,8 @@ class FrontDoor:
                     outcome.timings = timings_of(body)
                     reply.feed_body(body)
                 resp = web.Response(body=body, status=up.status,
-                                    headers={k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP})
+                                    headers={k: v for k, v in up.headers.items()
+                                             if k.lower() not in HOP_BY_HOP})
                 await resp.prepare(request)
                 await resp.write_eof()
                 return resp
@@ -450,9 +460,9 @@ def _several_slots(path: str, body: dict[str, Any]) -> str | None:
         return ("Slotkeeper gives each request one slot; several completions at once (n > 1) would take "
                 "other slots it did not choose: send them as separate requests")
     if path == "/v1/messages":
-        return ("Anthropic messages requests cannot be given a slot (llama-server drops id_slot), so with more "
-                "than one slot they could replace a conversation before it is saved; run Slotkeeper with one "
-                "slot to use /v1/messages")
+        return ("Anthropic messages requests cannot be given a slot (llama-server drops id_slot), so with "
+                "more than one slot they could replace a conversation before it is saved; run Slotkeeper "
+                "with one slot to use /v1/messages")
     return None
 
 

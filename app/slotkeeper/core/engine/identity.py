@@ -25,7 +25,8 @@ HASH_PROGRESS_SECONDS = 0.5
 
 
 class ModelIdentity:
-    def __init__(self, hashes: ModelHashCache, loop: EngineLoop, set_activity: Callable[[Activity], None]) -> None:
+    def __init__(self, hashes: ModelHashCache, loop: EngineLoop,
+                 set_activity: Callable[[Activity], None]) -> None:
         self.hashes = hashes
         self.loop = loop
         self._set_activity = set_activity
@@ -40,14 +41,16 @@ class ModelIdentity:
             now = time.monotonic()
             if now - last[0] >= HASH_PROGRESS_SECONDS or done == total:
                 last[0] = now
-                self.loop.call_soon(self._set_activity, Activity("hashing", f"identifying {path.name}", done, total))
+                self.loop.call_soon(self._set_activity,
+                                    Activity("hashing", f"identifying {path.name}", done, total))
 
         def hash_unless_known() -> str | None:  # an I/O thread
             return self.hashes.cached(path) or self.hashes.compute(path, progress)
 
         self._hashing = asyncio.ensure_future(self.loop.run_io(hash_unless_known))
 
-    async def facts(self, model: ModelChoice, profile: ServerProfile, http: LlamaClient) -> tuple[ServerFacts, str]:
+    async def facts(self, model: ModelChoice, profile: ServerProfile,
+                    http: LlamaClient) -> tuple[ServerFacts, str]:
         """The running server's facts and llama-server's build tag (the model hashed first)."""
         hashing, self._hashing = self._hashing, None
         if hashing is not None:

@@ -5,8 +5,8 @@ the binary and its flags, the private address): the engine calls it for every la
 
 ``prelaunch`` lets `slotkeeper serve` (and the desktop app) load the model and build the engine
 at once. Loading a model takes llama-server a while; so does importing the engine (the front
-door's HTTP stack, the search index ...). ``prelaunch`` needs only the light modules: it takes the data folder's lock,
-claims the front door's port, plans the launch and starts the supervisor, whose thread starts
+door's HTTP stack, the search index ...). ``prelaunch`` needs only the light modules: it takes the data
+folder's lock, claims the front door's port, plans the launch and starts the supervisor, whose thread starts
 llama-server (or supervises the one the head start began from the last launch's note, when it
 runs exactly the planned command line: ``core/server/headstart.py``); the engine, built
 afterwards, takes the running supervisor over (``Engine(prelaunched=...)``) and sees every event
@@ -83,11 +83,13 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
         flags = probe_flags(binary, 15.0, binary_facts)
         workarounds = binary_workarounds(binary, flags, binary_facts)
         private = private_address(paths.private_address_file,
-                                  lambda port: port != leftover_port and port_user(LOOPBACK, port) is not None)
+                                  lambda port: port != leftover_port
+                                  and port_user(LOOPBACK, port) is not None)
         # llama-server listens privately; the front door has the user's host and port.
         server_profile = replace(profile, host=LOOPBACK, port=private.port,
                                  extra_args=without_api_key(profile.extra_args))
-        argv = build_argv(binary.argv_prefix, server_profile, model.path, paths.sessions_dir, supported_flags=flags)
+        argv = build_argv(binary.argv_prefix, server_profile, model.path, paths.sessions_dir,
+                          supported_flags=flags)
         argv[len(binary.argv_prefix):len(binary.argv_prefix)] = workarounds
     except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
         raise SupervisorError(str(exc)) from exc
@@ -112,7 +114,8 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
 NO_REPACK_FACT = "illegal-instruction-when-repacking"
 
 
-def binary_workarounds(binary: ServerBinary, flags: frozenset[str], binary_facts: FileFactsCache) -> list[str]:
+def binary_workarounds(binary: ServerBinary, flags: frozenset[str],
+                       binary_facts: FileFactsCache) -> list[str]:
     """Flags this binary needs on this machine, as learnt from how it ended before."""
     if "--no-repack" in flags and binary_facts.get(binary.path, NO_REPACK_FACT):
         return ["--no-repack"]
@@ -162,7 +165,8 @@ class Prelaunched:
         self.front_socket.close()
 
 
-def prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] | None = None) -> Prelaunched | None:
+def prelaunch(paths: AppPaths, settings: Settings,
+              command_line: Sequence[str] | None = None) -> Prelaunched | None:
     """Start llama-server for ``settings`` now, or None when the engine had better do it.
     ``command_line``: Slotkeeper's arguments, noted for the next run's head start (``headstart``)."""
     try:
@@ -179,8 +183,8 @@ def _prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] 
     except (datalock.DataDirBusy, OSError):
         return None  # the engine says so
     events = EventBus(held=True)
-    supervisor = Supervisor(spec_factory=_no_spec, log_path=paths.server_log, state_file=paths.server_state_file,
-                            events=events)
+    supervisor = Supervisor(spec_factory=_no_spec, log_path=paths.server_log,
+                            state_file=paths.server_state_file, events=events)
     early = headstart.early()
     if supervisor.leftover_port(ours=early.popen.pid if early else None) is not None:
         return None  # an earlier run's server: the engine adopts it, or saves its slots and stops it

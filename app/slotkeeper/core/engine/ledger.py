@@ -54,10 +54,11 @@ class RequestLedger:
             # with it; the session stays the slot's own (a save, a Resume and the in-slot guard still
             # treat it so) until the next save names what it holds now.
             shown = {"detached": True, "warning": None}
-        self.board.show(slot, running=False, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
-                        n_tokens=held, **shown)
-        record = RequestRecord(at=at, slot=slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n, prompt_n=fig.prompt_n,
-                               prompt_ms=fig.prompt_ms, source=fig.source, saved_ms=fig.saved_ms)
+        self.board.show(slot, running=False, n_prompt=fig.n_prompt, cache_n=fig.cache_n,
+                        prompt_n=fig.prompt_n, n_tokens=held, **shown)
+        record = RequestRecord(at=at, slot=slot, n_prompt=fig.n_prompt, cache_n=fig.cache_n,
+                               prompt_n=fig.prompt_n, prompt_ms=fig.prompt_ms, source=fig.source,
+                               saved_ms=fig.saved_ms)
         self.loop.in_background(self.history.append, record, what="recording the request history")
         self.events.emit(RequestDone(slot, 0, fig.n_prompt, fig.cache_n, fig.prompt_n, fig.prompt_ms, at,
                                      fig.source, fig.saved_ms))

@@ -19,7 +19,8 @@ from slotkeeper.core.settings import ServerProfile, SettingsError, connect_url
 
 
 async def save_leftover(record: dict[str, Any], key: str, loop: EngineLoop, events: EventBus,
-                        resolve: Callable[[str], ModelChoice], identity: ModelIdentity, saves: SlotSaves) -> None:
+                        resolve: Callable[[str], ModelChoice], identity: ModelIdentity,
+                        saves: SlotSaves) -> None:
     """Save every used slot of the server ``record`` (its state file) names, reached with ``key``
     (a server we left runs on the private address we keep); ``resolve(path)`` finds its model."""
     launch = record.get("launch") or {}
@@ -32,7 +33,8 @@ async def save_leftover(record: dict[str, Any], key: str, loop: EngineLoop, even
             f"conversations: what it ran with is not known ({exc})"))
         return
     url = connect_url(str(record.get("host", profile.host)), int(record.get("port", profile.port)))
-    with LlamaClient(url, timeout=10.0, api_key=key or None, slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS) as http:
+    with LlamaClient(url, timeout=10.0, api_key=key or None,
+                     slot_action_timeout=SLOT_ACTION_TIMEOUT_SECONDS) as http:
         try:
             sha = await loop.run_io(identity.hashes.compute, model.path)
             mmproj_sha = await loop.run_io(identity.projector_sha256, profile)

@@ -50,7 +50,8 @@ class Library:
         self.sessions = SessionsService(self.store, in_slots=in_slots, budget=budget,
                                         on_deleted=lambda sid: loop.call_soon(self._changed),
                                         search=self.search,
-                                        on_repaired=lambda r: events.emit(SearchIndexRepaired(r.added, r.dropped)))
+                                        on_repaired=lambda r: events.emit(
+                                            SearchIndexRepaired(r.added, r.dropped)))
         self._swept: asyncio.Future[Any] | None = None
         self._index_dirty = False
         self._completing: asyncio.Task[None] | None = None  # filling in the search index's partial entries
@@ -102,7 +103,8 @@ class Library:
 
     def text_saved(self, sidecar: Sidecar, text: str | None) -> None:
         """A save changed this session: its text goes into the search index (in the background)."""
-        self.loop.in_background(self.sessions.index_text, sidecar, text, what="indexing the conversation's text")
+        self.loop.in_background(self.sessions.index_text, sidecar, text,
+                                what="indexing the conversation's text")
 
     def _changed(self) -> None:
         """Keep the index on disk too, a moment after the last change (one write for a burst)."""
@@ -172,9 +174,11 @@ class Library:
         self._completing = self.loop.spawn(self._complete_search(facts.model_sha256, http(), still_serving),
                                            "completing the search index")
 
-    async def _complete_search(self, model_sha256: str, http: LlamaClient, still_serving: Callable[[], bool]) -> None:
+    async def _complete_search(self, model_sha256: str, http: LlamaClient,
+                               still_serving: Callable[[], bool]) -> None:
         try:
-            done = await self.loop.run_io(complete_partial, self.search, self.store, http, model_sha256, still_serving)
+            done = await self.loop.run_io(complete_partial, self.search, self.store, http, model_sha256,
+                                          still_serving)
         except (sqlite3.Error, SearchUnavailable) as exc:
             log.warning("could not complete the search index: %s", exc)
             return

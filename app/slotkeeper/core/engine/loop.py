@@ -172,7 +172,8 @@ class EngineLoop:
         def done(f: asyncio.Future[Any]) -> None:
             self._background.discard(f)
             if not f.cancelled() and f.exception() is not None:
-                log.warning("%s failed: %s", what or getattr(fn, "__name__", "background write"), f.exception())
+                log.warning("%s failed: %s", what or getattr(fn, "__name__", "background write"),
+                            f.exception())
 
         fut.add_done_callback(done)
 

@@ -31,11 +31,13 @@ LLAMA_BUILD_FALLBACK = "unknown"
 PROJECTOR_ARCH = "clip"  # general.architecture of every mmproj GGUF llama.cpp reads
 
 
-def resolve_model(model_path: str | None, models_dir: Path, facts: FileFactsCache | None = None) -> ModelChoice:
+def resolve_model(model_path: str | None, models_dir: Path,
+                  facts: FileFactsCache | None = None) -> ModelChoice:
     """The model to run: the profile's path, or the embedded demo model. Reads the GGUF header,
     unless ``facts`` holds what it said for this very file (same size, mtime, inode and ctime)."""
     if not model_path:
-        raise EngineError("No model chosen: pick a GGUF file (--model PATH), or use the starter model (--demo).")
+        raise EngineError("No model chosen: pick a GGUF file (--model PATH), or use the starter model "
+                          "(--demo).")
     is_demo = model_path == DEMO_MODEL
     if is_demo:
         from slotkeeper.core.demo_model import ensure_demo_model  # the starter model: found, or fetched
@@ -97,7 +99,8 @@ def swa_note(model: ModelChoice | None, profile: ServerProfile) -> str | None:
     """Said up front for a sliding-window model without --swa-full: restores will not help."""
     if model is None or not model.info.has_swa or profile.swa_full:
         return None
-    est = swa_kv_estimate(model.info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
+    est = swa_kv_estimate(model.info, profile.ctx, profile.parallel, profile.cache_type_k,
+                          profile.cache_type_v)
     return (
         f"{model.path.name} uses sliding-window attention and the server runs without --swa-full: "
         "a restored conversation would be re-read from the start, so Slotkeeper does not save or restore "

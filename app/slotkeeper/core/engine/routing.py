@@ -100,12 +100,14 @@ def route(n_request: int, slots: Sequence[SlotOption], session: SessionOption | 
     if own.prefix > 0:
         if own.fragile_until and own.prefix < own.fragile_until:
             return Route(own.slot, 0, save_first=_loses_changes(own, own.prefix), erase_first=True,
-                         reason="the request rolls back inside restored state that cannot be rolled back correctly")
+                         reason="the request rolls back inside restored state that cannot be rolled back "
+                                "correctly")
         return Route(own.slot, own.prefix, save_first=_loses_changes(own, own.prefix),
                      reason=f"slot {own.slot} holds {own.prefix} tokens of it")
     target = _evict_choice(free)
     if not known:
-        return Route(target.slot, 0, save_first=_loses_changes(target, 0), erase_first=target.fragile_until > 0,
+        return Route(target.slot, 0, save_first=_loses_changes(target, 0),
+                     erase_first=target.fragile_until > 0,
                      reason="a request whose tokens are not known (treated as a new conversation)")
     return Route(target.slot, 0, save_first=_loses_changes(target, 0), reason="a new conversation")
 

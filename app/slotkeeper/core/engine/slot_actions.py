@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 
 
 class SlotActions:
-    def __init__(self, board: SlotBoard, link: ServerLink, library: Library, saves: SlotSaves, loop: EngineLoop,
-                 events: EventBus, on_restored: Callable[[float, int], None]) -> None:
-        """``on_restored(restore_ms, bytes_read)``: a restore's measured rate (the front desk's break-even)."""
+    def __init__(self, board: SlotBoard, link: ServerLink, library: Library, saves: SlotSaves,
+                 loop: EngineLoop, events: EventBus, on_restored: Callable[[float, int], None]) -> None:
+        """``on_restored(restore_ms, bytes_read)``: a restore's measured rate (the front desk's
+        break-even)."""
         self.board = board
         self.link = link
         self.library = library
@@ -53,7 +54,8 @@ class SlotActions:
         if facts is None:
             raise EngineError("the server is not ready")
         holder = self.board.holder(session_id)
-        if holder is not None and (slot is None or slot == holder) and await self._still_holds(holder, session_id):
+        if (holder is not None and (slot is None or slot == holder)
+                and await self._still_holds(holder, session_id)):
             # Already in a slot (possibly with newer, unsaved turns): restoring would go back in time.
             entry = await self.loop.run_io(self.library.store.get, session_id)
             summary = RestoreSummary(session_id, holder, 0, 0.0, entry.sidecar.title if entry.sidecar else "",
@@ -68,7 +70,8 @@ class SlotActions:
         async with self.board.lock(slot):
             if self.board[slot].watch.changed and await self.saves.save_locked(slot, "before resume") is None:
                 self.events.emit(SessionRefused(session_id, slot, (
-                    f"slot {slot} holds a conversation that could not be saved first; nothing was replaced",)))
+                    f"slot {slot} holds a conversation that could not be saved first; nothing was replaced",
+                    )))
                 return None
             return await self.restore_locked(session_id, slot, facts)
 
@@ -140,7 +143,8 @@ class SlotActions:
             raise EngineError("every slot is busy; try again when a reply has finished")
         return min(idle, key=lambda s: s.id).id
 
-    async def at_launch(self, adopted: bool, idle_save_seconds: float, limit: int | None, resume_id: str | None,
+    async def at_launch(self, adopted: bool, idle_save_seconds: float, limit: int | None,
+                        resume_id: str | None,
                         set_activity: Callable[[Activity], None]) -> list[RestoreSummary]:
         """The launch's restores (``planning.plan_launch_restores``): after a crash each slot gets
         back what it held; otherwise the resume request, then the most recent usable sessions, up to

@@ -46,8 +46,8 @@ SWITCH_REASON = "before switching conversations"
 
 
 class SlotSaves:
-    def __init__(self, board: SlotBoard, link: ServerLink, library: Library, loop: EngineLoop, events: EventBus,
-                 set_activity: Callable[[Activity], None]) -> None:
+    def __init__(self, board: SlotBoard, link: ServerLink, library: Library, loop: EngineLoop,
+                 events: EventBus, set_activity: Callable[[Activity], None]) -> None:
         self.board = board
         self.link = link
         self.library = library
@@ -58,7 +58,8 @@ class SlotSaves:
         self._never_help_said = False
 
     # -- a save -------------------------------------------------------------------------------
-    async def save(self, slot: int, reason: str, timeout: float = SLOT_ACTION_TIMEOUT_SECONDS) -> SaveSummary | None:
+    async def save(self, slot: int, reason: str,
+                   timeout: float = SLOT_ACTION_TIMEOUT_SECONDS) -> SaveSummary | None:
         async with self.board.lock(slot):
             return await self.save_locked(slot, reason, timeout)
 
@@ -135,12 +136,12 @@ class SlotSaves:
         written = await self.loop.run_io(check_written, store, name, result.n_written, slot)
         return written, result.save_ms
 
-    async def _commit_written(self, http: LlamaClient, ctx: SaveContext, written: Written, current_id: str | None,
-                              save_ms: float, n_prompt: int | None,
+    async def _commit_written(self, http: LlamaClient, ctx: SaveContext, written: Written,
+                              current_id: str | None, save_ms: float, n_prompt: int | None,
                               transcript: Transcript | None = None) -> SaveOutcome:
         described = Described(http, transcript)  # keeps the conversation's text for the search index
-        outcome = await self.loop.run_io(commit_written, self.library.store, written, ctx, described, current_id,
-                                         save_ms, n_prompt, transcript)
+        outcome = await self.loop.run_io(commit_written, self.library.store, written, ctx, described,
+                                         current_id, save_ms, n_prompt, transcript)
         sc = outcome.sidecar
         if sc is not None and outcome.kind in ("new", "update", "fork"):
             self.library.text_saved(sc, described.text)
@@ -181,8 +182,8 @@ class SlotSaves:
         # The slot is about to hold another conversation (a restore names it; a new one has none yet).
         self.board.left(slot, generation)
         if written is not None:
-            commit = asyncio.ensure_future(self._finish_switch_save(http, ctx, written, current_id, save_ms, n_prompt,
-                                                                    transcript))
+            commit = asyncio.ensure_future(self._finish_switch_save(http, ctx, written, current_id, save_ms,
+                                                                    n_prompt, transcript))
             self._commits[commit] = as_tokens(written.tokens)
             commit.add_done_callback(lambda done: self._commits.pop(done, None))
         return True
@@ -192,7 +193,8 @@ class SlotSaves:
                                   transcript: Transcript | None) -> None:
         slot = written.slot
         try:
-            outcome = await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt, transcript)
+            outcome = await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt,
+                                                 transcript)
         except Exception as exc:  # the slot holds another conversation by now
             message = describe_save_error(slot, exc)
             log.warning("the save of the conversation slot %s held before a switch failed: %s", slot, message)

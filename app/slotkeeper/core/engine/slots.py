@@ -80,25 +80,28 @@ def judge_reuse(pending: PendingReuse, cache_n: int, shared: int | None = None) 
     if pending.mode == families.RESTORE_NEVER:
         if cache_n >= EFFECTIVE_REUSE_SHARE * n:
             return ReuseVerdict(True, None, False)
-        return ReuseVerdict(False, "sliding-window model without --swa-full: llama-server keeps only the last "
-                                   "window of those layers, so it re-read the whole conversation", False)
+        return ReuseVerdict(False, "sliding-window model without --swa-full: llama-server keeps only the "
+                                   "last window of those layers, so it re-read the whole conversation", False)
     allowed = reuse_allowed(pending.mode, n, shared)
     if allowed < EFFECTIVE_REUSE_SHARE * n:
         if pending.mode in families.EXACT_ONLY_MODES and shared is not None and shared > 0:
-            why = (f"not judged: the next request rolled back inside the restored conversation ({shared:,} of {n:,} "
+            why = (f"not judged: the next request rolled back inside the restored conversation ({shared:,} "
+                   f"of {n:,} "
                    "tokens in common), which this model cannot do, so it was computed from scratch")
         else:
-            why = (f"not judged: the next request was another conversation ({shared or 0:,} of {n:,} restored "
-                   "tokens in common)")
+            why = (f"not judged: the next request was another conversation ({shared or 0:,} of {n:,} "
+                   "restored tokens in common)")
         return ReuseVerdict(None, why, False)
     if cache_n < EFFECTIVE_REUSE_SHARE * allowed:
-        return ReuseVerdict(False, f"the next request reused {cache_n:,} of the {allowed:,} restored tokens it "
-                                   "could have (the server discarded the cache)", False)
+        return ReuseVerdict(False, f"the next request reused {cache_n:,} of the {allowed:,} restored tokens "
+                                   "it could have (the server discarded the cache)", False)
     if pending.mode in families.EXACT_ONLY_MODES and cache_n < n and shared is None:
         # Rolled back inside a restored state that cannot roll back: the reply may differ from a cold run.
-        return ReuseVerdict(True, (f"this request rolled back inside the restored conversation ({cache_n:,} of {n:,} "
-                                   "tokens reused): this model cannot do that correctly, so the reply may be off; "
-                                   "regenerate it if it looks wrong"), True)
+        return ReuseVerdict(True,
+                            (f"this request rolled back inside the restored conversation ({cache_n:,} of "
+                             f"{n:,} "
+                             "tokens reused): this model cannot do that correctly, so the reply may be off; "
+                             "regenerate it if it looks wrong"), True)
     return ReuseVerdict(True, None, False)
 
 
@@ -199,13 +202,15 @@ class SlotBoard:
         return next((s.id for s in self if s.session_id == session_id), None)
 
     # -- the whole board ------------------------------------------------------------------
-    def reset(self, n_slots: int, n_ctx: int, idle_save_seconds: float | None = None, unknown: bool = False) -> None:
+    def reset(self, n_slots: int, n_ctx: int, idle_save_seconds: float | None = None,
+              unknown: bool = False) -> None:
         """New slots: empty, or (``unknown``, a server an earlier run left) holding something whose
         tokens are not known, which another conversation saves before taking it. With
         ``idle_save_seconds`` autosave starts over as well (a launch that is not a crash's restart)."""
         if idle_save_seconds is not None:
             self.policy = AutosavePolicy(idle_save_seconds, changes_from_polls=False)
-        self._slots = {i: Slot(i, self.policy.watch(i), self._locks[i], n_ctx, unknown) for i in range(n_slots)}
+        self._slots = {i: Slot(i, self.policy.watch(i), self._locks[i], n_ctx, unknown)
+                       for i in range(n_slots)}
         self._on_change()
 
     def clear(self) -> None:

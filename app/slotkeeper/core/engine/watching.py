@@ -78,7 +78,8 @@ class SlotPoller:
                 continue
             now = time.monotonic()
             for info in infos:
-                if not info.is_processing or now - self._abandoned.get(info.id, now) > ABANDONED_GIVE_UP_SECONDS:
+                if (not info.is_processing
+                        or now - self._abandoned.get(info.id, now) > ABANDONED_GIVE_UP_SECONDS):
                     self._abandoned.pop(info.id, None)
             self.board.observe(infos, now, first=first)
             first = False

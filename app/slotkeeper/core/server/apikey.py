@@ -137,7 +137,8 @@ def exposure_refusal(host: str, port: int, extra_args: Sequence[str],
         usable = bool(keys.keys())
     except KeyUnavailable as exc:
         return (f"Slotkeeper does not listen on {host}, beyond this machine, while {exc}: anyone who can "
-                f"reach port {port} could use it and read its conversations. Fix the key, or listen on 127.0.0.1.")
+                f"reach port {port} could use it and read its conversations. Fix the key, or listen on "
+                "127.0.0.1.")
     if usable:
         return None
     return (f"Slotkeeper does not listen on {host}, beyond this machine, without an API key: anyone who can "

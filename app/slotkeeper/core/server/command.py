@@ -29,7 +29,8 @@ OWNED_FLAGS = frozenset(
     {
         "-m", "--model", "--host", "--port", "-c", "--ctx-size", "-np", "--parallel",
         "-fa", "--flash-attn", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
-        "--swa-full", "--no-swa-full", "--slot-save-path", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified",
+        "--swa-full", "--no-swa-full", "--slot-save-path", "-kvu", "--kv-unified", "-no-kvu",
+        "--no-kv-unified",
         # These would undo what the flags above are for: idle slots cleared before they are
         # saved, or no /slots to watch them by.
         "--cache-idle-slots", "--no-cache-idle-slots", "--cache-ram", "-cram",
@@ -139,12 +140,14 @@ def server_api_key(extra_args: tuple[str, ...], environ: Mapping[str, str] | Non
     return env.get("LLAMA_API_KEY") or None
 
 
-def exposes_without_key(host: str, extra_args: tuple[str, ...], environ: Mapping[str, str] | None = None) -> bool:
+def exposes_without_key(host: str, extra_args: tuple[str, ...],
+                        environ: Mapping[str, str] | None = None) -> bool:
     """True when the server would listen beyond this machine with no ``--api-key`` or
     ``--api-key-file``: anyone on the network could use it and read its conversations."""
     if is_loopback(host):
         return False
-    return not api_key_args(extra_args) and not (os.environ if environ is None else environ).get("LLAMA_API_KEY")
+    return (not api_key_args(extra_args)
+            and not (os.environ if environ is None else environ).get("LLAMA_API_KEY"))
 
 
 # Flags the user gives for the front door's clients: Slotkeeper always has /slots and /metrics

@@ -91,7 +91,8 @@ def _start(argv: list[str]) -> Early | None:
     if not isinstance(note, dict) or note.get("version") != NOTE_VERSION or note.get("command_line") != argv:
         return None
     server_argv = note.get("server_argv")
-    if not isinstance(server_argv, list) or not server_argv or not all(isinstance(a, str) for a in server_argv):
+    if (not isinstance(server_argv, list) or not server_argv
+            or not all(isinstance(a, str) for a in server_argv)):
         return None
     if note.get("inputs") != inputs(paths, server_argv):
         return None

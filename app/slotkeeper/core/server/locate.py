@@ -109,7 +109,8 @@ _flag_cache: dict[tuple[str, str, tuple[tuple[str, int], ...]], frozenset[str]] 
 FLAGS_VERSION = "help-flags-1"  # what ``probe_flags`` stores in a FileFactsCache
 
 
-def probe_flags(binary: ServerBinary, timeout: float = 15.0, cache: FileFactsCache | None = None) -> frozenset[str]:
+def probe_flags(binary: ServerBinary, timeout: float = 15.0,
+                cache: FileFactsCache | None = None) -> frozenset[str]:
     """The long options this llama-server build knows (from --help), remembered per binary file
     version (path, size, mtime, inode, ctime): in memory, and in ``cache`` across runs.
 

@@ -24,7 +24,8 @@ IDLE_POLL_SECONDS = 0.5  # the interval doubles up to this while the file does n
 log = logging.getLogger(__name__)
 
 
-def rotate(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS, force: bool = False) -> None:
+def rotate(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS,
+           force: bool = False) -> None:
     """llama-server.log -> .1 -> .2 ...; the live file is truncated, not replaced."""
     try:
         size = path.stat().st_size

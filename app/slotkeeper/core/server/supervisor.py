@@ -96,7 +96,8 @@ def describe_exit(code: int | None) -> str:
     if code is None:
         return "stopped"
     if code == EXIT_NOT_KNOWN:
-        return "ended (how is not known: an earlier Slotkeeper started it, so its exit status is not ours to read)"
+        return ("ended (how is not known: an earlier Slotkeeper started it, so its exit status is not ours "
+                "to read)")
     if code == 0:
         return "exited without an error"
     if code < 0:
@@ -417,7 +418,8 @@ class Supervisor:
             if who is not None:
                 raise PortInUse(
                     f"Port {spec.port} on {spec.host} is already in use by {who}. "
-                    "Choose another port in Settings (or --port); Slotkeeper does not stop programs it did not start."
+                    "Choose another port in Settings (or --port); Slotkeeper does not stop programs it did "
+                    "not start."
                 )
         try:
             with self._lock:
@@ -493,7 +495,8 @@ class Supervisor:
     def _write_state_file(self, spec: LaunchSpec) -> None:
         child = self._child
         assert child is not None
-        write_state_file(self.state_file, child.pid, child.create_time, spec.argv, spec.host, spec.port, spec.record)
+        write_state_file(self.state_file, child.pid, child.create_time, spec.argv, spec.host, spec.port,
+                         spec.record)
 
     def _clear_state_file(self) -> None:
         try:
@@ -559,7 +562,8 @@ class Supervisor:
                 self.events.emit(ServerAdopted(proc.pid))
                 return True
         if not early and self._before_stopping_leftover is not None and not self._stop_requested.is_set():
-            self._set_state(ServerState.STARTING, "saving the conversations of a server left by an earlier session")
+            self._set_state(ServerState.STARTING,
+                            "saving the conversations of a server left by an earlier session")
             try:
                 self._before_stopping_leftover(data)
             except Exception:  # its conversations are lost, but the new launch goes on

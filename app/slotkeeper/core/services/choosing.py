@@ -143,7 +143,8 @@ def left_behind(entries: Iterable[SessionEntry], before: ServerFacts, before_mod
         if old != new:
             say(lost_to(**{attr: new}), f"a {which} cache of {old}", new)
     if after.swa_full != before.swa_full:
-        say(lost_to(swa_full=after.swa_full), "--swa-full" if before.swa_full else "the default sliding-window cache",
+        say(lost_to(swa_full=after.swa_full),
+            "--swa-full" if before.swa_full else "the default sliding-window cache",
             "--swa-full" if after.swa_full else "the default sliding-window cache")
     if after.kv_args != before.kv_args:
         say(lost_to(kv_args=after.kv_args), f"the arguments {' '.join(before.kv_args) or '(none)'}",
@@ -175,8 +176,9 @@ class LaunchSanity:
 
     @property
     def summary(self) -> str:
-        return (f"Needs about {human_bytes(self.need_bytes)} of memory (model {human_bytes(self.weights_bytes)} "
-                f"+ KV cache {human_bytes(self.kv_bytes)}); this machine has {human_bytes(self.total_memory)}.")
+        return (f"Needs about {human_bytes(self.need_bytes)} of memory (model "
+                f"{human_bytes(self.weights_bytes)} + KV cache {human_bytes(self.kv_bytes)}); this machine "
+                f"has {human_bytes(self.total_memory)}.")
 
     @property
     def problems(self) -> tuple[str, ...]:

@@ -41,7 +41,8 @@ from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.sessions.titles import conversation_text
 from slotkeeper.core.sessions.transcripts import Transcript
 
-__all__ = ["AmbiguousSessionId", "PruneOutcome", "SearchResult", "SessionInUse", "SessionsService", "reconcile_search"]
+__all__ = ["AmbiguousSessionId", "PruneOutcome", "SearchResult", "SessionInUse", "SessionsService",
+           "reconcile_search"]
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,10 @@ class AmbiguousSessionId(ValueError):
     def __init__(self, prefix: str, candidates: list[str]) -> None:
         if candidates:
             shown = ", ".join(candidates[:AMBIGUOUS_SHOWN])
-            more = f" and {len(candidates) - AMBIGUOUS_SHOWN} more" if len(candidates) > AMBIGUOUS_SHOWN else ""
-            text = f"{prefix!r} is the start of {len(candidates)} session ids ({shown}{more}); give more of the id"
+            more = (f" and {len(candidates) - AMBIGUOUS_SHOWN} more" if len(candidates) > AMBIGUOUS_SHOWN
+                    else "")
+            text = (f"{prefix!r} is the start of {len(candidates)} session ids ({shown}{more}); give more "
+                    "of the id")
         else:
             text = f"{prefix!r} is too short to pick a session by the start of its id: give at least " \
                    f"{MIN_ID_PREFIX} characters"
@@ -110,7 +113,8 @@ def reconcile_search(search: SearchIndex, store: SessionStore, listing: Listing 
     does not hold as they are now (so a search after a save costs a directory read, not a listing)."""
     stamp = folder_stamp(store.dir)  # before reading: a change during it is seen next time
     if listing is not None:
-        wanted = [IndexedText(e.id, e.sidecar.kv_file, e.sidecar.model_sha256, e.sidecar.title, e.sidecar.preview)
+        wanted = [IndexedText(e.id, e.sidecar.kv_file, e.sidecar.model_sha256, e.sidecar.title,
+                              e.sidecar.preview)
                   for e in listing.sessions if e.sidecar is not None]
     else:
         wanted = _sessions_by_name(search, store)
@@ -277,7 +281,8 @@ class SessionsService:
             if text is not None:
                 self.search_index.put(sc.id, sc.kv_file, sc.model_sha256, sc.title, conversation_text(text))
             else:
-                self.search_index.put(sc.id, sc.kv_file, sc.model_sha256, sc.title, sc.preview, complete=False)
+                self.search_index.put(sc.id, sc.kv_file, sc.model_sha256, sc.title, sc.preview,
+                                      complete=False)
         except (sqlite3.Error, SearchUnavailable) as exc:
             log.warning("could not add %s to the search index: %s", sc.id, exc)
 

@@ -27,7 +27,8 @@ class TranscriptCheck:
 
 
 def check_transcript(transcript: Transcript, saved: Sequence[int], render: Callable[[dict[str, Any]], str],
-                     tokenize: Callable[[str], list[int]], detokenize: Callable[[list[int]], str]) -> TranscriptCheck:
+                     tokenize: Callable[[str], list[int]],
+                     detokenize: Callable[[list[int]], str]) -> TranscriptCheck:
     """``render(chat body) -> prompt``, ``tokenize(text)`` and ``detokenize(tokens)``: the running
     server of the session's model (``LlamaClient`` methods)."""
     saved = [t for t in saved]
@@ -35,7 +36,8 @@ def check_transcript(transcript: Transcript, saved: Sequence[int], render: Calla
         prompt_tokens = tokenize(transcript.prompt)
         rest = saved[len(prompt_tokens):]
         if saved[:len(prompt_tokens)] != prompt_tokens:
-            return TranscriptCheck(MISMATCH, "the transcript's prompt is not what the saved conversation begins with")
+            return TranscriptCheck(MISMATCH,
+                                   "the transcript's prompt is not what the saved conversation begins with")
         return _reply_check(detokenize([t for t in rest if t >= 0]), transcript.completion)
     messages = [m.to_openai() for m in transcript.messages]
     reply = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else None
@@ -51,17 +53,19 @@ def check_transcript(transcript: Transcript, saved: Sequence[int], render: Calla
     # Not where the saved tokens begin: the file, or what a template makes of what it was given?
     if any(m.media for m in transcript.messages):
         return TranscriptCheck(UNCHECKABLE, "the conversation holds images or audio, which only the model's "
-                                            "projector turns into tokens, so its transcript cannot be checked")
+                                            "projector turns into tokens, so its transcript cannot be "
+                                            "checked")
     earlier = [m for m in transcript.messages[:-1] if m.role == "assistant" and (m.reasoning or m.tool_calls)]
     if earlier:
-        return TranscriptCheck(UNCHECKABLE, "this model's chat template renders the reasoning or tool calls of "
-                                            "earlier turns its own way, so the transcript cannot be checked "
-                                            "against the saved tokens")
+        return TranscriptCheck(UNCHECKABLE, "this model's chat template renders the reasoning or tool calls "
+                                            "of earlier turns its own way, so the transcript cannot be "
+                                            "checked against the saved tokens")
     if tokenize(render({"messages": asked, **options, "add_generation_prompt": True})) != prompt:
-        return TranscriptCheck(UNCHECKABLE, "this model's chat template renders the same conversation differently "
-                                            "each time (a date, say), so the transcript cannot be checked")
-    return TranscriptCheck(MISMATCH, "the transcript rendered with the model's template is not what the saved "
-                                     "conversation begins with")
+        return TranscriptCheck(UNCHECKABLE, "this model's chat template renders the same conversation "
+                                            "differently each time (a date, say), so the transcript cannot "
+                                            "be checked")
+    return TranscriptCheck(MISMATCH, "the transcript rendered with the model's template is not what the "
+                                     "saved conversation begins with")
 
 
 def _reply_check(said: str, reply: str) -> TranscriptCheck:
@@ -70,5 +74,5 @@ def _reply_check(said: str, reply: str) -> TranscriptCheck:
     held, written = " ".join(said.split()), " ".join(reply.split())
     if written.startswith(held) or held.startswith(written[:200]):
         return TranscriptCheck(OK, "the transcript matches the saved conversation")
-    return TranscriptCheck(MISMATCH, "the transcript's last reply is not what the saved conversation holds after "
-                                     "its prompt")
+    return TranscriptCheck(MISMATCH, "the transcript's last reply is not what the saved conversation holds "
+                                     "after its prompt")

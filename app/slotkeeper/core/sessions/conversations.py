@@ -83,7 +83,8 @@ def group_conversations(entries: list[SessionEntry]) -> list[Conversation]:
         saves = [root]
         placed.add(root.id)
         while True:
-            nxt = [c for c in children.get(saves[-1].id, ()) if c.id not in placed and _continues(c, saves[-1])]
+            nxt = [c for c in children.get(saves[-1].id, ()) if c.id not in placed
+                   and _continues(c, saves[-1])]
             if not nxt:
                 break
             newest = max(nxt, key=_last_used)  # other continuations of the same snapshot are branches

@@ -11,8 +11,10 @@ import orjson
 from slotkeeper.core.sessions.sidecar import SIDECAR_KEYS, Sidecar
 
 # `sessions list --json` shows every sidecar key but these internals.
-LIST_KEYS: tuple[str, ...] = tuple(k for k in SIDECAR_KEYS if k not in ("schema_version", "tokens_digest", "corrupt",
-                                                                        "continues"))
+LIST_KEYS: tuple[str,
+                 ...] = tuple(k for k in SIDECAR_KEYS
+                              if k not in ("schema_version", "tokens_digest", "corrupt",
+                                           "continues"))
 
 
 @dataclass

@@ -295,13 +295,15 @@ class TokenIndex:
                     if s.model_sha256 != model_sha256:
                         continue
                     most = min(s.n_tokens, n_new, most_here)
-                    contained = contained_at is not None and most >= contained_at and s.n_tokens > contained_at
+                    contained = (contained_at is not None and most >= contained_at
+                                 and s.n_tokens > contained_at)
                     others.append((not contained, -most, sid != prefer, order(sid), sid))
                 if len(others) >= limit:
                     break
             chosen = {c[-1] for c in heapq.nsmallest(max(limit // 2, 1), updates)}
             chosen |= {c[-1] for c in heapq.nsmallest(max(limit - len(chosen), 1), others)}
-            if prefer is not None and prefer in self._sessions and self._sessions[prefer].model_sha256 == model_sha256:
+            if (prefer is not None and prefer in self._sessions
+                    and self._sessions[prefer].model_sha256 == model_sha256):
                 chosen.add(prefer)
         return sorted(chosen, key=key)
 
@@ -319,10 +321,11 @@ class SidecarRecord:
     sorts by) and ``row`` (the `sessions list --json` row without its size, status and problems).
     """
 
-    __slots__ = ("stamp", "error", "racy", "_data", "_raw", "_facts", "_row", "_sidecar", "_recency", "_newest")
+    __slots__ = ("stamp", "error", "racy", "_data", "_raw", "_facts", "_row", "_sidecar", "_recency",
+                 "_newest")
 
-    def __init__(self, stamp: Stamp, data: dict[str, Any] | None, error: str | None = None, racy: bool = False,
-                 sidecar: Sidecar | None = None, *, raw: bytes | None = None,
+    def __init__(self, stamp: Stamp, data: dict[str, Any] | None, error: str | None = None,
+                 racy: bool = False, sidecar: Sidecar | None = None, *, raw: bytes | None = None,
                  facts: dict[str, Any] | None = None, row: bytes | None = None) -> None:
         self.stamp = stamp
         self.error = error
@@ -392,7 +395,8 @@ class SidecarRecord:
         return self._recency
 
 
-ReadRecord = Callable[[str, Stamp], SidecarRecord]  # (session id, its sidecar's stat) -> the sidecar as read now
+# (session id, its sidecar's stat) -> the sidecar as read now
+ReadRecord = Callable[[str, Stamp], SidecarRecord]
 
 
 class SessionsIndex(TokenIndex):
@@ -462,7 +466,8 @@ class SessionsIndex(TokenIndex):
             self.set_record(session_id, record)
 
     def kv_claims(self) -> dict[str, str | None]:
-        """The KV file each session's sidecar names (None: an unreadable sidecar, which claims nothing known)."""
+        """The KV file each session's sidecar names (None: an unreadable sidecar, which claims nothing
+        known)."""
         with self.lock:
             return {sid: (facts.get("kv_file") if (facts := rec.facts()) and rec.error is None else None)
                     for sid, rec in self.records.items()}
@@ -497,7 +502,8 @@ class SessionsIndex(TokenIndex):
                 self.unindexed.add(recheck)
 
     def note_save(self, session_id: str, model_sha256: str, sidecar: tuple[str, SidecarRecord] | None,
-                  kv_file: str, kv_stamp: Stamp | None, gone: str | None, tokens: Sequence[int] | None) -> bool:
+                  kv_file: str, kv_stamp: Stamp | None, gone: str | None,
+                  tokens: Sequence[int] | None) -> bool:
         """A save wrote the session's sidecar (``(name, record)``; None: it could not be looked
         at) and its KV file (``kv_stamp``; None: gone already), and removed ``gone`` (the previous
         version's KV file). With ``tokens``, the token part is what the save knows. True when
@@ -537,12 +543,14 @@ class SessionsIndex(TokenIndex):
                 self.unindexed.discard(sid)
                 kv_file, sha = data.get("kv_file"), data.get("model_sha256")
                 st = self.files.get(kv_file) if isinstance(kv_file, str) else None
-                if st is None or not stat.S_ISREG(st[0]) or not isinstance(sha, str) or not isinstance(kv_file, str):
+                if (st is None or not stat.S_ISREG(st[0]) or not isinstance(sha, str)
+                        or not isinstance(kv_file, str)):
                     self.remove(sid)
                     continue
                 key = (kv_file, st[1], st[2])
                 have = self.get(sid)
-                if have is not None and (have.kv_file, have.size, have.mtime_ns, have.model_sha256) == (*key, sha):
+                if (have is not None
+                        and (have.kv_file, have.size, have.mtime_ns, have.model_sha256) == (*key, sha)):
                     continue
                 if self.token_errors.get(sid) == key:
                     continue
@@ -593,8 +601,8 @@ class SessionsIndex(TokenIndex):
             pending = self._pending_tokens.copy()
             folder = self.folder
             self.dirty = False  # a change from now on is not in this copy: it makes the index dirty again
-        head = orjson.dumps({"version": INDEX_VERSION, "block": BLOCK, "head": HEAD_TOKENS, "slack": TAIL_SLACK,
-                             "sidecar_schema": SCHEMA_VERSION, "folder": folder})
+        head = orjson.dumps({"version": INDEX_VERSION, "block": BLOCK, "head": HEAD_TOKENS,
+                             "slack": TAIL_SLACK, "sidecar_schema": SCHEMA_VERSION, "folder": folder})
         lines = [head]
         for sid, rec in records:
             meta = orjson.dumps({"id": sid, "stamp": rec.stamp, "error": rec.error, "facts": rec.facts()})
@@ -616,7 +624,8 @@ class SessionsIndex(TokenIndex):
         try:
             lines = path.read_bytes().split(b"\n")
             data = orjson.loads(lines[0])
-            if (not isinstance(data, dict) or data.get("version") != INDEX_VERSION or data.get("block") != BLOCK
+            if (not isinstance(data, dict) or data.get("version") != INDEX_VERSION
+                or data.get("block") != BLOCK
                     or data.get("head") != HEAD_TOKENS or data.get("slack") != TAIL_SLACK
                     or data.get("sidecar_schema") != SCHEMA_VERSION or data.get("folder") != index.folder):
                 return index

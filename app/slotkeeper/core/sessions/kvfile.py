@@ -237,7 +237,8 @@ def _count_negative(le_words: bytes) -> int:
     return len(top) - len(top.translate(None, _HIGH_BYTES))
 
 
-def _with_media_ids(name: str, tokens: TokenArray, n_placeholders: int, n_media: int, media: bytes) -> list[int]:
+def _with_media_ids(name: str, tokens: TokenArray, n_placeholders: int, n_media: int,
+                    media: bytes) -> list[int]:
     """The token list with each media chunk's -1 run replaced by that chunk's pseudo-token.
 
     A media position is any negative word (``n_placeholders`` of them); every one of them

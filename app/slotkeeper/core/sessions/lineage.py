@@ -89,7 +89,8 @@ def classify(
         if _is_update(shared, len(new), len(saved), tail_slack, min_fork_prefix, n_prompt):
             if best_update is None or shared > best_update.common_prefix:
                 best_update = Match("update", session_id, shared)
-        elif contained_at is not None and shared >= contained_at and len(saved) > shared and shared >= min_fork_prefix:
+        elif (contained_at is not None and shared >= contained_at and len(saved) > shared
+                and shared >= min_fork_prefix):
             if best_contained is None or shared > best_contained.common_prefix:
                 best_contained = Match("contained", session_id, shared)
         elif shared >= min_fork_prefix and (best_fork is None or shared > best_fork.common_prefix):

@@ -61,7 +61,8 @@ def rows_key(files: dict[str, Stamp], folder: Path, now_ns: int | None = None) -
     names = sorted(filterfalse(is_scratch, files))
     try:
         stamps = array("q", chain.from_iterable(map(files.__getitem__, names)))
-    except OverflowError:  # an inode number beyond 63 bits: its hash stands in (ints hash the same everywhere)
+    # an inode number beyond 63 bits: its hash stands in (ints hash the same everywhere)
+    except OverflowError:
         stamps = array("q", [v if -_I64 <= v < _I64 else hash(v) for name in names for v in files[name]])
     if names and now_ns - max(stamps[2::5]) < RACY_NS:
         return None
@@ -71,7 +72,8 @@ def rows_key(files: dict[str, Stamp], folder: Path, now_ns: int | None = None) -
     return h.hexdigest()
 
 
-def kept(folder: Path, index_file: Path, files: dict[str, Stamp] | None = None) -> tuple[str | None, bytes | None]:
+def kept(folder: Path, index_file: Path,
+         files: dict[str, Stamp] | None = None) -> tuple[str | None, bytes | None]:
     """This look at the folder (``files``, or a new ``scan``): its key, and the rows kept for it, a
     line each (None: none kept for this look, or the look is too recent to keep rows at all)."""
     key = rows_key(scan(folder) if files is None else files, folder)

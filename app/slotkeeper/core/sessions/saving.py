@@ -48,8 +48,8 @@ from slotkeeper.core.units import human_bytes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FAULT_ENV", "SaveContext", "SaveError", "SaveOutcome", "Written", "check_written", "commit_written",
-           "server_refused"]
+__all__ = ["FAULT_ENV", "SaveContext", "SaveError", "SaveOutcome", "Written", "check_written",
+           "commit_written", "server_refused"]
 
 # Test-only fault injection: SLOTKEEPER_FAULT=<step> ends the process at that step of a save,
 # as a power cut or kill -9 would, so the crash-safety tests exercise the real code path.
@@ -209,7 +209,8 @@ def _candidates(store: SessionStore, tokens: list[int], facts: ServerFacts, pref
 def _classify(store: SessionStore, tokens: list[int], facts: ServerFacts,
               current_id: str | None, n_prompt: int | None = None) -> tuple[str, SessionEntry | None]:
     candidates = _candidates(store, tokens, facts, current_id, n_prompt)
-    match = lineage.classify(tokens, [(e.id, t, e.sidecar.n_prompt if e.sidecar else None) for e, t in candidates],
+    match = lineage.classify(tokens,
+                             [(e.id, t, e.sidecar.n_prompt if e.sidecar else None) for e, t in candidates],
                              new_n_prompt=n_prompt)
     previous = next((e for e, _ in candidates if e.id == match.session_id), None)
     return _refine(match.kind, previous, tokens)
@@ -241,7 +242,8 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
                 # Changed while we were away (another save, a delete): decide again, now under the lock.
                 kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
             elif kind != "contained":
-                kind, previous = _refine("update" if kind in ("unchanged", "continue") else kind, fresh, inc.tokens)
+                kind, previous = _refine("update" if kind in ("unchanged", "continue") else kind, fresh,
+                                         inc.tokens)
         now = format_utc(utc_now())
         if kind in ("unchanged", "contained") and previous is not None:
             # Nothing new to keep: the session holds it already. It was used now.
@@ -253,7 +255,8 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
         if kind == "update" and previous is not None:
             sc0 = previous.sidecar
             assert sc0 is not None
-            sid, created, pinned, parent, last_restore = sc0.id, sc0.created_at, sc0.pinned, sc0.parent, sc0.last_restore
+            sid, created, pinned, parent, last_restore = (sc0.id, sc0.created_at, sc0.pinned, sc0.parent,
+                                                          sc0.last_restore)
             continues = sc0.continues
             replaces = sc0.kv_file
         elif kind == "continue" and previous is not None:

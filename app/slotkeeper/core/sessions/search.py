@@ -134,7 +134,8 @@ class SearchIndex:
         try:
             db = self._connect()
         except sqlite3.DatabaseError as exc:  # damaged: start again from the files
-            log.warning("the search index %s is damaged (%s); rebuilding it from the sessions", self.path, exc)
+            log.warning("the search index %s is damaged (%s); rebuilding it from the sessions", self.path,
+                        exc)
             self._remove_files()
             self._create_private()
             db = self._connect()
@@ -146,7 +147,8 @@ class SearchIndex:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), PRIVATE_FILE_MODE)
         except OSError as exc:
-            raise SearchUnavailable(f"cannot open the search index {self.path}: {exc.strerror or exc}") from exc
+            raise SearchUnavailable(f"cannot open the search index {self.path}: "
+                                    f"{exc.strerror or exc}") from exc
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -165,7 +167,8 @@ class SearchIndex:
             db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, SCHEMA_VERSION):
-                db.executescript("DROP TABLE IF EXISTS docs; DROP TABLE IF EXISTS texts; DROP TABLE IF EXISTS meta;")
+                db.executescript("DROP TABLE IF EXISTS docs; DROP TABLE IF EXISTS texts; DROP TABLE IF "
+                                 "EXISTS meta;")
             db.executescript(f"""
                 BEGIN;
                 CREATE TABLE IF NOT EXISTS docs (
@@ -220,7 +223,8 @@ class SearchIndex:
         with self._lock:
             db = self._conn()
             with _transaction(db):
-                row = db.execute("SELECT rowid, model_sha256 FROM docs WHERE id = ? AND kv_file = ? AND complete = 0",
+                row = db.execute("SELECT rowid, model_sha256 FROM docs WHERE id = ? AND kv_file = ? AND "
+                                 "complete = 0",
                                  (session_id, kv_file)).fetchone()
                 if row is None:
                     return False
@@ -250,7 +254,8 @@ class SearchIndex:
     def partial(self, model_sha256: str) -> list[tuple[str, str]]:
         """(id, kv_file) of the sessions of this model indexed from their title and preview only."""
         with self._lock:
-            return self._conn().execute("SELECT id, kv_file FROM docs WHERE complete = 0 AND model_sha256 = ?",
+            return self._conn().execute("SELECT id, kv_file FROM docs WHERE complete = 0 AND model_sha256 = "
+                                        "?",
                                         (model_sha256,)).fetchall()
 
     def reconcile(self, sessions: Iterable[IndexedText], folder: Path | None = None) -> Reconciled:
@@ -297,7 +302,8 @@ class SearchIndex:
         if query is None:
             return 0
         with self._lock:
-            return self._conn().execute("SELECT count(*) FROM texts WHERE texts MATCH ?", (query,)).fetchone()[0]
+            return self._conn().execute("SELECT count(*) FROM texts WHERE texts MATCH ?",
+                                        (query,)).fetchone()[0]
 
     def search(self, text: str, limit: int = 20) -> list[SearchHit]:
         """Sessions whose text has every word typed (as a word or the start of one), best first."""

@@ -412,7 +412,8 @@ class SessionStore:
         st = self._lstat(name)
         kv_st = self._lstat(sidecar.kv_file)
         record = None if st is None else (name, SidecarRecord.read(st, sidecar))
-        if self.index.note_save(sidecar.id, sidecar.model_sha256, record, sidecar.kv_file, kv_st, gone_kv, tokens):
+        if self.index.note_save(sidecar.id, sidecar.model_sha256, record, sidecar.kv_file, kv_st, gone_kv,
+                                tokens):
             assert kv_st is not None and tokens is not None
             self._keep_tokens(sidecar.kv_file, kv_st, array(TYPECODE, tokens))  # a copy
 
@@ -473,7 +474,8 @@ class SessionStore:
     def mark_corrupt(self, session_id: str, reason: str) -> None:
         validate_session_id(session_id)
         try:
-            self.update(session_id, lambda s: replace(s, corrupt={"at": format_utc(utc_now()), "reason": reason}))
+            self.update(session_id,
+                        lambda s: replace(s, corrupt={"at": format_utc(utc_now()), "reason": reason}))
         except (SidecarError, SessionNotFound):
             pass  # an unreadable sidecar already lists as corrupt
 
@@ -483,10 +485,13 @@ class SessionStore:
             entry = self.get(session_id)
             # Only this session's own files: a sidecar copied under another id must not take
             # another session's conversation with it.
-            kv_names = {entry.sidecar.kv_file} if entry.sidecar and owns_kv_file(session_id, entry.sidecar.kv_file) else set()
+            sc = entry.sidecar
+            kv_names = {sc.kv_file} if sc is not None and owns_kv_file(session_id, sc.kv_file) else set()
             kv_names |= {n for n in os.listdir(self.dir)
-                         if (m := OWN_KV_RE.match(n) or OWN_TRANSCRIPT_RE.match(n)) and m.group(1) == session_id}
-            unlink_quietly(self.sidecar_path(session_id))  # sidecar first: a half-deleted session is a leftover
+                         if (m := OWN_KV_RE.match(n) or OWN_TRANSCRIPT_RE.match(n))
+                         and m.group(1) == session_id}
+            # sidecar first: a half-deleted session is a leftover
+            unlink_quietly(self.sidecar_path(session_id))
             fsync_dir(self.dir)
             index = self.index
             index.forget(session_id)
@@ -562,11 +567,13 @@ class SessionStore:
         """Record a verified stamp (best effort: without it the next restore hashes again)."""
 
         def change(s: Sidecar) -> Sidecar:
-            return replace(s, verified=stamp) if (s.kv_file, s.content_hash) == (kv_file, stamp.content_hash) else s
+            return (replace(s, verified=stamp) if (s.kv_file, s.content_hash) == (kv_file, stamp.content_hash)
+                    else s)
 
         try:
             self.update(session_id, change)
-        except (SessionNotFound, SidecarError, InvalidSessionId, OSError) as exc:  # FolderBusy, FolderReadOnly
+        # FolderBusy, FolderReadOnly
+        except (SessionNotFound, SidecarError, InvalidSessionId, OSError) as exc:
             log.debug("not recording the verified stamp of %s: %s", session_id, exc)
 
 

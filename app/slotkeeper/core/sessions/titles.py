@@ -49,7 +49,8 @@ def title_and_preview(text: str) -> tuple[str, str]:
     conv = [(r, t) for r, t in turns(text) if t]
     if not conv:
         plain = _squash(text)
-        return (_clip(plain, TITLE_CHARS) or "(empty conversation)", _clip(plain[-PREVIEW_CHARS:], PREVIEW_CHARS))
+        return (_clip(plain, TITLE_CHARS) or "(empty conversation)",
+                _clip(plain[-PREVIEW_CHARS:], PREVIEW_CHARS))
     users = [t for r, t in conv if r in ("user", "human")]
     title = _clip(users[0] if users else conv[0][1], TITLE_CHARS)
     last_user = max((i for i, (r, _) in enumerate(conv) if r in ("user", "human")), default=None)

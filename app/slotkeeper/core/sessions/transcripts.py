@@ -112,7 +112,8 @@ class Transcript:
         """The last answer, on one line."""
         if self.kind == TEXT:
             return _one_line(self.completion or self.prompt[-width:], width)
-        text = next((m.content for m in reversed(self.messages) if m.role == "assistant" and m.content.strip()),
+        text = next((m.content for m in reversed(self.messages) if m.role == "assistant"
+                     and m.content.strip()),
                     "")
         return _one_line(text, width)
 
@@ -143,7 +144,8 @@ class Transcript:
                 out += [m.content, ""]
             for call in m.tool_calls:
                 fn = call.get("function") or {}
-                out += [f"Tool call `{fn.get('name', '?')}`:", "", "```json", str(fn.get("arguments", "")), "```", ""]
+                out += [f"Tool call `{fn.get('name', '?')}`:", "", "```json", str(fn.get("arguments", "")),
+                        "```", ""]
             for item in m.media:
                 out += [f"*({item.split(':', 1)[0]} {item.split(':', 1)[-1][:12]})*", ""]
         return "\n".join(out)
@@ -186,8 +188,8 @@ class Transcript:
         messages = d.get("messages")
         if not isinstance(messages, list):
             raise TranscriptError("a chat transcript without messages")
-        return cls(CHAT, tuple(Message.from_json(m) for m in messages if isinstance(m, dict)), options=options,
-                   source=_str(d, "source"))
+        return cls(CHAT, tuple(Message.from_json(m) for m in messages if isinstance(m, dict)),
+                   options=options, source=_str(d, "source"))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Transcript:
@@ -315,7 +317,8 @@ def _anthropic(body: Mapping[str, Any], source: str) -> Transcript | None:
                 media.append(_media_name("image", block.get("source")))
         out.extend(results)
         if texts or thinking or calls or media or not results:
-            out.append(Message(m["role"], "\n".join(texts), "\n".join(thinking), tuple(calls), media=tuple(media)))
+            out.append(Message(m["role"], "\n".join(texts), "\n".join(thinking), tuple(calls),
+                               media=tuple(media)))
     return Transcript(CHAT, tuple(out), options=_options(body), source=source)
 
 
@@ -421,7 +424,8 @@ class ReplyCollector:
                 continue
             index = call.get("index", i)
             into = self._calls.setdefault(index if isinstance(index, int) else i,
-                                          {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                                          {"id": "", "type": "function",
+                                           "function": {"name": "", "arguments": ""}})
             if isinstance(call.get("id"), str):
                 into["id"] = call["id"]
             fn = call.get("function")
