@@ -396,8 +396,10 @@ def report(out: Path, command: str) -> int:
                       + (f", with {' '.join(f'{k}={v}' for k, v in env.items())} (see run_compat.probe)"
                          if env else ""))
             for u in metas[m].get("updates", []):
-                md.append(f"  - then run again ({u['commit']}, pytest exit {u['exit']}): "
-                          f"`{shlex.join(u.get('pytest_args', []))}`")
+                again = shlex.join(u.get("pytest_args", []))
+                again = again if len(again) < 300 else again[:300] + " ..."
+                by = f", Slotkeeper {u['commit']}" if m == "door" else ""
+                md.append(f"  - then run again (--update{by}, pytest exit {u['exit']}): `{again}`")
     md.append("")
     md.append("| | pass | fail | skip | total |")
     md.append("|---|---|---|---|---|")
