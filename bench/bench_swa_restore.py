@@ -170,6 +170,11 @@ class Diff:
     top_max: float
 
 
+def fig(x: float) -> str:
+    """A difference: exactly 0 as such (bit-exact), a tiny one in scientific notation."""
+    return "0" if x == 0 else f"{x:.4f}" if x >= 1e-3 else f"{x:.1e}"
+
+
 def compare(ref: Reply, other: Reply) -> Diff:
     n = min(len(ref.tokens), len(other.tokens))
     first = next((i for i in range(n) if ref.tokens[i] != other.tokens[i]), None)
@@ -221,8 +226,8 @@ def run_model(name: str, model: Path, args: argparse.Namespace, work: Path, text
                 d = compare(ref, other)
                 diffs[arm].append(d)
                 print(f"  {name} N={n_tokens} prompt {k} {arm:8s}: first divergence "
-                      f"{'none' if d.first is None else d.first:>4} | chosen max {d.chosen_max:.4f} "
-                      f"mean {d.chosen_mean:.5f} | top-5 max {d.top_max:.4f}" +
+                      f"{'none' if d.first is None else d.first:>4} | chosen max {fig(d.chosen_max)} "
+                      f"mean {fig(d.chosen_mean)} | top-5 max {fig(d.top_max)}" +
                       (f" | cache_n {other.cache_n}" if arm == "restored" else ""), flush=True)
         rows.append((name, n_tokens, diffs))
     return rows
@@ -242,8 +247,8 @@ def summary(rows: list[tuple], args: argparse.Namespace) -> None:
             firsts = [d.first for d in ds if d.first is not None]
             print(f"{name:<28} {n_tokens:>5} | {arm:<8} {len(firsts):>3} of {len(ds):<2} "
                   f"{(str(int(statistics.median(firsts))) if firsts else '-'):>14} "
-                  f"{max(d.chosen_max for d in ds):>10.4f} {statistics.fmean(d.chosen_mean for d in ds):>11.5f} "
-                  f"{max(d.top_max for d in ds):>9.4f}")
+                  f"{fig(max(d.chosen_max for d in ds)):>10} {fig(statistics.fmean(d.chosen_mean for d in ds)):>11} "
+                  f"{fig(max(d.top_max for d in ds)):>9}")
 
 
 def main() -> int:
