@@ -17,9 +17,9 @@ from e2e_helpers import USER_TURNS, converse
 pytestmark = pytest.mark.e2e
 
 
-def serve(home, model, server_bin, port):
+def serve(home, model, server_bin, port, ctx=2048):
     cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(model), "--server-bin", server_bin,
-           "--port", str(port), "--ctx", "2048", "--data-dir", str(home), "--idle-save", "3600"]
+           "--port", str(port), "--ctx", str(ctx), "--data-dir", str(home), "--idle-save", "3600"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline().strip()
     if not line.startswith("ready "):
@@ -76,3 +76,33 @@ def test_a_second_sigterm_stops_without_waiting_for_the_saves(llama_model, serve
     assert (not psutil.pid_exists(server.pid)
             or server.status() == psutil.STATUS_ZOMBIE), "llama-server outlived serve"
     assert os.path.exists(isolated_home)
+
+
+def test_a_stop_does_not_wait_for_requests_in_flight(llama_model, server_bin, port, isolated_home):
+    """llama-server stops at once, whatever it is answering; so does its front door: a request in
+    flight is cut after a moment, and the conversation it ran on is saved as the server stops."""
+    import threading
+
+    import httpx
+
+    proc, url = serve(isolated_home, llama_model, server_bin, port, ctx=8192)
+    try:
+        def long_answer() -> None:
+            try:
+                httpx.post(f"{url}/completion", json={"prompt": "Once upon a time", "n_predict": 7000,
+                                                      "ignore_eos": True}, timeout=120)
+            except httpx.HTTPError:
+                pass  # cut by the stop, as expected
+
+        t = threading.Thread(target=long_answer)
+        t.start()
+        time.sleep(1.0)  # it is generating
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        took = time.monotonic() - began
+        t.join(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0 and took < 6, (code, took)  # not the ~15 s the answer had left to run

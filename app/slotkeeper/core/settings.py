@@ -68,6 +68,9 @@ class ServerProfile:
     def validate(self) -> None:
         if not (1 <= self.port <= 65535):
             raise SettingsError(f"port {self.port} is outside 1-65535")
+        if "," in self.host or not self.host.strip():
+            raise SettingsError(f"host {self.host!r}: Slotkeeper listens on one address (a name or an IP "
+                                "address), not a list")
         if self.parallel < 1:
             raise SettingsError("slots (-np) must be at least 1")
         if self.ctx > MAX_CTX:

@@ -56,6 +56,7 @@ MAX_BODY_BYTES = 100 * 1024 * 1024  # cpp-httplib's CPPHTTPLIB_PAYLOAD_MAX_LENGT
 MAX_IN_FLIGHT = 256  # requests the front door holds at once; beyond, 503 with Retry-After
 MAX_BODY_BYTES_IN_FLIGHT = 512 * 1024 * 1024  # request bodies held at once
 BUSY_RETRY_SECONDS = 1
+SHUTDOWN_GRACE_SECONDS = 1.0
 # A prompt this many characters per token of a slot's context cannot fit it whatever the
 # tokenizer: llama-server refuses it, and the front door does not tokenize it first.
 MAX_CHARS_PER_TOKEN = 64
@@ -117,7 +118,10 @@ class FrontDoor:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         app.on_response_prepare.append(_no_server_header)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        # A stop does not wait for requests in flight (llama-server stops at once too): they are cut
+        # after a moment, and the conversations they ran on are saved as the server stops.
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                               shutdown_timeout=SHUTDOWN_GRACE_SECONDS)
         await runner.setup()
         try:
             if sock is not None:
