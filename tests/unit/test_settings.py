@@ -117,6 +117,17 @@ def test_malformed_settings_are_clear_errors_not_tracebacks(tmp_path):
             load_settings(path)
 
 
+def test_a_host_list_is_refused_with_a_clear_message():
+    import pytest
+
+    from slotkeeper.core.settings import ServerProfile, SettingsError
+
+    for host in ("127.0.0.1,::1", " "):
+        with pytest.raises(SettingsError, match="one address"):
+            ServerProfile(host=host).validate()
+    ServerProfile(host="::1").validate()
+
+
 def test_a_profile_round_trips_through_json():
     from slotkeeper.core.settings import ServerProfile
 
