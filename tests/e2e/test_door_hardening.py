@@ -326,3 +326,34 @@ def test_a_session_whose_slot_went_on_with_another_conversation_can_be_deleted(l
         assert not [e for e in engine.sessions.listing().sessions if e.id == a.id]
     finally:
         engine.stop(save=False)
+
+
+def test_an_answer_http_does_not_allow_is_a_clear_502_and_the_door_stays_open(llama_model, server_bin, port):
+    """llama-server's MCP proxy relays a 204 No Content with a chunked body, which HTTP forbids;
+    the door's strict parser cannot read it and says so, instead of a bare 500."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NoContent(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the handler's name is http.server's
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    target = ThreadingHTTPServer(("127.0.0.1", 0), NoContent)
+    threading.Thread(target=target.serve_forever, daemon=True).start()
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600, extra_args=("--ui-mcp-proxy",))
+    engine.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        r = httpx.post(f"{url}/cors-proxy?url=http://127.0.0.1:{target.server_port}/", json={}, timeout=60)
+        assert r.status_code == 502, r.text
+        assert "could not be read" in r.json()["error"]["message"]
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+    finally:
+        engine.stop(save=False)
+        target.shutdown()
+        target.server_close()

@@ -174,6 +174,11 @@ class FrontDoor:
             return error_response(400, str(exc))
         except (asyncio.CancelledError, web.HTTPException):
             raise
+        except aiohttp.ClientResponseError as exc:  # e.g. a 204 with a body, which HTTP does not allow
+            log.warning("llama-server's answer to %s %s could not be read: %s", request.method,
+                        request.rel_url, exc)
+            return error_response(502, f"llama-server's answer could not be read: {exc.message}",
+                                  "server_error")
         except Exception as exc:  # never a bare 500: the client sees what went wrong, the log the rest
             log.exception("the front door failed on %s %s", request.method, request.rel_url)
             return error_response(500, f"Slotkeeper could not handle this request: {exc}", "server_error")
