@@ -14,6 +14,8 @@ import psutil
 import pytest
 from e2e_helpers import USER_TURNS, converse
 
+from slotkeeper.core.sessions.store import SessionStore
+
 pytestmark = pytest.mark.e2e
 
 
@@ -106,3 +108,6 @@ def test_a_stop_does_not_wait_for_requests_in_flight(llama_model, server_bin, po
         if proc.poll() is None:
             proc.kill()
     assert code == 0 and took < 6, (code, took)  # not the ~15 s the answer had left to run
+    [saved] = SessionStore(isolated_home / "sessions").sessions()
+    # the prompt and what was generated before the stop
+    assert saved.sidecar is not None and saved.sidecar.n_tokens > 4, saved
