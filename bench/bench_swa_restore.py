@@ -74,7 +74,8 @@ def prose() -> str:
             mod = importlib.import_module(name)
         except ImportError:
             continue
-        for obj in [mod, *(v for _, v in sorted(vars(mod).items()) if inspect.isclass(v) or inspect.isfunction(v))]:
+        members = (v for _, v in sorted(vars(mod).items()) if inspect.isclass(v) or inspect.isfunction(v))
+        for obj in [mod, *members]:
             doc = inspect.getdoc(obj)
             if doc and len(doc) > 200 and doc not in parts:
                 parts.append(doc)
@@ -104,14 +105,16 @@ class Server:
             extra += ("--threads", str(threads), "--threads-batch", str(threads))
         profile = ServerProfile(model_path=str(model), host="127.0.0.1", port=self.port, ctx=ctx, parallel=1,
                                 flash_attn=args.flash_attn, swa_full=True, extra_args=extra)
-        self.argv = build_argv(binary.argv_prefix, profile, model, folder, supported_flags=probe_flags(binary))
+        self.argv = build_argv(binary.argv_prefix, profile, model, folder,
+                               supported_flags=probe_flags(binary))
         self.log = log
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Server:
         with self.log.open("a") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=die_with_parent)
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=die_with_parent)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:
@@ -121,9 +124,9 @@ class Server:
                 pass
             if self.proc.poll() is not None:
                 if self.proc.returncode == -signal.SIGILL:
-                    raise RuntimeError(f"llama-server died of SIGILL (an instruction this CPU or VM does not run: AMX "
-                                       f"kernels of quantized weights on some VMs); try --server-arg=--no-repack; "
-                                       f"see {self.log}")
+                    raise RuntimeError("llama-server died of SIGILL (an instruction this CPU or VM does not "
+                                       "run: AMX kernels of quantized weights on some VMs); try "
+                                       f"--server-arg=--no-repack; see {self.log}")
                 break
             time.sleep(0.05)
         self.__exit__()
@@ -145,9 +148,10 @@ class Server:
         return [int(t) for t in self.post("/tokenize", {"content": text, "add_special": special})["tokens"]]
 
     def reply(self, prompt: list[int], n: int) -> Reply:
-        data = self.post("/completion", {"prompt": prompt, "n_predict": n, "cache_prompt": True, "temperature": 0,
-                                         "top_k": 1, "seed": SEED, "n_probs": 5,
-                                         "ignore_eos": True})
+        data = self.post("/completion",
+                         {"prompt": prompt, "n_predict": n, "cache_prompt": True, "temperature": 0,
+                          "top_k": 1, "seed": SEED, "n_probs": 5,
+                          "ignore_eos": True})
         probs = data["completion_probabilities"]
         return Reply([p["id"] for p in probs], [p["logprob"] for p in probs],
                      [{t["id"]: t["logprob"] for t in p["top_logprobs"]} for p in probs],
@@ -181,7 +185,8 @@ def compare(ref: Reply, other: Reply) -> Diff:
     upto = n if first is None else first + 1  # the divergent position itself still had the same context
     chosen = [abs(a - b) for a, b in zip(ref.chosen[:upto], other.chosen[:upto])]
     top = [abs(a[t] - b[t]) for a, b in zip(ref.top[:upto], other.top[:upto]) for t in a if t in b]
-    return Diff(first, max(chosen, default=0.0), statistics.fmean(chosen) if chosen else 0.0, max(top, default=0.0))
+    return Diff(first, max(chosen, default=0.0), statistics.fmean(chosen) if chosen else 0.0,
+                max(top, default=0.0))
 
 
 def run_model(name: str, model: Path, args: argparse.Namespace, work: Path, text: str) -> list[tuple]:
@@ -211,7 +216,8 @@ def run_model(name: str, model: Path, args: argparse.Namespace, work: Path, text
                 assert restored["n_restored"] == len(prompt), restored
                 got = restarted.reply(prompt + question, args.reply)
             if got.cache_n < len(prompt):
-                print(f"  !! {name} N={n_tokens} prompt {k}: the restore was not reused (cache_n {got.cache_n})")
+                print(f"  !! {name} N={n_tokens} prompt {k}: the restore was not reused (cache_n "
+                      f"{got.cache_n})")
             cold = None
             if not args.no_cold:
                 with server() as fresh:
@@ -247,28 +253,33 @@ def summary(rows: list[tuple], args: argparse.Namespace) -> None:
             firsts = [d.first for d in ds if d.first is not None]
             print(f"{name:<28} {n_tokens:>5} | {arm:<8} {len(firsts):>3} of {len(ds):<2} "
                   f"{(str(int(statistics.median(firsts))) if firsts else '-'):>14} "
-                  f"{fig(max(d.chosen_max for d in ds)):>10} {fig(statistics.fmean(d.chosen_mean for d in ds)):>11} "
+                  f"{fig(max(d.chosen_max for d in ds)):>10} "
+                  f"{fig(statistics.fmean(d.chosen_mean for d in ds)):>11} "
                   f"{fig(max(d.top_max for d in ds)):>9}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", default=[], help="a sliding-window GGUF (repeatable)")
-    ap.add_argument("--kind", action="append", default=[], help="a generated model kind: gemma3, gemma2, gpt-oss")
+    ap.add_argument("--kind", action="append", default=[],
+                    help="a generated model kind: gemma3, gemma2, gpt-oss")
     ap.add_argument("--control", help="a full-attention GGUF: its restore should be bit-exact")
     ap.add_argument("--control-kind", help="a generated full-attention model kind as the control (llama)")
     ap.add_argument("--tokens", default="300,1000,3000", help="conversation lengths, comma-separated")
     ap.add_argument("--reply", type=int, default=256, help="greedy tokens generated per run")
     ap.add_argument("--prompts", type=int, default=3, help="different prompts per model and length")
-    ap.add_argument("--flash-attn", action="store_true", help="run llama-server with -fa on (Slotkeeper: off)")
+    ap.add_argument("--flash-attn", action="store_true",
+                    help="run llama-server with -fa on (Slotkeeper: off)")
     ap.add_argument("--threads", type=int, help="llama-server --threads and --threads-batch")
     ap.add_argument("--server-arg", action="append", default=[],
-                    help="one more llama-server argument for every arm (repeatable), e.g. --server-arg=--no-repack")
+                    help="one more llama-server argument for every arm (repeatable), e.g. "
+                         "--server-arg=--no-repack")
     ap.add_argument("--noise-threads", type=int,
-                    help="one more arm: a fresh server with this many threads, full prefill (the drift a mere "
-                         "change of thread count brings, for scale)")
+                    help="one more arm: a fresh server with this many threads, full prefill (the drift a "
+                         "mere change of thread count brings, for scale)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-prefill arm")
-    ap.add_argument("--work", help="folder for generated models, save files and logs (default: a temporary one)")
+    ap.add_argument("--work",
+                    help="folder for generated models, save files and logs (default: a temporary one)")
     args = ap.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
     if not (args.model or args.kind or args.control or args.control_kind):
@@ -279,7 +290,8 @@ def main() -> int:
         if args.control:
             models.append((f"{Path(args.control).stem} (control)", Path(args.control)))
         if args.control_kind:
-            models.append((f"{args.control_kind} (random, control)", generated_model(work, args.control_kind)))
+            models.append((f"{args.control_kind} (random, control)",
+                           generated_model(work, args.control_kind)))
         text = prose()
         rows = []
         for name, path in models:
