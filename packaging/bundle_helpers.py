@@ -214,7 +214,8 @@ def llama_server_toc(binaries: list[Entry]) -> tuple[list[Entry], str]:
     toc: list[Entry] = [(f"{SERVER_DIR}/{exe.name}", str(exe), "BINARY")]
     for name, path in sorted(local.items()):  # copied under the name it is linked by: no links
         toc.append((name if IS_MAC else f"{SERVER_DIR}/{name}", path, "BINARY"))
-    top = {os.path.realpath(src): dest for dest, src, t in binaries if t != "SYMLINK" and "/" not in norm(dest)}
+    top = {os.path.realpath(src): dest for dest, src, t in binaries
+           if t != "SYMLINK" and "/" not in norm(dest)}
     for name, full in sorted(external.items()):
         real = os.path.realpath(full)
         if IS_MAC:

@@ -83,7 +83,8 @@ def time_ready(exe: Path, data: Path) -> float:
 def visible(display: str, query: tuple[str, ...], fits) -> bool:
     """Is a window matching the xdotool query, with a size that fits(w, h), mapped?"""
     env = {**os.environ, "DISPLAY": display}
-    r = subprocess.run(["xdotool", "search", "--onlyvisible", *query], capture_output=True, text=True, env=env)
+    r = subprocess.run(["xdotool", "search", "--onlyvisible", *query], capture_output=True, text=True,
+                       env=env)
     for wid in r.stdout.split():
         g = subprocess.run(["xdotool", "getwindowgeometry", "--shell", wid], capture_output=True, text=True,
                            env=env).stdout
@@ -121,7 +122,8 @@ def time_gui(exe: Path, display: str, data: Path, query: tuple[str, ...], fits, 
             # Quit once llama-server is up: quitting while it is still being launched is
             # another matter (and used to leave it running).
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and proc.poll() is None and "server ready" not in log.read_text(errors="replace"):
+            while (time.monotonic() < deadline and proc.poll() is None
+                   and "server ready" not in log.read_text(errors="replace")):
                 time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
             try:

@@ -13,7 +13,7 @@ import time
 import httpx
 import psutil
 import pytest
-from e2e_helpers import USER_TURNS, converse
+from e2e_helpers import USER_TURNS
 
 from slotkeeper.core.sessions.store import SessionStore
 
@@ -46,7 +46,8 @@ def stop(proc) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("how", ["arg", "file", "env"])
-def test_the_key_protects_the_server_and_never_shows(how, llama_model, server_bin, port, isolated_home, tmp_path):
+def test_the_key_protects_the_server_and_never_shows(how, llama_model, server_bin, port, isolated_home,
+                                                     tmp_path):
     keyfile = tmp_path / "key.txt"
     keyfile.write_text(KEY + "\n")
     extra, env = {"arg": (["--", "--api-key", KEY], None),
@@ -76,8 +77,9 @@ def test_the_key_protects_the_server_and_never_shows(how, llama_model, server_bi
 
 
 def test_listening_beyond_this_machine_needs_a_key(llama_model, server_bin, port, isolated_home, tmp_path):
-    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model), "--server-bin", server_bin,
-           "--port", str(port), "--ctx", "2048", "--data-dir", str(isolated_home), "--host", "0.0.0.0"]
+    cmd = [sys.executable, "-m", "slotkeeper", "serve", "--model", str(llama_model),
+           "--server-bin", server_bin, "--port", str(port), "--ctx", "2048", "--data-dir", str(isolated_home),
+           "--host", "0.0.0.0"]
     refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                              env={k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"})
     assert refused.returncode != 0 and "without an API key" in refused.stderr, refused.stderr
@@ -90,7 +92,8 @@ def test_listening_beyond_this_machine_needs_a_key(llama_model, server_bin, port
         assert "listening on 0.0.0.0" in line and "other machines" in line
         url = line.split()[1]
         assert httpx.get(f"{url}/props", timeout=10).status_code == 401
-        assert httpx.get(f"{url}/props", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).status_code == 200
+        keyed = httpx.get(f"{url}/props", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+        assert keyed.status_code == 200
     finally:
         code, err = stop(proc)
     assert code == 0
