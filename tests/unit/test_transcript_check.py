@@ -1,5 +1,5 @@
 """The transcript check's rules, with a template and tokenizer stand-in (the real server's are
-in tests/e2e/test_transcripts.py): a match, a reply cut by its last token, a mismatch, and a
+in tests/e2e/test_transcripts_saved.py): a match, a reply cut by its last token, a mismatch, and a
 template that renders history differently as the conversation grows (it cannot tell)."""
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ def _squash(text: str) -> str:
     return " ".join(_SPECIAL.sub(" ", text).split())
 
 
-def _clip(text: str, n: int) -> str:
+def clip(text: str, n: int) -> str:
+    """At most n characters: cut with an ellipsis."""
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"
 
 
@@ -49,14 +50,14 @@ def title_and_preview(text: str) -> tuple[str, str]:
     conv = [(r, t) for r, t in turns(text) if t]
     if not conv:
         plain = _squash(text)
-        return (_clip(plain, TITLE_CHARS) or "(empty conversation)",
-                _clip(plain[-PREVIEW_CHARS:], PREVIEW_CHARS))
+        return (clip(plain, TITLE_CHARS) or "(empty conversation)",
+                clip(plain[-PREVIEW_CHARS:], PREVIEW_CHARS))
     users = [t for r, t in conv if r in ("user", "human")]
-    title = _clip(users[0] if users else conv[0][1], TITLE_CHARS)
+    title = clip(users[0] if users else conv[0][1], TITLE_CHARS)
     last_user = max((i for i, (r, _) in enumerate(conv) if r in ("user", "human")), default=None)
     tail = conv[last_user:] if last_user is not None else conv[-2:]
     preview = " / ".join(f"{'You' if r in ('user', 'human') else r.capitalize()}: {t}" for r, t in tail)
-    return title, _clip(preview, PREVIEW_CHARS)
+    return title, clip(preview, PREVIEW_CHARS)
 
 
 def conversation_text(text: str) -> str:

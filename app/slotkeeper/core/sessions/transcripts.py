@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .titles import PREVIEW_CHARS, TITLE_CHARS, clip
+
 __all__ = ["Message", "ReplyCollector", "Transcript", "TranscriptError", "from_request"]
 
 TRANSCRIPT_VERSION = 1
@@ -101,14 +103,14 @@ class Transcript:
         """User messages (or 1 for a text completion)."""
         return sum(1 for m in self.messages if m.role == "user") if self.kind == CHAT else 1
 
-    def title(self, width: int = 60) -> str:
+    def title(self, width: int = TITLE_CHARS) -> str:
         """The first thing the user said, on one line."""
         text = next((m.content for m in self.messages if m.role == "user" and m.content.strip()), "")
         if self.kind == TEXT:
             text = self.prompt
         return _one_line(text, width)
 
-    def preview(self, width: int = 160) -> str:
+    def preview(self, width: int = PREVIEW_CHARS) -> str:
         """The last answer, on one line."""
         if self.kind == TEXT:
             return _one_line(self.completion or self.prompt[-width:], width)
@@ -209,8 +211,7 @@ def _str(d: Mapping[str, Any], key: str) -> str:
 
 
 def _one_line(text: str, width: int) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 1].rstrip() + "…"
+    return clip(" ".join(text.split()), width)
 
 
 # -- from a request ------------------------------------------------------------------------------
