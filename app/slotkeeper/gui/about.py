@@ -28,9 +28,13 @@ def readme_text() -> str | None:
     except OSError:
         pass
     try:
+        from email.message import Message
         from importlib.metadata import PackageNotFoundError, metadata
 
-        text = metadata("slotkeeper").get_payload()  # the long description: README.md
+        meta = metadata("slotkeeper")
+        # The long description (README.md) is the body of the metadata, an email message at run
+        # time; the PackageMetadata protocol it is typed as does not show it.
+        text = meta.get_payload() if isinstance(meta, Message) else None
     except (PackageNotFoundError, OSError):
         return None
     return text if isinstance(text, str) and text.strip() else None

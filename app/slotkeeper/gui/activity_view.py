@@ -110,7 +110,9 @@ class ActivityFilter(QSortFilterProxyModel):
             self.invalidateFilter()
 
     def filterAcceptsRow(self, source_row: int, source_parent: Index) -> bool:
-        e = self.sourceModel().entry(source_row)
+        model = self.sourceModel()
+        assert isinstance(model, ActivityModel)  # the one ActivityView sets
+        e = model.entry(source_row)
         if self._problems_only and e.level == INFO:
             return False
         haystack = f"{e.kind} {e.text}".lower()

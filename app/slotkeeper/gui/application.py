@@ -447,6 +447,7 @@ def run_gui(args: argparse.Namespace | None, paths: AppPaths, service: SettingsS
     Returns the process exit code: 0, also when another instance was asked to show itself."""
     owned = QApplication.instance() is None  # ours to shut down (a test's shared one is not)
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    assert isinstance(app, QApplication)  # one made before us is a widgets application too
     app.setApplicationName("slotkeeper")
     app.setApplicationDisplayName(APP_DISPLAY_NAME)
     app.setOrganizationName("slotkeeper")

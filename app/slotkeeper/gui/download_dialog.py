@@ -40,6 +40,7 @@ from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.jobs import JobRunner, describe_error
 from slotkeeper.gui.theme import error_style
+from slotkeeper.gui.widgets import top_level_items
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +135,9 @@ class DownloadDialog(QDialog):
         layout.addWidget(self.status)
         layout.addLayout(buttons)
         self.resize(820, 460)
-        if self.tree.topLevelItemCount():
-            self.tree.setCurrentItem(self.tree.topLevelItem(0))
+        first = self.tree.topLevelItem(0)
+        if first is not None:
+            self.tree.setCurrentItem(first)
 
     # -- the list -------------------------------------------------------------------------
     def _item(self, entry: CuratedModel) -> QTreeWidgetItem:
@@ -162,8 +164,7 @@ class DownloadDialog(QDialog):
         return item.data(0, ENTRY_ROLE) if item is not None else None
 
     def select(self, model_id: str) -> None:
-        for i in range(self.tree.topLevelItemCount()):
-            item = self.tree.topLevelItem(i)
+        for item in top_level_items(self.tree):
             if item.data(0, ENTRY_ROLE).id == model_id:
                 self.tree.setCurrentItem(item)
                 return

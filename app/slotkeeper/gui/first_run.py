@@ -24,6 +24,7 @@ from slotkeeper.core.demo_model import DEMO_NOTICE
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.jobs import JobRunner, describe_error
+from slotkeeper.gui.widgets import top_level_items
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class FirstRunDialog(QDialog):
         """Two files of one model (two quantizations) carry one GGUF name: say what tells them apart."""
         from slotkeeper.core.discovery import distinct_names
 
-        items = [self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount())]
+        items = top_level_items(self.tree)
         names = distinct_names(item.data(0, MODEL_ROLE) for item in items)
         for item in items:
             item.setText(0, names[item.data(0, MODEL_ROLE).path])
@@ -144,7 +145,7 @@ class FirstRunDialog(QDialog):
         if self._closing:
             return
         self.searching -= 1
-        known = {self.tree.topLevelItem(i).data(0, PATH_ROLE) for i in range(self.tree.topLevelItemCount())}
+        known = {item.data(0, PATH_ROLE) for item in top_level_items(self.tree)}
         for m in models:
             if str(m.path) in known:
                 continue
@@ -159,14 +160,13 @@ class FirstRunDialog(QDialog):
             item.setData(0, MODEL_ROLE, m)
             self.tree.addTopLevelItem(item)
         self._name_apart()
-        n = sum(1 for i in range(self.tree.topLevelItemCount()) if not self.tree.topLevelItem(i).isDisabled())
+        n = sum(1 for item in top_level_items(self.tree) if not item.isDisabled())
         if self.searching:
             return
         if n:
             self.status.setText(f"Found {n} model{'s' if n != 1 else ''}. Pick one, or choose another file.")
             if not self.tree.selectedItems():
-                for i in range(self.tree.topLevelItemCount()):
-                    item = self.tree.topLevelItem(i)
+                for item in top_level_items(self.tree):
                     if not item.isDisabled():
                         self.tree.setCurrentItem(item)
                         break

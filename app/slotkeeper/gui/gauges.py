@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPainterPath, QPalette, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QHelpEvent, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 CACHE_COLOUR = QColor("#16a34a")
@@ -163,7 +163,7 @@ class SlotGauge(QWidget):
         y0 = pad
         p.drawText(QRectF(pad, y0, bfm.horizontalAdvance(name) + 2, row_h),
                    Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, name)
-        x = pad + bfm.horizontalAdvance(name) + 10
+        x: float = pad + bfm.horizontalAdvance(name) + 10
         p.setFont(self.font())
         chip_w = fm.horizontalAdvance(f.state) + 14
         chip = QRectF(x, y0 + (row_h - lh - 2) / 2, chip_w, lh + 2)
@@ -244,7 +244,8 @@ class SlotGauge(QWidget):
 
     # -- tooltips -------------------------------------------------------------------------
     def event(self, e: QEvent) -> bool:
-        if e.type() == QEvent.Type.ToolTip:
+        # Qt delivers tooltip requests as QHelpEvent.
+        if e.type() == QEvent.Type.ToolTip and isinstance(e, QHelpEvent):
             pos = e.pos()
             if self.figures.warning and self._badge.contains(QPointF(pos)):
                 text = f"The last restore into this slot was not reused:\n{self.figures.warning}"

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPainterPath, QPalette, QPen
+from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from slotkeeper.core.units import human_duration
@@ -328,7 +328,8 @@ class HistoryPlot(QWidget):
         return None
 
     def event(self, e: QEvent) -> bool:
-        if e.type() == QEvent.Type.ToolTip:
+        # Qt delivers tooltip requests as QHelpEvent.
+        if e.type() == QEvent.Type.ToolTip and isinstance(e, QHelpEvent):
             pt = self.point_at(QPointF(e.pos()))
             if pt is None:
                 QToolTip.hideText()

@@ -54,8 +54,8 @@ class MainWindow(QMainWindow):
         # Keys: Ctrl+1..4 choose a tab (Ctrl+Tab / Ctrl+Shift+Tab step through them, Qt's own).
         for i in range(self.tabs.count()):
             key = QKeySequence(f"Ctrl+{i + 1}")
-            QShortcut(key, self, activated=lambda i=i: self.tabs.setCurrentIndex(i),
-                      context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            shortcut = QShortcut(key, self, context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            shortcut.activated.connect(lambda i=i: self.tabs.setCurrentIndex(i))
             self.tabs.setTabToolTip(i, key.toString(QKeySequence.SequenceFormat.NativeText))
         self._build_menus()
         self.activity_label = QLabel("")

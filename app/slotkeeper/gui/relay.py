@@ -40,7 +40,7 @@ class _HandlerRef:
     def __init__(self, handler: Callable[[Any], None]) -> None:
         owner = getattr(handler, "__self__", None)
         if isinstance(owner, QObject) and hasattr(handler, "__func__"):
-            self._method: weakref.WeakMethod | None = weakref.WeakMethod(handler)  # type: ignore[arg-type]
+            self._method: weakref.WeakMethod | None = weakref.WeakMethod(handler)
             self._strong = None
         else:
             self._method, self._strong = None, handler

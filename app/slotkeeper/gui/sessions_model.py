@@ -9,11 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, overload
 
 from PySide6.QtCore import (
     QAbstractItemModel,
     QModelIndex,
+    QObject,
     QPersistentModelIndex,
     QSortFilterProxyModel,
     Qt,
@@ -224,12 +225,25 @@ class SessionsTableModel(QAbstractItemModel):
     def index(self, row: int, column: int, parent: Index = QModelIndex()) -> QModelIndex:  # noqa: B008
         if column < 0 or column >= len(COLUMNS):
             return QModelIndex()
-        siblings = self._roots if not parent.isValid() else self._node(parent).children
+        if parent.isValid():
+            node = self._node(parent)
+            if node is None:
+                return QModelIndex()
+            siblings = node.children
+        else:
+            siblings = self._roots
         if not 0 <= row < len(siblings):
             return QModelIndex()
         return self.createIndex(row, column, siblings[row].nid)
 
-    def parent(self, index: Index = QModelIndex()) -> QModelIndex:  # noqa: B008
+    # Qt's two parents: the QObject's (no argument) and an index's (the model's).
+    @overload
+    def parent(self, /) -> QObject | None: ...
+    @overload
+    def parent(self, index: Index, /) -> QModelIndex: ...
+    def parent(self, index: Index | None = None, /) -> QObject | QModelIndex | None:
+        if index is None:
+            return super().parent()
         node = self._node(index)
         if node is None or node.parent is None:
             return QModelIndex()

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
+from PySide6.QtWidgets import QLabel, QSizePolicy, QTreeWidget, QTreeWidgetItem, QWidget
+
+
+def top_level_items(tree: QTreeWidget) -> list[QTreeWidgetItem]:
+    """The tree's top-level items in order (``topLevelItem(i)`` is None only out of range)."""
+    items = (tree.topLevelItem(i) for i in range(tree.topLevelItemCount()))
+    return [item for item in items if item is not None]
 
 
 class WrappedLabel(QLabel):

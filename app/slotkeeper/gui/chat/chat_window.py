@@ -291,24 +291,31 @@ class ChatWindow(QMainWindow):
         if message:
             self.errorShown.emit(message)
 
+    def _chat(self) -> Transcript | None:
+        """The transcript when it is a chat that can be continued here; None otherwise."""
+        transcript = self.transcript
+        return transcript if transcript is not None and transcript.kind == CHAT else None
+
     @property
     def can_continue(self) -> bool:
-        return self.transcript is not None and self.transcript.kind == CHAT
+        return self._chat() is not None
 
     @property
     def busy(self) -> bool:
         return self.stream is not None or self._waiting_key
 
     def _last_user_index(self) -> int:
-        if not self.can_continue:
+        transcript = self._chat()
+        if transcript is None:
             return -1
-        msgs = self.transcript.messages
+        msgs = transcript.messages
         return next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i].role == "user"), -1)
 
     def _update_controls(self) -> None:
-        chat = self.can_continue
+        transcript = self._chat()
+        chat = transcript is not None
         busy = self.busy
-        msgs = self.transcript.messages if chat else ()
+        msgs = transcript.messages if transcript is not None else ()
         self.composer.setEnabled(chat)
         self.composer.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line)" if chat
                                          else "This conversation cannot be continued here")
@@ -408,12 +415,12 @@ class ChatWindow(QMainWindow):
 
     def send(self, text: str) -> bool:
         """Send ``text`` as the user's next message (or in place of the one being edited)."""
-        if not self.can_continue or not text.strip():
+        transcript = self._chat()
+        if transcript is None or not text.strip():
             return False
         if self.busy:
             self.statusBar().showMessage("A reply is still coming: wait for it, or Stop it (Esc)", 5000)
             return False
-        transcript = self.transcript
         if self._editing is not None:  # a branch: the conversation up to the edited message, then the new one
             transcript = replace(transcript, messages=transcript.messages[:self._editing])
             self.view.truncate(self._editing)
@@ -435,11 +442,12 @@ class ChatWindow(QMainWindow):
 
     def regenerate(self) -> None:
         """Send the conversation again without its last reply (or again after a failed request)."""
-        if not self.can_continue or self.busy:
+        transcript = self._chat()
+        if transcript is None or self.busy:
             return
-        msgs = self.transcript.messages
+        msgs = transcript.messages
         if msgs and msgs[-1].role == "assistant" and len(msgs) > 1:
-            self.transcript = replace(self.transcript, messages=msgs[:-1])
+            self.transcript = replace(transcript, messages=msgs[:-1])
             self.view.truncate(len(msgs) - 1)
         elif not msgs or msgs[-1].role != "user":
             return
@@ -450,10 +458,11 @@ class ChatWindow(QMainWindow):
 
     def edit_message(self, index: int) -> None:
         """Put the last user message in the composer; sending it replaces it (and what followed)."""
-        if self.busy or index < 0 or index != self._last_user_index():
+        transcript = self._chat()
+        if transcript is None or self.busy or index < 0 or index != self._last_user_index():
             return
         self._editing = index
-        self.composer.setPlainText(self.transcript.messages[index].content)
+        self.composer.setPlainText(transcript.messages[index].content)
         self.composer.moveCursor(self.composer.textCursor().MoveOperation.End)
         self.composer.setFocus()
         self.edit_bar.show()
@@ -471,7 +480,9 @@ class ChatWindow(QMainWindow):
             self._cancelled = True
 
     def _request(self) -> None:
-        body = chat_body(self.transcript)
+        transcript = self.transcript
+        assert transcript is not None  # sent only from a chat (send, regenerate)
+        body = chat_body(transcript)
         self.error_label.hide()
         self._reply = Message("assistant")
         self._cancelled = False
@@ -520,9 +531,11 @@ class ChatWindow(QMainWindow):
     def _finish(self, result: StreamResult) -> None:
         self._redraw.stop()
         m = result.message
-        n = len(self.transcript.messages)
+        transcript = self.transcript
+        assert transcript is not None  # a reply follows a request from a chat
+        n = len(transcript.messages)
         if m.content or m.reasoning or m.tool_calls:
-            self.transcript = self.transcript.with_reply(m)
+            self.transcript = transcript.with_reply(m)
             note = "stopped" if result.stopped else ("cut short" if result.error else (
                 "ended at the length limit" if result.finish_reason == "length" else ""))
             self.view.update_last(Entry(m, figures=result.figures.line(), note=note))

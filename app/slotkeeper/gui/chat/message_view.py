@@ -111,6 +111,7 @@ class MessageWidget(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 6, 10, 8)
         layout.setSpacing(2)
+        self._layout = layout
         top = QHBoxLayout()
         top.setSpacing(4)
         self.role_label = QLabel()
@@ -158,7 +159,7 @@ class MessageWidget(QFrame):
             self.reasoning = MarkdownView("", muted=True)
             self.reasoning.setObjectName("message-text")
             self.reasoning.setAccessibleName("Reasoning")
-            self.layout().insertWidget(1, self.reasoning)
+            self._layout.insertWidget(1, self.reasoning)
         if self.reasoning is not None:
             if self.reasoning.markdown != m.reasoning:
                 self.reasoning.set_markdown(m.reasoning)
@@ -178,7 +179,7 @@ class MessageWidget(QFrame):
             small = self.footer.font()
             small.setPointSizeF(max(6.0, small.pointSizeF() * 0.9))
             self.footer.setFont(small)
-            self.layout().addWidget(self.footer)
+            self._layout.addWidget(self.footer)
         if self.footer is not None:
             self.footer.setText(footer)
             self.footer.setVisible(bool(footer))

@@ -190,7 +190,8 @@ class ChatStream(QObject):
         self._collector.feed_stream(data)
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
-        content, reasoning = [], []
+        content: list[str] = []
+        reasoning: list[str] = []
         for line in lines:
             self._event(line.strip(), content, reasoning)
         if content or reasoning:

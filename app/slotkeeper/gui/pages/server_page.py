@@ -87,7 +87,12 @@ def action_button(action: QAction) -> QPushButton:
     button = QPushButton(action.text())
     button.setToolTip(action.toolTip() if action.toolTip() != action.text() else "")
     button.clicked.connect(action.trigger)
-    action.changed.connect(lambda: (button.setEnabled(action.isEnabled()), button.setText(action.text())))
+
+    def follow() -> None:
+        button.setEnabled(action.isEnabled())
+        button.setText(action.text())
+
+    action.changed.connect(follow)
     return button
 
 

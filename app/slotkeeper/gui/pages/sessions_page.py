@@ -69,6 +69,7 @@ class SessionsPage(QWidget):
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
         layout = QVBoxLayout(self)
+        self._layout = layout
         top = QHBoxLayout()
         self.filter_edit = QLineEdit()
         self.filter_edit.setPlaceholderText("Search everything said in the conversations, titles, models or ids")
@@ -140,13 +141,13 @@ class SessionsPage(QWidget):
         self.copy_id_button.clicked.connect(self.copy_id_selected)
         self.copy_id_button.hide()
         # Keys: Enter resumes (activated), Delete deletes (in the table only), Ctrl+F filters.
-        QShortcut(QKeySequence.StandardKey.Delete, self.table, activated=self.delete_selected,
-                  context=Qt.ShortcutContext.WidgetShortcut)
-        QShortcut(QKeySequence.StandardKey.Find, self, activated=self._focus_filter,
-                  context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        QShortcut(QKeySequence.StandardKey.Delete, self.table,
+                  context=Qt.ShortcutContext.WidgetShortcut).activated.connect(self.delete_selected)
+        QShortcut(QKeySequence.StandardKey.Find, self,
+                  context=Qt.ShortcutContext.WidgetWithChildrenShortcut).activated.connect(self._focus_filter)
         self.setTabOrder(self.filter_edit, self.table)
-        QShortcut(QKeySequence(Qt.Key.Key_Escape), self.filter_edit, activated=self.filter_edit.clear,
-                  context=Qt.ShortcutContext.WidgetShortcut)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self.filter_edit,
+                  context=Qt.ShortcutContext.WidgetShortcut).activated.connect(self.filter_edit.clear)
         self._update_empty()
 
         usage = QHBoxLayout()
@@ -245,7 +246,7 @@ class SessionsPage(QWidget):
         self.empty_label.setText(text)
         self.empty_label.setVisible(bool(text))
         self.table.setVisible(not text)
-        self.layout().setStretch(self._empty_stretch, 1 if text else 0)
+        self._layout.setStretch(self._empty_stretch, 1 if text else 0)
 
     def _on_settings_changed(self, _settings) -> None:
         self._update_usage()

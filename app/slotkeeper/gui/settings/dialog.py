@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 from slotkeeper.core import gguf_info
 from slotkeeper.core.events import ServerStateChanged
 from slotkeeper.core.services.choosing import ModelIdentity, expected_facts, left_behind
+from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import Settings, SettingsError
 from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge, resolved_model_file
@@ -159,6 +160,8 @@ class SettingsDialog(QDialog):
         """Say which saved conversations would no longer restore, before the settings are saved."""
         bridge = self.bridge
         facts = bridge.facts
+        before_model: ModelIdentity | None
+        before: ServerFacts | None
         if facts is not None:
             before_model = ModelIdentity(facts.model_path, facts.model_sha256, facts.swa)
             before = facts

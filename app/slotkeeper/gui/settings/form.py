@@ -3,7 +3,7 @@ note that says a value comes from this run's command line."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QPalette
@@ -113,12 +113,14 @@ class FormTab(QWidget):
     def _row_of(self, widget: QWidget) -> tuple[QFormLayout | None, int]:
         """The form row ``widget`` is in, as the field or inside the field's layout."""
         for form in self.forms:
-            row, _role = form.getWidgetPosition(widget)
+            # PySide6's stubs type it as object; it is getLayoutPosition's (row, role) pair.
+            row, _role = cast("tuple[int, QFormLayout.ItemRole]", form.getWidgetPosition(widget))
             if row >= 0:
                 return form, row
             for i in range(form.rowCount()):
                 item = form.itemAt(i, QFormLayout.ItemRole.FieldRole)
-                if item is not None and item.layout() is not None and item.layout().indexOf(widget) >= 0:
+                inner = item.layout() if item is not None else None
+                if inner is not None and inner.indexOf(widget) >= 0:
                     return form, i
         return None, -1
 

@@ -142,7 +142,9 @@ class ServerTab(FormTab):
         form.addRow("", self.binary_note)
 
         self.model_combo = _path_combo()
-        self.model_combo.lineEdit().setPlaceholderText("a .gguf file")
+        model_edit = self.model_combo.lineEdit()
+        assert model_edit is not None  # _path_combo() is editable
+        model_edit.setPlaceholderText("a .gguf file")
         form.addRow("Model:", _with_browse(self.model_combo, self._browse_model))
         self.model_note = note()
         form.addRow("", self.model_note)
@@ -333,20 +335,20 @@ class ServerTab(FormTab):
 
     # -- reacting -------------------------------------------------------------------------
     def _connect_changes(self) -> None:
-        for w in (self.server_bin, self.host, self.extra_args):
-            w.textChanged.connect(self._fields_changed)
-        for w in (self.ctx, self.parallel, self.port):
-            w.valueChanged.connect(self._fields_changed)
-        for w in (self.flash_attn, self.swa_full):
-            w.toggled.connect(self._fields_changed)
-        for w in (self.cache_k, self.cache_v):
-            w.currentTextChanged.connect(self._fields_changed)
+        for edit in (self.server_bin, self.host, self.extra_args):
+            edit.textChanged.connect(self._fields_changed)
+        for spin in (self.ctx, self.parallel, self.port):
+            spin.valueChanged.connect(self._fields_changed)
+        for check in (self.flash_attn, self.swa_full):
+            check.toggled.connect(self._fields_changed)
+        for combo in (self.cache_k, self.cache_v):
+            combo.currentTextChanged.connect(self._fields_changed)
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.mmproj.currentTextChanged.connect(self._fields_changed)
-        for w in (self.ctx, self.parallel):
-            w.valueChanged.connect(self._update_swa_note)
-        for w in (self.cache_k, self.cache_v):
-            w.currentTextChanged.connect(self._update_swa_note)
+        for spin in (self.ctx, self.parallel):
+            spin.valueChanged.connect(self._update_swa_note)
+        for combo in (self.cache_k, self.cache_v):
+            combo.currentTextChanged.connect(self._update_swa_note)
         self.swa_full.toggled.connect(self._update_swa_note)
         self.server_bin.editingFinished.connect(self._detect_binary)
 
