@@ -112,6 +112,3 @@ class SearchResults(QWidget):
     def _on_current(self, item: QListWidgetItem | None, _previous) -> None:
         if item is not None:
             self.sessionChosen.emit(item.data(ID_ROLE))
-
-    def close_timers(self) -> None:
-        self._timer.stop()
