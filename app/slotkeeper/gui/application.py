@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 APP_DISPLAY_NAME = "Slotkeeper"
 SHOW_MESSAGE = b"show\n"
 CONNECT_TIMEOUT_MS = 1000
-SIGNAL_TICK_MS = 200
-UNSAVED_NOTICE_MS = 30_000  # how long the "could not be saved" notice waits before Quit goes on  # lets Python run its signal handlers while Qt's loop is in C++
+SIGNAL_TICK_MS = 200  # lets Python run its signal handlers while Qt's loop is in C++
+UNSAVED_NOTICE_MS = 30_000  # how long the "could not be saved" notice waits before Quit goes on
 
 
 # -- one instance per data folder -----------------------------------------------------------
@@ -161,7 +161,8 @@ class SlotkeeperApp(QObject):
         super().__init__()
         self.paths = paths
         self.engine = engine or Engine(paths, settings, prelaunched=prelaunched)
-        self.bridge = EngineBridge(self.engine, settings_service or SettingsService(paths.settings_file), self)
+        self.bridge = EngineBridge(self.engine, settings_service or SettingsService(paths.settings_file),
+                                   self)
         self.notifier = Notifier(self.bridge, self)
         # The main window is built when first needed (~20 MB): an app left in the tray never builds it.
         self._window: MainWindow | None = None
@@ -206,7 +207,8 @@ class SlotkeeperApp(QObject):
         # The terminal says where clients go (llama-server's own address is private).
         log.info("ready: clients use %s (OpenAI API %s/v1)", event.url, event.url.rstrip("/"))
         # The History tab marks this launch after a relaunch too, and what it restored.
-        launch = LaunchRecord(self.bridge.snapshot.started_at or time.time(), tuple(r.slot for r in event.restored))
+        launch = LaunchRecord(self.bridge.snapshot.started_at or time.time(),
+                              tuple(r.slot for r in event.restored))
         self.bridge.jobs.run(self.engine.history.append, launch, description="Recording the launch")
 
     # -- windows --------------------------------------------------------------------------
@@ -355,7 +357,8 @@ class SlotkeeperApp(QObject):
         if activity.activity == "saving" and total:
             self.progress.setRange(0, total)
             self.progress.setValue(done)
-            self.progress.setLabelText(f"Saving conversation {min(total, done + 1)} of {total} ({activity.detail})…")
+            self.progress.setLabelText(f"Saving conversation {min(total, done + 1)} of {total} "
+                                       f"({activity.detail})…")
         elif activity.activity is None and total:
             self.progress.setValue(total)
             self.progress.setLabelText("Stopping llama-server…")
@@ -483,8 +486,8 @@ def _run(app: QApplication, args: argparse.Namespace | None, paths: AppPaths, se
     hide_dock_icon()
 
     try:
-        sk = SlotkeeperApp(paths, settings, service, resume_id=getattr(args, "resume", None), start_now=start_now,
-                           first_run=first_run, prelaunched=prelaunched)
+        sk = SlotkeeperApp(paths, settings, service, resume_id=getattr(args, "resume", None),
+                           start_now=start_now, first_run=first_run, prelaunched=prelaunched)
     except EngineError as exc:  # e.g. `slotkeeper serve` already uses this data folder
         log.error("%s", exc)
         QMessageBox.critical(None, APP_DISPLAY_NAME, f"Slotkeeper cannot start: {exc}.")

@@ -66,7 +66,8 @@ class EngineBridge(QObject):
     busyChanged = Signal(bool)  # background jobs running
     journalAdded = Signal(object)  # JournalEntry: one of Slotkeeper's own actions, in words
     sessionsFound = Signal(object)  # SearchResult of the latest search by content (older answers dropped)
-    webUiChanged = Signal(bool)  # whether llama-server serves its own web UI at the address (checked once ready)
+    # Whether llama-server serves its own web UI at the address (checked once ready).
+    webUiChanged = Signal(bool)
 
     # What the events said last (the relay's; on the GUI thread they are the truth, in the order
     # they came: the engine's snapshot may already be further along), and Slotkeeper's own actions
@@ -312,7 +313,8 @@ class EngineBridge(QObject):
             self.sessionVerified.emit(entry)
             self.refresh_sessions()
 
-        self.jobs.run(self.engine.sessions.verify, session_id, on_success=done, description="Verifying a conversation")
+        self.jobs.run(self.engine.sessions.verify, session_id, on_success=done,
+                      description="Verifying a conversation")
 
     def preview_prune(self, budget: int, on_done: Callable[[Any], None],
                       on_failure: Callable[[BaseException], None] | None = None) -> None:
@@ -363,8 +365,8 @@ class EngineBridge(QObject):
             if on_done is not None:
                 on_done(outcome)
 
-        self._command(switching.switch_model(self.engine, self.settings_service, model_path, resume_id=resume_id,
-                                             force=force, start=start, **changes),
+        self._command(switching.switch_model(self.engine, self.settings_service, model_path,
+                                             resume_id=resume_id, force=force, start=start, **changes),
                       "Switching models", on_success=done, on_failure=failed)
 
     def plan_model(self, model_path: str, **changes: Any):

@@ -151,7 +151,8 @@ class DownloadDialog(QDialog):
         item = QTreeWidgetItem([entry.title, size, memory,
                                 families.describe_restore_mode(entry.restore_mode), entry.repo_id])
         item.setData(0, ENTRY_ROLE, entry)
-        tip = f"{entry.summary}\n{families.restore_mode_explanation(entry.restore_mode)}\n{entry.repo_id}/{entry.filename}"
+        tip = (f"{entry.summary}\n{families.restore_mode_explanation(entry.restore_mode)}\n"
+               f"{entry.repo_id}/{entry.filename}")
         if self._memory and need.total > self._memory:
             item.setForeground(2, Qt.GlobalColor.darkRed)
             tip += f"\nNeeds more memory than this computer has ({human_bytes(self._memory)})."

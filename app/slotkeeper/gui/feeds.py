@@ -132,7 +132,8 @@ class Feeds(QObject):
             self._listing_running = False
             self.errorOccurred.emit("Listing saved conversations", describe_error(exc))
 
-        self._jobs.run(list_folder, on_success=done, on_failure=failed, description="Listing saved conversations")
+        self._jobs.run(list_folder, on_success=done, on_failure=failed,
+                       description="Listing saved conversations")
 
     def relist_cached(self) -> None:
         """Compatibility depends on the running server: re-announce the listing we have."""
@@ -189,9 +190,9 @@ class Feeds(QObject):
     def before_event(self, event: ev.Event) -> None:
         """Before the widgets' handlers: a request's figures join the history."""
         if isinstance(event, ev.RequestDone):
-            record = RequestRecord(at=event.at, slot=event.slot, n_prompt=event.n_prompt, cache_n=event.cache_n,
-                                   prompt_n=event.prompt_n, prompt_ms=event.prompt_ms, source=event.source,
-                                   saved_ms=event.saved_ms)
+            record = RequestRecord(at=event.at, slot=event.slot, n_prompt=event.n_prompt,
+                                   cache_n=event.cache_n, prompt_n=event.prompt_n, prompt_ms=event.prompt_ms,
+                                   source=event.source, saved_ms=event.saved_ms)
             self.history = [*self.history, record][-HISTORY_SHOWN:]
             self.historyLoaded.emit(self.history)
 

@@ -89,8 +89,8 @@ class FirstRunDialog(QDialog):
         self.demo_button.setToolTip(DEMO_NOTICE)
         self.demo_button.clicked.connect(self.use_demo)
         # Said once: the button's tooltip carries the longer notice.
-        self.demo_note = demo_note = QLabel("The starter model (SmolLM2 135M Instruct, 98 MB) is small and quick: "
-                                            "good for trying Slotkeeper, not for real work.")
+        self.demo_note = demo_note = QLabel("The starter model (SmolLM2 135M Instruct, 98 MB) is small and "
+                                            "quick: good for trying Slotkeeper, not for real work.")
         demo_note.setWordWrap(True)
         self.later_button = QPushButton("Not now" if welcome else "Cancel")
         self.later_button.clicked.connect(self.reject)
@@ -149,7 +149,8 @@ class FirstRunDialog(QDialog):
         for m in models:
             if str(m.path) in known:
                 continue
-            item = QTreeWidgetItem([m.display_name, m.arch or "?", human_bytes(m.size_bytes), m.source, str(m.path)])
+            item = QTreeWidgetItem([m.display_name, m.arch or "?", human_bytes(m.size_bytes), m.source,
+                                    str(m.path)])
             item.setData(0, PATH_ROLE, str(m.path))
             item.setTextAlignment(2, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             item.setToolTip(4, str(m.path))
@@ -172,7 +173,8 @@ class FirstRunDialog(QDialog):
                         break
         else:
             self.status.setText("No GGUF models found in the Hugging Face cache, llama.cpp's cache or "
-                                "LM Studio's folders. Search another folder, choose a file, or try the starter model.")
+                                "LM Studio's folders. Search another folder, choose a file, or try the "
+                                "starter model.")
 
     def _search_failed(self, exc: BaseException) -> None:
         if self._closing:

@@ -183,7 +183,8 @@ class SlotGauge(QWidget):
         if title and right > x + 20:
             p.setPen(muted if not self.title else text_colour)
             elided = fm.elidedText(title, Qt.TextElideMode.ElideRight, int(right - x))
-            p.drawText(QRectF(x, y0, right - x, row_h), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, elided)
+            p.drawText(QRectF(x, y0, right - x, row_h),
+                       Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, elided)
             x += fm.horizontalAdvance(elided) + 8
         if f.warning:
             self._badge = QRectF(x, y0 + (row_h - badge_size) / 2, badge_size, badge_size)
@@ -197,12 +198,14 @@ class SlotGauge(QWidget):
         rows = (
             (self.LABEL_TEXTS[0], [(f.cache_share, CACHE_COLOUR), (f.processed_share, PROCESSED_COLOUR)],
              f.prompt_text(), f.n_prompt == 0),
-            (self.LABEL_TEXTS[1], [(f.held_share, HELD_COLOUR)], f.held_text(), f.n_ctx == 0 and f.n_tokens == 0),
+            (self.LABEL_TEXTS[1], [(f.held_share, HELD_COLOUR)],
+             f.held_text(), f.n_ctx == 0 and f.n_tokens == 0),
         )
         for i, (label, segments, words, empty) in enumerate(rows):
             top = y0 + row_h * (i + 1)
             p.setPen(muted)
-            p.drawText(QRectF(pad, top, label_w, row_h), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, label)
+            p.drawText(QRectF(pad, top, label_w, row_h),
+                       Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, label)
             bar = QRectF(bar_x, top + (row_h - self.BAR_HEIGHT) / 2, bar_w, self.BAR_HEIGHT)
             self._paint_bar(p, bar, segments, track)
             p.setPen(muted if empty else text_colour)
@@ -237,7 +240,8 @@ class SlotGauge(QWidget):
         p.setPen(Qt.PenStyle.NoPen)
         p.setBrush(WARN_COLOUR)
         p.drawPath(path)
-        p.setPen(QPen(QColor("#ffffff"), max(1.5, r.width() / 9), Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
+        p.setPen(QPen(QColor("#ffffff"), max(1.5, r.width() / 9), Qt.PenStyle.SolidLine,
+                      Qt.PenCapStyle.RoundCap))
         cx = r.center().x()
         p.drawLine(QPointF(cx, r.top() + r.height() * 0.38), QPointF(cx, r.top() + r.height() * 0.66))
         p.drawPoint(QPointF(cx, r.top() + r.height() * 0.80))

@@ -31,7 +31,8 @@ LAUNCH_COLOUR = QColor("#6b7280")
 # Where a request's cache came from (history records since Slotkeeper serves the requests).
 SOURCES = {"slot": ", already in the slot", "restored": ", restored from disk for it",
            "launch": ", restored from disk when the server was launched",
-           "ram": ", from llama-server's RAM cache", "recomputed": ", recomputed (a restore would have been wrong)",
+           "ram": ", from llama-server's RAM cache",
+           "recomputed": ", recomputed (a restore would have been wrong)",
            "none": ""}
 RESTORED = ("restored", "launch")  # served by a restore: for this request, or by the launch before it
 MIN_BAR_PX = 3.0
@@ -170,7 +171,8 @@ class HistoryPlot(QWidget):
         total = sum(p.n_prompt for p in self.points)
         cached = sum(p.cache_n for p in self.points)
         share = cached / total if total else 0.0
-        text = f"{len(self.points)} requests, {total:,} prompt tokens, {round(100 * share)}% served from cache"
+        text = (f"{len(self.points)} requests, {total:,} prompt tokens, "
+                f"{round(100 * share)}% served from cache")
         saved = sum(p.saved_ms for p in self.points)
         if saved:
             text += f"; {human_duration(saved / 1000)} of prefill saved"
@@ -207,14 +209,16 @@ class HistoryPlot(QWidget):
         right = fm.horizontalAdvance("100%") + 14
         top = lh + 14  # legend row
         bottom = lh * 2 + 10  # time labels + axis title
-        plot = QRectF(left, top, max(10.0, self.width() - left - right), max(10.0, self.height() - top - bottom))
+        plot = QRectF(left, top, max(10.0, self.width() - left - right),
+                      max(10.0, self.height() - top - bottom))
         points = self._visible(plot.width())
         y_step = nice_step((max(pt.n_prompt for pt in points) or 1) / 4)
         y_max = 4 * y_step
 
         # legend
         x = plot.left()
-        legend = [("from cache", CACHE_COLOUR), ("processed", PROCESSED_COLOUR), ("share from cache", SHARE_COLOUR)]
+        legend = [("from cache", CACHE_COLOUR), ("processed", PROCESSED_COLOUR),
+                  ("share from cache", SHARE_COLOUR)]
         if any(pt.source in RESTORED for pt in points):
             legend.append(("restored from disk", RESTORE_COLOUR))
         if any(points[0].at < t <= points[-1].at for t in self.launches):
@@ -234,8 +238,8 @@ class HistoryPlot(QWidget):
         self.tick_labels = [short_count(y_step * i) for i in range(5)]
         for i in range(5):
             y = plot.bottom() - plot.height() * i / 4
-            p.drawText(QRectF(0, y - lh / 2, left - 6, lh), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
-                       self.tick_labels[i])
+            p.drawText(QRectF(0, y - lh / 2, left - 6, lh),
+                       Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, self.tick_labels[i])
             p.drawText(QRectF(plot.right() + 6, y - lh / 2, right - 6, lh),
                        Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, f"{25 * i}%")
 
@@ -298,7 +302,8 @@ class HistoryPlot(QWidget):
         n_labels = max(1, min(len(points), int(plot.width() // label_w)))
         step = max(1, math.ceil(len(points) / n_labels))
         first_after_launch = [i for i, pt in enumerate(points)
-                              if any((points[i - 1].at if i else float("-inf")) < t <= pt.at for t in launches)]
+                              if any((points[i - 1].at if i else float("-inf")) < t <= pt.at
+                                     for t in launches)]
         wanted = [len(points) - 1, 0, *first_after_launch, *range(0, len(points), step)]
         placed: list[tuple[float, float, str]] = []  # x0, x1, text
         for i in dict.fromkeys(wanted):
@@ -340,7 +345,8 @@ class HistoryPlot(QWidget):
                     f"{when}, slot {pt.slot}\n{pt.n_prompt:,} prompt tokens, {pt.cache_n:,} from cache "
                     f"({round(100 * pt.share)}%){SOURCES.get(pt.source, '')}\n"
                     f"prompt processed in {pt.prompt_ms:,.0f} ms"
-                    + (f"; the cache saved about {human_duration(pt.saved_ms / 1000)}" if pt.saved_ms else ""),
+                    + (f"; the cache saved about {human_duration(pt.saved_ms / 1000)}"
+                       if pt.saved_ms else ""),
                     self,
                 )
             return True

@@ -115,11 +115,12 @@ def template_svg(state: str) -> str:
                   "busy": (1.0, 1.0, 0.0)}.get(state, (1.0, 1.0, 1.0))
         bars = []
         for y, level in zip(_BAR_ROWS, levels):
-            bars.append(f'<rect x="{_BAR_X + 1}" y="{y + 1}" width="{_BAR_W - 2}" height="{_BAR_H - 2}" rx="3" '
-                        'fill="none" stroke="#000000" stroke-width="2.5"/>')
+            bars.append(f'<rect x="{_BAR_X + 1}" y="{y + 1}" width="{_BAR_W - 2}" height="{_BAR_H - 2}" '
+                        'rx="3" fill="none" stroke="#000000" stroke-width="2.5"/>')
             if level > 0:
                 w = max(_BAR_H, round(_BAR_W * level))
-                bars.append(f'<rect x="{_BAR_X}" y="{y}" width="{w}" height="{_BAR_H}" rx="3" fill="#000000"/>')
+                bars.append(f'<rect x="{_BAR_X}" y="{y}" width="{w}" height="{_BAR_H}" rx="3" '
+                            'fill="#000000"/>')
         if state == "busy":  # a file being written: dots along the last bar
             bars = bars[:-1] + [f'<circle cx="{x}" cy="{_BAR_ROWS[2] + _BAR_H / 2}" r="4" fill="#000000"/>'
                                 for x in (20, 32, 44)]

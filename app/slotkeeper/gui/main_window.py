@@ -30,7 +30,8 @@ class MainWindow(QMainWindow):
     quitRequested = Signal()
     modelRequested = Signal(str, str)  # model path, session to resume after the switch ("" = none)
     chooseModelRequested = Signal()  # the model chooser (the list of models found, a file, the demo)
-    chatRequested = Signal(str)  # a conversation for the chat window ("": the last chat window, or a new chat)
+    # A conversation for the chat window ("": the last chat window, or a new chat).
+    chatRequested = Signal(str)
     newChatRequested = Signal()
 
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
@@ -112,7 +113,8 @@ class MainWindow(QMainWindow):
 
     # -- window behaviour -----------------------------------------------------------------
     def show_tab(self, name: str) -> None:
-        name = {"conversations": "sessions"}.get(name.lower(), name.lower())  # the tab's title, or its code name
+        # The tab's title, or its code name.
+        name = {"conversations": "sessions"}.get(name.lower(), name.lower())
         if name in TABS:
             self.tabs.setCurrentIndex(TABS.index(name))
 

@@ -122,7 +122,8 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
                                is_demo=key == DEMO_MODEL) for v in variants}
     swa_text = None
     if info.has_swa:
-        swa_text = swa_explanation(info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
+        swa_text = swa_explanation(info, profile.ctx, profile.parallel, profile.cache_type_k,
+                                   profile.cache_type_v)
     real = resolved_model_file(key, models_dir) or str(file)
     after_model = ModelIdentity(real, bridge.known_model_sha256(real), info.has_swa)
 
@@ -143,7 +144,8 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
     entries = list(listing.sessions) if listing is not None else []
     waiting: list[str] = []
     if before is not None and before_model is not None:
-        waiting = left_behind(entries, before, before_model, expected_facts(profile, after_model), after_model)
+        waiting = left_behind(entries, before, before_model, expected_facts(profile, after_model),
+                              after_model)
     resumable = {}
     for v in variants:
         after = expected_facts(replace(profile, swa_full=v), after_model)
@@ -197,8 +199,8 @@ class SwitchModelDialog(QDialog):
         layout.addWidget(title)
         info = p.info
         swa = f", sliding window of {info.sliding_window}" if info.has_swa else ""
-        facts = WrappedLabel(f"{info.arch}, {info.n_layers} layers, trained for {info.context_length:,} tokens{swa}; "
-                             f"{human_bytes(info.file_size)}.")
+        facts = WrappedLabel(f"{info.arch}, {info.n_layers} layers, trained for "
+                             f"{info.context_length:,} tokens{swa}; {human_bytes(info.file_size)}.")
         layout.addWidget(facts)
         where = ("the settings remembered for it" if p.plan.remembered
                  else "the current settings (the first time with this model)")
@@ -209,8 +211,9 @@ class SwitchModelDialog(QDialog):
         self.dropped_label: QLabel | None = None
         if dropped:
             self.dropped_label = WrappedLabel(
-                f"The {dropped} you gave on the command line {'was' if ' and ' not in dropped else 'were'} for "
-                f"the model Slotkeeper started with; {p.name} runs with its own settings.")
+                f"The {dropped} you gave on the command line "
+                f"{'was' if ' and ' not in dropped else 'were'} for the model Slotkeeper started with; "
+                f"{p.name} runs with its own settings.")
             layout.addWidget(self.dropped_label)
 
         self.memory_label = WrappedLabel()
@@ -359,7 +362,8 @@ class ModelSwitcher(QObject):
             self.progress = progress
             progress.show()
         self.bridge.switch_model(model_path, resume_id=resume_id, force=force,
-                                 on_done=lambda outcome: self._switched(outcome, resume_id, changes), **changes)
+                                 on_done=lambda outcome: self._switched(outcome, resume_id, changes),
+                                 **changes)
 
     def _switched(self, outcome: SwitchOutcome, resume_id: str | None, changes: dict) -> None:
         if outcome.switched:
@@ -377,7 +381,8 @@ class ModelSwitcher(QObject):
             answer = QMessageBox.question(
                 self.parent_widget, "Switch anyway?",
                 f"{n} changed conversation{'s' if n != 1 else ''} could not be saved (the reason is in the "
-                f"notifications and the log). Switching now loses {'them' if n != 1 else 'it'}. Switch anyway?",
+                f"notifications and the log). Switching now loses {'them' if n != 1 else 'it'}. "
+                "Switch anyway?",
                 QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
                 QMessageBox.StandardButton.Cancel)
             if answer == QMessageBox.StandardButton.Yes:

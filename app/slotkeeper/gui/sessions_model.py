@@ -162,7 +162,8 @@ class SessionsTableModel(QAbstractItemModel):
     def _changed_all(self, first: int = 0, last: int | None = None) -> None:
         last = len(COLUMNS) - 1 if last is None else last
         for node in self._nodes:
-            self.dataChanged.emit(self.createIndex(node.row, first, node.nid), self.createIndex(node.row, last, node.nid))
+            self.dataChanged.emit(self.createIndex(node.row, first, node.nid),
+                                  self.createIndex(node.row, last, node.nid))
 
     def set_facts(self, facts: ServerFacts | None) -> None:
         self._facts = facts
@@ -260,7 +261,8 @@ class SessionsTableModel(QAbstractItemModel):
     def columnCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
         return len(COLUMNS)
 
-    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def headerData(self, section: int, orientation: Qt.Orientation,
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if orientation != Qt.Orientation.Horizontal or not 0 <= section < len(COLUMNS):
             return None
         if role == Qt.ItemDataRole.DisplayRole:
@@ -323,7 +325,8 @@ class SessionsTableModel(QAbstractItemModel):
         if key == "compat":
             if reasons is None:
                 return "—"
-            if reasons and sc is not None and self._facts is not None and sc.model_sha256 != self._facts.model_sha256:
+            if (reasons and sc is not None and self._facts is not None
+                    and sc.model_sha256 != self._facts.model_sha256):
                 return "other model"  # resumed by switching to it
             return "yes" if not reasons else "no"
         if key == "size":
@@ -360,7 +363,8 @@ class SessionsTableModel(QAbstractItemModel):
         if key == "status":
             if conv.problems:
                 return "\n".join(conv.problems)
-            return "Its files are complete." if len(conv.saves) == 1 else "The files of every save are complete."
+            return ("Its files are complete." if len(conv.saves) == 1
+                    else "The files of every save are complete.")
         if key == "in_slot":
             slot = self.slot_of(conv)
             if slot is not None:
@@ -376,7 +380,8 @@ class SessionsTableModel(QAbstractItemModel):
             lines.append(f"id {sc.id}")
             if len(conv.saves) > 1:
                 first = conv.saves[0].sidecar
-                kept = f" (pinned at {first.n_tokens:,} tokens, kept as it was)" if first and first.pinned else ""
+                kept = (f" (pinned at {first.n_tokens:,} tokens, kept as it was)"
+                        if first and first.pinned else "")
                 lines.append(f"{len(conv.saves)} saves of this conversation{kept}")
             elif sc.parent:
                 lines.append(f"A branch: it left {sc.parent} before its end (an edited or regenerated turn)")
@@ -389,7 +394,8 @@ class SessionsTableModel(QAbstractItemModel):
                     + ("\nWithout --swa-full the sliding-window layers keep only the last window, so "
                        "resuming it re-reads the whole conversation." if sc.swa and not sc.swa_full else ""))
         if key == "tokens":
-            return f"{sc.n_tokens:,} tokens; saved from slots of {sc.n_ctx_slot:,} tokens (-np {sc.n_parallel})"
+            return (f"{sc.n_tokens:,} tokens; saved from slots of {sc.n_ctx_slot:,} tokens "
+                    f"(-np {sc.n_parallel})")
         if key == "size":
             if len(conv.saves) > 1:
                 return " + ".join(human_bytes(e.size_bytes) for e in conv.saves) + " (every save of it)"

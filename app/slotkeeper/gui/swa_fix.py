@@ -22,7 +22,8 @@ def swa_fix_offer(model, profile) -> str | None:
     if model is None or not model.info.has_swa or profile.swa_full:
         return None
     try:
-        est = swa_kv_estimate(model.info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
+        est = swa_kv_estimate(model.info, profile.ctx, profile.parallel, profile.cache_type_k,
+                              profile.cache_type_v)
     except ValueError:  # a cache type the estimate does not know: offer it without a figure
         return "Turn on --swa-full and restart"
     return f"Turn on --swa-full and restart (+{human_bytes(est.swa_full_extra_bytes)} memory)"

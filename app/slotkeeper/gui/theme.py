@@ -23,7 +23,8 @@ SCHEME_ENV = "SLOTKEEPER_COLOR_SCHEME"  # "dark" or "light": what the system wou
 def is_dark(palette: QPalette | None = None) -> bool:
     """Whether the window background is darker than its text."""
     pal = palette if palette is not None else QGuiApplication.palette()
-    return pal.color(QPalette.ColorRole.Window).lightness() < pal.color(QPalette.ColorRole.WindowText).lightness()
+    return (pal.color(QPalette.ColorRole.Window).lightness()
+            < pal.color(QPalette.ColorRole.WindowText).lightness())
 
 
 def warning_colour(palette: QPalette | None = None) -> QColor:

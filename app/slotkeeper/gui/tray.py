@@ -50,7 +50,8 @@ class TrayController(QObject):
     quitRequested = Signal()
     modelRequested = Signal(str, str)  # model path, session to resume after the switch ("" = none)
     chooseModelRequested = Signal()  # no model yet: open the model chooser
-    chatRequested = Signal(str)  # open a conversation in the chat window ("": the last chat window, or a new chat)
+    # Open a conversation in the chat window ("": the last chat window, or a new chat).
+    chatRequested = Signal(str)
     newChatRequested = Signal()
     aboutRequested = Signal()  # Slotkeeper's version and licence
 
@@ -199,7 +200,8 @@ class TrayController(QObject):
             lines.append(f"Slots busy: {busy} of {len(b.slots)}")
         if b.listing is not None:
             n = len(b.listing.sessions)
-            lines.append(f"Saved: {n} conversation{'s' if n != 1 else ''}, {human_bytes(b.listing.total_bytes)}")
+            lines.append(f"Saved: {n} conversation{'s' if n != 1 else ''}, "
+                         f"{human_bytes(b.listing.total_bytes)}")
         saved_ms = sum(r.saved_ms for r in b.history)
         if saved_ms:
             lines.append(f"Time saved by the cache: {human_duration(saved_ms / 1000)}")
@@ -213,7 +215,8 @@ class TrayController(QObject):
         menu = self.resume_menu
         menu.clear()
         listing = b.listing
-        conversations = [c for top in group_conversations(listing.sessions if listing else []) for c in top.walk()]
+        conversations = [c for top in group_conversations(listing.sessions if listing else [])
+                         for c in top.walk()]
         # Where each is and when it changed: the Sessions tab's rules (sessions_model), one answer.
         slots = {v.session_id: v.id for v in b.slots if v.session_id}
         in_slot = {c.head.id: slot for c in conversations
@@ -226,7 +229,8 @@ class TrayController(QObject):
         entries.sort(key=lambda e: (e.id in in_slot, changed(e)), reverse=True)
         entries = entries[:RESUME_ITEMS]
         if not entries:
-            a = menu.addAction("Reading the saved conversations…" if listing is None else "No saved conversations yet")
+            a = menu.addAction("Reading the saved conversations…" if listing is None
+                               else "No saved conversations yet")
             a.setEnabled(False)
             return
         now = time.time()

@@ -54,9 +54,9 @@ log = logging.getLogger(__name__)
 REDRAW_MS = 50  # a streaming reply is redrawn at most this often
 WAITING = "waiting for the first token…"
 NO_TRANSCRIPT = ("This conversation was saved without a transcript (by an older Slotkeeper, or by a client "
-                 "whose requests are not read as a conversation). Its title and preview are below; without its "
-                 "messages there is nothing to send, so it cannot be continued here. Continue it from the "
-                 "client that made it, or start a new chat.")
+                 "whose requests are not read as a conversation). Its title and preview are below; without "
+                 "its messages there is nothing to send, so it cannot be continued here. Continue it from "
+                 "the client that made it, or start a new chat.")
 TEXT_ONLY = ("A plain-text completion ({source}): shown as its prompt and what followed. It can be read and "
              "exported here; continue it from the client that made it.")
 
@@ -327,8 +327,9 @@ class ChatWindow(QMainWindow):
             msgs[-1].role == "user" or (msgs[-1].role == "assistant" and len(msgs) > 1))
         retry = chat and bool(msgs) and msgs[-1].role == "user"
         self.regenerate_button.setText("Send again" if retry else "Regenerate")
-        self.regenerate_button.setToolTip("Send the conversation again (the last request got no reply)" if retry
-                                          else "Send the conversation again without the last reply, for a new one")
+        self.regenerate_button.setToolTip(
+            "Send the conversation again (the last request got no reply)" if retry
+            else "Send the conversation again without the last reply, for a new one")
         self.regenerate_button.setEnabled(can_regenerate)
         self.regenerate_action.setEnabled(can_regenerate)
         last_user = self._last_user_index()
@@ -369,8 +370,8 @@ class ChatWindow(QMainWindow):
         if verdict is not None and verdict.switch_to and b.state is not ServerState.STOPPING:
             name = model_file_name(verdict.switch_to)
             now = f"the server runs {b.model_name()}" if b.running else "no server runs"
-            text = (f"This conversation was made with {name}; {now}. Switch to {name} to continue it from its "
-                    "saved cache (changed conversations are saved first).")
+            text = (f"This conversation was made with {name}; {now}. Switch to {name} to continue it "
+                    "from its saved cache (changed conversations are saved first).")
             button = f"Switch to {name}"
             self._banner_action = ("switch", verdict.switch_to)
         elif b.state in STOPPED_STATES and self.can_continue:
@@ -378,7 +379,8 @@ class ChatWindow(QMainWindow):
             button = "Start server"
             self._banner_action = ("start", "")
         elif verdict is not None and not verdict.enabled and b.facts is not None and self.can_continue:
-            text = (f"{verdict.why}. Sending still works: the server reads the conversation again from the start.")
+            text = (f"{verdict.why}. Sending still works: the server reads the conversation again "
+                    "from the start.")
         elif b.state not in STOPPED_STATES and b.facts is None and self.can_continue:
             text = "The server is starting: a message sent now waits until it is ready."
         self.banner_label.setText(text)
@@ -433,7 +435,8 @@ class ChatWindow(QMainWindow):
                 self.view.append(Entry(transcript.messages[-1]))
         user = Message("user", text)
         self.transcript = transcript.with_reply(user)
-        if self.session_id is None and self._last_user_index() <= 1:  # a new chat is named by its first message
+        # A new chat is named by its first message.
+        if self.session_id is None and self._last_user_index() <= 1:
             self._set_title(self.transcript.title() or "New chat")
         self.view.append(Entry(user))
         self.composer.clear()
@@ -582,7 +585,8 @@ class ChatWindow(QMainWindow):
             self.exported.emit(written)
 
         self.bridge.jobs.run(write, on_success=done,
-                             on_failure=lambda exc: self.show_error(f"Could not export: {describe_error(exc)}"),
+                             on_failure=lambda exc: self.show_error(
+                                 f"Could not export: {describe_error(exc)}"),
                              description="Exporting the conversation")
 
     # -- closing --------------------------------------------------------------------------

@@ -76,7 +76,8 @@ class MarkdownView(QTextBrowser):
         self.document().setDocumentMargin(2)
         if muted:
             pal = self.palette()
-            pal.setColor(QPalette.ColorRole.Text, pal.color(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text))
+            pal.setColor(QPalette.ColorRole.Text,
+                         pal.color(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text))
             self.setPalette(pal)
             f = self.font()
             f.setItalic(True)

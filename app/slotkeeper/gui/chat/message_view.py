@@ -73,7 +73,8 @@ def muted_colour(palette: QPalette) -> QColor:
     """Text that stays readable but steps back (between the text colour and the background)."""
     text, base = palette.color(QPalette.ColorRole.WindowText), palette.color(QPalette.ColorRole.Window)
     mix = 0.62
-    return QColor(round(text.red() * mix + base.red() * (1 - mix)), round(text.green() * mix + base.green() * (1 - mix)),
+    return QColor(round(text.red() * mix + base.red() * (1 - mix)),
+                  round(text.green() * mix + base.green() * (1 - mix)),
                   round(text.blue() * mix + base.blue() * (1 - mix)))
 
 

@@ -93,7 +93,8 @@ def describe_failure(status: int | None, body: bytes, retry_after: str | None, n
     if network_error == "refused":
         return f"Nothing answers at {base_url}: start the server first."
     if network_error == "dropped":
-        return "The connection dropped before the reply ended (the server stopped or restarted?). The text so far is kept."
+        return ("The connection dropped before the reply ended (the server stopped or restarted?). "
+                "The text so far is kept.")
     return f"The request failed: {network_error}."
 
 
@@ -269,7 +270,8 @@ class ChatStream(QObject):
                 status is None and err == QNetworkReply.NetworkError.HostNotFoundError):
             error = describe_failure(None, b"", None, "refused", self.base_url)
         elif err != QNetworkReply.NetworkError.NoError:
-            if status is None and self._events == 0 and err != QNetworkReply.NetworkError.RemoteHostClosedError:
+            if (status is None and self._events == 0
+                    and err != QNetworkReply.NetworkError.RemoteHostClosedError):
                 error = describe_failure(None, b"", None, reply.errorString(), self.base_url)
             else:
                 error = describe_failure(None, b"", None, "dropped", self.base_url)

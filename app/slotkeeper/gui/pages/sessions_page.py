@@ -72,7 +72,8 @@ class SessionsPage(QWidget):
         self._layout = layout
         top = QHBoxLayout()
         self.filter_edit = QLineEdit()
-        self.filter_edit.setPlaceholderText("Search everything said in the conversations, titles, models or ids")
+        self.filter_edit.setPlaceholderText(
+            "Search everything said in the conversations, titles, models or ids")
         self.filter_edit.setAccessibleName("Search saved conversations")
         self.filter_edit.setClearButtonEnabled(True)
         top.addWidget(self.filter_edit, 1)
@@ -133,7 +134,8 @@ class SessionsPage(QWidget):
         self.reveal_button = QPushButton("Show file")
         self.reveal_button.setToolTip("Show the saved cache file in the file manager")
         self.reveal_button.clicked.connect(self.reveal_selected)
-        for w in (self.resume_button, self.pin_button, self.delete_button, self.verify_button, self.reveal_button):
+        for w in (self.resume_button, self.pin_button, self.delete_button, self.verify_button,
+                  self.reveal_button):
             buttons.addWidget(w)
         buttons.addStretch(1)
         layout.addLayout(buttons)
@@ -222,7 +224,8 @@ class SessionsPage(QWidget):
                 entry = index.data(ENTRY_ROLE)
                 if entry is not None:
                     out.append(entry.id)
-                stack += [self.sessions_proxy.index(r, 0, index) for r in range(self.sessions_proxy.rowCount(index))]
+                stack += [self.sessions_proxy.index(r, 0, index)
+                          for r in range(self.sessions_proxy.rowCount(index))]
         return out
 
     def _focus_filter(self) -> None:
@@ -236,8 +239,9 @@ class SessionsPage(QWidget):
             text = "Reading the saved conversations…"
         elif not self.sessions_model.conversations():
             text = ("No saved conversations yet.\n\nChat through Slotkeeper's address, "
-                    f"{self.bridge.base_url}/v1 (any OpenAI-compatible client, or “New chat” in the tray menu). "
-                    "Each conversation is saved here when a reply ends, and comes back after a restart.")
+                    f"{self.bridge.base_url}/v1 (any OpenAI-compatible client, or “New chat” in the tray "
+                    "menu). Each conversation is saved here when a reply ends, and comes back after a "
+                    "restart.")
             if self.bridge.state in STOPPED_STATES:
                 text += "\n\nThe server is stopped: start it from the tray menu or the Server tab first."
         elif self.sessions_proxy.rowCount() == 0:
@@ -325,7 +329,8 @@ class SessionsPage(QWidget):
         self.verify_button.setEnabled(bool(entries))
         self.reveal_button.setEnabled(current is not None)
         self.copy_id_button.setEnabled(current is not None)
-        self.copy_id_button.setToolTip(f"Copy {current.id} (for `slotkeeper sessions show`)" if current else "")
+        self.copy_id_button.setToolTip(f"Copy {current.id} (for `slotkeeper sessions show`)"
+                                       if current else "")
 
     # -- actions --------------------------------------------------------------------------
     def _context_menu(self, pos) -> None:
@@ -339,9 +344,12 @@ class SessionsPage(QWidget):
         menu = QMenu(self)
         menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         menu.setToolTipsVisible(True)
-        for button, fn in ((self.resume_button, self.resume_selected), (self.pin_button, self.toggle_pin_selected),
-                           (self.verify_button, self.verify_selected), (self.reveal_button, self.reveal_selected),
-                           (self.copy_id_button, self.copy_id_selected), (self.delete_button, self.delete_selected)):
+        for button, fn in ((self.resume_button, self.resume_selected),
+                           (self.pin_button, self.toggle_pin_selected),
+                           (self.verify_button, self.verify_selected),
+                           (self.reveal_button, self.reveal_selected),
+                           (self.copy_id_button, self.copy_id_selected),
+                           (self.delete_button, self.delete_selected)):
             action = menu.addAction(button.text())
             action.setEnabled(button.isEnabled())
             action.setToolTip(button.toolTip())

@@ -74,11 +74,15 @@ class SettingsDialog(QDialog):
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet(error_style())
         self.error_label.hide()
-        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
-        self.restart_button = self.buttons.addButton("Save and restart server", QDialogButtonBox.ButtonRole.ApplyRole)
-        self.restart_button.setToolTip("Saves changed conversations, then restarts llama-server with these settings")
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save
+                                        | QDialogButtonBox.StandardButton.Cancel)
+        self.restart_button = self.buttons.addButton("Save and restart server",
+                                                     QDialogButtonBox.ButtonRole.ApplyRole)
+        self.restart_button.setToolTip(
+            "Saves changed conversations, then restarts llama-server with these settings")
         self.restart_button.hide()
-        self.buttons.button(QDialogButtonBox.StandardButton.Save).clicked.connect(lambda: self.save(restart=False))
+        self.buttons.button(QDialogButtonBox.StandardButton.Save).clicked.connect(
+            lambda: self.save(restart=False))
         self.restart_button.clicked.connect(lambda: self.save(restart=True))
         self.buttons.rejected.connect(self.reject)
 
@@ -173,7 +177,8 @@ class SettingsDialog(QDialog):
         after_model = self.server_tab.identity
         listing = bridge.listing
         said: list[str] = []
-        if (before is not None and before_model is not None and after_model is not None and listing is not None
+        if (before is not None and before_model is not None and after_model is not None
+                and listing is not None
                 and candidate.profile.model_path == self.server_tab._model_info_for):
             said = left_behind(listing.sessions, before, before_model,
                                expected_facts(candidate.profile, after_model), after_model)

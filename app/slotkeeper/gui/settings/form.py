@@ -75,7 +75,8 @@ class OverrideNote(QLabel):
     def _show(self) -> None:
         given = f" ({self.flags})" if self.flags else ""
         if self.changed_here:
-            self.setText(f"changed here: saving stores it and uses it instead of {self.flags or 'the command line'}")
+            self.setText("changed here: saving stores it and uses it instead of "
+                         f"{self.flags or 'the command line'}")
             self.setToolTip("This run took the value from the command line. You changed it here, so "
                             "saving writes your value to the settings and uses it from now on.")
         else:

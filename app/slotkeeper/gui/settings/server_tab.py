@@ -153,9 +153,9 @@ class ServerTab(FormTab):
 
         self.mmproj = _path_combo()
         self.mmproj.addItem(NO_PROJECTOR, "")
-        self.mmproj.setToolTip("A vision model's multimodal projector (mmproj GGUF), passed as --mmproj so the "
-                               "model can read images. A saved conversation holding images restores only with "
-                               "the projector that read them.")
+        self.mmproj.setToolTip("A vision model's multimodal projector (mmproj GGUF), passed as --mmproj so "
+                               "the model can read images. A saved conversation holding images restores "
+                               "only with the projector that read them.")
         form.addRow("Projector:", _with_browse(self.mmproj, self._browse_projector))
 
         self.ctx = QSpinBox()
@@ -172,7 +172,8 @@ class ServerTab(FormTab):
         form.addRow("", self.sanity_note)
         self.parallel = QSpinBox()
         self.parallel.setRange(1, 64)
-        self.parallel.setToolTip("llama-server -np: conversations served at the same time, each with its own cache")
+        self.parallel.setToolTip(
+            "llama-server -np: conversations served at the same time, each with its own cache")
         form.addRow("Slots:", self.parallel)
         self.flash_attn = QCheckBox("Flash attention (-fa)")
         form.addRow("", self.flash_attn)
@@ -394,7 +395,8 @@ class ServerTab(FormTab):
     def update_notes(self) -> None:
         """The notes that follow the fields: tokens per slot, bad arguments, exposure, cache types."""
         per_slot = self.ctx.value() // max(1, self.parallel.value())
-        small = ServerProfile(ctx=self.ctx.value(), parallel=max(1, self.parallel.value())).small_context_note()
+        small = ServerProfile(ctx=self.ctx.value(),
+                              parallel=max(1, self.parallel.value())).small_context_note()
         self.ctx_note.setText(f"{per_slot:,} tokens per slot" + (" (small: most conversations will not fit)"
                                                                   if small else ""))
         try:
@@ -435,7 +437,8 @@ class ServerTab(FormTab):
                              description="Looking for llama-server")
 
     def _browse_binary(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Choose llama-server", self.server_bin.text() or str(Path.home()))
+        path, _ = QFileDialog.getOpenFileName(self, "Choose llama-server",
+                                              self.server_bin.text() or str(Path.home()))
         if path:
             self.server_bin.setText(path)
             self._detect_binary()
@@ -477,7 +480,8 @@ class ServerTab(FormTab):
         start = self.model_value() or str(Path.home())
         if start == DEMO_MODEL:
             start = str(Path.home())
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", start, "GGUF models (*.gguf);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", start,
+                                              "GGUF models (*.gguf);;All files (*)")
         if path:
             self.model_combo.setEditText(path)
 
@@ -533,7 +537,8 @@ class ServerTab(FormTab):
             self.model_note.setText(describe_error(exc))
             self._update_swa_note()
 
-        self.bridge.jobs.run(read, on_success=done, on_failure=failed, description="Reading the model's header")
+        self.bridge.jobs.run(read, on_success=done, on_failure=failed,
+                             description="Reading the model's header")
 
     def _update_swa_note(self, *_args) -> None:
         self._update_sanity()
@@ -555,15 +560,18 @@ class ServerTab(FormTab):
             self.show_row(self.sanity_note, False)
             return
         profile = ServerProfile(ctx=self.ctx.value(), parallel=self.parallel.value(),
-                                cache_type_k=self.cache_k.currentText(), cache_type_v=self.cache_v.currentText(),
+                                cache_type_k=self.cache_k.currentText(),
+                                cache_type_v=self.cache_v.currentText(),
                                 swa_full=self.swa_full.isChecked())
         try:
-            sanity = launch_sanity(info, profile, memory[0], memory[1], is_demo=self.model_value() == DEMO_MODEL)
+            sanity = launch_sanity(info, profile, memory[0], memory[1],
+                                   is_demo=self.model_value() == DEMO_MODEL)
         except ValueError as exc:
             self.sanity_note.setText(str(exc))
             self.sanity_note.setStyleSheet(error_style())
         else:
             self.sanity = sanity
             self.sanity_note.setText(" ".join((sanity.summary, *sanity.problems)))
-            self.sanity_note.setStyleSheet(error_style() if sanity.refusal else warning_style() if sanity.problems else "")
+            self.sanity_note.setStyleSheet(error_style() if sanity.refusal
+                                           else warning_style() if sanity.problems else "")
         self.show_row(self.sanity_note, True)

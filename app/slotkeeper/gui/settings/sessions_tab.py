@@ -36,11 +36,13 @@ class SessionsTab(FormTab):
         self.restore_count = QSpinBox()
         self.restore_count.setRange(-1, 64)
         self.restore_count.setSpecialValueText("one per slot")
-        self.restore_count.setToolTip("How many of the most recent compatible conversations to restore when the server starts")
+        self.restore_count.setToolTip("How many of the most recent compatible conversations to restore "
+                                      "when the server starts")
         form.addRow("Restore at launch:", self.restore_count)
         self.start_on_launch = QCheckBox("Start the server when Slotkeeper starts")
-        self.start_on_launch.setToolTip("Serve the chosen model as soon as Slotkeeper starts, so chat clients "
-                                        "can connect at once (nothing starts before a model is chosen)")
+        self.start_on_launch.setToolTip(
+            "Serve the chosen model as soon as Slotkeeper starts, so chat clients can connect at once "
+            "(nothing starts before a model is chosen)")
         form.addRow("", self.start_on_launch)
         self.start_at_login = QCheckBox("Start Slotkeeper when I log in")
         self.login_note = note(platform_login_note())
