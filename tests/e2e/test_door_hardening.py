@@ -284,7 +284,10 @@ def test_llama_server_killed_during_an_on_demand_restore_gives_a_503_with_the_re
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        a, _r = converse(engine.base_url, USER_TURNS[:2], max_tokens=8)
+        # Long enough that restoring it beats re-reading it however fast this tiny model prefills
+        # (the front desk re-reads a conversation shorter than its break-even instead).
+        long_first = USER_TURNS[0] + " The trail winds up past the lake and the old stone hut." * 40
+        a, _r = converse(engine.base_url, [long_first, USER_TURNS[1]], max_tokens=8)
         converse(engine.base_url, ["A different conversation about ships in the harbour at night."],
                  max_tokens=8)
         wait_until(lambda: events.of(ev.SessionSaved), what="A saved as B took its slot")
