@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import replace
 
 import pytest
 from PySide6.QtCore import QTimer
@@ -14,6 +15,12 @@ from slotkeeper.core.paths import app_paths
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings, load_settings
 from slotkeeper.gui.application import SingleInstance, SlotkeeperApp, instance_key, run_gui
+
+
+def shell_settings() -> Settings:
+    """The demo model chosen, the server not started at launch: these tests are about the shell
+    (a llama-server would outlive a test that never stops it, and slow every one)."""
+    return replace(Settings(), start_server_on_launch=False).with_profile(model_path=DEMO_MODEL)
 
 
 @pytest.fixture
@@ -48,7 +55,7 @@ def test_run_gui_returns_at_once_when_already_running(qtbot, paths):
 
 
 def test_without_a_tray_the_window_opens_and_quit_finishes(qtbot, paths):
-    settings = Settings().with_profile(model_path=DEMO_MODEL)
+    settings = shell_settings()
     app = SlotkeeperApp(paths, settings, tray_available=False)
     qtbot.addWidget(app.window)
     assert app.tray is None
@@ -95,7 +102,7 @@ def test_choosing_a_model_on_first_run_saves_it(qtbot, paths, monkeypatch):
 
 
 def test_settings_dialog_opens_once(qtbot, paths):
-    app = SlotkeeperApp(paths, Settings().with_profile(model_path=DEMO_MODEL), tray_available=False)
+    app = SlotkeeperApp(paths, shell_settings(), tray_available=False)
     qtbot.addWidget(app.window)
     app.open_settings()
     first = app.settings_dialog
@@ -109,7 +116,8 @@ def test_settings_dialog_opens_once(qtbot, paths):
 
 def test_settings_opened_from_the_app_name_the_command_line_values(qtbot, paths):
     service = SettingsService(paths.settings_file, {"profile.port": 9000})  # as from --port 9000
-    app = SlotkeeperApp(paths, service.effective().with_profile(model_path=DEMO_MODEL), service,
+    settings = replace(service.effective(), start_server_on_launch=False).with_profile(model_path=DEMO_MODEL)
+    app = SlotkeeperApp(paths, settings, service,
                         tray_available=False)
     qtbot.addWidget(app.window)
     app.open_settings()
@@ -126,7 +134,7 @@ def test_sigterm_quits_like_quit(qtbot, paths):
     QTimer.singleShot(300, lambda: os.kill(os.getpid(), signal.SIGTERM))
     before = signal.getsignal(signal.SIGTERM)
     code = run_gui(None, paths, SettingsService(paths.settings_file),
-                   Settings().with_profile(model_path=DEMO_MODEL), start_now=False)
+                   shell_settings(), start_now=False)
     assert code == 0
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
 
@@ -134,7 +142,7 @@ def test_sigterm_quits_like_quit(qtbot, paths):
 def test_quit_says_when_conversations_could_not_be_saved(qtbot, paths, monkeypatch):
     from slotkeeper.core.views import SavesReport
 
-    app = SlotkeeperApp(paths, Settings().with_profile(model_path=DEMO_MODEL), tray_available=False)
+    app = SlotkeeperApp(paths, shell_settings(), tray_available=False)
     qtbot.addWidget(app.window)
 
     async def close_async(save=True, timeout=0.0):
@@ -159,7 +167,7 @@ def test_an_app_left_in_the_tray_builds_its_window_only_when_it_is_shown(qtbot, 
 
     # a tray host shows it
     monkeypatch.setattr(TrayController, "show", lambda self: (self.tray.show(), True)[1])
-    app = SlotkeeperApp(paths, Settings().with_profile(model_path=DEMO_MODEL), tray_available=True)
+    app = SlotkeeperApp(paths, shell_settings(), tray_available=True)
     assert app._window is None
     app.engine.events.emit(WarningRaised("the port is open to the network"))
     qtbot.waitUntil(lambda: app.bridge.last_warning == "the port is open to the network", timeout=5000)
