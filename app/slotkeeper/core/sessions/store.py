@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from slotkeeper.core.fsutil import (
+from slotkeeper.core.basics.fsutil import (
     NotARegularFile,
     UnsafeFile,
     atomic_write_bytes,
@@ -39,6 +39,7 @@ from slotkeeper.core.fsutil import (
     open_regular,
     regular_size,
 )
+from slotkeeper.core.basics.tokens import TYPECODE, TokenArray, as_tokens
 from slotkeeper.core.sessions import kvfile
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
@@ -69,7 +70,6 @@ from slotkeeper.core.sessions.sidecar import (
 )
 from slotkeeper.core.sessions.stamps import FileStamp, carried_over, hash_with_stamp
 from slotkeeper.core.sessions.transcripts import MAX_FILE_BYTES, Transcript, TranscriptError
-from slotkeeper.core.tokens import TYPECODE, TokenArray, as_tokens
 
 log = logging.getLogger(__name__)
 
