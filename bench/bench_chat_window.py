@@ -48,8 +48,8 @@ def main() -> int:
         from PySide6.QtWidgets import QApplication
 
         app = QApplication([])
+        from slotkeeper.core.basics.paths import app_paths
         from slotkeeper.core.engine import Engine
-        from slotkeeper.core.paths import app_paths
         from slotkeeper.core.settings import Settings
         from slotkeeper.gui.bridge import EngineBridge
         from slotkeeper.gui.chat.chat_window import ChatWindow

@@ -111,7 +111,7 @@ class SlotsHandler(BaseHTTPRequestHandler):
 
 def start_llama_server(work: Path) -> tuple[subprocess.Popen, str]:
     sys.path.insert(0, str(ROOT / "app"))
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
     from slotkeeper.core.server.client import LlamaClient, ServerUnavailable
     from slotkeeper.core.server.locate import locate_server
 

@@ -32,8 +32,8 @@ from benchlib import alternate, free_port, generated_model, report, work_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
+from slotkeeper.core.basics.paths import app_paths  # noqa: E402
 from slotkeeper.core.engine import Engine  # noqa: E402
-from slotkeeper.core.paths import app_paths  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
 

@@ -36,13 +36,13 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import first_token, free_port, text
+from benchlib import LlamaServer, first_token, free_port, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
+from slotkeeper.core.basics.paths import app_paths  # noqa: E402
 from slotkeeper.core.engine import Engine  # noqa: E402
-from slotkeeper.core.modelgen import write_model  # noqa: E402
-from slotkeeper.core.paths import app_paths  # noqa: E402
+from slotkeeper.core.model.modelgen import write_model  # noqa: E402
 from slotkeeper.core.server.locate import locate_server  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
@@ -97,34 +97,11 @@ def replay(order, systems: dict, restart_after: int, first_tokens: int, seed: in
     return totals
 
 
-class RawServer:
+class RawServer(LlamaServer):
     """llama-server with its default flags, started and restarted by hand."""
 
     def __init__(self, binary: list[str], model: Path, ctx: int, extra: list[str]) -> None:
-        self.argv = [*binary, "-m", str(model), "-c", str(ctx), "-np", "1", *extra]
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-
-    def start(self) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([*self.argv, "--port", str(port)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("llama-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
-            self.proc = None
+        super().__init__([*binary, "-m", str(model), "-c", str(ctx), "-np", "1", *extra])
 
 
 def slotkeeper(model: Path, ctx: int, home: Path, extra: tuple[str, ...] = ()) -> Engine:

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "tests" / "desktop"))
 from virtual_x import start_x, stop_x  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "app"))
-from slotkeeper.core.demo_model import ensure_demo_model  # noqa: E402
-from slotkeeper.core.paths import app_paths  # noqa: E402
+from slotkeeper.core.basics.paths import app_paths  # noqa: E402
+from slotkeeper.core.model.demo_model import ensure_demo_model  # noqa: E402
 
 
 def launch(display: str, data: Path, port: int, extra: list[str], app: str | None = None) -> subprocess.Popen:

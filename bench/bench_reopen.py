@@ -35,8 +35,8 @@ from benchlib import LlamaServer, first_token, free_port, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
+from slotkeeper.core.model.starter_model import ensure_starter_model  # noqa: E402
 from slotkeeper.core.server.locate import locate_server  # noqa: E402
-from slotkeeper.core.starter_model import ensure_starter_model  # noqa: E402
 
 CTX = 8192
 

@@ -23,9 +23,9 @@ from benchlib import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
+from slotkeeper.core.basics.paths import app_paths  # noqa: E402
 from slotkeeper.core.engine import Engine  # noqa: E402
-from slotkeeper.core.modelgen import write_model  # noqa: E402
-from slotkeeper.core.paths import app_paths  # noqa: E402
+from slotkeeper.core.model.modelgen import write_model  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.settings import ServerProfile, Settings  # noqa: E402
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
-from slotkeeper.core.paths import app_paths  # noqa: E402
+from slotkeeper.core.basics.paths import app_paths  # noqa: E402
 from slotkeeper.core.services.sessions import SessionsService  # noqa: E402
 from slotkeeper.core.sessions.search import SearchIndex  # noqa: E402
 from slotkeeper.core.sessions.sidecar import Sidecar, write_sidecar_atomic  # noqa: E402

@@ -38,10 +38,10 @@ from benchlib import free_port
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
 
+from slotkeeper.core.basics.paths import app_paths  # noqa: E402
 from slotkeeper.core.engine import Engine  # noqa: E402
 from slotkeeper.core.events import SessionSaved  # noqa: E402
-from slotkeeper.core.modelgen import write_model  # noqa: E402
-from slotkeeper.core.paths import app_paths  # noqa: E402
+from slotkeeper.core.model.modelgen import write_model  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.sessions.naming import new_kv_name  # noqa: E402
 from slotkeeper.core.sessions.sidecar import format_utc, new_session_id, write_sidecar_atomic  # noqa: E402

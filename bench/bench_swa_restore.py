@@ -7,7 +7,7 @@ control, side by side in one run.
     .venv/bin/python bench/bench_swa_restore.py --kind gemma3 --kind gpt-oss --control-kind llama
 
 Models: --model PATH (repeatable) for real GGUFs, --kind KIND (repeatable) for the generated
-random-weight models of core/modelgen.py (their logits are flat: greedy tokens flip on the least
+random-weight models of core/model/modelgen.py (their logits are flat: greedy tokens flip on the least
 noise, so read their log-prob figures, not their divergence). --control PATH / --control-kind KIND is
 a full-attention model, whose restore should be bit-exact. Every model runs with Slotkeeper's own
 llama-server arguments (core/server/command.py: one slot, non-unified KV, no RAM cache, flash

@@ -68,7 +68,7 @@ def measure(n: int, repeat: int) -> dict:
     from slotkeeper.core.sessions import index, kvfile, lineage
 
     try:  # the tree's own token arrays: core.tokens, or numpy int64 arrays before it
-        from slotkeeper.core.tokens import as_tokens
+        from slotkeeper.core.basics.tokens import as_tokens
     except ImportError:
         import numpy as np
 

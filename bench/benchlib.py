@@ -52,7 +52,7 @@ def generated_model(work: Path, kind: str) -> Path:
     """The generated model of ``kind`` in ``work``, written once (a --work folder keeps it)."""
     model = work / f"{kind}.gguf"
     if not model.exists():
-        from slotkeeper.core.modelgen import write_model
+        from slotkeeper.core.model.modelgen import write_model
 
         write_model(model, kind)
     return model

@@ -56,13 +56,13 @@ def models_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def llama_model(models_dir) -> Path:
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     return write_model(models_dir / "tiny-llama.gguf", "llama")
 
 
 @pytest.fixture(scope="session")
 def gemma2_model(models_dir) -> Path:
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     return write_model(models_dir / "tiny-gemma2.gguf", "gemma2")

@@ -242,7 +242,7 @@ FILE = "tiny-llama-Q8_0.gguf"
 @pytest.fixture(scope="module")
 def model_bytes(tmp_path_factory) -> bytes:
     """A tiny generated GGUF (modelgen's "llama"), the file the local Hub serves."""
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     return write_model(tmp_path_factory.mktemp("gen") / "m.gguf", "llama").read_bytes()
 

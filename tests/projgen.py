@@ -22,7 +22,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from slotkeeper.core.modelgen import write_gguf_atomic
+from slotkeeper.core.model.modelgen import write_gguf_atomic
 
 __all__ = [
     "IMAGE_SIZE",

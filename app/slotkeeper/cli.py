@@ -55,8 +55,8 @@ def _port(value: str) -> int:
 
 def add_server_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `serve` and the desktop app; they override saved settings for one run."""
+    from slotkeeper.core.basics.units import human_bytes
     from slotkeeper.core.settings import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_SAVE_SECONDS, ServerProfile
-    from slotkeeper.core.units import human_bytes
 
     defaults = ServerProfile()  # what the settings hold until changed
     g = p.add_argument_group("server", "Each option overrides the saved setting for this run; the defaults "
@@ -97,7 +97,7 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
 
 
 def _size(value: str) -> int:
-    from slotkeeper.core.units import parse_size
+    from slotkeeper.core.basics.units import parse_size
 
     try:
         return parse_size(value)
@@ -316,7 +316,7 @@ def run_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
 
 def load_run_settings(args: argparse.Namespace, extra: list[str]):
     """The folders, the settings service (saved settings + this run's overrides) and this run's settings."""
-    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.basics.paths import app_paths
     from slotkeeper.core.services.settings import SettingsService
 
     paths = app_paths(args.data_dir).ensure()
@@ -512,7 +512,7 @@ def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:
-    from slotkeeper.core import gguf_info, gguf_memory, gguf_text
+    from slotkeeper.core.model import gguf_info, gguf_memory, gguf_text
 
     try:
         info = gguf_info.read_model_info(args.path)
@@ -538,8 +538,8 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
 def _data_folder_problem(data_dir: str | None) -> str | None:
     """Why the data folder cannot be used (created where missing), in words; None when it can."""
-    from slotkeeper.core.fsutil import UnsafeFolder
-    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.basics.fsutil import UnsafeFolder
+    from slotkeeper.core.basics.paths import app_paths
 
     paths = app_paths(data_dir)
     try:

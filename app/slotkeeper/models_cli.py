@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from slotkeeper.core import families
+from slotkeeper.core.basics.units import human_bytes
+from slotkeeper.core.model import families
 from slotkeeper.core.settings import ServerProfile
-from slotkeeper.core.units import human_bytes
 
 if TYPE_CHECKING:
-    from slotkeeper.core.model_catalog import CuratedModel
+    from slotkeeper.core.model.model_catalog import CuratedModel
 
 # model_catalog's, without importing the catalog: every command line builds this parser (`serve`
 # starts llama-server right after).
@@ -66,7 +66,7 @@ def run_models_command(args: argparse.Namespace) -> int:
 
 
 def _list_curated(ctx: int, as_json: bool) -> int:
-    from slotkeeper.core.model_catalog import CATALOG
+    from slotkeeper.core.model.model_catalog import CATALOG
 
     if ctx < 256:
         print("slotkeeper: --ctx must be at least 256", file=sys.stderr)
@@ -115,8 +115,8 @@ def curated_json(m: CuratedModel, ctx: int = DEFAULT_CTX) -> dict:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from slotkeeper.core.hub_download import DownloadCancelled, DownloadError, HubDownloader
-    from slotkeeper.core.model_catalog import CATALOG, find_curated
+    from slotkeeper.core.model.hub_download import DownloadCancelled, DownloadError, HubDownloader
+    from slotkeeper.core.model.model_catalog import CATALOG, find_curated
 
     if args.file is None:
         entry = find_curated(args.model)

@@ -14,9 +14,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core.families import describe_restore_mode
-from slotkeeper.core.fsutil import atomic_write_text
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.fsutil import atomic_write_text
+from slotkeeper.core.basics.paths import app_paths
+from slotkeeper.core.basics.units import human_bytes
+from slotkeeper.core.model.families import describe_restore_mode
 from slotkeeper.core.services.sessions import AmbiguousSessionId, SearchResult, SessionInUse, SessionsService
 from slotkeeper.core.sessions.compat import model_file_name, swa_mode
 from slotkeeper.core.sessions.entries import SessionEntry, UnmanagedFile
@@ -28,7 +29,6 @@ from slotkeeper.core.sessions.sidecar import RestoreRecord, Sidecar, SidecarErro
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError
 from slotkeeper.core.settings import SettingsError, load_settings
-from slotkeeper.core.units import human_bytes
 from slotkeeper.sessions_list import list_json, print_bytes
 
 UNMANAGED_NOTE = ("not Slotkeeper's: they do not count towards the budget and are never deleted "
@@ -73,7 +73,7 @@ def short_model_name(model_path: str) -> str:
     """A model's file name without ".gguf" and its quantization, case kept:
     "/m/Qwen3-8B-Q4_K_M.gguf" -> "Qwen3-8B"."""
     # The cut the model chooser makes (imported here: only the table needs it).
-    from slotkeeper.core.discovery import model_base_name
+    from slotkeeper.core.model.discovery import model_base_name
 
     stem = file_stem(model_path)
     base = model_base_name(model_file_name(model_path))  # the same cut, in lower case
@@ -385,7 +385,7 @@ class _ServingModel:
         if self._asked:
             return
         self._asked = True
-        from slotkeeper.core.model_hash import ModelHashCache
+        from slotkeeper.core.model.model_hash import ModelHashCache
         from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
 
         paths = app_paths(self._data_dir)

@@ -10,7 +10,7 @@ import sys
 
 def print_kept_rows(data_dir: str | None) -> bool:
     """Print the kept rows and return True, or return False and print nothing."""
-    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.basics.paths import app_paths
     from slotkeeper.core.sessions.rows import kept_listing
 
     try:

@@ -16,13 +16,13 @@ import json
 import subprocess
 import sys
 import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
+from stepper import Stepper
 
 from slotkeeper.cli import build_parser, load_run_settings
 from slotkeeper.gui.application import SlotkeeperApp, run_gui
@@ -33,32 +33,11 @@ QUESTIONS = ["How do I reverse a list in Python? Show a short code example.",
 OPTIONS = {"max_tokens": 160, "temperature": 0, "seed": 1}  # short, and the same every time
 
 
-class Scenario:
+class Scenario(Stepper):
     def __init__(self, result_path: Path, shots: Path, sk: SlotkeeperApp, result: dict) -> None:
         self.result_path, self.shots, self.sk, self.result = result_path, shots, sk, result
         result["steps"] = []
         self.gen = self.run()
-
-    def start(self) -> None:
-        self._advance()
-
-    def _advance(self, waiting=None, deadline=0.0, what="") -> None:
-        try:
-            if waiting is not None and not waiting():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"timed out waiting for {what}")
-                QTimer.singleShot(50, lambda: self._advance(waiting, deadline, what))
-                return
-            step = next(self.gen)
-        except StopIteration:
-            return
-        except Exception:
-            self.result["error"] = traceback.format_exc()
-            self.save()
-            QApplication.instance().exit(3)
-            return
-        cond, timeout, what = step
-        self._advance(cond, time.monotonic() + timeout, what)
 
     def save(self) -> None:
         self.result_path.write_text(json.dumps(self.result, indent=2, default=str))

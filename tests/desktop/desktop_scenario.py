@@ -26,11 +26,11 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+from stepper import Stepper
 
 from slotkeeper.cli import build_parser, load_run_settings
 from slotkeeper.gui.application import SlotkeeperApp, run_gui
@@ -64,35 +64,12 @@ def conversation(url: str, turns: list[str] = TURNS) -> list[dict]:
     return messages
 
 
-class Scenario:
+class Scenario(Stepper):
     def __init__(self, phase: str, result_path: Path, shots: Path, sk: SlotkeeperApp, result: dict) -> None:
         self.phase, self.result_path, self.shots, self.sk = phase, result_path, shots, sk
         self.result = result
         result.update(phase=phase, steps=[])
         self.gen = self.run()
-
-    # A generator drives the scenario: each `yield condition` waits (in the event loop) until
-    # condition() is true, so the app keeps running normally between steps.
-    def start(self) -> None:
-        self._advance()
-
-    def _advance(self, waiting=None, deadline=0.0, what="") -> None:
-        try:
-            if waiting is not None and not waiting():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"timed out waiting for {what}")
-                QTimer.singleShot(50, lambda: self._advance(waiting, deadline, what))
-                return
-            step = next(self.gen)
-        except StopIteration:
-            return
-        except Exception:
-            self.result["error"] = traceback.format_exc()
-            self.save()
-            QApplication.instance().exit(3)
-            return
-        cond, timeout, what = step
-        self._advance(cond, time.monotonic() + timeout, what)
 
     def note(self, step: str, **data) -> None:
         self.result["steps"].append(step)

@@ -23,7 +23,7 @@ TOOLS = ("Xvfb", "openbox", "import")
 
 @pytest.fixture
 def starter_model(tmp_path) -> Path:
-    from slotkeeper.core.starter_model import find_starter_model
+    from slotkeeper.core.model.starter_model import find_starter_model
 
     found = find_starter_model(tmp_path / "models")
     if found is None:

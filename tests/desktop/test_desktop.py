@@ -42,7 +42,7 @@ def run_phase(phase, env, home, shots, model, server_bin, port):
     # Hugging Face cache of the machine's user.
     cache = shots.parent / "llama-cache"
     if not cache.exists():
-        from slotkeeper.core.modelgen import write_model
+        from slotkeeper.core.model.modelgen import write_model
 
         write_model(cache / "tiny-llama-alt.gguf", "llama-alt")
     env = {**env, "LLAMA_CACHE": str(cache), "HF_HUB_CACHE": str(shots.parent / "hf-hub")}
@@ -136,7 +136,7 @@ def test_a_newcomers_first_day(desktop, tmp_path, llama_model, port):
     assert first["first_run"]["title"] == "Welcome to Slotkeeper"
     assert first["chosen"] == str(cache / "tiny-llama.gguf")
     assert first["done"] is True
-    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.basics.paths import app_paths
     from slotkeeper.core.settings import load_settings
 
     saved = load_settings(app_paths(home).settings_file)

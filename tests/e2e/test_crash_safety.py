@@ -78,7 +78,7 @@ def test_engine_killed_at_each_save_step_leaves_a_whole_session(llama_model, ser
 
 
 def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, models_dir):
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     bench = models_dir / "bench.gguf"
     if not bench.exists():

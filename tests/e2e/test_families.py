@@ -21,8 +21,8 @@ import httpx
 import pytest
 from e2e_helpers import bare_llama_server
 
-from slotkeeper.core import gguf_info, gguf_memory
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model import gguf_info, gguf_memory
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.sessions.kvfile import read_tokens
 
 pytestmark = pytest.mark.e2e

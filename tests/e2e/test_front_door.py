@@ -13,7 +13,7 @@ import pytest
 from e2e_helpers import EventLog, make_engine, wait_until
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.sessions.kvfile import read_tokens
 

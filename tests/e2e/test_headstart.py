@@ -175,7 +175,7 @@ BEGIN = textwrap.dedent("""
 # (psutil comes right after the spawn, to record the server)
 HEAVY = ("argparse", "slotkeeper.cli", "slotkeeper.core.settings", "slotkeeper.core.engine", "psutil",
          "asyncio", "aiohttp", "http.client", "slotkeeper.core.server.supervisor",
-         "slotkeeper.core.gguf_header")
+         "slotkeeper.core.model.gguf_header")
 
 
 def test_the_head_start_imports_nothing_heavy_and_a_stop_before_the_take_over_stops_its_server(

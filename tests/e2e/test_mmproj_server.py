@@ -28,7 +28,7 @@ import pytest
 from e2e_helpers import bare_llama_server
 
 from projgen import IMAGE_TOKENS, write_projector
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.sessions.kvfile import read_tokens
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from test_mmproj_server import IMAGE_URL
 from test_persistence import serve, sessions, stop
 
 from projgen import IMAGE_TOKENS, write_projector
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model.modelgen import write_model
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import bare_llama_server, log_tail
 
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model.modelgen import write_model
 
 pytestmark = pytest.mark.e2e
 

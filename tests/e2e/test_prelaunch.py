@@ -21,7 +21,7 @@ HEAVY = ("aiohttp", "numpy", "gguf", "httpx", "sqlite3", "slotkeeper.core.engine
 
 SCRIPT = textwrap.dedent("""
     import json, sys, time
-    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.basics.paths import app_paths
     from slotkeeper.core.settings import ServerProfile, Settings
     from slotkeeper.core.engine.launching import prelaunch
 

@@ -10,7 +10,7 @@ import pytest
 from e2e_helpers import USER_TURNS, EventLog, converse, make_engine, wait_until
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server.state import ServerState
 
 pytestmark = pytest.mark.e2e

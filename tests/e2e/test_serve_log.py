@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_serve_says_the_address_clients_use_and_the_demo_notice_once(server_bin, port, isolated_home):
-    from slotkeeper.core.demo_model import DEMO_NOTICE
+    from slotkeeper.core.model.demo_model import DEMO_NOTICE
 
     cmd = [sys.executable, "-m", "slotkeeper", "serve", "--demo", "--server-bin", server_bin, "--port",
            str(port), "--data-dir", str(isolated_home), "--ctx", "512"]
@@ -30,7 +30,7 @@ def test_serve_says_the_address_clients_use_and_the_demo_notice_once(server_bin,
     assert "on its private address http://127.0.0.1:" in private and f":{port} " not in private
     assert "server ready: http" not in err
     # the launch is kept for the desktop app's History markers
+    from slotkeeper.core.basics.paths import app_paths
     from slotkeeper.core.history import RequestHistory
-    from slotkeeper.core.paths import app_paths
 
     assert len(RequestHistory(app_paths(isolated_home).history_file).launches()) == 1

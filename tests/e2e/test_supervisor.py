@@ -15,9 +15,9 @@ import psutil
 import pytest
 from e2e_helpers import wait_until
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import Engine, EngineError
 from slotkeeper.core.events import ServerStateChanged, WarningRaised
-from slotkeeper.core.paths import app_paths
 from slotkeeper.core.server.restart import RestartPolicy
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import ServerProfile, Settings

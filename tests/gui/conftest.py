@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import Engine
-from slotkeeper.core.paths import app_paths
 from slotkeeper.core.settings import Settings
 
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import Engine
 from slotkeeper.core.events import Event
-from slotkeeper.core.paths import app_paths
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.sidecar import (

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from PySide6.QtCore import QTimer
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.paths import app_paths
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings, load_settings
 from slotkeeper.gui.application import SingleInstance, SlotkeeperApp, instance_key, run_gui

@@ -13,10 +13,10 @@ from dataclasses import replace
 import httpx
 import pytest
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import Engine
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.model.starter_model import find_starter_model
 from slotkeeper.core.settings import ServerProfile, Settings
-from slotkeeper.core.starter_model import find_starter_model
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.chat.chat_window import ChatWindow
 

@@ -17,8 +17,8 @@ from gui_helpers import OTHER_SHA, make_session
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QGuiApplication
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import Engine
-from slotkeeper.core.paths import app_paths
 from slotkeeper.core.sessions.transcripts import CHAT, TEXT, Message, Transcript
 from slotkeeper.core.settings import ServerProfile, Settings
 from slotkeeper.gui.chat.chat_window import NO_TRANSCRIPT, ChatWindow

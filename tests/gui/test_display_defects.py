@@ -16,7 +16,7 @@ from slotkeeper.core.engine.ledger import Figures
 from slotkeeper.core.engine.model import resolve_model, swa_note
 from slotkeeper.core.engine.slots import PendingReuse, judge_reuse
 from slotkeeper.core.history import RequestRecord
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.server.supervisor import describe_exit
 from slotkeeper.core.settings import Settings

@@ -9,8 +9,8 @@ from gui_helpers import keep_screenshot
 from PySide6.QtCore import Qt
 
 from fake_hub import FILE, REPO, isolate_huggingface_hub
-from slotkeeper.core.hub_download import HubDownloader
-from slotkeeper.core.model_catalog import CATALOG, CuratedModel
+from slotkeeper.core.model.hub_download import HubDownloader
+from slotkeeper.core.model.model_catalog import CATALOG, CuratedModel
 from slotkeeper.gui.download_dialog import DownloadDialog
 
 

@@ -11,9 +11,9 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from fake_hub import FakeHub, isolate_huggingface_hub
-from slotkeeper.core.hub_download import HubDownloader
-from slotkeeper.core.model_catalog import CuratedModel
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model.hub_download import HubDownloader
+from slotkeeper.core.model.model_catalog import CuratedModel
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.gui.download_dialog import DownloadDialog
 from slotkeeper.gui.first_run import FirstRunDialog
 from slotkeeper.gui.jobs import JobRunner

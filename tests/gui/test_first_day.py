@@ -12,8 +12,8 @@ from gui_helpers import emit_from_thread
 from PySide6.QtCore import Qt
 
 from slotkeeper.core import events as ev
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.paths import app_paths
 from slotkeeper.core.settings import Settings
 from slotkeeper.core.views import ServerState
 from slotkeeper.gui.application import SlotkeeperApp

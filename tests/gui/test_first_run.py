@@ -19,7 +19,7 @@ def jobs():
 
 @pytest.fixture
 def models(tmp_path):
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     folder = tmp_path / "models"
     write_model(folder / "tiny-llama.gguf", "llama")
@@ -65,7 +65,7 @@ def test_not_now(qtbot, jobs, tmp_path):
 def test_two_files_of_one_model_are_told_apart(qtbot, jobs, tmp_path):
     from pathlib import Path
 
-    from slotkeeper.core.discovery import FoundModel
+    from slotkeeper.core.model.discovery import FoundModel
 
     d = FirstRunDialog(jobs, search_dirs=[("Empty", tmp_path / "none")])
     qtbot.addWidget(d)

@@ -11,8 +11,8 @@ import pytest
 from test_models import keep_screenshot
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.modelgen import write_model
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.paths import app_paths
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings, load_settings, save_settings

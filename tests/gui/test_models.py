@@ -12,9 +12,9 @@ import pytest
 from gui_helpers import keep_screenshot, make_bridge, make_session
 from PySide6.QtWidgets import QMessageBox
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.modelgen import write_model
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.services.choosing import n_ctx_per_slot
 from slotkeeper.core.settings import Settings, load_settings, save_settings
 
@@ -348,7 +348,7 @@ def test_a_missing_or_broken_model_is_a_clear_message(qtbot, cleanup, tmp_path):
 def test_sanity_before_launch_context_and_memory(qtbot, cleanup, model_files, monkeypatch):
     import psutil
 
-    from slotkeeper.core.gguf_info import read_model_info
+    from slotkeeper.core.model.gguf_info import read_model_info
     from slotkeeper.gui.model_switch import SwitchModelDialog
 
     bridge, engine, _ = make_bridge(qtbot, Settings().with_profile(model_path=str(model_files["a"]), ctx=4096)
@@ -378,7 +378,7 @@ def test_sanity_before_launch_context_and_memory(qtbot, cleanup, model_files, mo
 
 
 def test_the_settings_dialog_shows_memory_against_the_machine(qtbot, cleanup, model_files):
-    from slotkeeper.core.gguf_info import read_model_info
+    from slotkeeper.core.model.gguf_info import read_model_info
     from slotkeeper.gui.settings.dialog import SettingsDialog
 
     bridge, engine, _ = make_bridge(qtbot,

@@ -6,9 +6,9 @@ import pytest
 from gui_helpers import emit_from_thread
 
 from slotkeeper.core import events as ev
+from slotkeeper.core.basics.units import human_duration as format_duration
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import ServerProfile
-from slotkeeper.core.units import human_duration as format_duration
 from slotkeeper.gui.pages.server_page import ServerPage, describe_flags
 
 

@@ -54,7 +54,7 @@ def make_dialog(qtbot, bridge, autostart, tmp_path):
 
 @pytest.fixture
 def gemma2(tmp_path):
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     return write_model(tmp_path / "models" / "tiny-gemma2.gguf", "gemma2")
 
@@ -252,7 +252,7 @@ def test_no_command_line_notes_without_overrides(make_dialog):
 def test_the_projector_beside_a_vision_model_is_offered_chosen_and_remembered(qtbot, bridge, engine,
                                                                               make_dialog, tmp_path):
     from projgen import write_projector
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     folder = tmp_path / "vision"
     model = write_model(folder / "tiny-vision-Q8_0.gguf", "llama")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import DEMO_MODEL, Engine
-from slotkeeper.core.paths import app_paths
 from slotkeeper.core.services.settings import SettingsService, field_names
 from slotkeeper.core.settings import Settings, load_settings, save_settings
 from slotkeeper.gui.settings.dialog import SettingsDialog

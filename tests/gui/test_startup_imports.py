@@ -14,7 +14,7 @@ import sys
 
 import slotkeeper.gui
 
-LOADED_FOR_DOWNLOADS = ("slotkeeper.core.hub_download", "huggingface_hub", "httpx", "httpx2")
+LOADED_FOR_DOWNLOADS = ("slotkeeper.core.model.hub_download", "huggingface_hub", "httpx", "httpx2")
 
 
 def test_every_gui_module_but_the_download_dialog_leaves_the_hub_client_unloaded():

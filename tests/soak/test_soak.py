@@ -51,8 +51,8 @@ from soak_load import (  # noqa: E402 - after the opt-in check
     slotkeeper_argv,
 )
 
+from slotkeeper.core.basics.paths import app_paths  # noqa: E402
 from slotkeeper.core.engine import Engine  # noqa: E402
-from slotkeeper.core.paths import app_paths  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.sessions.kvfile import read_tokens  # noqa: E402
 from slotkeeper.core.sessions.store import SessionStore  # noqa: E402

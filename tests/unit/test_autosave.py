@@ -1,6 +1,6 @@
 """The autosave policy with a fake clock: turn end, idle delay, deferral while others generate."""
 
-from slotkeeper.core.autosave import AutosavePolicy
+from slotkeeper.core.engine.autosave import AutosavePolicy
 from slotkeeper.core.server.client import SlotInfo
 
 

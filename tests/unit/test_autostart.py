@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core.autostart import (
+from slotkeeper.core.basics.autostart import (
     APP_ID,
     LaunchAgentAutostart,
     WindowsRunAutostart,
@@ -265,7 +265,7 @@ def test_winreg_is_imported_only_when_used() -> None:
 
 
 def test_the_login_command_keeps_a_custom_data_folder(tmp_path: Path) -> None:
-    from slotkeeper.core.autostart import default_data_dir
+    from slotkeeper.core.basics.autostart import default_data_dir
 
     custom = tmp_path / "my-data"
     cmd = default_command(frozen=False, system="linux", data_dir=custom)

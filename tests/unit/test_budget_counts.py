@@ -12,7 +12,7 @@ import json
 import pytest
 from sessions_helpers import make_session, run_cli
 
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.store import SessionStore
 

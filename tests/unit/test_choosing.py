@@ -119,8 +119,8 @@ def test_swa_full_and_arguments():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from slotkeeper.core.gguf_info import read_model_info
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.gguf_info import read_model_info
+    from slotkeeper.core.model.modelgen import write_model
 
     return read_model_info(write_model(tmp_path_factory.mktemp("m") / "tiny.gguf", "llama"))
 

@@ -51,7 +51,7 @@ def test_model_info_errors_and_json(tmp_path, capsys):
     bad.write_text("hello")
     assert main(["model-info", str(bad)]) == 2
     assert "not a GGUF" in capsys.readouterr().err
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     model = write_model(tmp_path / "g.gguf", "gemma2")
     assert main(["model-info", str(model), "--ctx", "8192", "--json"]) == 0

@@ -30,7 +30,7 @@ def test_help_says_the_default_port_and_address(capsys, argv):
 
 
 def test_model_info_estimates_at_the_apps_default_context(tmp_path, capsys):
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
 
     assert build_parser().parse_args(["model-info", "m.gguf"]).ctx == APP_CTX
     assert (f"--ctx N total context (default {APP_CTX}, the app's and serve's)"

@@ -382,7 +382,7 @@ def test_the_client_and_the_engine_do_not_import_httpx():
     noticeable part of start-up; only the Hub download (imported when one starts) uses it."""
     code = ("import sys, slotkeeper.core.server.client, slotkeeper.core.engine.engine, slotkeeper.cli, "
             "slotkeeper.models_cli; "
-            "print(sorted(m for m in ('httpx', 'httpx2', 'huggingface_hub', 'slotkeeper.core.hub_download') "
-            "if m in sys.modules))")
+            "print(sorted(m for m in ('httpx', 'httpx2', 'huggingface_hub', "
+            "'slotkeeper.core.model.hub_download') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"

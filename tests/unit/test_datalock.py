@@ -10,7 +10,7 @@ import textwrap
 HOLD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from slotkeeper.core import datalock
+    from slotkeeper.core.basics import datalock
     home = Path(sys.argv[1])
     try:
         datalock.acquire(home / "state" / "engine.lock", str(home))

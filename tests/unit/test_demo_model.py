@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core import starter_model as sm
-from slotkeeper.core.demo_model import ensure_demo_model
 from slotkeeper.core.engine.model import resolve_model
-from slotkeeper.core.model_choice import DEMO_MODEL
+from slotkeeper.core.model import starter_model as sm
+from slotkeeper.core.model.demo_model import ensure_demo_model
+from slotkeeper.core.model.model_choice import DEMO_MODEL
 
 
 def shipped() -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core import discovery
-from slotkeeper.core.discovery import (
+from slotkeeper.core.model import discovery
+from slotkeeper.core.model.discovery import (
     MMPROJ_NOTE,
     SOURCE_HUGGING_FACE,
     SOURCE_LLAMA_CPP,
@@ -18,7 +18,7 @@ from slotkeeper.core.discovery import (
     default_search_dirs,
     find_models,
 )
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model.modelgen import write_model
 
 needs_symlinks = pytest.mark.skipif(
     os.name == "nt", reason="creating symlinks needs developer mode on Windows"
@@ -315,7 +315,7 @@ def test_projectors_beside_a_model_in_a_missing_folder_is_empty(tmp_path: Path) 
 def test_models_that_share_a_name_are_told_apart():
     """Two quantizations of one model carry one GGUF name ("Smollm2 135M 8k Lc100K Mix1 Ep2" twice):
     the file's name tells them apart, and the folder when the file names agree too."""
-    from slotkeeper.core.discovery import FoundModel, distinct_names
+    from slotkeeper.core.model.discovery import FoundModel, distinct_names
 
     name = "Smollm2 135M 8k Lc100K Mix1 Ep2"
     q4 = FoundModel(Path("/m/a/SmolLM2-135M-Instruct.Q4_1.gguf"), 1, "llama", name, "LM Studio", None)

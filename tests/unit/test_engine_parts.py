@@ -200,7 +200,7 @@ def test_a_session_of_another_model_is_resumed_by_switching_to_it():
 # -- before a launch --------------------------------------------------------------------------
 def test_a_context_the_machine_cannot_hold_is_refused_and_one_past_training_is_a_warning(tmp_path):
     from slotkeeper.core.engine.model import check_launch, resolve_model
-    from slotkeeper.core.modelgen import write_model
+    from slotkeeper.core.model.modelgen import write_model
     from slotkeeper.core.settings import ServerProfile
 
     model = resolve_model(str(write_model(tmp_path / "m.gguf", "llama")), tmp_path)

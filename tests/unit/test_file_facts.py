@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.engine import model as model_module
 from slotkeeper.core.engine.model import model_facts_cache, resolve_model
-from slotkeeper.core.file_facts import FileFactsCache
-from slotkeeper.core.modelgen import write_model
+from slotkeeper.core.model import gguf_info
+from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server import locate
 from slotkeeper.core.server.locate import FLAGS_VERSION, ServerBinary, probe_flags
 from slotkeeper.core.server.supervisor import HEALTH_POLL_SECONDS, health_poll_interval

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from slotkeeper.core.basics.tokens import as_tokens
 from slotkeeper.core.engine import frontdesk as fd
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.frontdesk import FrontDesk, Outcome, request_shape
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
-from slotkeeper.core.tokens import as_tokens
 from slotkeeper.core.views import RestoreSummary
 
 

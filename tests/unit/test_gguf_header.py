@@ -22,10 +22,10 @@ import pytest
 
 import slotkeeper
 from projgen import write_projector
-from slotkeeper.core import gguf_header
-from slotkeeper.core.gguf_header import SKIP_ARRAY_LEN, read_header
-from slotkeeper.core.gguf_info import ModelFileError, read_architecture, read_model_info
-from slotkeeper.core.modelgen import MODEL_KINDS, write_model
+from slotkeeper.core.model import gguf_header
+from slotkeeper.core.model.gguf_header import SKIP_ARRAY_LEN, read_header
+from slotkeeper.core.model.gguf_info import ModelFileError, read_architecture, read_model_info
+from slotkeeper.core.model.modelgen import MODEL_KINDS, write_model
 
 # -- helpers ----------------------------------------------------------------------------
 
@@ -411,7 +411,7 @@ def test_reading_model_facts_imports_neither_gguf_nor_numpy(tmp_path: Path) -> N
     projector = write_projector(tmp_path / "p.gguf", 128)
     code = (
         "import sys\n"
-        "import slotkeeper.core.gguf_info as g\n"
+        "import slotkeeper.core.model.gguf_info as g\n"
         f"info = g.read_model_info({str(model)!r})\n"
         "assert info.n_swa_layers == 5, info\n"
         f"assert g.read_architecture({str(projector)!r}) == 'clip'\n"
@@ -439,7 +439,7 @@ def test_only_writing_the_demo_model_imports_gguf() -> None:
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        "    if 'gguf' in sys.modules or 'slotkeeper.core.modelgen' in sys.modules:\n"
+        "    if 'gguf' in sys.modules or 'slotkeeper.core.model.modelgen' in sys.modules:\n"
         "        print(name)\n"
         "        break\n"
     )

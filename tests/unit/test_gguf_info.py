@@ -9,15 +9,15 @@ from pathlib import Path
 import gguf
 import pytest
 
-from slotkeeper.core.gguf_info import (
+from slotkeeper.core.basics.units import human_bytes, parse_size
+from slotkeeper.core.model.gguf_info import (
     ModelFileError,
     ModelInfo,
     read_model_info,
     swa_pattern_layers,
 )
-from slotkeeper.core.gguf_memory import CACHE_TYPES, kv_estimate
-from slotkeeper.core.gguf_text import format_model_info, model_info_json
-from slotkeeper.core.units import human_bytes, parse_size
+from slotkeeper.core.model.gguf_memory import CACHE_TYPES, kv_estimate
+from slotkeeper.core.model.gguf_text import format_model_info, model_info_json
 
 MiB = 1024 * 1024
 

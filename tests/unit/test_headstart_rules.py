@@ -10,8 +10,8 @@ import socket
 
 import pytest
 
-from slotkeeper.core import datalock
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics import datalock
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.server import headstart, spawn
 from slotkeeper.core.server.supervisor import Supervisor
 

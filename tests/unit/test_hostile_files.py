@@ -14,7 +14,7 @@ import threading
 import pytest
 from sessions_helpers import make_session, run_cli, save_incoming, write_slot_save
 
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.sessions import saving
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.naming import new_incoming_name

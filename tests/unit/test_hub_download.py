@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fake_hub import FILE, REPO, FakeHub, isolate_huggingface_hub
-from slotkeeper.core.hub_download import (
+from slotkeeper.core.model.hub_download import (
     ChecksumMismatch,
     DownloadCancelled,
     DownloadError,
@@ -218,7 +218,7 @@ def test_cache_dir_follows_huggingface_hub_environment():
 
 def test_git_blob_ids_verify_small_files():
     # Files the Hub keeps in git (not LFS) are named by their git object id.
-    from slotkeeper.core.hub_download import _Hasher
+    from slotkeeper.core.model.hub_download import _Hasher
 
     data = b"hello\n"
     h = _Hasher("git-sha1", len(data))
@@ -231,7 +231,7 @@ def test_huggingface_hub_telemetry_is_off_unless_the_user_turned_it_on() -> None
     import subprocess
     import sys
 
-    code = ("import slotkeeper.core.hub_download, huggingface_hub.constants as c; "
+    code = ("import slotkeeper.core.model.hub_download, huggingface_hub.constants as c; "
             "print(c.HF_HUB_DISABLE_TELEMETRY)")
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_TELEMETRY"}
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

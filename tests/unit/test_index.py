@@ -11,7 +11,7 @@ import orjson
 import pytest
 from sessions_helpers import make_session, run_cli, save_incoming, write_slot_save
 
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.sessions import lineage, saving
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.index import BLOCK, HEAD_TOKENS, TAIL_SLACK, SessionsIndex, TokenIndex

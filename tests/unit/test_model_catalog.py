@@ -7,10 +7,10 @@ from pathlib import Path
 import gguf
 import pytest
 
-from slotkeeper.core import families
-from slotkeeper.core.gguf_info import read_model_info
-from slotkeeper.core.gguf_memory import kv_estimate
-from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel, find_curated
+from slotkeeper.core.model import families
+from slotkeeper.core.model.gguf_info import read_model_info
+from slotkeeper.core.model.gguf_memory import kv_estimate
+from slotkeeper.core.model.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel, find_curated
 
 MiB = 1024 * 1024
 

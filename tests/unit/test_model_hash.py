@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core import model_hash
-from slotkeeper.core.model_hash import ModelChangedError, ModelHashCache
+from slotkeeper.core.model import model_hash
+from slotkeeper.core.model.model_hash import ModelChangedError, ModelHashCache
 
 
 @pytest.fixture

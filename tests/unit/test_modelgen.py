@@ -9,10 +9,10 @@ from pathlib import Path
 import gguf
 import pytest
 
-from slotkeeper.core import modelgen
-from slotkeeper.core.gguf_info import read_model_info
-from slotkeeper.core.gguf_memory import kv_estimate
-from slotkeeper.core.modelgen import DEMO_FILENAME, write_model
+from slotkeeper.core.model import modelgen
+from slotkeeper.core.model.gguf_info import read_model_info
+from slotkeeper.core.model.gguf_memory import kv_estimate
+from slotkeeper.core.model.modelgen import DEMO_FILENAME, write_model
 
 
 def sha(path: Path) -> str:

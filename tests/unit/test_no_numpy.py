@@ -16,7 +16,7 @@ APP = Path(__file__).resolve().parents[2] / "app"
 
 # Modules that still read GGUF files with the gguf package (itself built on numpy) when they are
 # imported; they are another piece of work. Until then numpy may be loaded, but only through them.
-GGUF_READERS = frozenset({"slotkeeper.core.modelgen", "slotkeeper.core.gguf_info"})
+GGUF_READERS = frozenset({"slotkeeper.core.model.modelgen", "slotkeeper.core.model.gguf_info"})
 
 _PROBE = r"""
 import builtins, inspect, json, sys
@@ -51,7 +51,7 @@ def _probe(*modules: str) -> dict:
 
 
 def test_session_files_lineage_and_the_index_never_load_numpy():
-    found = _probe("slotkeeper.core.tokens", "slotkeeper.core.sessions.kvfile",
+    found = _probe("slotkeeper.core.basics.tokens", "slotkeeper.core.sessions.kvfile",
                    "slotkeeper.core.sessions.lineage", "slotkeeper.core.sessions.index",
                    "slotkeeper.core.sessions.store", "slotkeeper.core.sessions.saving")
     assert not found["loaded"], found

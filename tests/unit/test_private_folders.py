@@ -12,10 +12,10 @@ import sys
 import pytest
 from sessions_helpers import make_session, run_cli, save_incoming, write_slot_save
 
-from slotkeeper.core.fsutil import UnsafeFolder
+from slotkeeper.core.basics.fsutil import UnsafeFolder
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.history import RequestHistory, RequestRecord
-from slotkeeper.core.model_hash import ModelHashCache
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.sessions import saving
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.in_slots import publish_in_slots

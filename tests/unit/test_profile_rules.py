@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core import gguf_info, gguf_memory
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine.model import ModelChoice, swa_explanation, swa_kv_estimate, swa_note
+from slotkeeper.core.model import gguf_info, gguf_memory
 from slotkeeper.core.server.command import (
     LOOPBACK_HOSTS,
     api_key_args,
@@ -24,7 +25,6 @@ from slotkeeper.core.settings import (
     needs_flash_attention,
     split_args,
 )
-from slotkeeper.core.units import human_bytes
 
 
 def test_exposure_needs_a_key_beyond_loopback(monkeypatch):

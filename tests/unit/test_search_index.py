@@ -11,8 +11,8 @@ import sys
 import pytest
 from sessions_helpers import make_session, run_cli
 
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine.searching import complete_partial
-from slotkeeper.core.paths import app_paths
 from slotkeeper.core.services.sessions import SessionsService, reconcile_search
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable, fts_query
 from slotkeeper.core.sessions.store import SessionStore

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sessions_helpers import make_session
 
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.store import SessionStore

@@ -8,7 +8,7 @@ import os
 import pytest
 from sessions_helpers import make_session, run_cli
 
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.naming import InvalidSessionId, validate_session_id
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable

@@ -10,7 +10,7 @@ import pytest
 from sessions_helpers import make_session, run_cli
 
 from slotkeeper.cli import main
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.services.sessions import AmbiguousSessionId, SessionsService
 from slotkeeper.core.sessions.naming import MIN_ID_PREFIX
 from slotkeeper.core.sessions.search import SearchIndex

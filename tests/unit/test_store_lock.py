@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sessions_helpers import make_session, run_cli
 
-from slotkeeper.core.paths import app_paths
+from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.sessions.folder_lock import FolderReadOnly
 from slotkeeper.core.sessions.store import LOCK_NAME, SessionStore
 

@@ -7,8 +7,9 @@ import tracemalloc
 
 from sessions_helpers import make_session, write_slot_save
 
-from slotkeeper.core.sessions.store import TOKEN_LISTS_KEPT, SessionStore
-from slotkeeper.core.tokens import TYPECODE
+from slotkeeper.core.basics.tokens import TYPECODE
+from slotkeeper.core.sessions.store import SessionStore
+from slotkeeper.core.sessions.token_lists import TOKEN_LISTS_KEPT
 
 N_TOKENS = 20_000
 

@@ -8,7 +8,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from slotkeeper.core.model_choice import DEMO_MODEL
+from slotkeeper.core.model.model_choice import DEMO_MODEL
+from slotkeeper.core.model.starter_model import STARTER_FILENAME, find_starter_model
 from slotkeeper.core.services.resume import resume_verdict
 from slotkeeper.core.services.switching import (
     apply_settings,
@@ -20,7 +21,6 @@ from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.sidecar import load_sidecar
 from slotkeeper.core.settings import ModelMemory, Settings
-from slotkeeper.core.starter_model import STARTER_FILENAME, find_starter_model
 from slotkeeper.core.views import SavesReport, SaveSummary, ServerState
 
 FACTS = ServerFacts(model_sha256="a" * 64, model_path="/m/a.gguf", flash_attn=False, cache_type_k="f16",

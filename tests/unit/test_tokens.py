@@ -1,4 +1,4 @@
-"""Token arrays (core/tokens.py): the common prefix of two token lists, found by comparing bytes,
+"""Token arrays (core/basics/tokens.py): the common prefix of two token lists, found by comparing bytes,
 must agree token for token with a plain loop, at every length and at every place they part."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slotkeeper.core.tokens import (
+from slotkeeper.core.basics.tokens import (
     TYPECODE,
     as_tokens,
     common_prefix_len,

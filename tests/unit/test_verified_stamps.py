@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sessions_helpers import make_session
 
-from slotkeeper.core.sessions import store as store_module
+from slotkeeper.core.sessions import file_checks
 from slotkeeper.core.sessions.stamps import FileStamp, hash_with_stamp
 from slotkeeper.core.sessions.store import SessionStore
 
@@ -30,7 +30,7 @@ def hashes(monkeypatch) -> list[Path]:
         calls.append(Path(path))
         return hash_with_stamp(path)
 
-    monkeypatch.setattr(store_module, "hash_with_stamp", counting)
+    monkeypatch.setattr(file_checks, "hash_with_stamp", counting)
     return calls
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from slotkeeper.core.fsutil import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, atomic_write_text
+from slotkeeper.core.basics.fsutil import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, atomic_write_text
 
 __all__ = ["HISTORY_VERSION", "LaunchRecord", "RequestHistory", "RequestRecord"]
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.units import human_bytes
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.views import ServerState
 
 __all__ = ["ERROR", "INFO", "KINDS", "WARNING", "JournalEntry", "journal_entry"]

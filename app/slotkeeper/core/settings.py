@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core.fsutil import atomic_write_text
-from slotkeeper.core.gguf_memory import CACHE_TYPES
+from slotkeeper.core.basics.fsutil import atomic_write_text
+from slotkeeper.core.model.gguf_memory import CACHE_TYPES
 
 SCHEMA_VERSION = 3
 DEFAULT_PORT = 8789

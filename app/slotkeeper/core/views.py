@@ -76,7 +76,7 @@ class Activity:
         if self.activity == "hashing":
             if not self.total:
                 return detail[:1].upper() + detail[1:]
-            from slotkeeper.core.units import human_bytes
+            from slotkeeper.core.basics.units import human_bytes
 
             share = min(100, int(100 * max(0, self.done) / self.total))
             return f"{detail[:1].upper()}{detail[1:]}: {share}% of {human_bytes(self.total)}"

@@ -22,10 +22,10 @@ from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSystemTrayIcon
 
+from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.engine import Engine, EngineError
 from slotkeeper.core.events import ActivityChanged, EngineReady
 from slotkeeper.core.history import LaunchRecord
-from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings
 from slotkeeper.core.views import SavesReport

@@ -16,7 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices
 
-from slotkeeper.core.child_env import child_environment
+from slotkeeper.core.basics.child_env import child_environment
 
 
 def _frozen() -> bool:

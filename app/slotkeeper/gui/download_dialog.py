@@ -28,16 +28,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from slotkeeper.core import families
-from slotkeeper.core.hub_download import (
+from slotkeeper.core.basics.units import human_bytes
+from slotkeeper.core.model import families
+from slotkeeper.core.model.hub_download import (
     DownloadCancelled,
     DownloadError,
     DownloadProgress,
     HubDownloader,
     cached_file,
 )
-from slotkeeper.core.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel
-from slotkeeper.core.units import human_bytes
+from slotkeeper.core.model.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel
 from slotkeeper.gui.jobs import JobRunner, describe_error
 from slotkeeper.gui.theme import error_style
 from slotkeeper.gui.widgets import top_level_items

@@ -219,7 +219,7 @@ class Feeds(QObject):
         dirs = self.model_search_dirs
 
         def find() -> list:
-            from slotkeeper.core import discovery
+            from slotkeeper.core.model import discovery
 
             return discovery.find_models(dirs if dirs is not None else discovery.default_search_dirs())
 

@@ -20,9 +20,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from slotkeeper.core.demo_model import DEMO_NOTICE
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.units import human_bytes
+from slotkeeper.core.model.demo_model import DEMO_NOTICE
 from slotkeeper.gui.jobs import JobRunner, describe_error
 from slotkeeper.gui.widgets import top_level_items
 
@@ -122,7 +122,7 @@ class FirstRunDialog(QDialog):
 
     # -- searching ------------------------------------------------------------------------
     def search(self, dirs: list[tuple[str, Path]] | None) -> None:
-        from slotkeeper.core import discovery
+        from slotkeeper.core.model import discovery
 
         def find() -> list:
             where = dirs if dirs is not None else discovery.default_search_dirs()
@@ -134,7 +134,7 @@ class FirstRunDialog(QDialog):
 
     def _name_apart(self) -> None:
         """Two files of one model (two quantizations) carry one GGUF name: say what tells them apart."""
-        from slotkeeper.core.discovery import distinct_names
+        from slotkeeper.core.model.discovery import distinct_names
 
         items = top_level_items(self.tree)
         names = distinct_names(item.data(0, MODEL_ROLE) for item in items)

@@ -22,7 +22,7 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
-from slotkeeper.core.units import human_duration
+from slotkeeper.core.basics.units import human_duration
 from slotkeeper.gui.gauges import CACHE_COLOUR, PROCESSED_COLOUR
 
 SHARE_COLOUR = QColor("#ea580c")

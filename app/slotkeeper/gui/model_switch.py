@@ -30,9 +30,10 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import events as ev
-from slotkeeper.core import gguf_info
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.model import profile_model_name, swa_explanation
+from slotkeeper.core.model import gguf_info
 from slotkeeper.core.services.choosing import (
     LaunchSanity,
     ModelIdentity,
@@ -44,7 +45,6 @@ from slotkeeper.core.services.settings import ModelPlan
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import Listing
 from slotkeeper.core.settings import Settings
-from slotkeeper.core.units import human_bytes
 from slotkeeper.core.views import SavesReport, ServerState
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge, SwitchOutcome, resolved_model_file
@@ -108,7 +108,7 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
     key = profile.model_path or model_path
     models_dir = bridge.paths.models_dir
     if key == DEMO_MODEL:
-        from slotkeeper.core.demo_model import ensure_demo_model  # the starter model: found, or fetched
+        from slotkeeper.core.model.demo_model import ensure_demo_model  # the starter model: found, or fetched
 
         file = ensure_demo_model(models_dir)
     else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Signal
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.units import human_bytes
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.views import ServerState
 from slotkeeper.gui.bridge import EngineBridge
 

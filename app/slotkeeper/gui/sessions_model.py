@@ -22,13 +22,13 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication
 
-from slotkeeper.core.families import describe_restore_mode, restore_mode_explanation
+from slotkeeper.core.basics.units import human_bytes
+from slotkeeper.core.model.families import describe_restore_mode, restore_mode_explanation
 from slotkeeper.core.services.resume import compat_reasons
 from slotkeeper.core.sessions.compat import ServerFacts, model_file_name, swa_mode
 from slotkeeper.core.sessions.conversations import Conversation, group_conversations
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
 from slotkeeper.core.sessions.sidecar import Sidecar, parse_utc
-from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.theme import error_colour
 
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1

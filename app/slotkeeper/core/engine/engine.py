@@ -24,8 +24,8 @@ import signal
 import threading
 from typing import Any, TypeVar
 
-from slotkeeper.core import datalock
-from slotkeeper.core.demo_model import DEMO_NOTICE
+from slotkeeper.core.basics import datalock
+from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.face import EngineFace
 from slotkeeper.core.engine.frontdesk import FrontDesk
@@ -66,8 +66,8 @@ from slotkeeper.core.events import (
     WarningRaised,
 )
 from slotkeeper.core.history import RequestHistory
-from slotkeeper.core.model_hash import ModelHashCache
-from slotkeeper.core.paths import AppPaths
+from slotkeeper.core.model.demo_model import DEMO_NOTICE
+from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.apikey import DoorKeys, exposure_refusal
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.server.command import user_wants

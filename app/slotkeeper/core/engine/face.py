@@ -16,7 +16,7 @@ from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.model import ModelChoice
 from slotkeeper.core.engine.slot_saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS
 from slotkeeper.core.engine.snapshot import EngineSnapshot
-from slotkeeper.core.model_hash import ModelHashCache
+from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.apikey import DoorKeys
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.server.state import ServerState

@@ -18,15 +18,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from slotkeeper.core import families
+from slotkeeper.core.basics.tokens import TokenArray, common_prefix_len, no_tokens
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.ledger import Figures
 from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
 from slotkeeper.core.engine.slots import UNKNOWN
+from slotkeeper.core.model import families
 from slotkeeper.core.server.client import ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.transcripts import Transcript
-from slotkeeper.core.tokens import TokenArray, common_prefix_len, no_tokens
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.ledger import RequestLedger

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from yarl import URL
 
+from slotkeeper.core.basics.tokens import TokenArray, tokens_from_json
 from slotkeeper.core.engine import endpoints
 from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
@@ -45,7 +46,6 @@ from slotkeeper.core.engine.httpstack import aiohttp, web
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
 from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.transcripts import ReplyCollector, conversation
-from slotkeeper.core.tokens import TokenArray, tokens_from_json
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.frontdesk import FrontDesk

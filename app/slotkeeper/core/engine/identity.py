@@ -13,7 +13,7 @@ from pathlib import Path
 
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.model import ModelChoice, llama_build_tag, resolve_projector, server_facts
-from slotkeeper.core.model_hash import ModelHashCache
+from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ServerProfile

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import psutil
 
-from slotkeeper.core import datalock
+from slotkeeper.core.basics import datalock
+from slotkeeper.core.basics.file_facts import FileFactsCache
+from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.model import (
     ModelChoice,
@@ -38,8 +40,6 @@ from slotkeeper.core.engine.model import (
     swa_note,
 )
 from slotkeeper.core.events import EventBus
-from slotkeeper.core.file_facts import FileFactsCache
-from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.server import headstart
 from slotkeeper.core.server.apikey import exposure_refusal
 from slotkeeper.core.server.command import (

@@ -14,10 +14,11 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+from slotkeeper.core.basics.paths import AppPaths
+from slotkeeper.core.basics.tokens import TokenArray
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.searching import complete_partial
 from slotkeeper.core.events import EventBus, FolderTidied, SearchIndexRepaired, SessionsPruned, WarningRaised
-from slotkeeper.core.paths import AppPaths
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
@@ -27,7 +28,6 @@ from slotkeeper.core.sessions.saving import SaveOutcome
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import Sidecar
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
-from slotkeeper.core.tokens import TokenArray
 
 log = logging.getLogger(__name__)
 

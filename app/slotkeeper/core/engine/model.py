@@ -8,21 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slotkeeper.core import gguf_info, gguf_memory
+from slotkeeper.core.basics.file_facts import FileFactsCache
+from slotkeeper.core.basics.fsutil import file_stamp
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine.errors import EngineError
-from slotkeeper.core.file_facts import FileFactsCache
-from slotkeeper.core.fsutil import file_stamp
+from slotkeeper.core.model import gguf_info, gguf_memory
 
 # The model before anything runs it is core.model_choice's (the services read it too); named here
 # as well, where the engine's parts have always found it.
-from slotkeeper.core.model_choice import DEMO_MODEL, ModelChoice
-from slotkeeper.core.model_choice import LaunchCheck as LaunchCheck
-from slotkeeper.core.model_choice import check_launch as check_launch
-from slotkeeper.core.model_choice import profile_model_name as profile_model_name
+from slotkeeper.core.model.model_choice import DEMO_MODEL, ModelChoice
+from slotkeeper.core.model.model_choice import LaunchCheck as LaunchCheck
+from slotkeeper.core.model.model_choice import check_launch as check_launch
+from slotkeeper.core.model.model_choice import profile_model_name as profile_model_name
 from slotkeeper.core.server.command import kv_affecting_args
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ServerProfile
-from slotkeeper.core.units import human_bytes
 
 if TYPE_CHECKING:
     from slotkeeper.core.server.client import Props  # http.client: imported once llama-server runs
@@ -40,8 +40,8 @@ def resolve_model(model_path: str | None, models_dir: Path,
                           "(--demo).")
     is_demo = model_path == DEMO_MODEL
     if is_demo:
-        from slotkeeper.core.demo_model import ensure_demo_model  # the starter model: found, or fetched
-        from slotkeeper.core.starter_model import StarterUnavailable
+        from slotkeeper.core.model.demo_model import ensure_demo_model  # the starter model: found, or fetched
+        from slotkeeper.core.model.starter_model import StarterUnavailable
 
         try:
             path = ensure_demo_model(models_dir)

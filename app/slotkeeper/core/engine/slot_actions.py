@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from slotkeeper.core import families
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
@@ -20,7 +19,8 @@ from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS, Serv
 from slotkeeper.core.engine.slot_saves import SlotSaves
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
 from slotkeeper.core.events import EventBus, RestoreReused, SessionRefused, SessionRestored, SlotRecomputed
-from slotkeeper.core.families import EXACT_ONLY_MODES
+from slotkeeper.core.model import families
+from slotkeeper.core.model.families import EXACT_ONLY_MODES
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry

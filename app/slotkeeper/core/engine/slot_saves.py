@@ -15,13 +15,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from slotkeeper.core import families
+from slotkeeper.core.basics.tokens import TokenArray, as_tokens
 from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.searching import Described
 from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
 from slotkeeper.core.events import EventBus, SaveFailed, SessionSaved, WarningRaised
+from slotkeeper.core.model import families
 from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.sessions.lineage import common_prefix_len
 from slotkeeper.core.sessions.naming import new_incoming_name
@@ -36,7 +37,6 @@ from slotkeeper.core.sessions.saving import (
 )
 from slotkeeper.core.sessions.store import unlink_quietly
 from slotkeeper.core.sessions.transcripts import Transcript
-from slotkeeper.core.tokens import TokenArray, as_tokens
 from slotkeeper.core.views import Activity, SavesReport, SaveSummary
 
 log = logging.getLogger(__name__)

@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from slotkeeper.core import families
-from slotkeeper.core.autosave import AutosavePolicy, SlotWatch
-from slotkeeper.core.tokens import TokenArray, as_tokens, no_tokens
+from slotkeeper.core.basics.tokens import TokenArray, as_tokens, no_tokens
+from slotkeeper.core.engine.autosave import AutosavePolicy, SlotWatch
+from slotkeeper.core.model import families
 from slotkeeper.core.views import SlotView
 
 if TYPE_CHECKING:

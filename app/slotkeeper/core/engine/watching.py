@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from slotkeeper.core.autosave import IDLE_POLL_SECONDS, POLL_SECONDS
+from slotkeeper.core.engine.autosave import IDLE_POLL_SECONDS, POLL_SECONDS
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.server_link import ServerLink
 from slotkeeper.core.engine.slots import SlotBoard

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core.fsutil import stat_stamp
+from slotkeeper.core.basics.fsutil import stat_stamp
 from slotkeeper.core.server.command import api_key_args, is_loopback
 
 

@@ -79,8 +79,8 @@ def _stop_with_it(signum: int, _frame) -> None:
 
 
 def _start(argv: list[str]) -> Early | None:
-    from slotkeeper.core import datalock
-    from slotkeeper.core.paths import app_paths
+    from slotkeeper.core.basics import datalock
+    from slotkeeper.core.basics.paths import app_paths
     from slotkeeper.core.server.spawn import launch_environment, spawn_server, write_state_file
 
     paths = app_paths(_data_dir(argv))
@@ -125,7 +125,7 @@ def _start(argv: list[str]) -> Early | None:
 
 def inputs(paths, server_argv: Sequence[str]) -> dict:
     """What a launch plan is made from, as far as a note can tell it changed."""
-    from slotkeeper.core.fsutil import stat_stamp
+    from slotkeeper.core.basics.fsutil import stat_stamp
 
     env = "\0".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                     if k == "PATH" or k.startswith(ENV_PREFIXES))
@@ -147,7 +147,7 @@ def remember(paths, command_line: Sequence[str], server_argv: Sequence[str], por
     """Write the note for the next `serve` with ``command_line`` (when it says something new).
 
     A command line that carries an API key is never written down: that launch gets no head start."""
-    from slotkeeper.core.fsutil import atomic_write_text
+    from slotkeeper.core.basics.fsutil import atomic_write_text
 
     if any(a == "--api-key" or a.startswith("--api-key=") for a in command_line):
         forget(paths)

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core.file_facts import FileFactsCache
-from slotkeeper.core.fsutil import file_stamp
+from slotkeeper.core.basics.file_facts import FileFactsCache
+from slotkeeper.core.basics.fsutil import file_stamp
 
 BIN_ENV = "SLOTKEEPER_LLAMA_SERVER"
 

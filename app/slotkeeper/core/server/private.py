@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.basics.fsutil import atomic_write_text
 
 LOOPBACK = "127.0.0.1"
 

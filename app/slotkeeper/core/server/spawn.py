@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core.child_env import child_environment, server_environment
+from slotkeeper.core.basics.child_env import child_environment, server_environment
 from slotkeeper.core.server import logfile
 
 
@@ -50,7 +50,7 @@ def write_state_file(path: Path, pid: int, create_time: float, argv: Sequence[st
     """Record a running llama-server (``create_time`` as psutil gives it: with the pid, it tells
     this process from a later one with a reused pid). ``early``: started by the head start and
     not yet taken over, so it has never been sent a conversation. OSError when it cannot be written."""
-    from slotkeeper.core.fsutil import atomic_write_text
+    from slotkeeper.core.basics.fsutil import atomic_write_text
 
     data = {"pid": pid, "create_time": create_time, "argv": list(argv), "host": host, "port": port,
             "started_at": time.time(), "launch": dict(launch or {})}

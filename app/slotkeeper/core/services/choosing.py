@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slotkeeper.core import gguf_info, gguf_memory
-from slotkeeper.core.model_choice import ModelChoice, check_launch, profile_model_name
+from slotkeeper.core.basics.units import human_bytes
+from slotkeeper.core.model import gguf_info, gguf_memory
+from slotkeeper.core.model.model_choice import ModelChoice, check_launch, profile_model_name
 from slotkeeper.core.server.command import kv_affecting_args
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible, model_file_name
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.sidecar import Sidecar
 from slotkeeper.core.settings import ServerProfile
-from slotkeeper.core.units import human_bytes
 
 __all__ = [
     "LaunchSanity",

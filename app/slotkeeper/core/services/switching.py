@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from slotkeeper.core.model_choice import DEMO_MODEL
+from slotkeeper.core.model.model_choice import DEMO_MODEL
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ModelMemory, Settings
@@ -69,7 +69,7 @@ def resolved_model_file(model_path: str | None, models_dir: Path) -> str | None:
     if not model_path:
         return None
     if model_path == DEMO_MODEL:
-        from slotkeeper.core.starter_model import STARTER_FILENAME, find_starter_model
+        from slotkeeper.core.model.starter_model import STARTER_FILENAME, find_starter_model
 
         return os.path.realpath(find_starter_model(models_dir) or models_dir / STARTER_FILENAME)
     return os.path.realpath(os.path.expanduser(model_path))

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.basics.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from slotkeeper.core.fsutil import atomic_write_bytes
+from slotkeeper.core.basics.fsutil import atomic_write_bytes
 from slotkeeper.core.sessions.entries import row_base
 from slotkeeper.core.sessions.naming import SESSION_ID_RE
 from slotkeeper.core.sessions.rows import RACY_NS, Stamp

@@ -49,8 +49,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core.fsutil import open_regular
-from slotkeeper.core.tokens import TokenArray, from_le_i32
+from slotkeeper.core.basics.fsutil import open_regular
+from slotkeeper.core.basics.tokens import TokenArray, from_le_i32
 
 __all__ = [
     "LLAMA_STATE_SEQ_MAGIC",

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from slotkeeper.core.tokens import as_tokens, common_prefix_len
+from slotkeeper.core.basics.tokens import as_tokens, common_prefix_len
 
 __all__ = ["Match", "MatchKind", "classify", "common_prefix_len"]
 

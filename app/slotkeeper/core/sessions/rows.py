@@ -18,7 +18,7 @@ from pathlib import Path
 
 import xxhash
 
-from slotkeeper.core.fsutil import atomic_write_bytes
+from slotkeeper.core.basics.fsutil import atomic_write_bytes
 from slotkeeper.core.sessions.naming import is_scratch
 
 # An entry's lstat as the folder's look keeps it: fsutil.stat_stamp's fields with the file's type in

@@ -28,7 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slotkeeper.core.fsutil import NotARegularFile, fsync_private, regular_size
+from slotkeeper.core.basics.fsutil import NotARegularFile, fsync_private, regular_size
+from slotkeeper.core.basics.tokens import TokenArray
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.sessions import kvfile, lineage
 from slotkeeper.core.sessions.compat import ServerFacts, media_mismatch
 from slotkeeper.core.sessions.entries import SessionEntry
@@ -43,8 +45,6 @@ from slotkeeper.core.sessions.sidecar import (
 from slotkeeper.core.sessions.stamps import hash_with_stamp
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.sessions.transcripts import Transcript
-from slotkeeper.core.tokens import TokenArray
-from slotkeeper.core.units import human_bytes
 
 log = logging.getLogger(__name__)
 

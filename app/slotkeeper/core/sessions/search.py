@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core.fsutil import PRIVATE_FILE_MODE
+from slotkeeper.core.basics.fsutil import PRIVATE_FILE_MODE
 
 log = logging.getLogger(__name__)
 

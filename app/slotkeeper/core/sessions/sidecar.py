@@ -30,8 +30,8 @@ from typing import Any
 
 import xxhash
 
-from slotkeeper.core import families
-from slotkeeper.core.fsutil import UnsafeFile, atomic_write_text, open_regular
+from slotkeeper.core.basics.fsutil import UnsafeFile, atomic_write_text, open_regular
+from slotkeeper.core.model import families
 from slotkeeper.core.sessions.naming import SESSION_ID_RE
 from slotkeeper.core.sessions.stamps import CONTENT_HASH_PREFIX, FileStamp, hash_with_stamp
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import xxhash
 
-from slotkeeper.core.fsutil import STAMP_FIELDS, open_regular, stat_stamp
+from slotkeeper.core.basics.fsutil import STAMP_FIELDS, open_regular, stat_stamp
 
 __all__ = ["CONTENT_HASH_PREFIX", "FileStamp", "hash_with_stamp", "same_file_version"]
 

@@ -16,31 +16,24 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import orjson
 
-from slotkeeper.core.fsutil import (
-    NotARegularFile,
-    UnsafeFile,
+from slotkeeper.core.basics.fsutil import (
     atomic_write_bytes,
     ensure_private_folder,
     file_kind,
     fsync_dir,
-    not_regular_error,
-    open_regular,
-    regular_size,
 )
-from slotkeeper.core.sessions import kvfile
+from slotkeeper.core.basics.tokens import TYPECODE, TokenArray
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
+from slotkeeper.core.sessions.file_checks import StatOf, integrity_problems, sidecar_problems
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
 from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord
 from slotkeeper.core.sessions.naming import (
@@ -67,9 +60,9 @@ from slotkeeper.core.sessions.sidecar import (
     utc_now,
     write_sidecar_atomic,
 )
-from slotkeeper.core.sessions.stamps import FileStamp, carried_over, hash_with_stamp
-from slotkeeper.core.sessions.transcripts import MAX_FILE_BYTES, Transcript, TranscriptError
-from slotkeeper.core.tokens import TYPECODE, TokenArray, as_tokens
+from slotkeeper.core.sessions.stamps import FileStamp, carried_over
+from slotkeeper.core.sessions.token_lists import TokenLists
+from slotkeeper.core.sessions.transcripts import Transcript
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +81,6 @@ def unlink_quietly(path: Path) -> None:
         pass
 
 
-StatOf = Callable[[str], Stamp | None]  # an entry of the folder's lstat, by name (None: not there)
-
-TOKEN_LISTS_KEPT = 32  # token lists kept in memory (lineage's finalists, routing's best hits)
-
 
 class SessionStore:
     def __init__(self, directory: Path, lock_timeout: float = LOCK_TIMEOUT_SECONDS,
@@ -103,11 +92,7 @@ class SessionStore:
         self.index_file = index_file
         self._index: SessionsIndex | None = None
         self._index_loading = threading.Lock()
-        # Token lists by KV file name: a KV file is never rewritten under the same name, so the
-        # list read once stays true while the file's size and mtime do. Callers share these
-        # arrays: nobody changes one in place.
-        self._tokens: OrderedDict[str, tuple[Stamp, TokenArray]] = OrderedDict()
-        self._tokens_lock = threading.Lock()
+        self.token_lists = TokenLists()
 
     def ensure_folder(self) -> None:
         """Create the folder again (0700) if it was deleted, and check that it is still private:
@@ -175,26 +160,8 @@ class SessionStore:
             return self._record_entry(sid, rec, stat_of)
         data = rec.data
         assert sc is not None and data is not None  # a sidecar is made from its JSON
-        size, problems = self._problems(sid, data, stat_of)
+        size, problems = sidecar_problems(self.dir, sid, data, stat_of)
         return SessionEntry(sc.id if sc.id == sid else sid, sc, self.dir / sc.kv_file, problems, size)
-
-    def _problems(self, sid: str, data: dict[str, Any], stat_of: StatOf) -> tuple[int, list[str]]:
-        """(KV bytes on disk, problems) of a readable sidecar's JSON, with the folder's stat."""
-        problems: list[str] = []
-        sc_id, kv_file, corrupt = data["id"], data["kv_file"], data["corrupt"]
-        if sc_id != sid:
-            problems.append(f"sidecar {sid}{SIDECAR_SUFFIX} claims id {sc_id}")
-        if not owns_kv_file(sid, kv_file):
-            # A sidecar copied under another name: the file is another session's (or no one's).
-            problems.append(f"its KV file {kv_file} belongs to another session")
-        if corrupt:
-            problems.append(f"damaged: {corrupt['reason']}")
-        size, kv_problem = kv_stat_state(self.dir, kv_file, stat_of(kv_file))
-        if kv_problem:
-            problems.append(kv_problem)
-        elif size != data["size_bytes"] and not corrupt:
-            problems.append(f"KV file is {size} bytes; {data['size_bytes']} were saved")
-        return size, problems
 
     # -- reading --------------------------------------------------------------------------
     def sidecar_path(self, session_id: str) -> Path:
@@ -251,7 +218,7 @@ class SessionStore:
                 else:
                     try:
                         Sidecar.check_index_paths(facts, facts.get("id"))
-                        size, problems = self._problems(sid, facts, files.get)
+                        size, problems = sidecar_problems(self.dir, sid, facts, files.get)
                         base = rec.row()
                         assert base is not None  # facts were read, so the sidecar's JSON was
                     except (SidecarError, KeyError, TypeError):  # not what we wrote: the full way
@@ -302,32 +269,10 @@ class SessionStore:
             return None
 
     def tokens(self, entry: SessionEntry) -> TokenArray:
-        """The token list at the front of the session's KV file (read once per file version), as
-        a token array: the kept lists take 4 bytes a token (a list of ints takes about 36)."""
+        """The token list at the front of the session's KV file (``token_lists``: read once per file
+        version, the most recently used kept)."""
         assert entry.kv_path is not None
-        st = stamp_of(os.lstat(entry.kv_path))
-        if not stat.S_ISREG(st[0]):
-            regular_size(entry.kv_path)  # raises NotARegularFile, naming what it is
-        name = entry.kv_path.name
-        with self._tokens_lock:
-            hit = self._tokens.get(name)
-            if hit is not None and hit[0] == st:
-                self._tokens.move_to_end(name)
-                return hit[1]
-        tokens = as_tokens(kvfile.read_tokens(entry.kv_path).tokens)
-        self._keep_tokens(name, st, tokens)
-        return tokens
-
-    def _keep_tokens(self, name: str, st: Stamp, tokens: TokenArray) -> None:
-        with self._tokens_lock:
-            self._tokens[name] = (st, tokens)
-            self._tokens.move_to_end(name)
-            while len(self._tokens) > TOKEN_LISTS_KEPT:
-                self._tokens.popitem(last=False)
-
-    def forget_tokens(self, kv_file: str) -> None:
-        with self._tokens_lock:
-            self._tokens.pop(kv_file, None)
+        return self.token_lists.read(entry.kv_path)
 
     def index_tokens(self, only_model: str | None = None) -> int:
         """Read the token headers the index lacks (sessions new or changed since they were
@@ -401,7 +346,7 @@ class SessionStore:
                 if old_chat is not None:
                     unlink_quietly(self.dir / old_chat)
                     self.index.note_files({old_chat: None})
-                self.forget_tokens(gone)
+                self.token_lists.forget(gone)
             self._record_saved(sidecar, tokens, gone)
         return sidecar
 
@@ -415,7 +360,7 @@ class SessionStore:
         if self.index.note_save(sidecar.id, sidecar.model_sha256, record, sidecar.kv_file, kv_st, gone_kv,
                                 tokens):
             assert kv_st is not None and tokens is not None
-            self._keep_tokens(sidecar.kv_file, kv_st, array(TYPECODE, tokens))  # a copy
+            self.token_lists.keep(sidecar.kv_file, kv_st, array(TYPECODE, tokens))  # a copy
 
     def _note_sidecar(self, session_id: str, sidecar: Sidecar) -> None:
         name = sidecar_name(session_id)
@@ -498,25 +443,15 @@ class SessionStore:
             index.note_files({sidecar_name(session_id): None})
             for name in kv_names:
                 unlink_quietly(self.dir / name)
-                self.forget_tokens(name)
+                self.token_lists.forget(name)
                 index.note_files({name: None})
 
     def transcript(self, entry: SessionEntry) -> Transcript | None:
-        """The conversation a saved session holds, in words (None: saved without one). Read as
-        every file here is: never followed, never waited on, bounded. TranscriptError for a file
-        that is not a transcript."""
+        """The conversation a saved session holds, in words (None: saved without one);
+        TranscriptError for a file that is not a transcript."""
         sc = entry.sidecar
         name = transcript_name(sc.kv_file) if sc is not None and owns_kv_file(entry.id, sc.kv_file) else None
-        if name is None:
-            return None
-        try:
-            with open_regular(self.dir / name, MAX_FILE_BYTES) as fh:
-                raw = fh.read()
-        except FileNotFoundError:
-            return None
-        except (NotARegularFile, UnsafeFile, OSError) as exc:
-            raise TranscriptError(f"the transcript of {entry.id} cannot be read: {exc}") from exc
-        return Transcript.from_bytes(raw)
+        return None if name is None else Transcript.read_file(self.dir / name)
 
     # -- integrity ------------------------------------------------------------------------
     def verify(self, session_id: str) -> SessionEntry:
@@ -534,34 +469,12 @@ class SessionStore:
         return entry
 
     def integrity_problems(self, entry: SessionEntry, trust_stamp: bool = False) -> list[str]:
-        """Size, then the whole file's content hash. With ``trust_stamp`` the hash is skipped while
-        the file still has the stamp recorded when its content last matched (``stamps``: same size,
-        mtime, inode and ctime). A full check that passes records the file's stamp."""
-        sc = entry.sidecar
-        assert sc is not None and entry.kv_path is not None
-        if sc.corrupt:
-            return [f"damaged: {sc.corrupt['reason']}"]
-        size, kv_problem = kv_file_state(entry.kv_path)
-        if kv_problem:
-            return [kv_problem]
-        if size != sc.size_bytes:
-            return [f"KV file is {size} bytes; {sc.size_bytes} were saved (cut short or appended to)"]
-        if trust_stamp and sc.verified is not None:
-            try:
-                st = os.lstat(entry.kv_path)
-            except OSError:
-                st = None
-            if st is not None and stat.S_ISREG(st.st_mode) and sc.verified.matches(st, sc.content_hash):
-                return []
-        try:
-            content_hash, st = hash_with_stamp(entry.kv_path)
-        except NotARegularFile as exc:  # replaced since the lstat
-            return [f"KV file {exc}"]
-        if content_hash != sc.content_hash:
-            return ["KV file content does not match its hash (damaged on disk)"]
-        if st is not None and (sc.verified is None or not sc.verified.matches(st, content_hash)):
-            self._remember_verified(entry.id, sc.kv_file, FileStamp.of(st, content_hash))
-        return []
+        """``file_checks.integrity_problems``; a full check that passes records the file's stamp."""
+        problems, stamp = integrity_problems(entry, trust_stamp)
+        if stamp is not None:
+            assert entry.sidecar is not None
+            self._remember_verified(entry.id, entry.sidecar.kv_file, stamp)
+        return problems
 
     def _remember_verified(self, session_id: str, kv_file: str, stamp: FileStamp) -> None:
         """Record a verified stamp (best effort: without it the next restore hashes again)."""
@@ -575,28 +488,6 @@ class SessionStore:
         # FolderBusy, FolderReadOnly
         except (SessionNotFound, SidecarError, InvalidSessionId, OSError) as exc:
             log.debug("not recording the verified stamp of %s: %s", session_id, exc)
-
-
-def kv_stat_state(folder: Path, name: str, st: Stamp | None) -> tuple[int, str | None]:
-    """``kv_file_state`` of ``folder/name`` from a stat already taken (a listing's look at the folder)."""
-    if st is None:
-        return 0, f"KV file {name} is missing"
-    if not stat.S_ISREG(st[0]):
-        return 0, f"KV file {not_regular_error(folder / name, st[0])}"
-    return st[1], None
-
-
-def kv_file_state(path: Path) -> tuple[int, str | None]:
-    """(size on disk, problem) of a session's KV file, by lstat: a symbolic link, a FIFO or any other
-    non-regular file is a problem and is never followed or opened; a missing file is 0 bytes."""
-    try:
-        return regular_size(path), None
-    except FileNotFoundError:
-        return 0, f"KV file {path.name} is missing"
-    except NotARegularFile as exc:
-        return 0, f"KV file {exc}"
-    except OSError as exc:
-        return 0, f"KV file {path.name} cannot be read: {exc}"
 
 
 def most_recent_first(entries: Iterable[SessionEntry]) -> list[SessionEntry]:

@@ -18,7 +18,10 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+from slotkeeper.core.basics.fsutil import NotARegularFile, UnsafeFile, open_regular
 
 from .titles import PREVIEW_CHARS, TITLE_CHARS, clip
 
@@ -203,6 +206,20 @@ class Transcript:
             if isinstance(exc, TranscriptError):
                 raise
             raise TranscriptError(f"the transcript is not valid JSON: {exc}") from exc
+
+    @classmethod
+    def read_file(cls, path: Path) -> Transcript | None:
+        """The transcript in ``path`` (None: there is none), read as every file of the sessions folder
+        is: never followed, never waited on, bounded. TranscriptError for a file that cannot be read or
+        is not a transcript."""
+        try:
+            with open_regular(path, MAX_FILE_BYTES) as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return None
+        except (NotARegularFile, UnsafeFile, OSError) as exc:
+            raise TranscriptError(f"the transcript {path.name} cannot be read: {exc}") from exc
+        return cls.from_bytes(raw)
 
 
 def _str(d: Mapping[str, Any], key: str) -> str:

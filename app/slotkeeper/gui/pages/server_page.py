@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.units import human_duration
+from slotkeeper.core.basics.units import human_duration
 from slotkeeper.core.views import STOPPED_STATES, ServerState
 from slotkeeper.gui import icons
 from slotkeeper.gui.activity_view import ActivityView

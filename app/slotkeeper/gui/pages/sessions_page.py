@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import events as ev
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.sessions.entries import Listing, SessionEntry
-from slotkeeper.core.units import human_bytes
 from slotkeeper.core.views import STOPPED_STATES
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.desktop import no_file_manager_message, reveal_in_file_manager

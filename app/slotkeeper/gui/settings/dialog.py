@@ -21,12 +21,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.events import ServerStateChanged
+from slotkeeper.core.model import gguf_info
 from slotkeeper.core.services.choosing import ModelIdentity, expected_facts, left_behind
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import Settings, SettingsError
-from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge, resolved_model_file
 from slotkeeper.gui.settings.disk_tab import DiskTab
 from slotkeeper.gui.settings.form import FormTab
@@ -193,7 +193,7 @@ class SettingsDialog(QDialog):
     # -- saving ---------------------------------------------------------------------------
     def autostart(self):
         if self._autostart is None:
-            from slotkeeper.core.autostart import autostart_for
+            from slotkeeper.core.basics.autostart import autostart_for
 
             self._autostart = autostart_for()
         return self._autostart
@@ -234,7 +234,7 @@ class SettingsDialog(QDialog):
         return True
 
     def _apply_autostart(self, enable: bool) -> None:
-        from slotkeeper.core.autostart import default_command
+        from slotkeeper.core.basics.autostart import default_command
 
         switch = self.autostart()
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLineEdit, QListWidget, QSlider, QVBoxLayout, QWidget
 
+from slotkeeper.core.basics.units import human_bytes, parse_size
 from slotkeeper.core.settings import Settings, SettingsError
-from slotkeeper.core.units import human_bytes, parse_size
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.jobs import describe_error
 from slotkeeper.gui.settings.form import FormTab, note

@@ -29,9 +29,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from slotkeeper.core import gguf_info
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.model import swa_explanation
+from slotkeeper.core.model import gguf_info
 from slotkeeper.core.services.choosing import LaunchSanity, ModelIdentity, launch_sanity
 from slotkeeper.core.services.server_checks import exposes_without_key
 from slotkeeper.core.settings import (
@@ -42,7 +43,6 @@ from slotkeeper.core.settings import (
     needs_flash_attention,
     split_args,
 )
-from slotkeeper.core.units import human_bytes
 from slotkeeper.gui.bridge import EngineBridge, resolved_model_file
 from slotkeeper.gui.jobs import describe_error
 from slotkeeper.gui.settings.form import FormTab, note
@@ -80,7 +80,7 @@ NO_PROJECTOR = "None (text only)"
 def _named_like(projector: Path, model: str) -> bool:
     """``mmproj-gemma-3-4b-it-f16.gguf`` belongs to ``gemma-3-4b-it-Q4_K_M.gguf``: the model's name
     without its quantization is in the projector's."""
-    from slotkeeper.core.discovery import model_base_name
+    from slotkeeper.core.model.discovery import model_base_name
 
     name = model_base_name(model)
     return bool(name) and name in projector.name.lower()
@@ -302,7 +302,7 @@ class ServerTab(FormTab):
     def _offer_projectors(self, model: str | None, choose: bool) -> None:
         """The projectors beside the model in the list; ``choose``: a model chosen for the first
         time takes the one named like it (a vision model's own projector)."""
-        from slotkeeper.core.discovery import projectors_beside
+        from slotkeeper.core.model.discovery import projectors_beside
 
         found = projectors_beside(model) if model and model != DEMO_MODEL else []
         current = self.mmproj.currentText()
@@ -445,7 +445,7 @@ class ServerTab(FormTab):
 
     # -- models ---------------------------------------------------------------------------
     def _discover_models(self) -> None:
-        from slotkeeper.core import discovery
+        from slotkeeper.core.model import discovery
 
         dirs = self._search_dirs
 
@@ -502,7 +502,7 @@ class ServerTab(FormTab):
         def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]]:
             if value == DEMO_MODEL:
                 # The starter model: found, or fetched.
-                from slotkeeper.core.demo_model import ensure_demo_model
+                from slotkeeper.core.model.demo_model import ensure_demo_model
 
                 path = ensure_demo_model(models_dir)
             else:

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slotkeeper.core import families
+from slotkeeper.core.model import families
 from slotkeeper.core.settings import ServerProfile
 
 if TYPE_CHECKING:  # the GGUF reader (numpy) only when an estimate is asked for: the CLI starts faster
-    from slotkeeper.core import gguf_info
+    from slotkeeper.core.model import gguf_info
 
 __all__ = [
     "CATALOG",
@@ -83,7 +83,7 @@ class CuratedModel:
 
     def model_info(self) -> gguf_info.ModelInfo:
         """The facts ``gguf_info.read_model_info`` would read from the file's header."""
-        from slotkeeper.core import gguf_info
+        from slotkeeper.core.model import gguf_info
 
         swa = self.sliding_window is not None and self.swa_period is not None
         return gguf_info.ModelInfo(
@@ -106,7 +106,7 @@ class CuratedModel:
 
     def memory_need(self, n_ctx: int = DEFAULT_CTX, n_parallel: int = DEFAULT_PARALLEL,
                     cache_type: str = "f16") -> MemoryNeed:
-        from slotkeeper.core import gguf_memory
+        from slotkeeper.core.model import gguf_memory
 
         est = gguf_memory.kv_estimate(self.model_info(), n_ctx, n_parallel, type_k=cache_type,
                                       type_v=cache_type)

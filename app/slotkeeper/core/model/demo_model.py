@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slotkeeper.core.starter_model import STARTER_NAME
+from slotkeeper.core.model.starter_model import STARTER_NAME
 
 __all__ = ["DEMO_NOTICE", "DEMO_NAME", "ensure_demo_model"]
 
@@ -23,6 +23,6 @@ DEMO_NOTICE = (
 def ensure_demo_model(models_dir: str | Path) -> Path:
     """The starter model's path: this installation's copy, or fetched into ``models_dir`` (its
     SHA-256 checked). ``starter_model.StarterUnavailable`` says why it cannot be had."""
-    from slotkeeper.core.starter_model import ensure_starter_model
+    from slotkeeper.core.model.starter_model import ensure_starter_model
 
     return ensure_starter_model(models_dir)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core.gguf_info import ModelFileError, read_model_info
+from slotkeeper.core.model.gguf_info import ModelFileError, read_model_info
 
 __all__ = [
     "SOURCE_HUGGING_FACE",

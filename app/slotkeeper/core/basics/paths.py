@@ -17,7 +17,12 @@ from pathlib import Path
 
 import platformdirs
 
-from slotkeeper.core.fsutil import PRIVATE_DIR_MODE, UnsafeFolder, check_private_folder, ensure_private_folder
+from slotkeeper.core.basics.fsutil import (
+    PRIVATE_DIR_MODE,
+    UnsafeFolder,
+    check_private_folder,
+    ensure_private_folder,
+)
 
 __all__ = ["APP_NAME", "HOME_ENV", "AppPaths", "UnsafeFolder", "app_paths"]
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core import families, gguf_header
-from slotkeeper.core.fsutil import stat_stamp
+from slotkeeper.core.basics.fsutil import stat_stamp
+from slotkeeper.core.model import families, gguf_header
 
 __all__ = [
     "ModelFileError",

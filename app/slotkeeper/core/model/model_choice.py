@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core import gguf_info, gguf_memory
+from slotkeeper.core.basics.units import human_bytes
+from slotkeeper.core.model import gguf_info, gguf_memory
 from slotkeeper.core.settings import ServerProfile
-from slotkeeper.core.units import human_bytes
 
 __all__ = ["DEMO_MODEL", "LaunchCheck", "ModelChoice", "check_launch", "profile_model_name"]
 

@@ -41,7 +41,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from slotkeeper.core.units import human_bytes
+from slotkeeper.core.basics.units import human_bytes
 
 # Slotkeeper talks to the Hub only to download the file asked for: huggingface_hub's telemetry and
 # its other side requests stay off unless the user turned them on (it reads this once, at import,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core.fsutil import atomic_write_text, file_stamp
+from slotkeeper.core.basics.fsutil import atomic_write_text, file_stamp
 
 __all__ = ["CHUNK_SIZE", "ModelChangedError", "ModelHashCache"]
 

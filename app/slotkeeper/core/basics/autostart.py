@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import platformdirs
 
-from slotkeeper.core import paths
-from slotkeeper.core.fsutil import atomic_write_text
+from slotkeeper.core.basics import paths
+from slotkeeper.core.basics.fsutil import atomic_write_text
 
 __all__ = [
     "APP_ID",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from slotkeeper.core import families
-from slotkeeper.core.gguf_info import ModelInfo
-from slotkeeper.core.gguf_memory import KvEstimate
-from slotkeeper.core.units import human_bytes
+from slotkeeper.core.basics.units import human_bytes
+from slotkeeper.core.model import families
+from slotkeeper.core.model.gguf_info import ModelInfo
+from slotkeeper.core.model.gguf_memory import KvEstimate
 
 __all__ = ["format_model_info", "model_info_json"]
 

@@ -1,0 +1,2 @@
+"""Model facts: reading GGUF files, the memory they need, finding, choosing, hashing, fetching and
+generating models."""
