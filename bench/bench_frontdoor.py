@@ -223,21 +223,8 @@ def overhead(model: Path, ctx: int, home: Path, n: int) -> dict:
         proc.wait(60)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--conversations", type=int, default=8)
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--restart-after", type=int, default=2)
-    ap.add_argument("--first-tokens", type=int, default=800,
-                    help="words in each conversation's first message")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--overhead-requests", type=int, default=200)
-    ap.add_argument("--model", help="GGUF to use (default: the generated ~200 MB bench model)")
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="slotkeeper-bench-"))
-    model = Path(args.model) if args.model else write_model(work / "bench.gguf", "bench")
-    server_bin = locate_server(None)
-    ctx = 16384
+def replay_trace(args, model: Path, server_bin, ctx: int, work: Path) -> None:
+    """The trace: each turn to raw llama-server and both Slotkeepers in turn; prints the totals."""
     order = trace(args.conversations, args.turns, args.seed)
     print(f"trace: {args.conversations} conversations x {args.turns} turns, one slot, restart after turn "
           f"{args.restart_after}, seed {args.seed}")
@@ -286,6 +273,27 @@ def main() -> int:
     print(f"least any cache could prefill (each conversation's first turn, then each turn's new text): "
           f"{least:,} tokens; re-read on top of it: raw {r['prefilled'] - least:,}, "
           f"Slotkeeper {s['prefilled'] - least:,}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conversations", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--restart-after", type=int, default=2)
+    ap.add_argument("--first-tokens", type=int, default=800,
+                    help="words in each conversation's first message")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--overhead-requests", type=int, default=200)
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="only the front door's cost on requests whose prefix is in the slot (minutes)")
+    ap.add_argument("--model", help="GGUF to use (default: the generated ~200 MB bench model)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="slotkeeper-bench-"))
+    model = Path(args.model) if args.model else write_model(work / "bench.gguf", "bench")
+    server_bin = locate_server(None)
+    ctx = 16384
+    if not args.overhead_only:
+        replay_trace(args, model, server_bin, ctx, work)
     over = overhead(model, ctx, work / "overhead", args.overhead_requests)
     print(f"front door overhead, prefix already in the slot (median of {args.overhead_requests}; "
           "slotkeeper serve in its own process):")
