@@ -21,6 +21,9 @@ USER_TURNS = [
     "And what about food and water for a day out on the trail with two friends?",
     "Thanks. Could you also say something about maps and how to read them well?",
 ]
+# A first turn long enough that restoring its conversation beats re-reading it however fast the
+# tiny test model prefills (the front desk re-reads a conversation shorter than its break-even).
+LONG_FIRST_TURN = USER_TURNS[0] + " The trail winds up past the lake and the old stone hut." * 40
 
 
 def chat(base_url: str, messages: list[dict], max_tokens: int = 16, **extra) -> dict:

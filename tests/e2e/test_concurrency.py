@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from e2e_helpers import USER_TURNS, EventLog, converse, make_engine, wait_until
+from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, EventLog, converse, make_engine, wait_until
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import slot_saves
@@ -33,7 +33,7 @@ def test_a_next_turn_arriving_while_its_conversation_is_saved_out_is_restored_no
     try:
         assert engine.wait_ready(60) is ServerState.READY
         url = engine.base_url
-        a, last = converse(url, USER_TURNS[:2], max_tokens=8)  # A in the slot, not saved yet
+        a, last = converse(url, [LONG_FIRST_TURN, USER_TURNS[1]], max_tokens=8)  # A in the slot, unsaved
         real = slot_saves.check_written
         writing = threading.Event()
 

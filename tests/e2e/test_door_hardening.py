@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from e2e_helpers import USER_TURNS, EventLog, converse, make_engine, wait_until
+from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, EventLog, converse, make_engine, wait_until
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import frontdoor
@@ -284,10 +284,7 @@ def test_llama_server_killed_during_an_on_demand_restore_gives_a_503_with_the_re
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        # Long enough that restoring it beats re-reading it however fast this tiny model prefills
-        # (the front desk re-reads a conversation shorter than its break-even instead).
-        long_first = USER_TURNS[0] + " The trail winds up past the lake and the old stone hut." * 40
-        a, _r = converse(engine.base_url, [long_first, USER_TURNS[1]], max_tokens=8)
+        a, _r = converse(engine.base_url, [LONG_FIRST_TURN, USER_TURNS[1]], max_tokens=8)
         converse(engine.base_url, ["A different conversation about ships in the harbour at night."],
                  max_tokens=8)
         wait_until(lambda: events.of(ev.SessionSaved), what="A saved as B took its slot")

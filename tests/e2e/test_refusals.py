@@ -201,11 +201,11 @@ def test_a_good_save_of_the_same_conversation_replaces_a_corrupt_one(llama_model
 
 def test_a_saved_session_is_restored_without_hashing_it_again_until_it_is_touched(
         saved_session, llama_model, server_bin, port, monkeypatch):
-    from slotkeeper.core.sessions import store as store_module
+    from slotkeeper.core.sessions import file_checks
 
     hashed = []
-    real = store_module.hash_with_stamp
-    monkeypatch.setattr(store_module, "hash_with_stamp", lambda p: hashed.append(p) or real(p))
+    real = file_checks.hash_with_stamp
+    monkeypatch.setattr(file_checks, "hash_with_stamp", lambda p: hashed.append(p) or real(p))
     for touch in (False, True, False):
         if touch:
             time.sleep(0.02)
