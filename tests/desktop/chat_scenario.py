@@ -19,13 +19,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
-from stepper import Stepper
+from stepper import Stepper, run_in_the_app
 
-from slotkeeper.cli import build_parser, load_run_settings
-from slotkeeper.gui.application import SlotkeeperApp, run_gui
+from slotkeeper.gui.application import SlotkeeperApp
 
 SYSTEM = "You are a helpful assistant. Answer briefly."
 QUESTIONS = ["How do I reverse a list in Python? Show a short code example.",
@@ -95,19 +94,7 @@ class Scenario(Stepper):
 def main() -> int:
     result_path, shots = Path(sys.argv[1]), Path(sys.argv[2])
     argv = sys.argv[sys.argv.index("--") + 1:]
-    args = build_parser().parse_args(argv)
-    paths, service, settings = load_run_settings(args, [])
-    result: dict = {"done": False}
-
-    def started(sk: SlotkeeperApp) -> None:
-        scenario = Scenario(result_path, shots, sk, result)
-        sk.finished.connect(lambda: result.update(done=sk.done))
-        QTimer.singleShot(0, scenario.start)
-
-    code = run_gui(None, paths, service, settings, start_now=True, first_run=False, on_started=started)
-    result["exit_code"] = code
-    Path(result_path).write_text(json.dumps(result, indent=2, default=str))
-    return code
+    return run_in_the_app(argv, result_path, lambda sk, result: Scenario(result_path, shots, sk, result))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
-from stepper import Stepper
+from stepper import Stepper, run_in_the_app
 
-from slotkeeper.cli import build_parser, load_run_settings
-from slotkeeper.gui.application import SlotkeeperApp, run_gui
+from slotkeeper.gui.application import SlotkeeperApp
 
 TURNS = [
     "Hello there, I would like to talk about the weather in the mountains this week.",
@@ -416,20 +415,8 @@ def main() -> int:
         result["exit_code"] = code
         Path(result_path).write_text(json.dumps(result, indent=2, default=str))
         return code
-    args = build_parser().parse_args(argv)
-    paths, service, settings = load_run_settings(args, [])
-    result: dict = {"done": False}
-
-    def started(sk: SlotkeeperApp) -> None:
-        # The app as users run it (run_gui: its exit path included), driven from inside.
-        scenario = Scenario(phase, result_path, shots, sk, result)
-        sk.finished.connect(lambda: result.update(done=sk.done))
-        QTimer.singleShot(0, scenario.start)
-
-    code = run_gui(None, paths, service, settings, start_now=True, first_run=False, on_started=started)
-    result["exit_code"] = code
-    Path(result_path).write_text(json.dumps(result, indent=2, default=str))
-    return code
+    return run_in_the_app(argv, result_path,
+                          lambda sk, result: Scenario(phase, result_path, shots, sk, result))
 
 
 if __name__ == "__main__":

@@ -8,11 +8,17 @@ scenario's result (``save()`` writes it).
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
+
+from slotkeeper.cli import build_parser, load_run_settings
+from slotkeeper.gui.application import SlotkeeperApp, run_gui
 
 
 class Stepper:
@@ -45,3 +51,22 @@ class Stepper:
             return
         cond, timeout, what = step
         self._advance(cond, time.monotonic() + timeout, what)
+
+
+def run_in_the_app(argv: list[str], result_path: Path,
+                   scenario: Callable[[SlotkeeperApp, dict], Stepper]) -> int:
+    """The app as users run it (run_gui: its exit path included), started with ``argv`` (the
+    command line's options) and driven from inside by ``scenario(app, result)``. The result, with
+    whether the app finished and its exit code, goes to ``result_path``."""
+    paths, service, settings = load_run_settings(build_parser().parse_args(argv), [])
+    result: dict = {"done": False}
+
+    def started(sk: SlotkeeperApp) -> None:
+        steps = scenario(sk, result)
+        sk.finished.connect(lambda: result.update(done=sk.done))
+        QTimer.singleShot(0, steps.start)
+
+    code = run_gui(None, paths, service, settings, start_now=True, first_run=False, on_started=started)
+    result["exit_code"] = code
+    Path(result_path).write_text(json.dumps(result, indent=2, default=str))
+    return code

@@ -21,18 +21,6 @@ SCENARIO = Path(__file__).with_name("chat_scenario.py")
 TOOLS = ("Xvfb", "openbox", "import")
 
 
-@pytest.fixture
-def starter_model(tmp_path) -> Path:
-    from slotkeeper.core.model.starter_model import find_starter_model
-
-    found = find_starter_model(tmp_path / "models")
-    if found is None:
-        if os.environ.get("SLOTKEEPER_REQUIRE_SERVER") == "1":
-            pytest.fail("the starter model is not installed (make fetches it)")
-        pytest.skip("the starter model is not installed (make fetches it)")
-    return found
-
-
 @pytest.mark.timeout(1800)  # a 135M model on a busy two-core machine answers slowly
 def test_the_chat_window_with_the_starter_model_answering(tmp_path, starter_model, server_bin, port):
     missing = [t for t in TOOLS if shutil.which(t) is None]

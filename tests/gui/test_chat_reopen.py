@@ -6,7 +6,6 @@ through the front door) opened and continued in the window the same way."""
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import replace
 
@@ -15,7 +14,6 @@ import pytest
 
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import Engine
-from slotkeeper.core.model.starter_model import find_starter_model
 from slotkeeper.core.settings import ServerProfile, Settings
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.chat.chat_window import ChatWindow
@@ -27,18 +25,8 @@ QUESTIONS = ["Name three colours of the rainbow.", "Which of them is the colour 
              "And which one is the colour of grass?"]
 
 
-@pytest.fixture
-def starter(tmp_path):
-    found = find_starter_model(tmp_path / "models")
-    if found is None:
-        if os.environ.get("SLOTKEEPER_REQUIRE_SERVER") == "1":
-            pytest.fail("the starter model is not installed (make fetches it)")
-        pytest.skip("the starter model is not installed (make fetches it)")
-    return found
-
-
-def launch(qtbot, starter, server_bin, port) -> EngineBridge:
-    profile = ServerProfile(model_path=str(starter), server_bin=server_bin, port=port, ctx=4096)
+def launch(qtbot, starter_model, server_bin, port) -> EngineBridge:
+    profile = ServerProfile(model_path=str(starter_model), server_bin=server_bin, port=port, ctx=4096)
     engine = Engine(app_paths(), Settings(profile=profile, idle_save_seconds=0.5))
     bridge = EngineBridge(engine, watch_sessions=False)
     bridge.start_server()
@@ -82,8 +70,8 @@ def open_found(qtbot, bridge: EngineBridge, word: str) -> ChatWindow:
 
 @pytest.mark.timeout(1800)
 def test_chat_three_turns_quit_relaunch_find_it_by_a_reply_and_continue_from_the_cache(
-        qtbot, starter, server_bin, port):
-    bridge = launch(qtbot, starter, server_bin, port)
+        qtbot, starter_model, server_bin, port):
+    bridge = launch(qtbot, starter_model, server_bin, port)
     w = window(qtbot, bridge)
     options = {**w.transcript.options, "max_tokens": 80, "temperature": 0}  # replies of some length
     w.show_transcript(replace(w.transcript, options=options))
@@ -92,7 +80,7 @@ def test_chat_three_turns_quit_relaunch_find_it_by_a_reply_and_continue_from_the
     w.close()
     quit_app(bridge)
 
-    bridge = launch(qtbot, starter, server_bin, port)  # relaunch
+    bridge = launch(qtbot, starter_model, server_bin, port)  # relaunch
     try:
         asked = " ".join(QUESTIONS).lower()
         said = [x for r in reversed(replies) for x in re.findall(r"[A-Za-z]{5,}", r)]
@@ -112,8 +100,9 @@ def test_chat_three_turns_quit_relaunch_find_it_by_a_reply_and_continue_from_the
 
 
 @pytest.mark.timeout(1800)
-def test_a_conversation_an_outside_client_had_is_continued_in_the_window(qtbot, starter, server_bin, port):
-    bridge = launch(qtbot, starter, server_bin, port)
+def test_a_conversation_an_outside_client_had_is_continued_in_the_window(qtbot, starter_model, server_bin,
+                                                                         port):
+    bridge = launch(qtbot, starter_model, server_bin, port)
     try:
         url = bridge.engine.base_url
         messages = [{"role": "user", "content": "Tell me about lighthouses on rocky coasts."}]
