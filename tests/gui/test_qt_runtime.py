@@ -20,9 +20,12 @@ def test_emitting_bools_keeps_their_reference_counts(qtbot):
     e = _Emitter()
     e.flag.connect(lambda _v: None)
     before = sys.getrefcount(True), sys.getrefcount(False)
-    for _ in range(50):
+    for _ in range(200):
         e.flag.emit(True)
         e.flag.emit(False)
         e.anything.emit(True)
         e.outcome.emit(1, False, None)
-    assert (sys.getrefcount(True), sys.getrefcount(False)) == before
+    after = sys.getrefcount(True), sys.getrefcount(False)
+    # The faulty release loses one reference per bool emitted (200 of True, 400 of False here);
+    # threads a test left running may hold or let go of a few meanwhile, so allow that much.
+    assert abs(after[0] - before[0]) <= 20 and abs(after[1] - before[1]) <= 20, (before, after)
