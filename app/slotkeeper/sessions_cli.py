@@ -27,7 +27,7 @@ from slotkeeper.core.sessions.naming import InvalidSessionId
 from slotkeeper.core.sessions.search import SearchHit, SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import RestoreRecord, Sidecar, SidecarError, parse_utc
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
-from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError
+from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError, media_label
 from slotkeeper.core.settings import SettingsError, load_settings
 from slotkeeper.sessions_list import list_json, print_bytes
 
@@ -299,17 +299,17 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
     return 2
 
 
-def _transcript(service: SessionsService, sid: str) -> Transcript | None:
-    t = service.transcript(sid)
+def _transcript(service: SessionsService, entry: SessionEntry) -> Transcript | None:
+    t = service.store.transcript(entry)
     if t is None:
-        print(f"slotkeeper: {sid} was saved without a transcript (by an older Slotkeeper, or from requests "
-              "that were not a conversation): its title and preview are all there is in words",
+        print(f"slotkeeper: {entry.id} was saved without a transcript (by an older Slotkeeper, or from "
+              "requests that were not a conversation): its title and preview are all there is in words",
               file=sys.stderr)
     return t
 
 
 def _show_transcript(service: SessionsService, sid: str, as_json: bool) -> int:
-    t = _transcript(service, sid)
+    t = _transcript(service, service.get(sid))
     if t is None:
         return 1
     if as_json:
@@ -328,15 +328,16 @@ def _show_transcript(service: SessionsService, sid: str, as_json: bool) -> int:
             fn = call.get("function") or {}
             print(f"  [tool call {fn.get('name', '?')}({fn.get('arguments', '')})]")
         for item in m.media:
-            print(f"  [{item.split(':', 1)[0]} {item.split(':', 1)[-1][:12]}]")
+            print(f"  [{media_label(item)}]")
     return 0
 
 
 def _export(service: SessionsService, sid: str, fmt: str, output: str | None) -> int:
-    t = _transcript(service, sid)
+    entry = service.get(sid)
+    t = _transcript(service, entry)
     if t is None:
         return 1
-    sc = service.get(sid).sidecar
+    sc = entry.sidecar
     text = t.to_markdown(sc.title if sc else "") if fmt == "md" else json.dumps(t.to_openai(), indent=2,
                                                                                ensure_ascii=False) + "\n"
     if output is None:
@@ -356,14 +357,19 @@ def _verify(service: SessionsService, ids: list[str], data_dir: str | None) -> i
             bad += 1
             print(f"{sid}  CORRUPT  {'; '.join(entry.problems)}")
             continue
-        said = server.check(entry)
+        try:
+            transcript = service.store.transcript(entry)
+        except TranscriptError as exc:
+            print(f"{sid}  ok; its transcript cannot be read: {exc}")
+            continue
+        said = server.check(entry, transcript)
         if said is not None and said.verdict == "mismatch":
             bad += 1
             print(f"{sid}  ok, but its transcript does not match: {said.words}")
         elif said is not None:
             print(f"{sid}  ok; transcript: {said.words}")
         else:
-            print(f"{sid}  ok{server.why_not(entry)}")
+            print(f"{sid}  ok{server.why_not(transcript)}")
     return 1 if bad else 0
 
 
@@ -399,25 +405,23 @@ class _ServingModel:
         self._client = client
         self._sha = ModelHashCache(paths.hash_cache_file).cached(props.model_path)
 
-    def check(self, entry: SessionEntry) -> Any:
+    def check(self, entry: SessionEntry, transcript: Transcript | None) -> Any:
+        """The session's ``transcript`` checked against its KV file (None: no transcript, or no
+        server of its model to render it)."""
         from slotkeeper.core.services.transcript_check import check_transcript
 
-        transcript = self.service.store.transcript(entry) if entry.sidecar is not None else None
         if transcript is None:
             return None
         self._connect()
         if self._client is None or entry.sidecar is None or self._sha != entry.sidecar.model_sha256:
             return None
         c = self._client
-        return check_transcript(transcript, list(self.service.store.tokens(entry)), c.apply_template,
+        return check_transcript(transcript, self.service.store.tokens(entry), c.apply_template,
                                 c.tokenize, c.detokenize)
 
-    def why_not(self, entry: SessionEntry) -> str:
-        try:
-            has = entry.sidecar is not None and self.service.store.transcript(entry) is not None
-        except TranscriptError as exc:
-            return f"; its transcript cannot be read: {exc}"
-        if not has:
+    @staticmethod
+    def why_not(transcript: Transcript | None) -> str:
+        if transcript is None:
             return ""
         return "; its transcript was not checked (only Slotkeeper serving its model can render it: start it)"
 

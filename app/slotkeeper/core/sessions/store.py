@@ -335,7 +335,8 @@ class SessionStore:
             fsync_dir(self.dir)
             step("after_rename")
             # Verified by the save's hash: a restore trusts the file while it keeps this stamp.
-            sidecar = replace(sidecar, verified=carried_over(hashed, os.lstat(final), sidecar.content_hash))
+            kv_st = os.lstat(final)  # the file stays as it is until the index has learnt it
+            sidecar = replace(sidecar, verified=carried_over(hashed, kv_st, sidecar.content_hash))
             write_sidecar_atomic(self.sidecar_path(sidecar.id), sidecar)
             step("after_sidecar")
             gone = None
@@ -347,19 +348,19 @@ class SessionStore:
                     unlink_quietly(self.dir / old_chat)
                     self.index.note_files({old_chat: None})
                 self.token_lists.forget(gone)
-            self._record_saved(sidecar, tokens, gone)
+            self._record_saved(sidecar, stamp_of(kv_st), tokens, gone)
         return sidecar
 
-    def _record_saved(self, sidecar: Sidecar, tokens: Sequence[int] | None, gone_kv: str | None) -> None:
-        """A save wrote ``sidecar`` and its KV file (and removed ``gone_kv``): the index learns it
-        from what the save knows, with a stat of the two files."""
+    def _record_saved(self, sidecar: Sidecar, kv_st: Stamp, tokens: Sequence[int] | None,
+                      gone_kv: str | None) -> None:
+        """A save wrote ``sidecar`` and its KV file (whose stat is ``kv_st``; ``gone_kv`` removed):
+        the index learns it from what the save knows, with a stat of the sidecar."""
         name = sidecar_name(sidecar.id)
         st = self._lstat(name)
-        kv_st = self._lstat(sidecar.kv_file)
         record = None if st is None else (name, SidecarRecord.read(st, sidecar))
         if self.index.note_save(sidecar.id, sidecar.model_sha256, record, sidecar.kv_file, kv_st, gone_kv,
                                 tokens):
-            assert kv_st is not None and tokens is not None
+            assert tokens is not None
             self.token_lists.keep(sidecar.kv_file, kv_st, array(TYPECODE, tokens))  # a copy
 
     def _note_sidecar(self, session_id: str, sidecar: Sidecar) -> None:
@@ -381,12 +382,11 @@ class SessionStore:
                 leftover = name.startswith(INCOMING_PREFIX) or (
                     name.startswith(".") and name.endswith(".tmp")
                 )
-                m = OWN_KV_RE.match(name)
-                own_kv = name
-                if m is None and (m := OWN_TRANSCRIPT_RE.match(name)) is not None:
-                    own_kv = f"{m.group(1)}.{m.group(2)}.kv"  # a transcript goes with its version
+                m = OWN_KV_RE.match(name) or OWN_TRANSCRIPT_RE.match(name)
                 if m and m.group(1) in claims:
-                    leftover = claims[m.group(1)] is not None and claims[m.group(1)] != own_kv
+                    # a KV file or a transcript of a version its sidecar no longer names
+                    claim = claims[m.group(1)]
+                    leftover = claim is not None and name not in (claim, transcript_name(claim))
                 elif m:
                     leftover = True  # a first save that died before its sidecar was written
                 if leftover:

@@ -52,6 +52,16 @@ class Message:
     name: str = ""
     media: tuple[str, ...] = ()  # "image:<sha256>" / "audio:<sha256>": what the message carried, by its hash
 
+    def to_markdown(self) -> str:
+        """Its text as Markdown: the content, tool calls as JSON code, media by name (the chat
+        window's copy of a message, and each message of an export)."""
+        parts = [self.content] if self.content else []
+        for call in self.tool_calls:
+            fn = call.get("function") or {}
+            parts.append(f"Tool call `{fn.get('name', '?')}`:\n\n```json\n{fn.get('arguments', '')}\n```")
+        parts += [f"*({media_label(item)})*" for item in self.media]
+        return "\n\n".join(parts)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         for key in ("reasoning", "tool_call_id", "name"):
@@ -145,14 +155,9 @@ class Transcript:
             out += [f"## {m.role.capitalize()}" + (f" ({m.name})" if m.name else ""), ""]
             if m.reasoning:
                 out += ["> " + line for line in m.reasoning.splitlines()] + [""]
-            if m.content:
-                out += [m.content, ""]
-            for call in m.tool_calls:
-                fn = call.get("function") or {}
-                out += [f"Tool call `{fn.get('name', '?')}`:", "", "```json", str(fn.get("arguments", "")),
-                        "```", ""]
-            for item in m.media:
-                out += [f"*({item.split(':', 1)[0]} {item.split(':', 1)[-1][:12]})*", ""]
+            body = m.to_markdown()
+            if body:
+                out += [body, ""]
         return "\n".join(out)
 
     def with_reply(self, reply: Message) -> Transcript:
@@ -220,6 +225,12 @@ class Transcript:
         except (NotARegularFile, UnsafeFile, OSError) as exc:
             raise TranscriptError(f"the transcript {path.name} cannot be read: {exc}") from exc
         return cls.from_bytes(raw)
+
+
+def media_label(item: str) -> str:
+    """An image or audio part as words: its kind and the start of its hash ("image 3f2a…")."""
+    parts = item.split(":", 1)
+    return f"{parts[0]} {parts[-1][:12]}"
 
 
 def _str(d: Mapping[str, Any], key: str) -> str:

@@ -49,18 +49,6 @@ class Entry:
     extra: dict = field(default_factory=dict)
 
 
-def message_markdown(m: Message) -> str:
-    """A message's text as Markdown: its content, tool calls as JSON code, media by name."""
-    parts = [m.content] if m.content else []
-    for call in m.tool_calls:
-        fn = call.get("function") or {}
-        parts.append(f"Tool call `{fn.get('name', '?')}`:\n\n```json\n{fn.get('arguments', '')}\n```")
-    for item in m.media:
-        kind, _, digest = item.partition(":")
-        parts.append(f"*({kind} {digest[:12]})*")
-    return "\n\n".join(parts)
-
-
 def heading(entry: Entry) -> str:
     m = entry.message
     name = entry.label or ROLE_NAMES.get(m.role, m.role.capitalize())
@@ -165,7 +153,7 @@ class MessageWidget(QFrame):
             if self.reasoning.markdown != m.reasoning:
                 self.reasoning.set_markdown(m.reasoning)
             self.reasoning.setVisible(bool(m.reasoning))
-        text = message_markdown(m)
+        text = m.to_markdown()
         if self.body.markdown != text:
             self.body.set_markdown(text)
         self.body.setVisible(bool(text) or not m.reasoning)
@@ -298,7 +286,7 @@ class MessageView(QScrollArea):
         return len(self.widgets)
 
     def copy_message(self, index: int) -> None:
-        QGuiApplication.clipboard().setText(message_markdown(self.entries[index].message))
+        QGuiApplication.clipboard().setText(self.entries[index].message.to_markdown())
         self.copyRequested.emit(index)
 
     # -- drawing --------------------------------------------------------------------------
