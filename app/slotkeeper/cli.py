@@ -371,12 +371,11 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
                 tokens = sum(r.n_restored for r in event.restored)
                 log.info("restored %d conversation(s), %d tokens", len(event.restored), tokens)
             # The desktop app's History marks the launches of `serve` too (a small append).
+            # (on the bookkeeping thread: this runs on the engine's loop, and the first append
+            # reads the whole file)
             launch = LaunchRecord(engine.snapshot.started_at or time.time(),
                                   tuple(r.slot for r in event.restored))
-            try:
-                engine.history.append(launch)
-            except OSError as exc:
-                log.warning("could not record the launch in the request history: %s", exc)
+            engine.loop.in_background(engine.history.append, launch, what="recording the launch")
             profile = engine.running_profile
             where = "" if is_loopback(profile.host) else (
                 f" (listening on {profile.host} port {profile.port}: other machines can reach it)")

@@ -3,6 +3,7 @@ its licence, where its files are, and the README to read in the app."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ README_LINK = "readme"  # the About text's link that opens the README in the app
 _IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")  # screenshots: not shipped with the app
 
 
+@functools.cache  # read once per process, whichever About dialog asks
 def readme_text() -> str | None:
     """The README: the source tree's when running from it, else the one the package was installed
     with (its metadata); None when neither is there (a bundle without the package's metadata)."""

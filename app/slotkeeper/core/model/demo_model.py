@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slotkeeper.core.model.starter_model import STARTER_NAME
+__all__ = ["DEMO_NOTICE", "ensure_demo_model"]
 
-__all__ = ["DEMO_NOTICE", "DEMO_NAME", "ensure_demo_model"]
-
-DEMO_NAME = STARTER_NAME
 DEMO_NOTICE = (
     "The starter model is SmolLM2-135M-Instruct (98 MB, Apache-2.0): small and quick, good for trying "
     "Slotkeeper, not for real work. Choose a larger model (Model ▸ Download a model…) when you want one."
