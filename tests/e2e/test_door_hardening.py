@@ -328,9 +328,12 @@ def test_a_session_whose_slot_went_on_with_another_conversation_can_be_deleted(l
         engine.stop(save=False)
 
 
-def test_an_answer_http_does_not_allow_is_a_clear_502_and_the_door_stays_open(llama_model, server_bin, port):
-    """llama-server's MCP proxy relays a 204 No Content with a chunked body, which HTTP forbids;
-    the door's strict parser cannot read it and says so, instead of a bare 500."""
+def test_an_answer_http_forbids_is_never_a_bare_500_and_the_door_stays_open(llama_model, server_bin, port):
+    """llama-server's MCP proxy relays a 204 No Content with a chunked body, which HTTP forbids.
+    Whether the body's terminator reaches the door in the same packet as the headers is up to the
+    network stack: if it does, the door's strict parser cannot read the answer and says so (502);
+    if not, the 204 is complete without it and is passed on as it is. Never a bare 500, and the
+    door goes on answering."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -350,9 +353,14 @@ def test_an_answer_http_does_not_allow_is_a_clear_502_and_the_door_stays_open(ll
     try:
         assert engine.wait_ready(60) is ServerState.READY
         r = httpx.post(f"{url}/cors-proxy?url=http://127.0.0.1:{target.server_port}/", json={}, timeout=60)
-        assert r.status_code == 502, r.text
-        assert "could not be read" in r.json()["error"]["message"]
+        assert r.status_code in (204, 502), r.text
+        if r.status_code == 502:
+            assert "could not be read" in r.json()["error"]["message"]
+        else:
+            assert r.content == b""
         assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        answer = httpx.post(f"{url}/completion", json={"prompt": "Hello", "n_predict": 2}, timeout=60)
+        assert answer.status_code == 200, answer.text
     finally:
         engine.stop(save=False)
         target.shutdown()
