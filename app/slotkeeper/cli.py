@@ -453,7 +453,8 @@ def _on_signals(loop, handler: Callable[[int], None]) -> Callable[[], None]:
 
 class ServeLog:
     """What `serve` writes to its log for each engine event: every action Slotkeeper takes, in the
-    words of the app's activity list (``core.journal``), plus the model's loading progress."""
+    words of the app's activity list (``core.journal``), plus the model's loading progress (and the
+    starter model's download, and the model's hashing)."""
 
     LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -464,6 +465,7 @@ class ServeLog:
         from slotkeeper.core import events as ev
         from slotkeeper.core.journal import journal_entry
         from slotkeeper.core.server.state import ServerState
+        from slotkeeper.core.views import BYTE_ACTIVITIES
 
         match event:
             case ev.ServerLoading(elapsed=elapsed, detail=detail):
@@ -472,8 +474,8 @@ class ServeLog:
                     self._loading_reported = step
                     log.info("loading the model (%.0f s): %s", elapsed, detail[-100:])
                 return
-            case ev.ActivityChanged(activity=a) if a.activity == "hashing" and a.total:
-                log.info("identifying the model: %.0f%%", 100 * a.done / a.total)
+            case ev.ActivityChanged(activity=a) if a.activity in BYTE_ACTIVITIES and a.total:
+                log.info("%s", a.describe())  # "Downloading the starter model: 40% of 93.8 MiB"
                 return
             case ev.ServerStateChanged(state=state) if state is ServerState.FAILED:
                 return  # serve says it on its own, and exits

@@ -9,6 +9,7 @@ from slotkeeper.core import events as ev
 from slotkeeper.core.basics.units import human_duration as format_duration
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import ServerProfile
+from slotkeeper.core.views import Activity
 from slotkeeper.gui.pages.server_page import ServerPage, describe_flags
 
 
@@ -46,6 +47,19 @@ def test_state_changes_update_the_server_tab(qtbot, page, bridge, engine):
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.WarningRaised("restores will not help"))
     assert page.warning_box.isVisible()
+
+
+def test_the_starter_models_download_shows_its_progress_in_the_server_tab(qtbot, page, bridge, engine):
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STARTING, "preparing"))
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ActivityChanged(Activity("downloading", "downloading the starter model",
+                                                             49_000_000, 98_362_432)))
+    assert page.state_label.text() == "Starting"
+    assert page.state_message.text() == "Downloading the starter model: 49% of 93.8 MiB"
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ActivityChanged(Activity()))
+    assert page.state_message.text() == "preparing"
 
 
 def test_a_failed_start_keeps_the_log_tail_in_a_tooltip(qtbot, page, bridge, engine):

@@ -105,6 +105,23 @@ def test_demo_model_note_and_binary(qtbot, engine, make_dialog):
     assert not server.row_shown(server.swa_box)
 
 
+def test_the_starter_model_this_computer_lacks_is_not_downloaded_by_choosing_it_in_settings(
+        qtbot, engine, make_dialog, monkeypatch):
+    from slotkeeper.gui.settings.server_tab import STARTER_NOT_HERE
+    from starter_index import Index, serve
+
+    index = serve(monkeypatch, b"GGUF" + b"\0" * 4096)
+    try:
+        engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+        d = make_dialog()
+        server = d.server_tab
+        qtbot.waitUntil(lambda: server.model_note.text() == STARTER_NOT_HERE, timeout=10_000)
+        assert Index.asked == [] and not list(engine.paths.models_dir.glob("*"))
+        assert "downloaded" in STARTER_NOT_HERE and "when the server first starts" in STARTER_NOT_HERE
+    finally:
+        index.shutdown()
+
+
 def test_missing_model_file_is_reported(qtbot, engine, make_dialog, tmp_path):
     d = make_dialog()
     server = d.server_tab

@@ -9,7 +9,7 @@ from PySide6.QtGui import QGuiApplication
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.server.state import ServerState
-from slotkeeper.core.views import SlotView
+from slotkeeper.core.views import Activity, SlotView
 from slotkeeper.gui.tray import RESUME_ITEMS, TrayController, api_address
 
 
@@ -76,6 +76,13 @@ def test_tooltip_and_icon_follow_the_engine(qtbot, tray, bridge, engine, session
     assert "Address: http://127.0.0.1:8789" in tip
     assert "Slots busy: 1 of 2" in tip
     assert "Saved: 1 conversation, 2.0 KiB" in tip
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ActivityChanged(Activity("downloading", "downloading the starter model",
+                                                             49_000_000, 98_362_432)))
+    assert "Downloading the starter model: 49% of 93.8 MiB" in tray.tooltip().splitlines()
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ActivityChanged(Activity()))
+    assert "Downloading" not in tray.tooltip()
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.ServerStateChanged(ServerState.FAILED, "boom"))
     assert tray.icon_state == "error"

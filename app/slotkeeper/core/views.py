@@ -57,23 +57,26 @@ class SlotView:
     detached: bool = False
 
 
+BYTE_ACTIVITIES = ("downloading", "hashing")  # their progress counts bytes
+
+
 @dataclass(frozen=True)
 class Activity:
     """Long work the engine is doing (hashing the model, restoring, saving), with progress."""
 
-    activity: str | None = None  # "hashing", "restoring", "saving"; None = nothing
+    activity: str | None = None  # "downloading", "hashing", "restoring", "saving"; None = nothing
     detail: str = ""
     done: int = 0
     total: int = 0
 
     def describe(self) -> str:
-        """The activity in words for a status line ("" when idle). Hashing counts bytes: a share
-        and the size ("Identifying m.gguf: 62% of 93.8 MiB"); the others count items, the one in
-        hand ("Saving (1 of 2): slot 0"). Never past the total."""
+        """The activity in words for a status line ("" when idle). Downloading and hashing count
+        bytes: a share and the size ("Identifying m.gguf: 62% of 93.8 MiB"); the others count
+        items, the one in hand ("Saving (1 of 2): slot 0"). Never past the total."""
         if not self.activity:
             return ""
         detail = self.detail or self.activity
-        if self.activity == "hashing":
+        if self.activity in BYTE_ACTIVITIES:
             if not self.total:
                 return detail[:1].upper() + detail[1:]
             from slotkeeper.core.basics.units import human_bytes

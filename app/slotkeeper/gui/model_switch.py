@@ -12,6 +12,7 @@ new model.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.model import profile_model_name, swa_explanation
 from slotkeeper.core.model import gguf_info
+from slotkeeper.core.model.starter_model import find_starter_model
 from slotkeeper.core.services.choosing import (
     LaunchSanity,
     ModelIdentity,
@@ -49,6 +51,7 @@ from slotkeeper.core.views import SavesReport, ServerState
 from slotkeeper.gui import icons
 from slotkeeper.gui.bridge import EngineBridge, SwitchOutcome, resolved_model_file
 from slotkeeper.gui.jobs import describe_error
+from slotkeeper.gui.starter_fetch import StarterFetch, StarterMissing
 from slotkeeper.gui.theme import error_style, warning_style
 
 log = logging.getLogger(__name__)
@@ -108,9 +111,10 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
     key = profile.model_path or model_path
     models_dir = bridge.paths.models_dir
     if key == DEMO_MODEL:
-        from slotkeeper.core.model.demo_model import ensure_demo_model  # the starter model: found, or fetched
-
-        file = ensure_demo_model(models_dir)
+        found = find_starter_model(models_dir)
+        if found is None:
+            raise StarterMissing(key)
+        file = found
     else:
         file = Path(key).expanduser()
         if not file.is_file():
@@ -294,6 +298,7 @@ class ModelSwitcher(QObject):
         self.parent_widget = parent_widget
         self.dialog: SwitchModelDialog | None = None
         self.progress: QProgressDialog | None = None
+        self.fetch: StarterFetch | None = None  # the starter model's download, before it is chosen
         self.preview: SwitchPreview | None = None
         self._target = ""
         self._starting = False
@@ -304,7 +309,7 @@ class ModelSwitcher(QObject):
 
     @property
     def busy(self) -> bool:
-        return self.dialog is not None or self.progress is not None
+        return self.dialog is not None or self.progress is not None or self.fetch is not None
 
     def choose(self, model_path: str, resume_id: str | None = None, ask: bool = True) -> None:
         """Switch to ``model_path`` (a path or ``DEMO_MODEL``), then resume ``resume_id`` if given."""
@@ -322,12 +327,31 @@ class ModelSwitcher(QObject):
                 self.switch(preview.model_path, resume_id)
 
         def failed(exc: BaseException) -> None:
+            if isinstance(exc, StarterMissing):  # downloaded first (with progress), then chosen
+                self._fetch_starter(lambda: self.choose(model_path, resume_id, ask), model_path)
+                return
             message = f"Cannot use {profile_model_name(model_path)}: {describe_error(exc)}"
             self._say("Choosing a model", message)
             self.finished.emit(SwitchOutcome(model_path, False, SavesReport(), None, message))
 
         b.jobs.run(prepare_switch, b, model_path, listing, facts, current, running, on_success=done,
                    on_failure=failed, description="Reading the model")
+
+    def _fetch_starter(self, then: Callable[[], None], model_path: str) -> None:
+        fetch = StarterFetch(self.bridge.jobs, self.bridge.paths.models_dir, self.parent_widget)
+        self.fetch = fetch
+
+        def fetched(path: str, why: str) -> None:
+            self.fetch = None
+            if path:
+                then()
+                return
+            if why != "cancelled":
+                self._say("Choosing a model", why)
+            self.finished.emit(SwitchOutcome(model_path, False, SavesReport(), None, why))
+
+        fetch.finished.connect(fetched)
+        fetch.start()
 
     def _ask(self, preview: SwitchPreview, resume_id: str | None) -> None:
         dialog = SwitchModelDialog(preview, self.parent_widget)

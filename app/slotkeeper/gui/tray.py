@@ -193,6 +193,8 @@ class TrayController(QObject):
     def tooltip(self) -> str:
         b = self.bridge
         lines = [f"Slotkeeper: {b.state.value}", f"Model: {b.model_name()}"]
+        if b.activity.activity:  # "Downloading the starter model: 40% of 93.8 MiB", "Saving (1 of 2): …"
+            lines.append(b.activity.describe())
         if b.running:
             lines.append(f"Address: {b.base_url}")
         if b.slots:

@@ -19,9 +19,11 @@ Who owns what (see docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import signal
 import threading
+import time
 from typing import Any, TypeVar
 
 from slotkeeper.core.basics import datalock
@@ -30,7 +32,7 @@ from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.face import EngineFace
 from slotkeeper.core.engine.frontdesk import FrontDesk
 from slotkeeper.core.engine.frontdoor import DoorPolicy, FrontDoor
-from slotkeeper.core.engine.identity import ModelIdentity
+from slotkeeper.core.engine.identity import ModelIdentity, byte_progress
 from slotkeeper.core.engine.launching import (
     LaunchPlan,
     Prelaunched,
@@ -68,6 +70,7 @@ from slotkeeper.core.events import (
 from slotkeeper.core.history import RequestHistory
 from slotkeeper.core.model.demo_model import DEMO_NOTICE
 from slotkeeper.core.model.model_hash import ModelHashCache
+from slotkeeper.core.model.starter_model import StarterUnavailable
 from slotkeeper.core.server.apikey import DoorKeys, exposure_refusal
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.server.command import user_wants
@@ -125,6 +128,7 @@ class Engine(EngineFace):
         self._resume_id: str | None = None
         self._closed = False
         self._activity = Activity()
+        self._fetched_at = 0.0  # when the starter model's download last got further (its thread)
         self._swa_note: str | None = None
         self._after_ready: asyncio.Task[None] | None = None
         self._published_in_slots: frozenset[str] | None = None
@@ -303,11 +307,19 @@ class Engine(EngineFace):
         self.loop.call_soon(self._on_server_state, event)
 
     def _launch_spec(self) -> LaunchSpec:
-        """The supervisor asks for the launch spec on its thread; it is built on the loop."""
+        """The supervisor asks for the launch spec on its thread; it is built on the loop. A plan
+        may wait as long as the starter model's download goes on; anything else, a bounded time."""
         try:
-            return self.loop.call(self._prepare_launch(), timeout=LAUNCH_SPEC_TIMEOUT_SECONDS)
+            future = self.loop.post(self._prepare_launch())
         except LoopClosed as exc:
             raise SupervisorError("Slotkeeper is quitting") from exc
+        while True:
+            try:
+                return future.result(LAUNCH_SPEC_TIMEOUT_SECONDS)
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() - self._fetched_at > LAUNCH_SPEC_TIMEOUT_SECONDS:
+                    future.cancel()
+                    raise SupervisorError("Preparing llama-server's launch took too long") from None
 
     def _retry_start(self, exit_code: int) -> bool:
         """llama-server ended during start-up (the supervisor's thread): True to launch it again.
@@ -324,9 +336,23 @@ class Engine(EngineFace):
         return True
 
     async def _prepare_launch(self) -> LaunchSpec:
-        plan = await self.loop.run_io(lambda: plan_launch(self.paths, self._settings.profile,
-                                                          self.model_facts, self.binary_facts,
-                                                          self.supervisor.leftover_port()))
+        fetched = [False]
+        report = byte_progress(self.loop, self._set_activity, "downloading", "downloading the starter model")
+
+        def fetching(done: int, total: int) -> None:  # an I/O thread
+            if self.supervisor.stop_requested:
+                raise StarterUnavailable("the download stopped with the server")
+            fetched[0] = True
+            self._fetched_at = time.monotonic()
+            report(done, total)
+
+        try:
+            plan = await self.loop.run_io(lambda: plan_launch(self.paths, self._settings.profile,
+                                                              self.model_facts, self.binary_facts,
+                                                              self.supervisor.leftover_port(), fetching))
+        finally:
+            if fetched[0]:  # after the progress the I/O thread queued
+                self.loop.call_soon(self._set_activity, Activity())
         self._take_plan(plan)
         return plan.spec
 

@@ -24,6 +24,22 @@ log = logging.getLogger(__name__)
 HASH_PROGRESS_SECONDS = 0.5
 
 
+def byte_progress(loop: EngineLoop, set_activity: Callable[[Activity], None], activity: str,
+                  detail: str) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` for work on an I/O thread that counts bytes (hashing the model,
+    downloading the starter model): the activity set on the loop, at most every
+    ``HASH_PROGRESS_SECONDS`` and at the end."""
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:  # an I/O thread
+        now = time.monotonic()
+        if now - last[0] >= HASH_PROGRESS_SECONDS or done == total:
+            last[0] = now
+            loop.call_soon(set_activity, Activity(activity, detail, done, total))
+
+    return progress
+
+
 class ModelIdentity:
     def __init__(self, hashes: ModelHashCache, loop: EngineLoop,
                  set_activity: Callable[[Activity], None]) -> None:
@@ -35,14 +51,7 @@ class ModelIdentity:
     def begin(self, path: Path) -> None:
         """Hash the model while llama-server loads it (both read the file; the page cache helps).
         Whether it was hashed before is asked off the loop (it reads the hash cache's file)."""
-        last = [0.0]
-
-        def progress(done: int, total: int) -> None:  # an I/O thread
-            now = time.monotonic()
-            if now - last[0] >= HASH_PROGRESS_SECONDS or done == total:
-                last[0] = now
-                self.loop.call_soon(self._set_activity,
-                                    Activity("hashing", f"identifying {path.name}", done, total))
+        progress = byte_progress(self.loop, self._set_activity, "hashing", f"identifying {path.name}")
 
         def hash_unless_known() -> str | None:  # an I/O thread
             return self.hashes.cached(path) or self.hashes.compute(path, progress)

@@ -21,7 +21,7 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -40,6 +40,8 @@ from slotkeeper.core.engine.model import (
     swa_note,
 )
 from slotkeeper.core.events import EventBus
+from slotkeeper.core.model.model_choice import DEMO_MODEL
+from slotkeeper.core.model.starter_model import find_starter_model
 from slotkeeper.core.server import headstart
 from slotkeeper.core.server.apikey import exposure_refusal
 from slotkeeper.core.server.command import (
@@ -73,11 +75,13 @@ class LaunchPlan:
 
 
 def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsCache,
-                binary_facts: FileFactsCache, leftover_port: int | None) -> LaunchPlan:
+                binary_facts: FileFactsCache, leftover_port: int | None,
+                fetching: Callable[[int, int], None] | None = None) -> LaunchPlan:
     """llama-server's launch for ``profile``; SupervisorError with a user-facing sentence when it
-    cannot be launched (missing model or binary, bad arguments, not enough memory)."""
+    cannot be launched (missing model or binary, bad arguments, not enough memory). The starter
+    model is downloaded first when this computer has none (``fetching`` told the bytes)."""
     try:
-        model = resolve_model(profile.model_path, paths.models_dir, model_facts)
+        model = resolve_model(profile.model_path, paths.models_dir, model_facts, fetching)
         resolve_projector(profile.mmproj_path)  # a clear refusal, before llama-server's
         binary = locate_server(profile.server_bin)
         flags = probe_flags(binary, 15.0, binary_facts)
@@ -177,6 +181,8 @@ def prelaunch(paths: AppPaths, settings: Settings,
 
 def _prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] | None) -> Prelaunched | None:
     profile = settings.profile
+    if profile.model_path == DEMO_MODEL and find_starter_model(paths.models_dir) is None:
+        return None  # the engine downloads it, and shows how far it got
     try:
         paths.ensure()  # the folders llama-server writes into, checked as private
         datalock.acquire(paths.engine_lock_file, str(paths.data_dir))

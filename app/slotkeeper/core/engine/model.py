@@ -5,6 +5,7 @@ What holds before anything runs (the demo's marker, ``ModelChoice``, ``check_lau
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,10 +32,11 @@ LLAMA_BUILD_FALLBACK = "unknown"
 PROJECTOR_ARCH = "clip"  # general.architecture of every mmproj GGUF llama.cpp reads
 
 
-def resolve_model(model_path: str | None, models_dir: Path,
-                  facts: FileFactsCache | None = None) -> ModelChoice:
-    """The model to run: the profile's path, or the embedded demo model. Reads the GGUF header,
-    unless ``facts`` holds what it said for this very file (same size, mtime, inode and ctime)."""
+def resolve_model(model_path: str | None, models_dir: Path, facts: FileFactsCache | None = None,
+                  fetching: Callable[[int, int], None] | None = None) -> ModelChoice:
+    """The model to run: the profile's path, or the starter model (downloaded when this computer
+    has none, ``fetching(done, total)`` told its progress). Reads the GGUF header, unless
+    ``facts`` holds what it said for this very file (same size, mtime, inode and ctime)."""
     if not model_path:
         raise EngineError("No model chosen: pick a GGUF file (--model PATH), or use the starter model "
                           "(--demo).")
@@ -44,7 +46,7 @@ def resolve_model(model_path: str | None, models_dir: Path,
         from slotkeeper.core.model.starter_model import StarterUnavailable
 
         try:
-            path = ensure_demo_model(models_dir)
+            path = ensure_demo_model(models_dir, fetching)
         except StarterUnavailable as exc:
             raise EngineError(f"The starter model cannot be had: {exc}. Choose a model file (--model PATH) "
                               "instead.") from exc

@@ -7,6 +7,7 @@ The random-weight models ``modelgen`` writes stay for the tests that need each f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["DEMO_NOTICE", "ensure_demo_model"]
@@ -17,9 +18,10 @@ DEMO_NOTICE = (
 )
 
 
-def ensure_demo_model(models_dir: str | Path) -> Path:
+def ensure_demo_model(models_dir: str | Path, progress: Callable[[int, int], None] | None = None) -> Path:
     """The starter model's path: this installation's copy, or fetched into ``models_dir`` (its
-    SHA-256 checked). ``starter_model.StarterUnavailable`` says why it cannot be had."""
+    SHA-256 checked; ``progress(done, total)`` in bytes). ``starter_model.StarterUnavailable``
+    says why it cannot be had."""
     from slotkeeper.core.model.starter_model import ensure_starter_model
 
-    return ensure_starter_model(models_dir)
+    return ensure_starter_model(models_dir, progress)

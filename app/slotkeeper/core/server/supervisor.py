@@ -244,6 +244,11 @@ class Supervisor:
 
     # -- observable state -----------------------------------------------------------------
     @property
+    def stop_requested(self) -> bool:
+        """A stop was asked for since the last start (a launch under way gives up)."""
+        return self._stop_requested.is_set()
+
+    @property
     def state(self) -> ServerState:
         return self._state
 

