@@ -147,6 +147,40 @@ def test_a_listing_reads_only_the_sidecars_that_changed_and_repairs_the_rest(tmp
     assert store.listing_rows() == [orjson.dumps(e.to_json()) for e in store.listing().sessions]
 
 
+def test_a_look_at_the_folder_reads_sidecars_without_holding_the_index_lock(tmp_path):
+    """Routing takes the index's lock on the engine's loop: a first look at many sidecars must not
+    hold it while it reads them. A change noted meanwhile is not undone by the older read."""
+    import threading
+
+    folder = tmp_path / "sessions"
+    for sid in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"):
+        make_session(folder, sid, tokens=A[:100])
+    old_enough(*folder.iterdir())
+    taken: list[bool] = []
+
+    class Store(SessionStore):
+        def _read_record(self, session_id, stamp):
+            def other_thread():  # as routing would, while this sidecar is read
+                got = self.index.lock.acquire(timeout=2)
+                taken.append(got)
+                if got:
+                    if session_id == "aaaaaaaaaaaa":  # a newer record noted in between
+                        self.index.set_record(session_id, newer)
+                    self.index.lock.release()
+
+            t = threading.Thread(target=other_thread)
+            t.start()
+            t.join()
+            return super()._read_record(session_id, stamp)
+
+    store = Store(folder)
+    newer = SessionStore(folder)._read_record("aaaaaaaaaaaa", (0, 0, 0, 0, 0))
+    store.listing()
+    assert taken == [True, True]
+    assert store.index.records["aaaaaaaaaaaa"] is newer  # kept, not replaced by the older read
+    assert store.index.records["bbbbbbbbbbbb"].error is None
+
+
 def test_a_sidecar_replaced_behind_its_back_by_a_fifo_or_a_link_is_a_problem_not_a_hang(tmp_path):
     folder = tmp_path / "sessions"
     make_session(folder, "aaaaaaaaaaaa", tokens=A[:100])

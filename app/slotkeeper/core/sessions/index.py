@@ -450,10 +450,19 @@ class SessionsIndex(TokenIndex):
     def refresh(self, files: dict[str, Stamp], sidecars: Mapping[str, Stamp], read: ReadRecord) -> None:
         """The folder as one look saw it: ``files`` (every entry with its lstat), ``sidecars`` (the
         sessions' ids among them, with their sidecar's stat). Sidecars new, changed or too recent
-        to trust are read again (``read``); sessions gone are forgotten."""
+        to trust are read again (``read``); sessions gone are forgotten.
+
+        The sidecars are read outside the lock (a first look at thousands takes a while, and
+        routing takes the lock on the engine's loop); a record is replaced by what was read only
+        if no other change replaced it meanwhile."""
         with self.lock:
-            for sid, st in sidecars.items():
-                self.fresh_record(sid, st, read)
+            kept = {sid: self.records.get(sid) for sid in sidecars}
+        fresh = {sid: read(sid, st) for sid, st in sidecars.items()
+                 if (rec := kept[sid]) is None or rec.racy or rec.stamp != st}
+        with self.lock:
+            for sid, rec in fresh.items():
+                if self.records.get(sid) is kept[sid]:
+                    self.set_record(sid, rec)
             for sid in [s for s in self.records if s not in sidecars]:
                 self.forget(sid)
             self.files = files
