@@ -328,3 +328,30 @@ def test_the_saved_option_is_asked_again_after_every_wait():
 
     ticket = run(scenario())
     assert ("restore", "abc", 0) in parts.calls and ticket.source == "restored"
+
+
+def test_a_conversation_leaving_a_busy_slot_takes_the_first_slot_freed_not_that_one(monkeypatch):
+    """Its slot was given to another conversation (its own saved first): its next turn waits for
+    any slot, as llama-server's queue would, instead of for the slot it left, and is restored into
+    the first one freed."""
+    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 5.0)  # no timer: only a freed slot wakes anyone
+    desk, board, parts = make_desk(n_slots=2)
+    hold(board, 0, toks(900), changed=True)  # conversation A, least recently used
+    hold(board, 1, toks(300, start=3000), changed=True)  # conversation C
+    board[0].content.last_used, board[1].content.last_used = 1.0, 2.0
+
+    async def scenario():
+        c_turn = await desk.admit(as_tokens(toks(320, start=3000)))  # C's next turn, on its slot
+        b = await desk.admit(as_tokens(toks(50, start=5000)))  # B takes A's slot, A saved first
+        assert (c_turn.slot, b.slot) == (1, 0) and ("save", 0) in parts.calls
+        parts.best = ("a", 900, 950)  # A, saved as it left
+        a_turn = asyncio.ensure_future(desk.admit(as_tokens(toks(1000))))
+        await asyncio.sleep(0.05)
+        assert not a_turn.done()  # every slot busy
+        desk.finish(c_turn, Outcome(200, True, {"cache_n": 300, "prompt_n": 20, "predicted_n": 5}))
+        ticket = await asyncio.wait_for(a_turn, 2)  # B still runs on slot 0
+        assert board[0].leased
+        return ticket
+
+    ticket = run(scenario())
+    assert ticket.slot == 1 and ticket.source == "restored" and ("restore", "a", 1) in parts.calls

@@ -275,6 +275,12 @@ class FrontDesk:
             if r.erase_first:
                 await self.actions.recompute(r.slot, r.reason)
                 ticket.source = "recomputed"
+        c = self.content(r.slot)
+        if r.restore or r.erase_first or r.expected_prefix < c.n_prompt:
+            # What the slot held is saved (or was already) and is being replaced: a request for
+            # that conversation no longer waits for this slot, it takes the first one freed.
+            self.board[r.slot].replacing = tokens if tokens is not None else no_tokens()
+            self._wake_first()
         log.debug("request -> slot %s: %s", r.slot, r.reason)
         return ticket
 
@@ -284,7 +290,12 @@ class FrontDesk:
             if pinned is not None and s.id != pinned:
                 continue
             c = s.content
-            prefix = common_prefix_len(tokens, c.tokens) if tokens is not None and c.held else 0
+            if tokens is None:
+                prefix = 0
+            elif s.busy and s.replacing is not None:
+                prefix = common_prefix_len(tokens, s.replacing)
+            else:
+                prefix = common_prefix_len(tokens, c.tokens) if c.held else 0
             out.append(SlotOption(s.id, prefix, c.held, c.n_prompt, s.busy, s.watch.changed, c.last_used,
                                   c.fragile_until))
         return out

@@ -142,6 +142,9 @@ class Slot:
         self.view = SlotView(slot_id, n_ctx=n_ctx)
         self.content = SlotContent(n_prompt=UNKNOWN, held=UNKNOWN) if unknown else SlotContent()
         self.pending: PendingReuse | None = None
+        # A request runs on it that replaces what it held (saved first): the request's tokens,
+        # which routing compares instead, so that no one waits for a conversation that is leaving.
+        self.replacing: TokenArray | None = None
 
     @property
     def busy(self) -> bool:
@@ -242,6 +245,7 @@ class SlotBoard:
     def release(self, slot_id: int) -> None:
         s = self[slot_id]
         s.watch.in_request = False
+        s.replacing = None
         s.content.last_used = time.monotonic()
 
     def restored(self, slot_id: int, session_id: str, tokens: Sequence[int] | TokenArray, n_restored: int,
