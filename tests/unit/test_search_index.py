@@ -241,3 +241,28 @@ def test_cli_search_prints_the_passage_and_json(service, paths):
     assert r.returncode == 1 and "No saved conversation mentions" in r.stdout and not r.stderr
     r = run_cli(paths.data_dir, "search", '"); DROP', "--json")
     assert r.returncode == 1 and json.loads(r.stdout) == [] and "Traceback" not in r.stderr
+
+
+def test_a_saves_search_text_is_its_transcript_whole_or_the_detokenized_text_without_markers():
+    from slotkeeper.core.engine.searching import Described
+    from slotkeeper.core.sessions.transcripts import Transcript
+
+    class Server:
+        def detokenize(self, tokens):
+            return ("<|im_start|>user\nwhere do herons nest?<|im_end|>\n"
+                    "<|im_start|>assistant\nin tall trees by the water<|im_end|>\n")
+
+    described = Described(Server())  # type: ignore[arg-type]
+    described([1, 2, 3])
+    assert described.text == "where do herons nest?\nin tall trees by the water"  # the markers left out
+
+    # A transcript is what was said, as it was said: a message that quotes template markers is
+    # kept whole, not cut where a marker would have begun a turn.
+    quoted = "In Zephyr's template, <|user|> starts a turn and <|assistant|> starts the reply."
+    transcript = Transcript.from_json({"version": 1, "kind": "chat", "messages": [
+        {"role": "user", "content": "How does Zephyr's template mark turns?"},
+        {"role": "assistant", "content": quoted}]})
+    described = Described(Server(), transcript)  # type: ignore[arg-type]
+    title, _preview = described([1, 2, 3])
+    assert described.text == "How does Zephyr's template mark turns?\n" + quoted
+    assert title == "How does Zephyr's template mark turns?"

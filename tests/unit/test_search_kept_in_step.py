@@ -21,11 +21,14 @@ def service(tmp_path):
 
 def test_a_saves_text_goes_in_whole_or_by_title_and_preview_until_a_server_can_say(service):
     whole = make_session(service.store.dir, "aaaaaaaaaaaa", title="Herons", preview="where they nest")
-    service.index_text(whole, "<|im_start|>user\nwhere do herons nest?<|im_end|>\n"
-                              "<|im_start|>assistant\nin tall trees by the water<|im_end|>\n")
+    service.index_text(whole, "where do herons nest?\nin tall trees by the water")
     [hit] = service.search("tall trees").hits
     assert hit.id == whole.id and hit.complete
-    assert not service.search("im_start").hits  # template markers left out, as a save leaves them
+
+    # The search text goes in as given: a transcript quoting template markers is not cut at them.
+    quoting = make_session(service.store.dir, "cccccccccccc", title="Markers", preview="turns")
+    service.index_text(quoting, "In Zephyr's template, <|user|> starts a turn and <|assistant|> the reply.")
+    assert [h.id for h in service.search("zephyr").hits] == [quoting.id]
 
     partial = make_session(service.store.dir, "bbbbbbbbbbbb", title="Otters", preview="by the old mill")
     service.index_text(partial, None)  # the server could not detokenize

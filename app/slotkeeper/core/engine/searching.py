@@ -37,8 +37,9 @@ def detokenize(http: LlamaClient, tokens: list[int]) -> str | None:
 
 @dataclass
 class Described:
-    """``describe`` for the save protocol that keeps the conversation's text (for the index): from
-    the slot's transcript when it has one, else what llama-server detokenizes (the fallback)."""
+    """``describe`` for the save protocol that keeps the conversation's search text (for the
+    index): the slot's transcript as it is when it has one, else what llama-server detokenizes
+    with the template's markers left out (the fallback)."""
 
     http: LlamaClient
     transcript: Transcript | None = None
@@ -52,7 +53,7 @@ class Described:
         text = detokenize(self.http, tokens)
         if text is None:
             return f"Conversation of {len(tokens)} tokens", ""
-        self.text = text
+        self.text = conversation_text(text)
         return title_and_preview(text)
 
 

@@ -38,7 +38,6 @@ from slotkeeper.core.sessions.naming import (
 from slotkeeper.core.sessions.search import IndexedText, Reconciled, SearchHit, SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import Sidecar
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
-from slotkeeper.core.sessions.titles import conversation_text
 from slotkeeper.core.sessions.transcripts import Transcript
 
 __all__ = ["AmbiguousSessionId", "PruneOutcome", "SearchResult", "SessionInUse", "SessionsService",
@@ -270,16 +269,16 @@ class SessionsService:
 
     # -- the search index, kept in step with the folder -------------------------------------
     def index_text(self, sidecar: Sidecar, text: str | None) -> None:
-        """A save changed the session ``sidecar`` describes: its conversation's text (what the
-        save detokenized for the title), or its title and preview when the server could not say
-        (completed later, while a server of its model runs). A failure is repaired by the next
-        search."""
+        """A save changed the session ``sidecar`` describes: its conversation's search text (its
+        transcript's, or what the save detokenized with the template's markers left out), or its
+        title and preview when the server could not say (completed later, while a server of its
+        model runs). A failure is repaired by the next search."""
         if self.search_index is None:
             return
         sc = sidecar
         try:
             if text is not None:
-                self.search_index.put(sc.id, sc.kv_file, sc.model_sha256, sc.title, conversation_text(text))
+                self.search_index.put(sc.id, sc.kv_file, sc.model_sha256, sc.title, text)
             else:
                 self.search_index.put(sc.id, sc.kv_file, sc.model_sha256, sc.title, sc.preview,
                                       complete=False)
