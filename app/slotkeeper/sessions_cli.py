@@ -408,16 +408,14 @@ class _ServingModel:
     def check(self, entry: SessionEntry, transcript: Transcript | None) -> Any:
         """The session's ``transcript`` checked against its KV file (None: no transcript, or no
         server of its model to render it)."""
-        from slotkeeper.core.services.transcript_check import check_transcript
+        from slotkeeper.core.services.transcript_check import check_saved
 
         if transcript is None:
             return None
         self._connect()
-        if self._client is None or entry.sidecar is None or self._sha != entry.sidecar.model_sha256:
+        if self._client is None:
             return None
-        c = self._client
-        return check_transcript(transcript, self.service.store.tokens(entry), c.apply_template,
-                                c.tokenize, c.detokenize)
+        return check_saved(self.service.store, entry, transcript, self._sha, self._client)
 
     @staticmethod
     def why_not(transcript: Transcript | None) -> str:

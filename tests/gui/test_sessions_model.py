@@ -137,11 +137,11 @@ def test_helpers():
 
     now = datetime(2026, 11, 4, 12, tzinfo=timezone.utc)
     ts = now.timestamp()
-    assert relative_time(now - timedelta(seconds=5), ts) == "just now"
-    assert relative_time(now - timedelta(minutes=7), ts) == "7 min ago"
-    assert relative_time(now - timedelta(days=1, hours=2), ts) == "yesterday"
-    assert relative_time(now - timedelta(days=12), ts) == "12 days ago"
-    assert relative_time(now - timedelta(days=90), ts).count("-") == 2
+    assert relative_time((now - timedelta(seconds=5)).timestamp(), ts) == "just now"
+    assert relative_time((now - timedelta(minutes=7)).timestamp(), ts) == "7 min ago"
+    assert relative_time((now - timedelta(days=1, hours=2)).timestamp(), ts) == "yesterday"
+    assert relative_time((now - timedelta(days=12)).timestamp(), ts) == "12 days ago"
+    assert relative_time((now - timedelta(days=90)).timestamp(), ts).count("-") == 2
     sc = base_sidecar()
     assert swa_mode(sc) == "full attention"
 

@@ -20,6 +20,7 @@ from slotkeeper.gui.pages.history_page import HistoryPage
 from slotkeeper.gui.pages.server_page import ServerPage
 from slotkeeper.gui.pages.sessions_page import SessionsPage
 from slotkeeper.gui.pages.slots_page import SlotsPage
+from slotkeeper.gui.widgets import bring_forward
 
 TABS = ("server", "slots", "history", "sessions")
 STATUS_MS = 10_000
@@ -121,11 +122,7 @@ class MainWindow(QMainWindow):
     def bring_forward(self, tab: str = "") -> None:
         if tab:
             self.show_tab(tab)
-        if self.isMinimized():
-            self.showNormal()
-        self.show()
-        self.raise_()
-        self.activateWindow()
+        bring_forward(self)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self.hide_on_close and not self.bridge.quitting:

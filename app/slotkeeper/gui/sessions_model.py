@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, overload
 
 from PySide6.QtCore import (
@@ -68,9 +68,10 @@ def cache_text(sidecar: Sidecar) -> str:
     return f"flash attention {fa}, cache K {sidecar.cache_type_k} / V {sidecar.cache_type_v}"
 
 
-def relative_time(moment: datetime, now: float) -> str:
-    """"just now", "5 min ago", "3 h ago", "yesterday", "12 days ago", else a date."""
-    seconds = max(0.0, now - moment.timestamp())
+def relative_time(moment: float, now: float) -> str:
+    """How long before ``now`` the unix time ``moment`` was: "just now", "5 min ago", "3 h ago",
+    "yesterday", "12 days ago", else a date."""
+    seconds = max(0.0, now - moment)
     if seconds < 60:
         return "just now"
     if seconds < 3600:
@@ -82,7 +83,7 @@ def relative_time(moment: datetime, now: float) -> str:
         return "yesterday"
     if days < 30:
         return f"{days} days ago"
-    return moment.astimezone().strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(moment).strftime("%Y-%m-%d")
 
 
 def changed_at(entry: SessionEntry, saved_at: Mapping[str, float]) -> float | None:
@@ -348,7 +349,7 @@ class SessionsTableModel(QAbstractItemModel):
             moment = changed_at(entry, self._saved_at)
             if moment is None:
                 return sc.last_used_at
-            return relative_time(datetime.fromtimestamp(moment, tz=timezone.utc), self._clock())
+            return relative_time(moment, self._clock())
         return ""
 
     def _tooltip(self, conv: Conversation, reasons: list[str] | None, key: str) -> str | None:

@@ -7,7 +7,6 @@ and tooltip logic are tested offscreen where no tray exists.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QGuiApplication
@@ -27,9 +26,6 @@ from slotkeeper.gui.sessions_model import changed_at, conversation_slot, relativ
 
 RESUME_ITEMS = 10
 
-
-def relative_time_of(moment: float, now: float) -> str:
-    return relative_time(datetime.fromtimestamp(moment, tz=timezone.utc), now)
 
 TITLE_CHARS = 48
 MESSAGE_MS = 8000
@@ -241,7 +237,7 @@ class TrayController(QObject):
             if e.id in in_slot:
                 label = f"● {_elide(sc.title)}  (in slot {in_slot[e.id]})"
             else:
-                label = f"{_elide(sc.title)}  ({relative_time_of(changed(e), now)})"
+                label = f"{_elide(sc.title)}  ({relative_time(changed(e), now)})"
             verdict = b.resume_verdict(e)
             if verdict.switch_to and e.id not in in_slot:
                 label += f" — {verdict.label[0].lower()}{verdict.label[1:]}"

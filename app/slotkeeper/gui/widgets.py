@@ -5,6 +5,15 @@ from __future__ import annotations
 from PySide6.QtWidgets import QLabel, QSizePolicy, QTreeWidget, QTreeWidgetItem, QWidget
 
 
+def bring_forward(window: QWidget) -> None:
+    """Show a window in front of the others, restored if it was minimized."""
+    if window.isMinimized():
+        window.showNormal()
+    window.show()
+    window.raise_()
+    window.activateWindow()
+
+
 def top_level_items(tree: QTreeWidget) -> list[QTreeWidgetItem]:
     """The tree's top-level items in order (``topLevelItem(i)`` is None only out of range)."""
     items = (tree.topLevelItem(i) for i in range(tree.topLevelItemCount()))

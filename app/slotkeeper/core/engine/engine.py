@@ -76,7 +76,7 @@ from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.server.command import user_wants
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
-from slotkeeper.core.services.transcript_check import TranscriptCheck, check_transcript
+from slotkeeper.core.services.transcript_check import TranscriptCheck, check_saved
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
 from slotkeeper.core.settings import ServerProfile, Settings
@@ -188,16 +188,12 @@ class Engine(EngineFace):
         """Whether a saved conversation's transcript says what its KV file holds (None: it has none,
         or no server of its model runs, which alone can render and tokenize it)."""
         facts = self.link.facts
+        if facts is None:
+            return None
         entry = await self.loop.run_io(self.store.get, session_id)
-        if facts is None or entry.sidecar is None or entry.sidecar.model_sha256 != facts.model_sha256:
-            return None
         transcript = await self.loop.run_io(self.store.transcript, entry)
-        if transcript is None:
-            return None
-        saved = await self.loop.run_io(self.store.tokens, entry)
-        http = self.link.client()
-        return await self.loop.run_io(check_transcript, transcript, list(saved), http.apply_template,
-                                      http.tokenize, http.detokenize)
+        return await self.loop.run_io(check_saved, self.store, entry, transcript, facts.model_sha256,
+                                      self.link.client())
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start_async(self, resume_id: str | None = None) -> None:

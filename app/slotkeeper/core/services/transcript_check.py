@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slotkeeper.core.sessions.transcripts import TEXT, Transcript
+
+if TYPE_CHECKING:
+    from slotkeeper.core.sessions.entries import SessionEntry
+    from slotkeeper.core.sessions.store import SessionStore
 
 OK, MISMATCH, UNCHECKABLE = "ok", "mismatch", "uncheckable"
 
@@ -24,6 +28,25 @@ OK, MISMATCH, UNCHECKABLE = "ok", "mismatch", "uncheckable"
 class TranscriptCheck:
     verdict: str  # ok, mismatch, uncheckable
     words: str  # what a person is told
+
+
+class TemplateServer(Protocol):
+    """A running llama-server of some model (``LlamaClient``): what the check asks of it."""
+
+    def apply_template(self, body: dict[str, Any]) -> str: ...
+    def tokenize(self, text: str) -> list[int]: ...
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+
+def check_saved(store: SessionStore, entry: SessionEntry, transcript: Transcript | None,
+                server_sha256: str | None, server: TemplateServer) -> TranscriptCheck | None:
+    """A saved session's ``transcript`` checked against its KV file by ``server``, a running
+    llama-server whose model's SHA-256 is ``server_sha256``. None: no transcript, or the server
+    runs another model (only one of the session's own model can render and tokenize it)."""
+    if transcript is None or entry.sidecar is None or server_sha256 != entry.sidecar.model_sha256:
+        return None
+    return check_transcript(transcript, list(store.tokens(entry)), server.apply_template, server.tokenize,
+                            server.detokenize)
 
 
 def check_transcript(transcript: Transcript, saved: Sequence[int], render: Callable[[dict[str, Any]], str],

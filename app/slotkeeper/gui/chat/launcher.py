@@ -8,6 +8,7 @@ from PySide6.QtCore import QObject, Signal
 
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.chat.chat_window import ChatWindow
+from slotkeeper.gui.widgets import bring_forward
 
 
 class ChatLauncher(QObject):
@@ -34,14 +35,6 @@ class ChatLauncher(QObject):
             self._last = self.windows[-1] if self.windows else None
         window.deleteLater()
 
-    @staticmethod
-    def _bring_forward(window: ChatWindow) -> None:
-        if window.isMinimized():
-            window.showNormal()
-        window.show()
-        window.raise_()
-        window.activateWindow()
-
     def open_session(self, session_id: str) -> ChatWindow:
         """The chat window of a saved conversation (read in a job), brought forward."""
         window = next((w for w in self.windows if w.session_id == session_id), None)
@@ -49,13 +42,13 @@ class ChatLauncher(QObject):
             window = self._make()
             window.open_session(session_id)
         self._last = window
-        self._bring_forward(window)
+        bring_forward(window)
         return window
 
     def new_chat(self) -> ChatWindow:
         window = self._make()
         self._last = window
-        self._bring_forward(window)
+        bring_forward(window)
         window.composer.setFocus()
         return window
 
@@ -64,7 +57,7 @@ class ChatLauncher(QObject):
         if session_id:
             return self.open_session(session_id)
         if self._last is not None and self._last in self.windows:
-            self._bring_forward(self._last)
+            bring_forward(self._last)
             return self._last
         return self.new_chat()
 
