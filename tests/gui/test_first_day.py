@@ -10,12 +10,14 @@ import socket
 import pytest
 from gui_helpers import emit_from_thread
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.settings import Settings
 from slotkeeper.core.views import ServerState
+from slotkeeper.gui.about import AboutDialog
 from slotkeeper.gui.application import SlotkeeperApp
 from slotkeeper.gui.pages.server_page import ServerPage
 from slotkeeper.gui.tray import TrayController
@@ -176,6 +178,12 @@ def test_the_tray_offers_about_without_building_the_window(qtbot, monkeypatch):
         assert app.about_dialog is not None and app.about_dialog.isVisible()
         assert "Slotkeeper 0." in app.about_dialog.label.text()
         assert app._window is None
+        # Once the window is built, its Help menu's About is the same dialog, not a second one.
+        tray_about = app.about_dialog
+        app.window.about_action.trigger()
+        assert app.about_dialog is tray_about and app.window.about_dialog is None
+        assert [w for w in QApplication.topLevelWidgets()
+                if isinstance(w, AboutDialog) and w.isVisible()] == [tray_about]
     finally:
         if app._window is not None:
             qtbot.addWidget(app.window)

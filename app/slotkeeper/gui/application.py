@@ -35,6 +35,7 @@ from slotkeeper.gui.first_run import FirstRunDialog
 from slotkeeper.gui.model_switch import ModelSwitcher
 from slotkeeper.gui.notifications import Notifier
 from slotkeeper.gui.tray import TrayController
+from slotkeeper.gui.widgets import bring_forward
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.launching import Prelaunched
@@ -172,7 +173,7 @@ class SlotkeeperApp(QObject):
         self.chooser: FirstRunDialog | None = None
         self.tray: TrayController | None = None
         self.settings_dialog: SettingsDialog | None = None
-        self.about_dialog: AboutDialog | None = None  # the tray's, while the window is not built
+        self.about_dialog: AboutDialog | None = None  # the tray's and the window's
         self.progress: QProgressDialog | None = None
         self.quitting = False
         self.done = False
@@ -227,6 +228,9 @@ class SlotkeeperApp(QObject):
             window.chooseModelRequested.connect(self.open_model_chooser)
             window.chatRequested.connect(self.open_chat)
             window.newChatRequested.connect(self.new_chat)
+            # One About for the tray and the window: the app's.
+            window.about_action.triggered.disconnect(window.show_about)
+            window.about_action.triggered.connect(self.show_about)
             self.switcher.parent_widget = window
             self._window = window
         return self._window
@@ -252,24 +256,17 @@ class SlotkeeperApp(QObject):
         self.chats.new_chat()
 
     def show_about(self) -> None:
-        """The tray's "About Slotkeeper…": the window's own About when it is built, else one of its
-        own (the window is not built just for it)."""
-        if self._window is not None:
-            self._window.show_about()
-            return
+        """About Slotkeeper, from the tray or the window's Help menu: one dialog, brought forward
+        (the window is not built just for it)."""
         if self.about_dialog is None:
             from slotkeeper.gui.about import AboutDialog
 
             self.about_dialog = AboutDialog(None, data_dir=self.paths.data_dir)
-        self.about_dialog.show()
-        self.about_dialog.raise_()
-        self.about_dialog.activateWindow()
+        bring_forward(self.about_dialog)
 
     def open_settings(self) -> None:
         if self.settings_dialog is not None:
-            self.settings_dialog.show()
-            self.settings_dialog.raise_()
-            self.settings_dialog.activateWindow()
+            bring_forward(self.settings_dialog)
             return
         from slotkeeper.gui.settings.dialog import SettingsDialog  # built when asked for
 
@@ -277,9 +274,7 @@ class SlotkeeperApp(QObject):
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.finished.connect(self._settings_closed)
         self.settings_dialog = dialog
-        dialog.show()
-        dialog.raise_()
-        dialog.activateWindow()
+        bring_forward(dialog)
 
     def _settings_closed(self, _result: int) -> None:
         self.settings_dialog = None

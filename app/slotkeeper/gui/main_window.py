@@ -108,9 +108,7 @@ class MainWindow(QMainWindow):
         """Help ▸ About: the version, the licence, the README."""
         if self.about_dialog is None:
             self.about_dialog = AboutDialog(self, data_dir=self.bridge.paths.data_dir)
-        self.about_dialog.show()
-        self.about_dialog.raise_()
-        self.about_dialog.activateWindow()
+        bring_forward(self.about_dialog)
 
     # -- window behaviour -----------------------------------------------------------------
     def show_tab(self, name: str) -> None:
