@@ -121,7 +121,10 @@ def test_a_request_served_by_a_launch_restore_says_so(qtbot):
                       RequestRecord(t0 + 5, 0, 150, 100, 50, 5.0, "slot"),
                       RequestRecord(t0 + 60, 0, 200, 150, 50, 5.0, "slot"),  # first after the relaunch
                       RequestRecord(t0 + 65, 0, 250, 200, 50, 5.0, "slot")])
-    plot.set_launches([LaunchRecord(t0 - 1), LaunchRecord(t0 + 30, (0,))])
+    # The same launch as this run saw it (no restores known yet) and as the history file keeps
+    # it (slot 0 restored): one launch, its restores merged.
+    plot.set_launches([LaunchRecord(t0 - 1), LaunchRecord(t0 + 30), LaunchRecord(t0 + 30, (0,))])
+    assert plot.launches == [t0 - 1, t0 + 30]
     assert [p.source for p in plot.points] == ["none", "slot", "launch", "slot"]
     assert SOURCES["launch"] == ", restored from disk when the server was launched"
     plot.grab()

@@ -14,7 +14,7 @@ class HistoryPage(QWidget):
     def __init__(self, bridge: EngineBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.bridge = bridge
-        self._launches: dict[float, LaunchRecord] = {}
+        self._launches: list[LaunchRecord] = []  # as they came (the plot merges those of one moment)
         layout = QVBoxLayout(self)
         self.history_summary = QLabel()
         layout.addWidget(self.history_summary)
@@ -44,8 +44,5 @@ class HistoryPage(QWidget):
             self._add_launches([LaunchRecord(started, slots)])
 
     def _add_launches(self, launches: list[LaunchRecord]) -> None:
-        for launch in launches:
-            known = self._launches.get(launch.at)
-            slots = tuple(sorted({*launch.restored_slots, *(known.restored_slots if known else ())}))
-            self._launches[launch.at] = LaunchRecord(launch.at, slots)
-        self.history_plot.set_launches(self._launches.values())
+        self._launches.extend(launches)
+        self.history_plot.set_launches(self._launches)
