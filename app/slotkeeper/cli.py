@@ -333,11 +333,9 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     pre = prelaunch(paths, settings, getattr(args, "command_line", None))
 
     import asyncio
-    import time
 
     from slotkeeper.core import events as ev
     from slotkeeper.core.engine import Engine, EngineError
-    from slotkeeper.core.history import LaunchRecord
     from slotkeeper.core.server.command import is_loopback
     from slotkeeper.core.server.state import ServerState
 
@@ -370,12 +368,6 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             if event.restored:
                 tokens = sum(r.n_restored for r in event.restored)
                 log.info("restored %d conversation(s), %d tokens", len(event.restored), tokens)
-            # The desktop app's History marks the launches of `serve` too (a small append).
-            # (on the bookkeeping thread: this runs on the engine's loop, and the first append
-            # reads the whole file)
-            launch = LaunchRecord(engine.snapshot.started_at or time.time(),
-                                  tuple(r.slot for r in event.restored))
-            engine.loop.in_background(engine.history.append, launch, what="recording the launch")
             profile = engine.running_profile
             where = "" if is_loopback(profile.host) else (
                 f" (listening on {profile.host} port {profile.port}: other machines can reach it)")

@@ -13,6 +13,8 @@ import pytest
 from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
 
 from slotkeeper.core import events as ev
+from slotkeeper.core.basics.paths import app_paths
+from slotkeeper.core.history import RequestHistory
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.sessions.store import SessionStore
 
@@ -73,6 +75,10 @@ def test_full_loop_restores_and_continues_like_an_in_process_cache(llama_model, 
     assert restored_run["choices"][0]["message"]["content"] == cached_run["choices"][0]["message"]["content"]
     rec = sessions(isolated_home)[0].sidecar.last_restore
     assert rec is not None and rec.effective is True and rec.cache_n == t["cache_n"]
+    # Both launches are kept for the History's markers (any face's), the second with its restore.
+    launches = RequestHistory(app_paths(isolated_home).history_file).launches()
+    assert [launch.restored_slots for launch in launches] == [(), (0,)]
+    assert launches[0].at < launches[1].at
 
 
 def test_restore_reuse_is_measured_per_slot_with_two_slots_busy(llama_model, server_bin, port):

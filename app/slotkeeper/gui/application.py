@@ -14,7 +14,6 @@ import hashlib
 import logging
 import signal
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,6 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSyste
 from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.engine import Engine, EngineError
 from slotkeeper.core.events import ActivityChanged, EngineReady
-from slotkeeper.core.history import LaunchRecord
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.settings import Settings
 from slotkeeper.core.views import SavesReport
@@ -207,10 +205,6 @@ class SlotkeeperApp(QObject):
     def _on_ready(self, event: EngineReady) -> None:
         # The terminal says where clients go (llama-server's own address is private).
         log.info("ready: clients use %s (OpenAI API %s/v1)", event.url, event.url.rstrip("/"))
-        # The History tab marks this launch after a relaunch too, and what it restored.
-        launch = LaunchRecord(self.bridge.snapshot.started_at or time.time(),
-                              tuple(r.slot for r in event.restored))
-        self.bridge.jobs.run(self.engine.history.append, launch, description="Recording the launch")
 
     # -- windows --------------------------------------------------------------------------
     @property

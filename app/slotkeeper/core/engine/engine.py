@@ -67,7 +67,7 @@ from slotkeeper.core.events import (
     SlotsChanged,
     WarningRaised,
 )
-from slotkeeper.core.history import RequestHistory
+from slotkeeper.core.history import LaunchRecord, RequestHistory
 from slotkeeper.core.model.demo_model import DEMO_NOTICE
 from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.model.starter_model import StarterUnavailable
@@ -434,6 +434,12 @@ class Engine(EngineFace):
         self._swa_note = swa_note(self.link.model, self._running_profile())
         self.ready.set()
         self._publish()
+        # Every face's History marks the launches (a relaunch's too) and what each restored.
+        # On the bookkeeping thread: the first append reads the whole history file.
+        self.loop.in_background(self.history.append,
+                                LaunchRecord(self._snapshot.started_at or time.time(),
+                                             tuple(r.slot for r in restored)),
+                                what="recording the launch")
         self.events.emit(EngineReady(self.base_url, tuple(restored)))
 
     async def _server_facts(self) -> ServerFacts:
