@@ -14,13 +14,12 @@ import pytest
 
 from slotkeeper.core.engine.frontdoor import (
     BadBody,
-    SseTimings,
     parse_object,
     single_prompt,
-    timings_of,
     token_list,
     with_slot,
 )
+from slotkeeper.core.sessions.transcripts import ReplyCollector
 
 
 def test_the_slot_goes_in_front_and_the_clients_bytes_stay_as_they_were():
@@ -74,22 +73,29 @@ def test_token_prompts_are_recognised_and_mixed_ones_are_not():
 
 
 def test_timings_are_read_from_the_timings_key_not_from_the_reply_text():
+    def timings_of(data: bytes):
+        reply = ReplyCollector()
+        reply.feed_body(data)
+        return reply.timings
+
     data = json.dumps({"content": 'the "timings" were {"prompt_n": 999}',
                        "timings": {"prompt_n": 12, "cache_n": 30, "prompt_ms": 4.5}}).encode()
     assert timings_of(data) == {"prompt_n": 12, "cache_n": 30, "prompt_ms": 4.5}
     assert timings_of(b'{"content": "no figures"}') is None
     assert timings_of(b'{"timings": "broken') is None
+    assert timings_of(b'{"timings": {"no": "prompt_n"}}') is None
 
 
-def test_stream_timings_survive_any_split():
+def test_stream_timings_and_text_survive_any_split():
     events = [b'data: {"content": "a"}\n\n',
               b'data: {"content": "b", "timings": {"prompt_n": 7, "cache_n": 1}}\n\n', b"data: [DONE]\n\n"]
     stream = b"".join(events)
     for cut in range(1, len(stream)):
-        sse = SseTimings()
-        sse.feed(stream[:cut])
-        sse.feed(stream[cut:])
-        assert sse.timings == {"prompt_n": 7, "cache_n": 1}, cut
+        reply = ReplyCollector()
+        reply.feed_stream(stream[:cut])
+        reply.feed_stream(stream[cut:])
+        assert reply.timings == {"prompt_n": 7, "cache_n": 1}, cut
+        assert reply.message().content == "ab", cut
     assert np.array_equal(token_list(np.arange(3).tolist()), np.arange(3))
 
 

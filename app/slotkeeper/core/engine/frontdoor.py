@@ -354,7 +354,6 @@ class FrontDoor:
         assert self._fresh is not None
         headers = self._headers(request)
         headers["Content-Type"] = "application/json"
-        sse = SseTimings()
         outcome.processed = True  # from here on llama-server may work on it (until it answers otherwise)
         headers_in = False
         try:
@@ -363,19 +362,15 @@ class FrontDoor:
                 outcome.status = up.status
                 if up.content_type == "text/event-stream":
                     outcome.processed = up.status == 200
-                    def feed(chunk: bytes) -> None:
-                        sse.feed(chunk)
-                        reply.feed_stream(chunk)
-
                     try:
-                        return await self._relay(request, up, feed)
+                        return await self._relay(request, up, reply.feed_stream)
                     finally:
-                        outcome.timings = sse.timings
+                        outcome.timings = reply.timings
                 body = await up.read()
                 outcome.processed = up.status == 200
                 if outcome.processed:
-                    outcome.timings = timings_of(body)
                     reply.feed_body(body)
+                    outcome.timings = reply.timings
                 resp = web.Response(body=body, status=up.status,
                                     headers={k: v for k, v in up.headers.items()
                                              if k.lower() not in HOP_BY_HOP})
@@ -569,39 +564,3 @@ def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
 def token_list(prompt: list[Any]) -> TokenArray | None:
     """A prompt given as token ids, or None when it is anything else (text pieces, mixed, empty)."""
     return tokens_from_json(prompt) if prompt else None
-
-
-def timings_of(data: bytes) -> dict[str, Any] | None:
-    """The ``timings`` object of a response (it comes last: only that part is read)."""
-    at = data.rfind(b'"timings"')
-    if at < 0:
-        return None
-    start = data.find(b"{", at)
-    if start < 0:
-        return None
-    try:
-        t, _end = _DECODER.raw_decode(data[start:].decode("utf-8", "replace"))
-    except ValueError:
-        return None
-    return t if isinstance(t, dict) and "prompt_n" in t else None
-
-
-_DECODER = json.JSONDecoder()
-
-
-class SseTimings:
-    """Finds the ``timings`` a stream carries (in its last events) without holding the stream up."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self.timings: dict[str, Any] | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            if not line.startswith(b"data:") or b"timings" not in line:
-                continue
-            t = timings_of(line[5:].strip())
-            if t is not None:
-                self.timings = t

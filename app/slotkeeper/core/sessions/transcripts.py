@@ -371,12 +371,14 @@ def _responses(body: Mapping[str, Any], source: str) -> Transcript | None:
 # -- the reply ------------------------------------------------------------------------------------
 class ReplyCollector:
     """Assembles a reply from llama-server's answer: a whole JSON body or the events of a stream
-    (OpenAI chat and completions, llama-server's own /completion, Anthropic messages, Responses).
-    Bounded: past ``MAX_REPLY_CHARS`` the text is cut."""
+    (OpenAI chat and completions, llama-server's own /completion, Anthropic messages, Responses),
+    and keeps the ``timings`` it carries (the last event's, in a stream). Bounded: past
+    ``MAX_REPLY_CHARS`` the text is cut."""
 
     def __init__(self) -> None:
         self.content: list[str] = []
         self.reasoning: list[str] = []
+        self.timings: dict[str, Any] | None = None
         self._calls: dict[int, dict[str, Any]] = {}
         self._size = 0
         self._buffer = b""
@@ -405,7 +407,11 @@ class ReplyCollector:
             except ValueError:
                 continue
             if isinstance(d, dict):
-                self._take(d, stream=True)
+                self.take_event(d)
+
+    def take_event(self, d: dict[str, Any]) -> None:
+        """One event of a stream, decoded already (by a reader that looks at each event itself)."""
+        self._take(d, stream=True)
 
     def _add(self, into: list[str], text: Any) -> None:
         if isinstance(text, str) and text and self._size < MAX_REPLY_CHARS:
@@ -414,6 +420,9 @@ class ReplyCollector:
             into.append(text)
 
     def _take(self, d: dict[str, Any], stream: bool) -> None:
+        t = d.get("timings")
+        if isinstance(t, dict) and "prompt_n" in t:
+            self.timings = t
         choices = d.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             c = choices[0]

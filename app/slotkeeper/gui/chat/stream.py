@@ -188,7 +188,6 @@ class ChatStream(QObject):
         if status is not None and status != 200:
             self._error_body = (self._error_body + data)[:64 * 1024]
             return
-        self._collector.feed_stream(data)
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
         content: list[str] = []
@@ -213,6 +212,7 @@ class ChatStream(QObject):
         if not isinstance(d, dict):
             return
         self._events += 1
+        self._collector.take_event(d)  # the reply as the transcript keeps it (bounded)
         if "error" in d:
             self._stream_error = _server_message(payload) or "the server reported an error"
             return
@@ -292,7 +292,6 @@ class ChatStream(QObject):
         content: list[str] = []
         reasoning: list[str] = []
         line, self._buffer = self._buffer, b""
-        self._collector.feed_stream(b"\n")
         self._event(line.strip(), content, reasoning)
         if content or reasoning:
             self.delta.emit("".join(content), "".join(reasoning))
