@@ -559,3 +559,17 @@ def test_a_saved_conversation_opens_with_its_messages_and_continues(qtbot, chat,
     assert result.error is None
     assert result.figures.cache_n >= w.last_result.figures.prompt_tokens - 2, "continued from the cache"
     other.close()
+
+
+def test_a_reply_on_screen_is_kept_to_what_its_transcript_keeps(qtbot, stub_window, monkeypatch):
+    """A runaway reply does not grow the window's copy past the transcript's bound."""
+    from slotkeeper.core.sessions import transcripts
+
+    monkeypatch.setattr(transcripts, "MAX_REPLY_CHARS", 10)
+    w, _ = stub_window(None)
+    w._reply = Message("assistant", "", "")
+    w._on_delta("", "think")
+    w._on_delta("abcdefgh", "")
+    assert (w._reply.reasoning, w._reply.content) == ("think", "abcde")
+    w._on_delta("more", "more")
+    assert (w._reply.reasoning, w._reply.content) == ("think", "abcde")

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from slotkeeper.core import events as ev
+from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.compat import model_file_name
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.transcripts import CHAT, TEXT, Message, Transcript
@@ -515,6 +516,11 @@ class ChatWindow(QMainWindow):
 
     def _on_delta(self, content: str, reasoning: str) -> None:
         r = self._reply
+        room = transcripts.MAX_REPLY_CHARS - len(r.content) - len(r.reasoning)  # as the transcript keeps it
+        if room <= 0:
+            return
+        content = content[:room]
+        reasoning = reasoning[:room - len(content)]
         self._reply = replace(r, content=r.content + content, reasoning=r.reasoning + reasoning)
         if not self._redraw.isActive():
             self._redraw.start()
