@@ -40,13 +40,11 @@ from slotkeeper.core.model.hub_download import (
 from slotkeeper.core.model.model_catalog import CATALOG, DEFAULT_CTX, CuratedModel
 from slotkeeper.gui.jobs import JobRunner, describe_error
 from slotkeeper.gui.theme import error_style
-from slotkeeper.gui.widgets import top_level_items
+from slotkeeper.gui.widgets import show_bytes, top_level_items
 
 log = logging.getLogger(__name__)
 
 ENTRY_ROLE = Qt.ItemDataRole.UserRole + 1
-# A progress bar counts in ints; a 12 GB file in bytes does not fit, so it counts KiB.
-_BAR_UNIT = 1024
 
 
 def machine_memory() -> int | None:
@@ -210,8 +208,7 @@ class DownloadDialog(QDialog):
         if self.state not in ("downloading", "cancelling"):
             return
         if p.total:
-            self.progress.setRange(0, max(1, p.total // _BAR_UNIT))
-            self.progress.setValue(min(p.done, p.total) // _BAR_UNIT)
+            show_bytes(self.progress, p.done, p.total)
         if self.state == "cancelling":
             return
         total = human_bytes(p.total) if p.total else "?"

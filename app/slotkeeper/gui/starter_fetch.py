@@ -20,8 +20,7 @@ from PySide6.QtWidgets import QProgressDialog, QWidget
 from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.model.starter_model import STARTER_SIZE, StarterUnavailable, ensure_starter_model
 from slotkeeper.gui.jobs import JobRunner, describe_error
-
-_BAR_UNIT = 1024  # a progress bar counts in ints: KiB
+from slotkeeper.gui.widgets import show_bytes
 
 
 class StarterMissing(Exception):
@@ -56,8 +55,7 @@ class StarterFetch(QObject):
     @Slot(int, int)
     def _show(self, done: int, total: int) -> None:
         if total and not self._cancel.is_set():
-            self.dialog.setRange(0, max(1, total // _BAR_UNIT))
-            self.dialog.setValue(min(done, total) // _BAR_UNIT)
+            show_bytes(self.dialog, done, total)
             self.dialog.setLabelText(f"Downloading the starter model: {human_bytes(done)} of "
                                      f"{human_bytes(total)}…")
 

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QSizePolicy, QTreeWidget, QTreeWidgetItem, QWidget
+from PySide6.QtWidgets import (
+    QLabel,
+    QProgressBar,
+    QProgressDialog,
+    QSizePolicy,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QWidget,
+)
+
+# A progress bar counts in ints: a 12 GB file in bytes does not fit, so it counts KiB.
+_BAR_UNIT = 1024
+
+
+def show_bytes(bar: QProgressBar | QProgressDialog, done: int, total: int) -> None:
+    """``done`` of ``total`` bytes on a progress bar (or a progress dialog's)."""
+    bar.setRange(0, max(1, total // _BAR_UNIT))
+    bar.setValue(min(done, total) // _BAR_UNIT)
 
 
 def bring_forward(window: QWidget) -> None:

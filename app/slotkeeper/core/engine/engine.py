@@ -332,13 +332,12 @@ class Engine(EngineFace):
         return True
 
     async def _prepare_launch(self) -> LaunchSpec:
-        fetched = [False]
+        began = time.monotonic()
         report = byte_progress(self.loop, self._set_activity, "downloading", "downloading the starter model")
 
         def fetching(done: int, total: int) -> None:  # an I/O thread
             if self.supervisor.stop_requested:
                 raise StarterUnavailable("the download stopped with the server")
-            fetched[0] = True
             self._fetched_at = time.monotonic()
             report(done, total)
 
@@ -347,7 +346,7 @@ class Engine(EngineFace):
                                                               self.model_facts, self.binary_facts,
                                                               self.supervisor.leftover_port(), fetching))
         finally:
-            if fetched[0]:  # after the progress the I/O thread queued
+            if self._fetched_at > began:  # it downloaded: clear, after the progress the I/O thread queued
                 self.loop.call_soon(self._set_activity, Activity())
         self._take_plan(plan)
         return plan.spec

@@ -21,19 +21,19 @@ from slotkeeper.core.views import Activity
 
 log = logging.getLogger(__name__)
 
-HASH_PROGRESS_SECONDS = 0.5
+PROGRESS_SECONDS = 0.5  # the least time between two progress reports of byte-counting work
 
 
 def byte_progress(loop: EngineLoop, set_activity: Callable[[Activity], None], activity: str,
                   detail: str) -> Callable[[int, int], None]:
     """A ``progress(done, total)`` for work on an I/O thread that counts bytes (hashing the model,
     downloading the starter model): the activity set on the loop, at most every
-    ``HASH_PROGRESS_SECONDS`` and at the end."""
+    ``PROGRESS_SECONDS`` and at the end."""
     last = [0.0]
 
     def progress(done: int, total: int) -> None:  # an I/O thread
         now = time.monotonic()
-        if now - last[0] >= HASH_PROGRESS_SECONDS or done == total:
+        if now - last[0] >= PROGRESS_SECONDS or done == total:
             last[0] = now
             loop.call_soon(set_activity, Activity(activity, detail, done, total))
 

@@ -41,7 +41,6 @@ from slotkeeper.core.engine.model import (
 )
 from slotkeeper.core.events import EventBus
 from slotkeeper.core.model.model_choice import DEMO_MODEL
-from slotkeeper.core.model.starter_model import find_starter_model
 from slotkeeper.core.server import headstart
 from slotkeeper.core.server.apikey import exposure_refusal
 from slotkeeper.core.server.command import (
@@ -181,8 +180,11 @@ def prelaunch(paths: AppPaths, settings: Settings,
 
 def _prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] | None) -> Prelaunched | None:
     profile = settings.profile
-    if profile.model_path == DEMO_MODEL and find_starter_model(paths.models_dir) is None:
-        return None  # the engine downloads it, and shows how far it got
+    if profile.model_path == DEMO_MODEL:
+        from slotkeeper.core.model.starter_model import find_starter_model  # the demo only: start-up time
+
+        if find_starter_model(paths.models_dir) is None:
+            return None  # the engine downloads it, and shows how far it got
     try:
         paths.ensure()  # the folders llama-server writes into, checked as private
         datalock.acquire(paths.engine_lock_file, str(paths.data_dir))
