@@ -50,6 +50,7 @@ class Parts:
     saved_ok: bool = True
     best: tuple[str, int, int] | None = None
     done: list[tuple] = field(default_factory=list)
+    slow_lookup: dict[int, float] = field(default_factory=dict)  # first token -> seconds the library takes
 
     # the saves
     async def save_before_switching(self, slot: int) -> bool:
@@ -69,6 +70,7 @@ class Parts:
 
     # the library
     async def best_saved_prefix(self, tokens, facts, beat: int = 0):
+        await asyncio.sleep(self.slow_lookup.get(int(tokens[0]), 0))
         return self.best
 
     def session_size(self, session_id: str) -> int:
@@ -308,6 +310,76 @@ def test_waiting_requests_get_a_freed_slot_first_come_first_served(monkeypatch):
 
     run(scenario())
     assert order == ["A", "B", "C", "late"]
+
+
+def test_a_request_keeps_its_place_in_line_while_its_saved_conversations_are_looked_up(monkeypatch):
+    """A's and B's first looks at the saved conversations are slow (a busy disk): C, arriving
+    during them, still gets the slot after A and B, not before them."""
+    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 5.0)  # no timer: only a freed slot wakes anyone
+    desk, board, parts = make_desk(n_slots=1)
+    parts.slow_lookup.update({1000: 0.25, 2000: 0.25})
+    order = []
+
+    async def client(name: str, start: int):
+        ticket = await desk.admit(as_tokens(toks(20, start=start)))
+        order.append(name)
+        await asyncio.sleep(0.01)
+        desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+
+    async def scenario():
+        first = await desk.admit(as_tokens(toks(20)))  # the only slot is busy
+        tasks = []
+        for i, name in enumerate("ABC"):
+            tasks.append(asyncio.ensure_future(client(name, 1000 * (i + 1))))
+            await asyncio.sleep(0.1)  # C arrives while A's and B's lookups still run
+        await asyncio.sleep(0.4)
+        desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+    run(scenario())
+    assert order == ["A", "B", "C"]
+
+
+def test_the_line_starts_when_a_request_arrives_not_when_its_prompt_is_tokenized(monkeypatch):
+    """The door takes A's place in line before tokenizing A's prompt; B, arriving while A's prompt
+    is tokenized, comes after A. A place given up (the tokenizing failed) holds nobody up."""
+    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 5.0)  # no timer: only a freed slot wakes anyone
+    desk, board, _parts = make_desk(n_slots=1)
+    order = []
+
+    async def client(name: str, start: int, place=None):
+        ticket = await desk.admit(as_tokens(toks(20, start=start)), place=place)
+        order.append(name)
+        await asyncio.sleep(0.01)
+        desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+
+    async def scenario():
+        first = await desk.admit(as_tokens(toks(20)))  # the only slot is busy
+        gone = desk.arrive()  # its prompt could not be tokenized: it leaves below
+        a = desk.arrive()
+        b = asyncio.ensure_future(client("B", 2000))
+        await asyncio.sleep(0.1)  # A's prompt is being tokenized
+        desk.leave(gone)
+        tasks = [asyncio.ensure_future(client("A", 1000, a)), b]
+        await asyncio.sleep(0.05)
+        desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+    run(scenario())
+    assert order == ["A", "B"]
+
+
+def test_requests_arriving_together_at_free_slots_are_not_held_up(monkeypatch):
+    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 5.0)  # a wait on the timer would fail the bound below
+    desk, _board, parts = make_desk(n_slots=2)
+    parts.slow_lookup[1000] = 0.1
+
+    async def scenario():
+        a, b = await asyncio.wait_for(asyncio.gather(desk.admit(as_tokens(toks(20, start=1000))),
+                                                     desk.admit(as_tokens(toks(20, start=2000)))), 1.0)
+        return {a.slot, b.slot}
+
+    assert run(scenario()) == {0, 1}
 
 
 def test_the_saved_option_is_asked_again_after_every_wait():

@@ -113,9 +113,12 @@ def exact_only(mode: str) -> bool:
 
 
 @dataclass
-class _Waiter:
+class Place:
+    """A request's place in the line for a slot, taken when it arrives."""
+
     turn: asyncio.Event  # set when it may try to get a slot
-    blocked: bool = True  # every slot was busy (not only its own): later requests queue behind it
+    behind: bool = False  # requests that came first were waiting or deciding when it arrived
+    blocked: bool = True  # deciding, or every slot was busy (not only its own): later ones queue behind
 
 
 @dataclass
@@ -150,7 +153,7 @@ class FrontDesk:
         self.ledger = ledger
         self.poller = poller
         self._route_lock = asyncio.Lock()
-        self._waiters: list[_Waiter] = []  # requests waiting for a slot, first come first
+        self._waiters: list[Place] = []  # requests waiting for a slot, first come first
         self.prefill_tokens_per_ms = DEFAULT_PREFILL_TOKENS_PER_MS
         self.restore_bytes_per_ms = DEFAULT_RESTORE_BYTES_PER_MS
 
@@ -181,23 +184,40 @@ class FrontDesk:
         """Until llama-server takes requests (FrontDeskError when it will not, or is restarting)."""
         await self.link.wait_serving(READY_WAIT_SECONDS)
 
-    async def admit(self, tokens: TokenArray | None, pinned_slot: int | None = None) -> Ticket:
-        """Route a request and prepare its slot; the slot is leased until ``finish``."""
-        await self.link.wait_serving(READY_WAIT_SECONDS)
-        n_slots = len(self.board)
-        if n_slots == 0:
-            raise FrontDeskError(503, "llama-server has no slots ready yet; try again shortly")
-        if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
-            raise FrontDeskError(400,
-                                 f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
-        await self.board.learn_lagging()
-        me: _Waiter | None = None
+    def arrive(self) -> Place | None:
+        """A request takes its place in the line as it arrives, before its prompt is tokenized or
+        any saved conversation looked up, so one that comes later is never served first because
+        this one's lookups took longer. None: the line is full (it will try once, then go to
+        llama-server's own queue). Hand the place to ``admit``, or to ``leave`` if it never gets there."""
+        if len(self._waiters) >= MAX_WAITING:
+            return None
+        me = Place(asyncio.Event(), behind=any(w.blocked for w in self._waiters))
+        self._waiters.append(me)
+        return me
+
+    def leave(self, me: Place | None) -> None:
+        """Out of the line (routed, refused or gone): the next one tries."""
+        if me is not None and me in self._waiters:
+            self._pass_turn(me)
+            self._waiters.remove(me)
+
+    async def admit(self, tokens: TokenArray | None, pinned_slot: int | None = None,
+                    place: Place | None = None) -> Ticket:
+        """Route a request and prepare its slot; the slot is leased until ``finish``. ``place``: its
+        place in the line from ``arrive`` (taken now when not given); the line is left either way."""
+        me = place if place is not None else self.arrive()
         try:
+            await self.link.wait_serving(READY_WAIT_SECONDS)
+            n_slots = len(self.board)
+            if n_slots == 0:
+                raise FrontDeskError(503, "llama-server has no slots ready yet; try again shortly")
+            if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
+                raise FrontDeskError(400,
+                                     f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
+            await self.board.learn_lagging()
+            if me is not None and me.behind:
+                await self._wait_turn(me)  # requests that came first are still deciding or waiting
             while True:
-                if me is None and any(w.blocked for w in self._waiters):
-                    # Requests that came first wait for a slot: this one queues behind them.
-                    me = self._queue()
-                    await self._wait_turn(me)
                 # Asked again after every wait: the conversation may have left its slot meanwhile
                 # (saved as another took the slot, or committing now).
                 session = await self._saved_option(tokens, pinned_slot)
@@ -209,17 +229,14 @@ class FrontDesk:
                     if isinstance(decision, Route):
                         self._lease(decision.slot)
                         break
-                    if me is None and len(self._waiters) >= MAX_WAITING:
+                    if me is None:
                         return Ticket(None, tokens)  # llama-server queues it: its usual behaviour
-                if me is None:
-                    me = self._queue()
                 me.blocked = decision is None  # every slot busy, not only its own
                 self._pass_turn(me)
                 await self._wait_turn(me)
                 await self.link.wait_serving(READY_WAIT_SECONDS)
         finally:
-            if me is not None:
-                self._leave(me)
+            self.leave(me)
         try:
             return await self._prepare(decision, tokens)
         except BaseException:
@@ -319,28 +336,17 @@ class FrontDesk:
         self._wake_first()
 
     # -- the queue: first come, first served -----------------------------------------------
-    def _queue(self) -> _Waiter:
-        me = _Waiter(asyncio.Event())
-        self._waiters.append(me)
-        return me
-
-    def _leave(self, me: _Waiter) -> None:
-        """Out of the queue (routed, refused or gone): the next one tries."""
-        if me in self._waiters:
-            self._pass_turn(me)
-            self._waiters.remove(me)
-
     def _wake_first(self) -> None:
         """A slot may be free: the request waiting longest tries first, then each after it in turn."""
         if self._waiters:
             self._waiters[0].turn.set()
 
-    def _pass_turn(self, me: _Waiter) -> None:
+    def _pass_turn(self, me: Place) -> None:
         i = self._waiters.index(me)
         if i + 1 < len(self._waiters):
             self._waiters[i + 1].turn.set()
 
-    async def _wait_turn(self, me: _Waiter) -> None:
+    async def _wait_turn(self, me: Place) -> None:
         try:
             await asyncio.wait_for(me.turn.wait(), WAIT_STEP_SECONDS)
         except asyncio.TimeoutError:

@@ -317,8 +317,13 @@ class FrontDoor:
         fast = ticket is not None
         if ticket is None:
             await self.desk.until_serving()  # a request that waits for a restart is tokenized after it
-            tokens = await self._prompt_tokens(ep.prompt, body)
-            ticket = await self.desk.admit(tokens, pinned)
+            place = self.desk.arrive()  # in line before tokenizing: first come, first served
+            try:
+                tokens = await self._prompt_tokens(ep.prompt, body)
+            except BaseException:
+                self.desk.leave(place)
+                raise
+            ticket = await self.desk.admit(tokens, pinned, place)
             ticket.shape = shape
         outcome = Outcome(status=0, processed=False)
         reply = ReplyCollector()
