@@ -90,6 +90,7 @@ def test_requests_waiting_for_a_slot_get_it_in_the_order_they_came(llama_model, 
         url = engine.base_url
         started: list[str] = []
         lock = threading.Lock()
+        all_in_line = threading.Event()
 
         def client(name: str, text: str, n: int) -> None:
             with httpx.stream("POST", f"{url}/completion", timeout=120,
@@ -98,19 +99,24 @@ def test_requests_waiting_for_a_slot_get_it_in_the_order_they_came(llama_model, 
                     with lock:
                         if name not in started:
                             started.append(name)
+                    if name == "first" and all_in_line.is_set():
+                        return  # the first goes away: its slot is freed
 
-        first = threading.Thread(target=client, args=("first", "The first conversation holds the slot.", 300))
+        first = threading.Thread(target=client,
+                                 args=("first", "The first conversation holds the slot.", 3000))
         first.start()
         wait_until(lambda: "first" in started, what="the slot taken")
         others = []
-        for name in ("one", "two", "three", "four"):
+        for k, name in enumerate(("one", "two", "three", "four"), start=1):
             t = threading.Thread(target=client, args=(name, f"Conversation {name} waits for the slot.", 4))
             t.start()
             others.append(t)
-            time.sleep(0.15)  # they come one after the other
+            # They come one after the other: the next leaves once this one is in line at the door.
+            wait_until(lambda k=k: engine.desk.in_line() == k, what=f"request {name} in line")
+        all_in_line.set()
         for t in [first, *others]:
             t.join(120)
         assert started == ["first", "one", "two", "three", "four"], started
-        assert len(events.of(ev.RequestDone)) >= 5
+        wait_until(lambda: len(events.of(ev.RequestDone)) >= 4, what="the four that waited done")
     finally:
         engine.stop(save=False)

@@ -369,6 +369,35 @@ def test_the_line_starts_when_a_request_arrives_not_when_its_prompt_is_tokenized
     assert order == ["A", "B"]
 
 
+def test_a_freed_slot_goes_to_the_request_given_the_turn_not_to_a_later_one_looking_on_its_timer(monkeypatch):
+    """B waits for its own slot (it holds B's conversation); C, a new conversation, came later and
+    looks again on its timer. The slot freed is B's turn: while B decides (a slow lookup), C's
+    timer finds the slot free, and must leave it to B."""
+    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 0.02)
+    desk, board, parts = make_desk(n_slots=1)
+    order = []
+
+    async def client(name: str, tokens: list[int]):
+        ticket = await desk.admit(as_tokens(tokens))
+        order.append(name)
+        await asyncio.sleep(0.01)
+        desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+
+    async def scenario():
+        first = await desk.admit(as_tokens(toks(20)))
+        hold(board, 0, toks(20))  # the slot holds B's conversation, busy with its last turn
+        b = asyncio.ensure_future(client("B", toks(30)))
+        await asyncio.sleep(0.05)
+        c = asyncio.ensure_future(client("C", toks(20, start=5000)))
+        await asyncio.sleep(0.1)
+        parts.slow_lookup[1] = 0.3  # B's next look at the saved conversations is slow
+        desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+        await asyncio.wait_for(asyncio.gather(b, c), 5)
+
+    run(scenario())
+    assert order == ["B", "C"]
+
+
 def test_requests_arriving_together_at_free_slots_are_not_held_up(monkeypatch):
     monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 5.0)  # a wait on the timer would fail the bound below
     desk, _board, parts = make_desk(n_slots=2)

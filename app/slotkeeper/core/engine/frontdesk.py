@@ -119,6 +119,7 @@ class Place:
     turn: asyncio.Event  # set when it may try to get a slot
     behind: bool = False  # requests that came first were waiting or deciding when it arrived
     blocked: bool = True  # deciding, or every slot was busy (not only its own): later ones queue behind
+    deciding: bool = True  # arrived or woken, and not yet routed or waiting again
 
 
 @dataclass
@@ -195,6 +196,10 @@ class FrontDesk:
         self._waiters.append(me)
         return me
 
+    def in_line(self) -> int:
+        """Requests in line for a slot now (waiting, or still deciding)."""
+        return len(self._waiters)
+
     def leave(self, me: Place | None) -> None:
         """Out of the line (routed, refused or gone): the next one tries."""
         if me is not None and me in self._waiters:
@@ -226,14 +231,18 @@ class FrontDesk:
                     decision = route(len(tokens) if tokens is not None else 0,
                                      self._slot_options(tokens, pinned_slot), session,
                                      self.break_even_tokens(size), known=tokens is not None)
-                    if isinstance(decision, Route):
+                    if isinstance(decision, Route) and not self._earlier_trying(me):
                         self._lease(decision.slot)
                         break
                     if me is None:
                         return Ticket(None, tokens)  # llama-server queues it: its usual behaviour
-                me.blocked = decision is None  # every slot busy, not only its own
+                    # Waits: every slot busy, or its own slot busy, or a free slot is due to a
+                    # request that came first (then it still wants any slot, like that one).
+                    me.blocked = decision is None or isinstance(decision, Route)
+                    me.deciding = False
                 self._pass_turn(me)
                 await self._wait_turn(me)
+                me.deciding = True
                 await self.link.wait_serving(READY_WAIT_SECONDS)
         finally:
             self.leave(me)
@@ -336,6 +345,16 @@ class FrontDesk:
         self._wake_first()
 
     # -- the queue: first come, first served -----------------------------------------------
+    def _earlier_trying(self, me: Place | None) -> bool:
+        """Whether a request ahead of ``me`` in line is deciding now or has been given its turn: a
+        slot freed is theirs to take first, even when ``me`` looked again on its timer."""
+        for w in self._waiters:
+            if w is me:
+                return False
+            if w.deciding or w.turn.is_set():
+                return True
+        return False
+
     def _wake_first(self) -> None:
         """A slot may be free: the request waiting longest tries first, then each after it in turn."""
         if self._waiters:
