@@ -117,6 +117,14 @@ def toks(n: int, start: int = 1) -> list[int]:
     return list(range(start, start + n))
 
 
+async def served(desk: FrontDesk, order: list[str], name: str, tokens: list[int], place=None) -> None:
+    """A client: gets a slot, notes its name in ``order``, and is done a moment later."""
+    ticket = await desk.admit(as_tokens(tokens), place=place)
+    order.append(name)
+    await asyncio.sleep(0.01)
+    desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": len(tokens), "predicted_n": 1}))
+
+
 # -- admission --------------------------------------------------------------------------------
 def test_admission_waits_for_the_server_and_refuses_when_it_will_not_come():
     desk, _board, _parts = make_desk(serving=False)
@@ -291,11 +299,8 @@ def test_waiting_requests_get_a_freed_slot_first_come_first_served(monkeypatch):
     desk, board, _parts = make_desk(n_slots=1)
     order = []
 
-    async def client(name: str, start: int):
-        ticket = await desk.admit(as_tokens(toks(20, start=start)))
-        order.append(name)
-        await asyncio.sleep(0.01)
-        desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+    def client(name: str, start: int, place=None):
+        return served(desk, order, name, toks(20, start=start), place)
 
     async def scenario():
         first = await desk.admit(as_tokens(toks(20)))  # the only slot is busy
@@ -320,11 +325,8 @@ def test_a_request_keeps_its_place_in_line_while_its_saved_conversations_are_loo
     parts.slow_lookup.update({1000: 0.25, 2000: 0.25})
     order = []
 
-    async def client(name: str, start: int):
-        ticket = await desk.admit(as_tokens(toks(20, start=start)))
-        order.append(name)
-        await asyncio.sleep(0.01)
-        desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+    def client(name: str, start: int, place=None):
+        return served(desk, order, name, toks(20, start=start), place)
 
     async def scenario():
         first = await desk.admit(as_tokens(toks(20)))  # the only slot is busy
@@ -347,11 +349,8 @@ def test_the_line_starts_when_a_request_arrives_not_when_its_prompt_is_tokenized
     desk, board, _parts = make_desk(n_slots=1)
     order = []
 
-    async def client(name: str, start: int, place=None):
-        ticket = await desk.admit(as_tokens(toks(20, start=start)), place=place)
-        order.append(name)
-        await asyncio.sleep(0.01)
-        desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
+    def client(name: str, start: int, place=None):
+        return served(desk, order, name, toks(20, start=start), place)
 
     async def scenario():
         first = await desk.admit(as_tokens(toks(20)))  # the only slot is busy
@@ -377,18 +376,12 @@ def test_a_freed_slot_goes_to_the_request_given_the_turn_not_to_a_later_one_look
     desk, board, parts = make_desk(n_slots=1)
     order = []
 
-    async def client(name: str, tokens: list[int]):
-        ticket = await desk.admit(as_tokens(tokens))
-        order.append(name)
-        await asyncio.sleep(0.01)
-        desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
-
     async def scenario():
         first = await desk.admit(as_tokens(toks(20)))
         hold(board, 0, toks(20))  # the slot holds B's conversation, busy with its last turn
-        b = asyncio.ensure_future(client("B", toks(30)))
+        b = asyncio.ensure_future(served(desk, order, "B", toks(30)))
         await asyncio.sleep(0.05)
-        c = asyncio.ensure_future(client("C", toks(20, start=5000)))
+        c = asyncio.ensure_future(served(desk, order, "C", toks(20, start=5000)))
         await asyncio.sleep(0.1)
         parts.slow_lookup[1] = 0.3  # B's next look at the saved conversations is slow
         desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
