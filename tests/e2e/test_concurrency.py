@@ -103,7 +103,7 @@ def test_requests_waiting_for_a_slot_get_it_in_the_order_they_came(llama_model, 
                         return  # the first goes away: its slot is freed
 
         first = threading.Thread(target=client,
-                                 args=("first", "The first conversation holds the slot.", 3000))
+                                 args=("first", "The first conversation holds the slot.", 4000))
         first.start()
         wait_until(lambda: "first" in started, what="the slot taken")
         others = []
@@ -112,7 +112,11 @@ def test_requests_waiting_for_a_slot_get_it_in_the_order_they_came(llama_model, 
             t.start()
             others.append(t)
             # They come one after the other: the next leaves once this one is in line at the door.
-            wait_until(lambda k=k: engine.desk.in_line() == k, what=f"request {name} in line")
+            def in_line(k=k) -> bool:
+                assert first.is_alive(), "the first answer ended before the others were in line"
+                return engine.desk.in_line() == k
+
+            wait_until(in_line, what=f"request {name} in line")
         all_in_line.set()
         for t in [first, *others]:
             t.join(120)

@@ -98,7 +98,17 @@ def test_a_stop_does_not_wait_for_requests_in_flight(llama_model, server_bin, po
 
         t = threading.Thread(target=long_answer)
         t.start()
-        time.sleep(1.0)  # it is generating
+        def generating() -> bool:
+            try:
+                return any(s.get("is_processing") for s in httpx.get(f"{url}/slots", timeout=5).json())
+            except (httpx.HTTPError, ValueError):
+                return False
+
+        deadline = time.monotonic() + 60
+        while not generating():  # it is generating
+            assert time.monotonic() < deadline and t.is_alive(), "the answer never began"
+            time.sleep(0.05)
+        time.sleep(0.3)  # a few tokens generated
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
@@ -107,7 +117,7 @@ def test_a_stop_does_not_wait_for_requests_in_flight(llama_model, server_bin, po
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert code == 0 and took < 6, (code, took)  # not the ~15 s the answer had left to run
+    assert code == 0 and took < 10, (code, took)  # not the ~15 s the answer had left to run
     [saved] = SessionStore(isolated_home / "sessions").sessions()
     # the prompt and what was generated before the stop
-    assert saved.sidecar is not None and saved.sidecar.n_tokens > 4, saved
+    assert saved.sidecar is not None and 4 < saved.sidecar.n_tokens < 7000, saved  # cut short

@@ -456,9 +456,10 @@ def test_replies_stream_through_the_front_door_without_freezing_the_window(qtbot
     first = done.args[0]
     assert first.error is None and not first.stopped
     assert len(deltas) >= 2, "the reply came in pieces as it was generated"
-    # the window kept running while the reply streamed: its timer ticked throughout
+    # the window kept running while the reply streamed: its timer ticked throughout (a frozen
+    # window ticks once at most; a loaded machine may skip many of the 10 ms ticks, not all)
     during = [t for t in ticks if sent_at <= t <= ended]
-    assert len(during) >= max(3, 0.2 * (ended - sent_at) / 0.01)
+    assert len(during) >= max(3, 0.05 * (ended - sent_at) / 0.01)
     assert [m.role for m in w.transcript.messages] == ["system", "user", "assistant"]
     assert w.transcript.messages[-1].content == first.message.content != ""
     f = first.figures

@@ -109,10 +109,10 @@ def test_history_time_labels_differ_and_restores_and_launches_are_marked(qtbot):
 
 
 def test_an_empty_history_says_so_once(qtbot, bridge):
-    page = HistoryPage(bridge)
-    qtbot.addWidget(page)
-    page.show()
-    qtbot.waitSignal(bridge.historyLoaded, timeout=5000)
+    with qtbot.waitSignal(bridge.historyLoaded, timeout=5000):
+        page = HistoryPage(bridge)
+        qtbot.addWidget(page)
+        page.show()
     assert not page.history_summary.isVisible()
     page.history_plot.grab()
 

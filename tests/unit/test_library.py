@@ -15,6 +15,12 @@ from slotkeeper.core.events import EventBus, SessionsPruned
 from slotkeeper.core.sessions.index import SessionsIndex
 
 
+def settle(loop: EngineLoop) -> None:
+    """Until the loop has handed its background writes over and the bookkeeping thread has done them."""
+    loop.call(asyncio.sleep(0.05))
+    loop.bookkeeping.submit(lambda: None).result(30)  # first in, first out: the writes are done
+
+
 @pytest.fixture
 def running(tmp_path, monkeypatch):
     monkeypatch.setattr(library_module, "INDEX_WRITE_DELAY_SECONDS", 0.0)
@@ -44,7 +50,7 @@ def test_a_deleted_or_pruned_session_is_forgotten_once_and_the_index_on_disk_fol
     lib.sessions.delete("000000000002")  # a face's delete (a Qt pool thread in the app)
     budget[0] = 1500
     loop.call(lib.prune())  # after a save: the least recently used goes
-    loop.call(asyncio.sleep(0.2))  # the index on disk is written a moment later
+    settle(loop)  # the index on disk is written a moment later
 
     assert sorted(forgotten) == ["000000000000", "000000000002"]  # each once: by the store
     assert [p.ids for p in pruned] == [("000000000000",)]
@@ -58,8 +64,8 @@ def test_a_saved_conversations_text_goes_into_the_search_through_the_service(run
 
     async def save_text() -> None:
         lib.text_saved(sc, "User: where do herons nest?\nAssistant: in tall trees near water.")
-        await asyncio.sleep(0.2)
 
     loop.call(save_text())
+    settle(loop)
     [hit] = lib.sessions.search("herons").hits
     assert hit.id == sc.id and hit.complete

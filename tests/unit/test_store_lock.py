@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,10 @@ import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
 fcntl.flock(fd, fcntl.LOCK_EX)
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+if sys.argv[2] == "until-told":
+    sys.stdin.readline()
+else:
+    time.sleep(float(sys.argv[2]))
 """
 
 
@@ -33,17 +37,22 @@ def test_a_second_process_waits_for_the_folder_lock(tmp_path):
     store = SessionStore(tmp_path / "sessions")
     sid = json.loads(FIXTURE.read_text())["id"]
     shutil.copy(FIXTURE, store.sidecar_path(sid))
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.dir / LOCK_NAME), "1.0"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.dir / LOCK_NAME), "until-told"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert store.get(sid).sidecar.pinned is True
+    pinning = threading.Thread(target=store.set_pinned, args=(sid, False))
     try:
         assert holder.stdout.readline().strip() == "locked"
-        t0 = time.monotonic()
-        store.set_pinned(sid, True)  # must wait for the other process
-        waited = time.monotonic() - t0
+        pinning.start()
+        pinning.join(0.5)
+        assert pinning.is_alive()  # it waits for the other process
+        assert store.get(sid).sidecar.pinned is True
     finally:
+        holder.stdin.close()  # the other process lets go
         holder.wait(10)
-    assert waited >= 0.5
-    assert store.get(sid).sidecar.pinned is True
+        pinning.join(30)
+    assert not pinning.is_alive()
+    assert store.get(sid).sidecar.pinned is False
     assert LOCK_NAME not in [u.name for u in store.listing().unmanaged]
 
 
