@@ -33,6 +33,12 @@ def chat(base_url: str, messages: list[dict], max_tokens: int = 16, **extra) -> 
     return r.json()
 
 
+def assert_it_answers(base_url: str) -> None:
+    """A short completion through ``base_url`` comes back answered (the door still serves)."""
+    r = httpx.post(f"{base_url}/completion", json={"prompt": "Hello", "n_predict": 2}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
 def converse(base_url: str, turns: list[str], max_tokens: int = 16) -> tuple[list[dict], dict]:
     """A multi-turn chat; returns the history (with replies) and the last response."""
     messages: list[dict] = [{"role": "system", "content": "You are a helpful assistant for walkers."}]

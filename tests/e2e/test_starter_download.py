@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
-from e2e_helpers import EventLog, make_settings, wait_until
+from e2e_helpers import EventLog, assert_it_answers, make_settings, wait_until
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.paths import app_paths
@@ -48,8 +47,7 @@ def test_a_launch_on_the_missing_starter_model_downloads_it_with_progress_then_s
         assert sm.is_starter_model(placed) and engine.snapshot.model.path == placed.resolve()
         assert [p.name for p in paths.models_dir.iterdir()] == [sm.STARTER_FILENAME]
         wait_until(lambda: engine.snapshot.activity.activity is None, what="the activity cleared")
-        r = httpx.post(f"{engine.base_url}/completion", json={"prompt": "Hello", "n_predict": 2}, timeout=60)
-        assert r.status_code == 200, r.text
+        assert_it_answers(engine.base_url)
     finally:
         engine.stop(save=False)
         engine.dispose()

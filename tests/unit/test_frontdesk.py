@@ -294,20 +294,26 @@ def test_a_request_refused_before_its_prompt_was_touched_changes_nothing():
     assert list(board[0].content.tokens) == toks(40) and not parts.done
 
 
-def test_waiting_requests_get_a_freed_slot_first_come_first_served(monkeypatch):
+@pytest.mark.parametrize("slow", [{}, {1000: 0.25, 2000: 0.25}], ids=["quick-lookups", "slow-lookups"])
+def test_waiting_requests_get_a_freed_slot_first_come_first_served(slow, monkeypatch):
+    """A, B and C queue for the only slot, in that order. With slow lookups (a busy disk) C arrives
+    while A's and B's first looks at the saved conversations still run, and keeps its place after
+    them. A request arriving as the slot is freed comes after all that waited."""
     monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 5.0)  # no timer: only a freed slot wakes anyone
-    desk, board, _parts = make_desk(n_slots=1)
-    order = []
+    desk, board, parts = make_desk(n_slots=1)
+    parts.slow_lookup.update(slow)
+    order: list[str] = []
 
-    def client(name: str, start: int, place=None):
-        return served(desk, order, name, toks(20, start=start), place)
+    def client(name: str, start: int):
+        return served(desk, order, name, toks(20, start=start))
 
     async def scenario():
         first = await desk.admit(as_tokens(toks(20)))  # the only slot is busy
         tasks = []
         for i, name in enumerate("ABC"):
             tasks.append(asyncio.ensure_future(client(name, 1000 * (i + 1))))
-            await asyncio.sleep(0.02)  # A, then B, then C arrive and queue
+            await asyncio.sleep(0.1)  # A, then B, then C arrive
+        await asyncio.sleep(0.4 if slow else 0)  # every lookup done: all three wait
         desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
         # Arriving as the slot is freed: the requests that waited come first.
         tasks.append(asyncio.ensure_future(client("late", 9000)))
@@ -315,31 +321,6 @@ def test_waiting_requests_get_a_freed_slot_first_come_first_served(monkeypatch):
 
     run(scenario())
     assert order == ["A", "B", "C", "late"]
-
-
-def test_a_request_keeps_its_place_in_line_while_its_saved_conversations_are_looked_up(monkeypatch):
-    """A's and B's first looks at the saved conversations are slow (a busy disk): C, arriving
-    during them, still gets the slot after A and B, not before them."""
-    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 5.0)  # no timer: only a freed slot wakes anyone
-    desk, board, parts = make_desk(n_slots=1)
-    parts.slow_lookup.update({1000: 0.25, 2000: 0.25})
-    order = []
-
-    def client(name: str, start: int, place=None):
-        return served(desk, order, name, toks(20, start=start), place)
-
-    async def scenario():
-        first = await desk.admit(as_tokens(toks(20)))  # the only slot is busy
-        tasks = []
-        for i, name in enumerate("ABC"):
-            tasks.append(asyncio.ensure_future(client(name, 1000 * (i + 1))))
-            await asyncio.sleep(0.1)  # C arrives while A's and B's lookups still run
-        await asyncio.sleep(0.4)
-        desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 20, "predicted_n": 1}))
-        await asyncio.wait_for(asyncio.gather(*tasks), 5)
-
-    run(scenario())
-    assert order == ["A", "B", "C"]
 
 
 def test_the_line_starts_when_a_request_arrives_not_when_its_prompt_is_tokenized(monkeypatch):
