@@ -39,7 +39,6 @@ def test_a_slot_switched_to_another_chat_drops_the_old_title_and_badge_at_once(q
     qtbot.addWidget(page)
     engine.board.reset(1, 8192)
     engine.board.show(0, session_id="aaaaaaaaaaaa", n_tokens=5000, warning="the next request reused 9 of …")
-    engine.board.policy.mark_restored(0, "aaaaaaaaaaaa")
     fig = Figures(n_prompt=300, cache_n=12, prompt_n=288, prompt_ms=50.0, source="slot", saved_ms=0.0)
     with qtbot.waitSignal(bridge.eventArrived, check_params_cb=lambda e: isinstance(e, ev.SlotsChanged)):
         engine.loop.call(_request_done(engine, 0, 420, fig))
@@ -49,7 +48,7 @@ def test_a_slot_switched_to_another_chat_drops_the_old_title_and_badge_at_once(q
     # the session stays the slot's own until the next save (it may be the same conversation sent
     # again from its start): a Resume of it keeps what the slot holds; the in-slot guard lets it
     # go (a delete loses nothing: the next save names what the slot holds)
-    assert view.session_id == "aaaaaaaaaaaa" and "aaaaaaaaaaaa" in engine.board.policy.in_slots()
+    assert view.session_id == "aaaaaaaaaaaa" and engine.board.holder("aaaaaaaaaaaa") == 0
     assert "aaaaaaaaaaaa" not in engine.board.held_sessions()
     page.slots_panel.set_titles({"aaaaaaaaaaaa": "The old chat"})
     gauge = page.slots_panel.gauges[0]

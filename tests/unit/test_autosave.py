@@ -1,6 +1,10 @@
-"""The autosave policy with a fake clock: turn end, idle delay, deferral while others generate."""
+"""The autosave policy over the slot board, with a fake clock: turn end, idle delay, deferral while
+others generate, back-off. Every request comes through the front door, which marks its slot
+changed when it is done (``request_done``); a poll only says when a turn ended and who is busy."""
 
 from slotkeeper.core.engine.autosave import AutosavePolicy
+from slotkeeper.core.engine.slots import SlotBoard
+from slotkeeper.core.events import EventBus
 from slotkeeper.core.server.client import SlotInfo
 
 
@@ -8,85 +12,94 @@ def slot(i, task=None, busy=False):
     return SlotInfo(id=i, n_ctx=1024, is_processing=busy, id_task=task)
 
 
+def board(idle_save_seconds: float, max_defer_seconds: float | None = None) -> SlotBoard:
+    b = SlotBoard(idle_save_seconds, EventBus())
+    if max_defer_seconds is not None:
+        b.policy = AutosavePolicy(idle_save_seconds, max_defer_seconds)
+    return b
+
+
 def test_idle_slot_is_due_after_the_delay_and_only_once():
-    p = AutosavePolicy(idle_save_seconds=10)
-    p.observe([slot(0)], now=0)
-    assert p.due(1) == []  # never used: nothing to save
-    p.observe([slot(0, task=1, busy=True)], now=1)
-    assert p.due(2) == []  # still generating
-    assert p.observe([slot(0, task=1)], now=3) == [0]  # turn ended
-    assert p.due(12) == []
-    assert p.due(13) == [0]
-    p.mark_saved(0, "s1")
-    assert p.due(100) == [] and p.in_slots() == {"s1"}
+    b = board(idle_save_seconds=10)
+    b.observe([slot(0)], now=0)
+    assert b.due(1) == []  # never used: nothing to save
+    b.observe([slot(0, task=1, busy=True)], now=1)
+    assert b.due(2) == []  # still generating
+    assert b.observe([slot(0, task=1)], now=3) == [0]  # turn ended
+    b.request_done(0, now=3)
+    assert b.due(12) == []
+    assert b.due(13) == [0]
+    b.saved(0, "s1", b[0].watch.generation)
+    assert b.due(100) == [] and b.held_sessions() == {"s1"}
 
 
 def test_a_whole_request_between_two_polls_is_noticed():
-    p = AutosavePolicy(idle_save_seconds=0)
-    p.observe([slot(0, task=4)], now=0, first=False)
-    p.mark_saved(0, "s")
-    p.observe([slot(0, task=9)], now=1)  # task changed, never seen busy
-    assert p.due(1) == [0]
+    b = board(idle_save_seconds=0)
+    b.observe([slot(0, task=4)], now=0, first=False)
+    b.saved(0, "s", b[0].watch.generation)
+    assert b.observe([slot(0, task=9)], now=1) == [0]  # task changed, never seen busy: a turn ended
 
 
 def test_waits_while_another_slot_generates_but_not_forever():
-    p = AutosavePolicy(idle_save_seconds=5, max_defer_seconds=30)
-    p.observe([slot(0, task=1, busy=True), slot(1)], now=0)
-    p.observe([slot(0, task=1), slot(1, task=2, busy=True)], now=1)
-    assert p.due(10) == []  # slot 1 is generating: a save would stall it
-    assert p.due(35) == []
-    assert p.due(36.5) == [0]  # the bound: idle 5 s + 30 s
-    p.observe([slot(0, task=1), slot(1, task=2)], now=37)
-    assert sorted(p.due(42.5)) == [0, 1]
+    b = board(idle_save_seconds=5, max_defer_seconds=30)
+    b.observe([slot(0, task=1, busy=True), slot(1)], now=0)
+    b.observe([slot(0, task=1), slot(1, task=2, busy=True)], now=1)
+    b.request_done(0, now=1)
+    assert b.due(10) == []  # slot 1 is generating: a save would stall it
+    assert b.due(35) == []
+    assert b.due(36.5) == [0]  # the bound: idle 5 s + 30 s
+    b.observe([slot(0, task=1), slot(1, task=2)], now=37)
+    b.request_done(1, now=37)
+    assert sorted(b.due(42.5)) == [0, 1]
 
 
 def test_adopted_server_slots_count_as_changed_and_busy_slots_skip():
-    p = AutosavePolicy(idle_save_seconds=0)
-    p.observe([slot(0, task=3), slot(1)], now=0, first=True)
-    assert p.changed_slots() == [0] and p.due(0) == [0]
-    p.watch(0).busy_with = "saving"
-    assert p.due(1) == []
-    p.mark_restored(1, "r")
-    assert p.in_slots() == {"r"}
+    b = board(idle_save_seconds=0)
+    b.observe([slot(0, task=3), slot(1)], now=0, first=True)
+    assert b.changed_slots() == [0] and b.due(0) == [0]
+    b.acting(0, "saving")
+    assert b.due(1) == []
+    b.restored(1, "r", [1, 2, 3], 3, "works", exact_only=False)
+    assert b.held_sessions() == {"r"}
 
 
 def test_a_failed_save_is_retried_with_a_growing_delay_not_every_poll():
-    p = AutosavePolicy(idle_save_seconds=0)
-    p.observe([slot(0, task=1)], now=0, first=True)
-    assert p.due(0) == [0]
-    assert p.save_failed(0, now=0) == 5.0
-    assert p.due(1) == [] and p.due(4.9) == []
-    assert p.due(5) == [0]
-    assert p.save_failed(0, now=5) == 10.0
-    assert p.due(14) == [] and p.due(15) == [0]
+    b = board(idle_save_seconds=0)
+    b.observe([slot(0, task=1)], now=0, first=True)
+    assert b.due(0) == [0]
+    assert b.save_failed(0, now=0) == 5.0
+    assert b.due(1) == [] and b.due(4.9) == []
+    assert b.due(5) == [0]
+    assert b.save_failed(0, now=5) == 10.0
+    assert b.due(14) == [] and b.due(15) == [0]
     for _ in range(20):
-        p.save_failed(0, now=15)
-    assert p.watch(0).retry_at == 15 + 300  # capped
-    p.mark_saved(0, "s")
-    p.observe([slot(0, task=2)], now=20)
-    assert p.due(20) == [0], "a good save ends the back-off"
+        b.save_failed(0, now=15)
+    assert b[0].watch.retry_at == 15 + 300  # capped
+    b.saved(0, "s", b[0].watch.generation)
+    b.observe([slot(0, task=2)], now=20)
+    b.request_done(0, now=20)
+    assert b.due(20) == [0], "a good save ends the back-off"
 
 
 def test_a_change_seen_during_a_save_keeps_the_slot_changed():
-    p = AutosavePolicy(idle_save_seconds=0)
-    p.observe([slot(0, task=1)], now=0, first=True)
-    started_at = p.watch(0).generation  # the save begins
-    p.observe([slot(0, task=2, busy=True)], now=1)  # the next request starts meanwhile
-    p.mark_saved(0, "s", started_at)
-    assert p.watch(0).changed, "the newer turn is still unsaved"
-    p.observe([slot(0, task=2)], now=2)
-    again = p.watch(0).generation
-    p.mark_saved(0, "s", again)
-    assert not p.watch(0).changed
+    b = board(idle_save_seconds=0)
+    b.observe([slot(0, task=1)], now=0, first=True)
+    started_at = b[0].watch.generation  # the save begins
+    b.request_done(0, now=1)  # the next request ran meanwhile
+    b.saved(0, "s", started_at)
+    assert b[0].watch.changed, "the newer turn is still unsaved"
+    again = b[0].watch.generation
+    b.saved(0, "s", again)
+    assert not b[0].watch.changed
 
 
 def test_behind_the_front_door_only_requests_mark_a_slot_changed():
-    p = AutosavePolicy(idle_save_seconds=0, changes_from_polls=False)
-    p.observe([slot(0, task=1, busy=True)], now=0)
-    p.observe([slot(0, task=1)], now=1)
-    assert p.changed_slots() == []  # a late poll of a request already accounted for
-    p.request_done(0, now=2)
-    assert p.due(2) == [0]
-    p.mark_saved(0, "s", p.watch(0).generation)
-    p.observe([slot(0, task=7)], now=3)  # the poll after the save sees the task: nothing new
-    assert p.due(4) == []
+    b = board(idle_save_seconds=0)
+    b.observe([slot(0, task=1, busy=True)], now=0)
+    b.observe([slot(0, task=1)], now=1)
+    assert b.changed_slots() == []  # a late poll of a request already accounted for
+    b.request_done(0, now=2)
+    assert b.due(2) == [0]
+    b.saved(0, "s", b[0].watch.generation)
+    b.observe([slot(0, task=7)], now=3)  # the poll after the save sees the task: nothing new
+    assert b.due(4) == []

@@ -12,6 +12,7 @@ import pytest
 
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotBoard, judge_reuse
+from slotkeeper.core.events import EventBus, SlotsChanged
 from slotkeeper.core.server.client import SlotInfo
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.services.resume import resume_verdict
@@ -93,7 +94,9 @@ def test_run_on_the_callers_thread():
 # -- slot views and the reuse judgement -------------------------------------------------------
 def test_slot_views_are_replaced_never_changed():
     changes = []
-    table = SlotBoard(10.0, on_change=lambda: changes.append(1))
+    events = EventBus()
+    events.subscribe(changes.append, SlotsChanged)
+    table = SlotBoard(10.0, events)
     table.reset(2, 4096)
     before = table.views()
     table.show(0, session_id="abc", n_tokens=300)
@@ -105,7 +108,8 @@ def test_slot_views_are_replaced_never_changed():
     table.show(1, state="saving")
     table.observe([SlotInfo(id=1, n_ctx=4096, is_processing=False)], now=2.0)
     assert table[1].view.state == "saving", "a poll does not overwrite what the engine is doing"
-    assert len(changes) == 5  # published once per change: reset, show, observe, show, observe
+    # published once per change (reset, show, observe, show); a poll that changed nothing, not at all
+    assert len(changes) == 4 and changes[-1].slots == table.views()
 
 
 def test_reuse_rules():

@@ -15,7 +15,9 @@ from slotkeeper.core.basics.tokens import as_tokens
 from slotkeeper.core.engine import frontdesk as fd
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.frontdesk import FrontDesk, Outcome, request_shape
+from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
+from slotkeeper.core.events import EventBus
 from slotkeeper.core.views import RestoreSummary
 
 
@@ -94,12 +96,12 @@ class Ledger:
 
 def make_desk(n_slots: int = 2, facts: Facts | None = None,
               serving: bool = True) -> tuple[FrontDesk, SlotBoard, Parts]:
-    board = SlotBoard(10.0, on_change=lambda: None)
+    board = SlotBoard(10.0, EventBus())
     board.reset(n_slots, 4096)
     parts = Parts()
     # type: ignore[arg-type]
     desk = FrontDesk(board, Link(facts, serving), actions=parts, saves=parts, library=parts,
-                     ledger=Ledger(parts), poller=parts)  # type: ignore[arg-type]
+                     ledger=Ledger(parts), poller=parts, rates=Rates())  # type: ignore[arg-type]
     return desk, board, parts
 
 

@@ -29,17 +29,16 @@ def running(tmp_path, monkeypatch):
         make_session(paths.sessions_dir, f"{i:012x}", size=1000, used=f"2026-01-0{i + 1}T00:00:00Z")
     loop = EngineLoop()
     loop.start_thread()
-    budget = [10**9]
-    lib = Library(paths, loop, EventBus(), in_slots=frozenset, budget=lambda: budget[0])
+    lib = Library(paths, loop, EventBus(), in_slots=frozenset, budget_bytes=10**9)
     try:
-        yield paths, loop, lib, budget
+        yield paths, loop, lib
     finally:
         loop.close()
         lib.close()
 
 
 def test_a_deleted_or_pruned_session_is_forgotten_once_and_the_index_on_disk_follows(running, monkeypatch):
-    paths, loop, lib, budget = running
+    paths, loop, lib = running
     lib.store.listing()
     forgotten: list[str] = []
     real = lib.index.forget
@@ -48,7 +47,7 @@ def test_a_deleted_or_pruned_session_is_forgotten_once_and_the_index_on_disk_fol
     lib.events.subscribe(pruned.append, SessionsPruned)
 
     lib.sessions.delete("000000000002")  # a face's delete (a Qt pool thread in the app)
-    budget[0] = 1500
+    lib.budget_bytes = 1500
     loop.call(lib.prune())  # after a save: the least recently used goes
     settle(loop)  # the index on disk is written a moment later
 
@@ -59,7 +58,7 @@ def test_a_deleted_or_pruned_session_is_forgotten_once_and_the_index_on_disk_fol
 
 
 def test_a_saved_conversations_text_goes_into_the_search_through_the_service(running):
-    paths, loop, lib, _ = running
+    paths, loop, lib = running
     sc = lib.store.get("000000000001").sidecar
 
     async def save_text() -> None:

@@ -169,6 +169,7 @@ class EventBus:
         """``held``: events wait in order until ``release()`` (for listeners that arrive later)."""
         self._lock = threading.Lock()
         self._handlers: list[tuple[tuple[type[Event], ...], Handler]] = []
+        self._firsts = 0  # the handlers subscribed ``first`` lead the list
         self._held: list[Event] | None = [] if held else None
 
     def release(self) -> None:
@@ -182,19 +183,28 @@ class EventBus:
             for event in batch:
                 self._deliver(event)
 
-    def subscribe(self, handler: Callable[[E], None], *types: type[E]) -> Callable[[], None]:
-        """Call ``handler`` for events of ``types`` (every event when none). Returns an unsubscribe."""
+    def subscribe(self, handler: Callable[[E], None], *types: type[E],
+                  first: bool = False) -> Callable[[], None]:
+        """Call ``handler`` for events of ``types`` (every event when none). Returns an unsubscribe.
+        ``first``: before the handlers that are not (the engine's own snapshot is brought up to date
+        before any face hears of a change and reads it)."""
         for t in types:
             if not (isinstance(t, type) and issubclass(t, Event)):
                 raise TypeError(f"{t!r} is not an event type")
         entry = (tuple(types) or (Event,), handler)
         with self._lock:
             # A handler of E is kept with the handlers of every event: only events of its types reach it.
-            self._handlers.append(entry)  # type: ignore[arg-type]
+            if first:
+                self._handlers.insert(self._firsts, entry)  # type: ignore[arg-type]
+                self._firsts += 1
+            else:
+                self._handlers.append(entry)  # type: ignore[arg-type]
 
         def unsubscribe() -> None:
             with self._lock:
                 if entry in self._handlers:
+                    if self._handlers.index(entry) < self._firsts:
+                        self._firsts -= 1
                     self._handlers.remove(entry)
 
         return unsubscribe

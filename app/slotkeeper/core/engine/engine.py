@@ -49,6 +49,7 @@ from slotkeeper.core.engine.model import (
     resolve_model,
     swa_note,
 )
+from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.server_link import ServerLink
 from slotkeeper.core.engine.slot_actions import SlotActions
 from slotkeeper.core.engine.slot_saves import (
@@ -61,6 +62,7 @@ from slotkeeper.core.engine.watching import SlotPoller
 from slotkeeper.core.events import (
     ActivityChanged,
     EngineReady,
+    Event,
     EventBus,
     NoticeRaised,
     ServerStateChanged,
@@ -132,32 +134,34 @@ class Engine(EngineFace):
         self._swa_note: str | None = None
         self._after_ready: asyncio.Task[None] | None = None
         self._published_in_slots: frozenset[str] | None = None
-        self._emitted_slots: Any = None  # the slots the last SlotsChanged carried
         self._door_keys: DoorKeys | None = None  # the user's keys for the front door (per launch)
         self._binary = ""  # llama-server's file, this launch
         self._demo_said = False
         self._snapshot = EngineSnapshot(settings=settings)
 
         # -- the parts, composed -------------------------------------------------------------
-        self.board = SlotBoard(settings.idle_save_seconds, on_change=self._publish_slots)
-        self.link = ServerLink(self.supervisor, self.loop, closed=lambda: self._closed)
-        self.library = Library(paths, self.loop, self.events, in_slots=lambda: self._snapshot.in_slots,
-                               budget=lambda: self._snapshot.settings.budget_bytes)
+        # Composed one way: each part is handed the parts below it, never a callable of the engine
+        # or the door; the engine hears from them through events (first, before any face).
+        self.board = SlotBoard(settings.idle_save_seconds, self.events)
+        self.link = ServerLink(self.supervisor, self.loop)
+        self.library = Library(paths, self.loop, self.events, in_slots=self.board.held_sessions,
+                               budget_bytes=settings.budget_bytes)
         self.store, self.search, self.sessions = (self.library.store, self.library.search,
                                                   self.library.sessions)
-        self.identity = ModelIdentity(self.hashes, self.loop, self._set_activity)
-        self.saves = SlotSaves(self.board, self.link, self.library, self.loop, self.events,
-                               self._set_activity)
+        self.identity = ModelIdentity(self.hashes, self.loop, self.events)
+        self.rates = Rates()
+        self.saves = SlotSaves(self.board, self.link, self.library, self.loop, self.events)
         self.actions = SlotActions(self.board, self.link, self.library, self.saves, self.loop, self.events,
-                                   on_restored=lambda ms, n: self.desk.restore_measured(ms, n))
-        self.poller = SlotPoller(self.board, self.link, self.loop,
-                                 idle_save=lambda s: self.saves.save(s, "idle"))
+                                   self.rates)
+        self.poller = SlotPoller(self.board, self.link, self.loop, self.saves)
         self.ledger = RequestLedger(self.board, self.history, self.store, self.loop, self.events)
         self.desk = FrontDesk(self.board, self.link, self.actions, self.saves, self.library, self.ledger,
-                              self.poller)
-        self.front = FrontDoor(self.desk, upstream=self.link.upstream, policy=self._door_policy)
+                              self.poller, self.rates)
+        self.front = FrontDoor(self.desk, upstream=self.link.upstream, policy=self._door_policy())
 
-        self._unsubscribe = self.events.subscribe(self._from_supervisor, ServerStateChanged)
+        from_parts = self.events.subscribe(self._from_parts, SlotsChanged, ActivityChanged, first=True)
+        from_supervisor = self.events.subscribe(self._from_supervisor, ServerStateChanged)
+        self._unsubscribe = lambda: (from_parts(), from_supervisor(), None)[-1]
         if own_thread:
             self.loop.start_thread()
 
@@ -181,8 +185,7 @@ class Engine(EngineFace):
 
     def complete_search(self) -> None:
         """Fill in the search index's text the running model can give (on the loop)."""
-        self.library.complete_search(self.link.facts, self.link.client,
-                                     lambda: self.link.serving.is_set() and self.link.facts is not None)
+        self.library.complete_search(self.link.facts, self.link.client, self.link.serving_with_facts)
 
     async def check_transcript_async(self, session_id: str) -> TranscriptCheck | None:
         """Whether a saved conversation's transcript says what its KV file holds (None: it has none,
@@ -210,7 +213,7 @@ class Engine(EngineFace):
         self.ready.clear()
         self._ready = False
         self.link.facts = None  # facts describe one running server; a new launch works them out again
-        self._emitted_slots = None  # the faces forget the slots of a stopped server
+        self.board.forget_published()  # the faces forget the slots of a stopped server
         self._resume_id = resume_id
         self.link.crashed = False
         self._publish()
@@ -266,7 +269,7 @@ class Engine(EngineFace):
     async def close_async(self, save: bool = True,
                           timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS) -> SavesReport:
         """The final stop: after it start_async() does nothing, so a queued Start cannot outlive Quit."""
-        self._closed = True
+        self._closed = self.link.closed = True
         report = await self.stop_async(save=save, timeout=timeout)
         await self.library.keep_index()
         return report
@@ -294,6 +297,7 @@ class Engine(EngineFace):
         budget_changed = settings.budget_bytes != self._settings.budget_bytes
         self._settings = settings
         self.board.set_idle_save(settings.idle_save_seconds)
+        self.library.budget_bytes = settings.budget_bytes
         self._publish()
         if budget_changed:
             await self.library.prune()
@@ -333,7 +337,7 @@ class Engine(EngineFace):
 
     async def _prepare_launch(self) -> LaunchSpec:
         began = time.monotonic()
-        report = byte_progress(self.loop, self._set_activity, "downloading", "downloading the starter model")
+        report = byte_progress(self.loop, self.events, "downloading", "downloading the starter model")
 
         def fetching(done: int, total: int) -> None:  # an I/O thread
             if self.supervisor.stop_requested:
@@ -454,8 +458,7 @@ class Engine(EngineFace):
         # the folder tidied and the index up to date (a prelaunch does it meanwhile)
         await self.library.sweep_once()
         done = await self.actions.at_launch(self.supervisor.adopted, self._settings.idle_save_seconds,
-                                            self._settings.restore_on_start, self._resume_id,
-                                            self._set_activity)
+                                            self._settings.restore_on_start, self._resume_id)
         if done:
             note = swa_note(self.link.model, self._running_profile())
             if note:
@@ -482,16 +485,15 @@ class Engine(EngineFace):
         return self.link.running_profile(self._settings.profile)
 
     def _set_activity(self, activity: Activity) -> None:
-        self._activity = activity
-        self._publish()
         self.events.emit(ActivityChanged(activity))
 
-    def _publish_slots(self) -> None:
+    def _from_parts(self, event: Event) -> None:
+        """The parts said what changed (on the loop, before any face hears it): the snapshot first."""
+        if isinstance(event, ActivityChanged):
+            self._activity = event.activity
+            self._publish()
+            return
         self._publish()
-        slots = self._snapshot.slots
-        if slots != self._emitted_slots:  # a poll that changed nothing wakes no face
-            self._emitted_slots = slots
-            self.events.emit(SlotsChanged(slots))
         in_slots = self._snapshot.in_slots
         if self.link.launched is not None and in_slots != self._published_in_slots:
             self._published_in_slots = in_slots
@@ -514,3 +516,4 @@ class Engine(EngineFace):
             started_at=self.supervisor.started_at if self._server_state is ServerState.READY else None,
             swa_note=self._swa_note,
         )
+        self.front.policy = self._door_policy()  # what clients may reach follows the launch and its facts

@@ -22,7 +22,8 @@ from slotkeeper.core.basics.tokens import TokenArray, common_prefix_len, no_toke
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.ledger import Figures
 from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
-from slotkeeper.core.engine.slots import UNKNOWN
+from slotkeeper.core.engine.shapes import RequestShape, request_shape
+from slotkeeper.core.engine.slots import UNKNOWN, Ran
 from slotkeeper.core.model import families
 from slotkeeper.core.server.client import ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts
@@ -31,6 +32,7 @@ from slotkeeper.core.sessions.transcripts import Transcript
 if TYPE_CHECKING:
     from slotkeeper.core.engine.ledger import RequestLedger
     from slotkeeper.core.engine.library import Library
+    from slotkeeper.core.engine.rates import Rates
     from slotkeeper.core.engine.server_link import ServerLink
     from slotkeeper.core.engine.slot_actions import SlotActions
     from slotkeeper.core.engine.slot_saves import SlotSaves
@@ -44,59 +46,6 @@ log = logging.getLogger(__name__)
 MAX_WAITING = 64  # requests queued for a slot; beyond, llama-server's own queue takes them
 WAIT_STEP_SECONDS = 2.0  # a waiting request looks again at least this often
 READY_WAIT_SECONDS = 600.0  # a request that arrives while the server starts waits this long
-DEFAULT_PREFILL_TOKENS_PER_MS = 0.5  # until measured on this machine and model
-DEFAULT_RESTORE_BYTES_PER_MS = 1_000_000.0  # ~1 GB/s, until measured
-RESTORE_OVERHEAD_MS = 20.0
-RATE_WEIGHT = 0.2  # exponential moving average of the measured rates
-# Request fields that change how a reply is sampled, not the prompt: two requests that differ
-# only in these (and in a longer conversation) render the same prompt prefix.
-SAMPLING_FIELDS = frozenset({
-    "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n_predict", "temperature",
-    "dynatemp_range", "dynatemp_exponent", "top_p", "top_k", "min_p", "typical_p", "top_n_sigma", "seed",
-    "stop", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "penalty_last_n",
-    "logprobs", "top_logprobs", "n_probs", "post_sampling_probs", "id_slot", "cache_prompt",
-    "timings_per_token", "return_progress", "return_tokens", "user", "logit_bias", "mirostat", "mirostat_tau",
-    "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-    "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "samplers", "n", "ignore_eos",
-    "t_max_predict_ms", "grammar", "n_keep", "n_indent", "n_discard", "n_cmpl", "lora", "speculative.n_max",
-    "speculative.n_min", "speculative.p_min"})
-
-
-@dataclass(frozen=True)
-class RequestShape:
-    """A request as far as its prompt goes: the growing part (the chat's ``messages``, a text
-    ``prompt``) and everything else that shapes the prompt (tools, template options...)."""
-
-    path_kind: str  # "chat" or "text"
-    growing: tuple[Any, ...] | str
-    fixed: dict[str, Any]
-
-    def continues(self, before: RequestShape) -> bool:
-        """This request's prompt starts with all of ``before``'s (a next turn, a longer text)."""
-        if self.path_kind != before.path_kind or self.fixed != before.fixed:
-            return False
-        if isinstance(self.growing, str):
-            return isinstance(before.growing, str) and self.growing.startswith(before.growing)
-        n = len(before.growing)
-        return len(self.growing) >= n and self.growing[:n] == before.growing
-
-    @property
-    def length(self) -> int:
-        return len(self.growing)
-
-
-def request_shape(path_kind: str, body: dict[str, Any]) -> RequestShape | None:
-    """The shape of a chat (``messages``) or text-completion (string ``prompt``) request."""
-    key = "messages" if path_kind == "chat" else "prompt"
-    growing = body.get(key)
-    if path_kind == "chat" and isinstance(growing, list) and growing:
-        growing = tuple(growing)
-    elif not (path_kind == "text" and isinstance(growing, str) and growing):
-        return None
-    return RequestShape(path_kind, growing,
-                        {k: v for k, v in body.items() if k != key and k not in SAMPLING_FIELDS})
-
-
 def restore_mode(facts: ServerFacts | None) -> str:
     """How a restored state of the running model behaves (``core.families``): "works" (any
     rollback is correct: full attention, MLA), "exact" continuation only (hybrid and recurrent
@@ -145,7 +94,7 @@ class Outcome:
 
 class FrontDesk:
     def __init__(self, board: SlotBoard, link: ServerLink, actions: SlotActions, saves: SlotSaves,
-                 library: Library, ledger: RequestLedger, poller: SlotPoller) -> None:
+                 library: Library, ledger: RequestLedger, poller: SlotPoller, rates: Rates) -> None:
         self.board = board
         self.link = link
         self.actions = actions
@@ -155,21 +104,15 @@ class FrontDesk:
         self.poller = poller
         self._route_lock = asyncio.Lock()
         self._waiters: list[Place] = []  # requests waiting for a slot, first come first
-        self.prefill_tokens_per_ms = DEFAULT_PREFILL_TOKENS_PER_MS
-        self.restore_bytes_per_ms = DEFAULT_RESTORE_BYTES_PER_MS
+        self.rates = rates
 
     # -- what the slots hold --------------------------------------------------------------
     def content(self, slot: int) -> SlotContent:
         return self.board[slot].content
 
-    def restore_measured(self, restore_ms: float, n_read: int) -> None:
-        """A restore read ``n_read`` bytes in ``restore_ms``: the restore rate, measured here."""
-        self.restore_bytes_per_ms = _ema(self.restore_bytes_per_ms, n_read / restore_ms)
-
     def break_even_tokens(self, size_bytes: int) -> int:
-        """Prefill tokens that take as long as restoring a file of ``size_bytes``."""
-        restore_ms = RESTORE_OVERHEAD_MS + size_bytes / self.restore_bytes_per_ms
-        return int(restore_ms * self.prefill_tokens_per_ms)
+        """Prefill tokens that take as long as restoring a file of ``size_bytes`` (``Rates``)."""
+        return self.rates.break_even_tokens(size_bytes)
 
     def slot_context(self) -> int:
         """Tokens of context each slot has (0 while not known)."""
@@ -305,7 +248,7 @@ class FrontDesk:
         if r.restore or r.erase_first or r.expected_prefix < c.n_prompt:
             # What the slot held is saved (or was already) and is being replaced: a request for
             # that conversation no longer waits for this slot, it takes the first one freed.
-            self.board[r.slot].replacing = tokens if tokens is not None else no_tokens()
+            self.board.replaced_by(r.slot, tokens if tokens is not None else no_tokens())
             self._wake_first()
         log.debug("request -> slot %s: %s", r.slot, r.reason)
         return ticket
@@ -398,50 +341,21 @@ class FrontDesk:
         if not outcome.processed:
             return  # refused before the prompt was touched: the slot holds what it held
         t = outcome.timings or {}
-        c = self.content(slot)
         predicted = int(t.get("predicted_n") or 0)
         cache_n, prompt_n = int(t.get("cache_n") or 0), int(t.get("prompt_n") or 0)
-        shared: int | None = None
-        if ticket.tokens is None and learn is not None and outcome.timings is not None:
-            c.n_prompt = cache_n + prompt_n
-            c.learn, c.learning = learn, None
-        elif ticket.tokens is None:
-            # Not known (a prompt shape the front door cannot tokenize): the slot holds a prompt of
-            # the size llama-server reports, which a next conversation saves before replacing it.
-            # Restored state that cannot be rolled back was erased first (routing), so none is left.
-            c.tokens, c.n_prompt, c.fragile_until = (no_tokens(), (cache_n + prompt_n) if outcome.timings
-                                                     else UNKNOWN, 0)
-            c.learn = c.learning = None
-        else:
-            tokens = ticket.tokens
-            if ticket.source != "recomputed":
-                shared = common_prefix_len(tokens, c.tokens)
-                if shared < len(c.tokens) and c.tokens[shared] < 0:
-                    # An image or audio clip (a media pseudo-token, see kvfile) where the two part:
-                    # the request's rendering of it cannot be compared here; llama-server can.
-                    shared = None
-            if c.fragile_until and common_prefix_len(tokens, c.tokens) < c.fragile_until:
-                c.fragile_until = 0  # recomputed from scratch: nothing restored is left in it
-            c.tokens, c.n_prompt = tokens, len(tokens)
-            c.learn = c.learning = None
-        c.held = c.n_prompt + max(predicted - 1, 0)
-        c.shape = ticket.shape if outcome.timings is not None and c.n_prompt else None
-        c.transcript = outcome.transcript  # None: what it holds now cannot be read as a conversation
+        ran = Ran(ticket.tokens, cache_n + prompt_n if outcome.timings else None, predicted,
+                  recomputed=ticket.source == "recomputed", learn=learn,
+                  shape=ticket.shape, transcript=outcome.transcript)
+        n_prompt, held, shared = self.board.ran(slot, ran)
         if outcome.timings is None:  # cut short (the client went away): what it did is not known
-            self.ledger.done(slot, c.held, None)
+            self.ledger.done(slot, held, None)
             return
         prompt_ms = float(t.get("prompt_ms") or 0.0)
-        if prompt_n >= 64 and prompt_ms > 0:
-            self.prefill_tokens_per_ms = _ema(self.prefill_tokens_per_ms, prompt_n / prompt_ms)
+        self.rates.prefill_measured(prompt_ms, prompt_n)
         source = ticket.source
         if cache_n == 0 and source in ("slot", "restored"):
             source = "none"
         elif cache_n > 0 and source in ("none", "recomputed"):
             source = "ram"  # llama-server found it in its own prompt cache
-        saved_ms = cache_n / self.prefill_tokens_per_ms if cache_n else 0.0
-        self.ledger.done(slot, c.held,
-                         Figures(c.n_prompt, cache_n, prompt_n, prompt_ms, source, saved_ms, shared))
-
-
-def _ema(old: float, new: float) -> float:
-    return (1 - RATE_WEIGHT) * old + RATE_WEIGHT * new
+        self.ledger.done(slot, held, Figures(n_prompt, cache_n, prompt_n, prompt_ms, source,
+                                             self.rates.saved_ms(cache_n), shared))

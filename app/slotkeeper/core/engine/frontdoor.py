@@ -43,6 +43,7 @@ from slotkeeper.core.engine import endpoints
 from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
 from slotkeeper.core.engine.httpstack import aiohttp, web
+from slotkeeper.core.engine.shapes import SAMPLING_FIELDS
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
 from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.transcripts import ReplyCollector, conversation
@@ -97,13 +98,12 @@ class BadBody(ValueError):
 
 
 class FrontDoor:
-    def __init__(self, desk: FrontDesk, upstream: Callable[[], tuple[str, str]],
-                 policy: Callable[[], DoorPolicy]) -> None:
-        """``upstream()`` gives llama-server's private base URL and key now; ``policy()`` what
-        clients may reach and with which keys."""
+    def __init__(self, desk: FrontDesk, upstream: Callable[[], tuple[str, str]], policy: DoorPolicy) -> None:
+        """``upstream()`` gives llama-server's private base URL and key now; ``policy``: what clients
+        may reach and with which keys (the engine replaces it when that changes)."""
         self.desk = desk
         self._upstream = upstream
-        self._policy = policy
+        self.policy = policy
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
@@ -192,7 +192,7 @@ class FrontDoor:
             return error_response(400, f"Bad request target: {exc}")
         if request.method == "OPTIONS":  # a browser's CORS preflight: llama-server answers it, without a key
             return await self._pass(request, path, query, b"")
-        policy = self._policy()
+        policy = self.policy
         ep = endpoints.endpoint(request.method, path)
         if ep is None or ep.kind != endpoints.PUBLIC:
             denied = self._denied(request, policy)
@@ -478,8 +478,6 @@ def _several_slots(path: str, body: dict[str, Any]) -> str | None:
 def prompt_fields(body: dict[str, Any]) -> dict[str, Any]:
     """What of a request renders its prompt (the fast path keeps it to learn the tokens later):
     not the sampling settings, never more than that."""
-    from slotkeeper.core.engine.frontdesk import SAMPLING_FIELDS
-
     return {k: v for k, v in body.items() if k not in SAMPLING_FIELDS}
 
 

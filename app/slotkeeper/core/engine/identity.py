@@ -13,6 +13,7 @@ from pathlib import Path
 
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.model import ModelChoice, llama_build_tag, resolve_projector, server_facts
+from slotkeeper.core.events import ActivityChanged, EventBus
 from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.sessions.compat import ServerFacts
@@ -24,10 +25,10 @@ log = logging.getLogger(__name__)
 PROGRESS_SECONDS = 0.5  # the least time between two progress reports of byte-counting work
 
 
-def byte_progress(loop: EngineLoop, set_activity: Callable[[Activity], None], activity: str,
+def byte_progress(loop: EngineLoop, events: EventBus, activity: str,
                   detail: str) -> Callable[[int, int], None]:
     """A ``progress(done, total)`` for work on an I/O thread that counts bytes (hashing the model,
-    downloading the starter model): the activity set on the loop, at most every
+    downloading the starter model): the activity announced on the loop, at most every
     ``PROGRESS_SECONDS`` and at the end."""
     last = [0.0]
 
@@ -35,23 +36,22 @@ def byte_progress(loop: EngineLoop, set_activity: Callable[[Activity], None], ac
         now = time.monotonic()
         if now - last[0] >= PROGRESS_SECONDS or done == total:
             last[0] = now
-            loop.call_soon(set_activity, Activity(activity, detail, done, total))
+            loop.call_soon(events.emit, ActivityChanged(Activity(activity, detail, done, total)))
 
     return progress
 
 
 class ModelIdentity:
-    def __init__(self, hashes: ModelHashCache, loop: EngineLoop,
-                 set_activity: Callable[[Activity], None]) -> None:
+    def __init__(self, hashes: ModelHashCache, loop: EngineLoop, events: EventBus) -> None:
         self.hashes = hashes
         self.loop = loop
-        self._set_activity = set_activity
+        self.events = events
         self._hashing: asyncio.Future[str | None] | None = None
 
     def begin(self, path: Path) -> None:
         """Hash the model while llama-server loads it (both read the file; the page cache helps).
         Whether it was hashed before is asked off the loop (it reads the hash cache's file)."""
-        progress = byte_progress(self.loop, self._set_activity, "hashing", f"identifying {path.name}")
+        progress = byte_progress(self.loop, self.events, "hashing", f"identifying {path.name}")
 
         def hash_unless_known() -> str | None:  # an I/O thread
             return self.hashes.cached(path) or self.hashes.compute(path, progress)
@@ -69,7 +69,7 @@ class ModelIdentity:
                 log.warning("hashing %s failed: %s", model.path, exc)
         sha = await self.loop.run_io(self.hashes.compute, model.path)
         mmproj_sha = await self.loop.run_io(self.projector_sha256, profile)
-        self._set_activity(Activity())
+        self.events.emit(ActivityChanged(Activity()))
         props = await self.loop.run_io(http.props)
         return server_facts(model, sha, props, profile, mmproj_sha), llama_build_tag(props.build_info)
 

@@ -41,7 +41,7 @@ class RequestLedger:
         """A request through the front door finished on ``slot``, which holds ``held`` tokens now
         (``fig``: its figures; None when it was cut short and what it did is not known)."""
         now = time.monotonic()
-        self.board.policy.request_done(slot, now)
+        self.board.request_done(slot, now)
         if fig is None:
             self.board.show(slot, running=False, n_tokens=held)
             return
@@ -62,7 +62,7 @@ class RequestLedger:
         self.loop.in_background(self.history.append, record, what="recording the request history")
         self.events.emit(RequestDone(slot, 0, fig.n_prompt, fig.cache_n, fig.prompt_n, fig.prompt_ms, at,
                                      fig.source, fig.saved_ms))
-        pending, s.pending = s.pending, None
+        pending = self.board.take_pending(slot)
         if pending is not None:
             verdict = judge_reuse(pending, fig.cache_n, fig.shared)
             if verdict.reason and (verdict.effective is False or verdict.warn):

@@ -39,15 +39,17 @@ INDEX_WRITE_DELAY_SECONDS = 30.0
 
 class Library:
     def __init__(self, paths: AppPaths, loop: EngineLoop, events: EventBus,
-                 in_slots: Callable[[], frozenset[str]], budget: Callable[[], int]) -> None:
-        """``in_slots()``: the sessions a slot holds now (never deleted); ``budget()``: the disk budget."""
+                 in_slots: Callable[[], frozenset[str]], budget_bytes: int) -> None:
+        """``in_slots()``: the sessions a slot holds now (never deleted); ``budget_bytes``: the disk
+        budget (changed with the settings)."""
         self.loop = loop
+        self.budget_bytes = budget_bytes
         self.events = events
         self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
         # What was said in every saved conversation (searched by the faces through the service).
         self.search = SearchIndex(paths.search_index_file)
         # The store forgets a deleted or pruned session itself; the engine keeps the index on disk.
-        self.sessions = SessionsService(self.store, in_slots=in_slots, budget=budget,
+        self.sessions = SessionsService(self.store, in_slots=in_slots, budget=lambda: self.budget_bytes,
                                         on_deleted=lambda sid: loop.call_soon(self._changed),
                                         search=self.search,
                                         on_repaired=lambda r: events.emit(

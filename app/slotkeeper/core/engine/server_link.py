@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.loop import EngineLoop
@@ -26,11 +25,10 @@ NOWHERE = ("http://127.0.0.1:1", "")  # before any launch: nothing listens there
 
 
 class ServerLink:
-    def __init__(self, supervisor: Supervisor, loop: EngineLoop, closed: Callable[[], bool]) -> None:
-        """``closed()``: the engine is quitting (no request waits for a server that will not come)."""
+    def __init__(self, supervisor: Supervisor, loop: EngineLoop) -> None:
         self.supervisor = supervisor
         self.loop = loop
-        self._closed = closed
+        self.closed = False  # the engine is quitting: no request waits for a server that will not come
         self.private: PrivateAddress | None = None  # llama-server's own port and key
         self.launched: ServerProfile | None = None  # what the running server was started with
         self.model: ModelChoice | None = None
@@ -83,9 +81,13 @@ class ServerLink:
         if state is ServerState.CRASHED:
             self.crashed = True
 
+    def serving_with_facts(self) -> bool:
+        """Ready for requests, and the running server's facts are known."""
+        return self.serving.is_set() and self.facts is not None
+
     def serving_now(self) -> bool:
         """The server takes requests right now (on the loop: no waiting)."""
-        return self.serving.is_set() and not self._closed()
+        return self.serving.is_set() and not self.closed
 
     async def wait_serving(self, timeout: float) -> None:
         """Until the server takes requests; FrontDeskError when it is stopped, does not come, or
@@ -93,7 +95,7 @@ class ServerLink:
         deadline = time.monotonic() + timeout
         while not self.serving.is_set():
             state = self.supervisor.state
-            if self._closed() or state in (ServerState.STOPPED, ServerState.FAILED):
+            if self.closed or state in (ServerState.STOPPED, ServerState.FAILED):
                 message = self.supervisor.message
                 why = f": {message}" if state is ServerState.FAILED and message else ""
                 raise FrontDeskError(503, f"llama-server is not running{why}")

@@ -9,16 +9,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.planning import LaunchCandidate, plan_launch_restores
+from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
 from slotkeeper.core.engine.slot_saves import SlotSaves
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
-from slotkeeper.core.events import EventBus, RestoreReused, SessionRefused, SessionRestored, SlotRecomputed
+from slotkeeper.core.events import (
+    ActivityChanged,
+    EventBus,
+    RestoreReused,
+    SessionRefused,
+    SessionRestored,
+    SlotRecomputed,
+)
 from slotkeeper.core.model import families
 from slotkeeper.core.model.families import EXACT_ONLY_MODES
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
@@ -36,16 +43,15 @@ log = logging.getLogger(__name__)
 
 class SlotActions:
     def __init__(self, board: SlotBoard, link: ServerLink, library: Library, saves: SlotSaves,
-                 loop: EngineLoop, events: EventBus, on_restored: Callable[[float, int], None]) -> None:
-        """``on_restored(restore_ms, bytes_read)``: a restore's measured rate (the front desk's
-        break-even)."""
+                 loop: EngineLoop, events: EventBus, rates: Rates) -> None:
+        """``rates``: each restore's measured rate goes there (the front desk's break-even)."""
         self.board = board
         self.link = link
         self.library = library
         self.saves = saves
         self.loop = loop
         self.events = events
-        self._on_restored = on_restored
+        self.rates = rates
 
     async def restore(self, session_id: str, slot: int | None = None) -> RestoreSummary | None:
         """Restore a saved session into ``slot`` (or a free one). Returns a summary, or None when
@@ -127,8 +133,7 @@ class SlotActions:
         sc = entry.sidecar
         self.board.restored(slot, session_id, tokens, result.n_restored, sc.restore_mode,
                             exact_only=facts.restore_mode in EXACT_ONLY_MODES, transcript=transcript)
-        if result.restore_ms > 0 and result.n_read > 0:
-            self._on_restored(result.restore_ms, result.n_read)
+        self.rates.restore_measured(result.restore_ms, result.n_read)
         summary = RestoreSummary(session_id, slot, result.n_restored, result.restore_ms, sc.title)
         self.events.emit(SessionRestored(summary))
         return summary
@@ -144,8 +149,7 @@ class SlotActions:
         return min(idle, key=lambda s: s.id).id
 
     async def at_launch(self, adopted: bool, idle_save_seconds: float, limit: int | None,
-                        resume_id: str | None,
-                        set_activity: Callable[[Activity], None]) -> list[RestoreSummary]:
+                        resume_id: str | None) -> list[RestoreSummary]:
         """The launch's restores (``planning.plan_launch_restores``): after a crash each slot gets
         back what it held; otherwise the resume request, then the most recent usable sessions, up to
         ``limit``. A server an earlier run left (``adopted``) keeps what its slots hold."""
@@ -183,20 +187,14 @@ class SlotActions:
                                     after_crash=after_crash, used_slots=used)
         done: list[RestoreSummary] = []
         for i, (slot, sid) in enumerate(sorted(plan.items())):
-            set_activity(Activity("restoring", sid, i, len(plan)))
+            self.events.emit(ActivityChanged(Activity("restoring", sid, i, len(plan))))
             outcome = await self.restore(sid, slot)
             if outcome:
                 done.append(outcome)
-        set_activity(Activity(None, "", len(plan), len(plan)))
+        self.events.emit(ActivityChanged(Activity(None, "", len(plan), len(plan))))
         now = time.monotonic()
-        self.board.policy.observe(await self.loop.run_io(http.slots), now)
-        restored = {d.slot for d in done}
-        for s in self.board:
-            w = s.watch
-            # The baseline is what we restored (or an empty slot); anything else is news.
-            w.changed = s.id not in restored and w.last_task is not None
-            if w.changed and w.idle_since is None and not w.processing:
-                w.idle_since = now
+        self.board.observe(await self.loop.run_io(http.slots), now)
+        self.board.settled({d.slot for d in done}, now)
         return done
 
     async def restore_for_request(self, session_id: str, slot: int) -> RestoreSummary | None:

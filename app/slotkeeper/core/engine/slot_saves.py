@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 from slotkeeper.core.basics.tokens import TokenArray, as_tokens
 from slotkeeper.core.engine.library import Library
@@ -21,7 +20,7 @@ from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.searching import Described
 from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
-from slotkeeper.core.events import EventBus, SaveFailed, SessionSaved, WarningRaised
+from slotkeeper.core.events import ActivityChanged, EventBus, SaveFailed, SessionSaved, WarningRaised
 from slotkeeper.core.model import families
 from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.sessions.lineage import common_prefix_len
@@ -47,13 +46,12 @@ SWITCH_REASON = "before switching conversations"
 
 class SlotSaves:
     def __init__(self, board: SlotBoard, link: ServerLink, library: Library, loop: EngineLoop,
-                 events: EventBus, set_activity: Callable[[Activity], None]) -> None:
+                 events: EventBus) -> None:
         self.board = board
         self.link = link
         self.library = library
         self.loop = loop
         self.events = events
-        self._set_activity = set_activity
         self._commits: dict[asyncio.Future[None], TokenArray] = {}  # saves committing after a switch
         self._never_help_said = False
 
@@ -148,7 +146,7 @@ class SlotSaves:
         return outcome
 
     def failed(self, slot: int, message: str) -> None:
-        delay = self.board.policy.save_failed(slot, time.monotonic())
+        delay = self.board.save_failed(slot, time.monotonic())
         log.warning("saving slot %s failed (next try in %.0f s): %s", slot, delay, message)
         self.events.emit(SaveFailed(slot, message))
 
@@ -225,13 +223,13 @@ class SlotSaves:
         if self.never_help():
             self.say_never_help()
             return SavesReport()
-        policy = self.board.policy
+        board = self.board
         try:
-            policy.observe(await self.loop.run_io(self.link.client().slots), time.monotonic())
+            board.observe(await self.loop.run_io(self.link.client().slots), time.monotonic())
         except (ServerUnavailable, ServerError) as exc:
             self.events.emit(WarningRaised(f"could not reach llama-server to save the slots: {exc}"))
-            return SavesReport(unsaved=tuple(policy.changed_slots()))
-        slots = sorted(policy.changed_slots(), key=lambda s: policy.watch(s).processing)
+            return SavesReport(unsaved=tuple(board.changed_slots()))
+        slots = sorted(board.changed_slots(), key=lambda s: board[s].watch.processing)
         deadline = time.monotonic() + timeout
         saved: list[SaveSummary] = []
         unsaved: list[int] = []
@@ -243,14 +241,14 @@ class SlotSaves:
                     self.events.emit(WarningRaised(f"saving took longer than {timeout:.0f} s; "
                                                    f"{len(slots) - i} slot(s) not saved"))
                     break
-                self._set_activity(Activity("saving", f"slot {slot}", i, len(slots)))
+                self.events.emit(ActivityChanged(Activity("saving", f"slot {slot}", i, len(slots))))
                 out = await self.save(slot, reason=reason, timeout=remaining)
                 if out:
                     saved.append(out)
                 else:
                     unsaved.append(slot)
         finally:
-            self._set_activity(Activity(None, "", len(slots), len(slots)))
+            self.events.emit(ActivityChanged(Activity(None, "", len(slots), len(slots))))
         return SavesReport(tuple(saved), tuple(unsaved))
 
 

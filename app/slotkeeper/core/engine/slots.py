@@ -6,16 +6,19 @@ A ``Slot`` holds all the engine knows of one llama-server slot:
 - ``content``: what it holds (its tokens, when known, or only their number), how much of it is
   restored state that must not be rolled back into, and the last request's shape (the fast way in);
 - ``watch``: what autosave decides by (``autosave.SlotWatch``: changed since saved, idle since,
-  the session it was last saved or restored as, a request or a save running on it);
-- ``view``: what the faces see (an immutable ``SlotView``, replaced on change);
+  a request or a save running on it);
+- ``view``: what the faces see (an immutable ``SlotView``, replaced on change), which names the
+  saved session the slot was last saved or restored as (``Slot.session_id`` reads it there, the
+  one place it is kept);
 - ``pending``: a restore whose first request has not been seen yet (``judge_reuse`` decides then
   whether it paid off);
 - ``lock``: slot actions (save, restore, erase) on it run one at a time.
 
-``SlotBoard`` keeps the slots and the autosave policy that watches them, and changes a slot's
-facts together (a failed restore empties the slot for routing, autosave and the faces in one
-call), then calls ``on_change`` once. The pure rules (``routing``, ``autosave``, ``judge_reuse``)
-read these records; nothing else writes them.
+``SlotBoard`` keeps the slots (one map of ``Slot`` records) and changes a slot's facts together
+(a failed restore empties the slot for routing, autosave and the faces in one call), then
+publishes the slots once: a ``SlotsChanged`` event when what the faces see changed (the engine
+listens to it for its snapshot and the in-slots file). The pure rules (``routing``, ``autosave``,
+``judge_reuse``) read these records; the other parts change them only through the board's methods.
 """
 
 from __future__ import annotations
@@ -23,18 +26,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from slotkeeper.core.basics.tokens import TokenArray, as_tokens, no_tokens
+from slotkeeper.core.basics.tokens import TokenArray, as_tokens, common_prefix_len, no_tokens
 from slotkeeper.core.engine.autosave import AutosavePolicy, SlotWatch
+from slotkeeper.core.events import EventBus, SlotsChanged
 from slotkeeper.core.model import families
 from slotkeeper.core.views import SlotView
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.frontdesk import RequestShape
+    from slotkeeper.core.engine.shapes import RequestShape
     from slotkeeper.core.server.client import SlotInfo
     from slotkeeper.core.sessions.transcripts import Transcript
 
@@ -131,13 +134,25 @@ class SlotContent:
         self.forget()
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What a request through the front door left in its slot."""
+
+    tokens: TokenArray | None  # its prompt's tokens (None: not known, or not yet: see ``learn``)
+    n_prompt: int | None  # its prompt's length as llama-server reported it (None: cut short, not known)
+    predicted: int  # tokens generated after it
+    recomputed: bool = False  # the slot was erased first
+    learn: Callable[[], Awaitable[TokenArray | None]] | None = None
+    shape: RequestShape | None = None
+    transcript: Transcript | None = None  # the conversation it holds now, in words (None: cannot be read)
+
+
 class Slot:
     """One llama-server slot as the engine knows it (see the module's docstring)."""
 
-    def __init__(self, slot_id: int, watch: SlotWatch, lock: asyncio.Lock, n_ctx: int = 0,
-                 unknown: bool = False) -> None:
+    def __init__(self, slot_id: int, lock: asyncio.Lock, n_ctx: int = 0, unknown: bool = False) -> None:
         self.id = slot_id
-        self.watch = watch
+        self.watch = SlotWatch(slot_id)
         self.lock = lock
         self.view = SlotView(slot_id, n_ctx=n_ctx)
         self.content = SlotContent(n_prompt=UNKNOWN, held=UNKNOWN) if unknown else SlotContent()
@@ -159,23 +174,25 @@ class Slot:
     @property
     def session_id(self) -> str | None:
         """The saved session it was last saved or restored as (see ARCHITECTURE: detached views)."""
-        return self.watch.session_id
+        return self.view.session_id
 
 
 class SlotBoard:
-    """Every slot's record and the autosave policy watching them (on the engine loop)."""
+    """Every slot's record (on the engine loop), published through ``events``."""
 
-    def __init__(self, idle_save_seconds: float, on_change: Callable[[], None]) -> None:
-        self.policy = AutosavePolicy(idle_save_seconds, changes_from_polls=False)
-        self._slots: dict[int, Slot] = {}
-        self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._on_change = on_change
+    def __init__(self, idle_save_seconds: float, events: EventBus) -> None:
+        self.policy = AutosavePolicy(idle_save_seconds)
+        self._events = events
+        self._slots: dict[int, Slot] = {}  # the slots llama-server has now
+        self._gone: dict[int, Slot] = {}  # slots of a server that went: their locks outlive them
+        self._published: tuple[SlotView, ...] | None = None
 
     # -- reading --------------------------------------------------------------------------
     def __getitem__(self, slot_id: int) -> Slot:
         found = self._slots.get(slot_id)
         if found is None:
-            found = self._slots[slot_id] = Slot(slot_id, self.policy.watch(slot_id), self._locks[slot_id])
+            old = self._gone.pop(slot_id, None)
+            found = self._slots[slot_id] = Slot(slot_id, old.lock if old else asyncio.Lock())
         return found
 
     def __iter__(self) -> Iterator[Slot]:
@@ -185,10 +202,15 @@ class SlotBoard:
         return len(self._slots)
 
     def lock(self, slot_id: int) -> asyncio.Lock:
-        return self._locks[slot_id]
+        """Actions on the slot (save, restore, erase) take it one at a time; it outlives a restart."""
+        s = self._slots.get(slot_id) or self._gone.get(slot_id)
+        if s is None:
+            s = self._gone[slot_id] = Slot(slot_id, asyncio.Lock())
+        return s.lock
 
     def locks(self) -> list[asyncio.Lock]:
-        return [self._locks[i] for i in sorted(self._locks)]
+        every = {**self._gone, **self._slots}
+        return [every[i].lock for i in sorted(every)]
 
     def views(self) -> tuple[SlotView, ...]:
         return tuple(s.view for s in self)
@@ -204,6 +226,14 @@ class SlotBoard:
         """The slot last saved or restored as ``session_id``."""
         return next((s.id for s in self if s.session_id == session_id), None)
 
+    def changed_slots(self) -> list[int]:
+        """Slots holding something not saved yet."""
+        return [s.id for s in self if s.watch.changed]
+
+    def due(self, now: float) -> list[int]:
+        """Slots whose conversation went idle and is due to be saved now (``autosave``)."""
+        return self.policy.due((s.watch for s in self), now)
+
     # -- the whole board ------------------------------------------------------------------
     def reset(self, n_slots: int, n_ctx: int, idle_save_seconds: float | None = None,
               unknown: bool = False) -> None:
@@ -211,32 +241,39 @@ class SlotBoard:
         tokens are not known, which another conversation saves before taking it. With
         ``idle_save_seconds`` autosave starts over as well (a launch that is not a crash's restart)."""
         if idle_save_seconds is not None:
-            self.policy = AutosavePolicy(idle_save_seconds, changes_from_polls=False)
-        self._slots = {i: Slot(i, self.policy.watch(i), self._locks[i], n_ctx, unknown)
+            self.set_idle_save(idle_save_seconds)
+        before = {**self._gone, **self._slots}
+        self._slots = {i: Slot(i, before[i].lock if i in before else asyncio.Lock(), n_ctx, unknown)
                        for i in range(n_slots)}
-        self._on_change()
+        self._gone = {i: s for i, s in before.items() if i not in self._slots}
+        self._changed()
 
     def clear(self) -> None:
         """The server is gone: no slots to show."""
+        self._gone.update(self._slots)
         self._slots = {}
-        self._on_change()
+        self._changed()
 
     def set_idle_save(self, seconds: float) -> None:
         self.policy.idle_save_seconds = max(0.0, float(seconds))
+
+    def forget_published(self) -> None:
+        """A new launch: the next change is published even if the slots look as before."""
+        self._published = None
 
     # -- one slot's facts, together ---------------------------------------------------------
     def show(self, slot_id: int, **changes: Any) -> None:
         """Change what the faces see of a slot."""
         s = self[slot_id]
         s.view = replace(s.view, **changes)
-        self._on_change()
+        self._changed()
 
     def acting(self, slot_id: int, what: str | None) -> None:
         """Slotkeeper saves or restores the slot (``what``), or has finished (None)."""
         s = self[slot_id]
         s.watch.busy_with = what
         s.view = replace(s.view, state=what or "idle")
-        self._on_change()
+        self._changed()
 
     def lease(self, slot_id: int) -> None:
         """A request through the front door takes the slot (autosave leaves it alone)."""
@@ -248,26 +285,30 @@ class SlotBoard:
         s.replacing = None
         s.content.last_used = time.monotonic()
 
+    def replaced_by(self, slot_id: int, tokens: TokenArray) -> None:
+        """A request runs on the slot that replaces what it held (saved first)."""
+        self[slot_id].replacing = tokens
+
     def restored(self, slot_id: int, session_id: str, tokens: Sequence[int] | TokenArray, n_restored: int,
                  mode: str, exact_only: bool, transcript: Transcript | None = None) -> None:
         """A session was restored into the slot: it holds exactly its tokens, saved as they are."""
         s = self[slot_id]
         arr = as_tokens(tokens)
         s.content.hold(arr, len(arr) if exact_only else 0, transcript)
-        self.policy.mark_restored(slot_id, session_id)
+        s.watch.restored()
         s.pending = PendingReuse(session_id, n_restored, mode)
         # The prompt figures were the previous conversation's: a restored slot has had no request yet.
         s.view = replace(s.view, session_id=session_id, n_tokens=n_restored, warning=None, detached=False,
                          n_prompt=0, cache_n=0, prompt_n=0)
-        self._on_change()
+        self._changed()
 
     def emptied(self, slot_id: int) -> None:
         """llama-server refused a restore, which leaves the slot empty: nothing to save, no session."""
         s = self[slot_id]
-        s.watch.session_id, s.watch.changed = None, False
+        s.watch.changed = False
         s.content.hold(no_tokens())
         s.view = replace(s.view, session_id=None, n_tokens=0, detached=False)
-        self._on_change()
+        self._changed()
 
     def erased(self, slot_id: int) -> PendingReuse | None:
         """The slot was erased so a request is computed from scratch; returns the restore that will
@@ -277,27 +318,73 @@ class SlotBoard:
         pending, s.pending = s.pending, None
         return pending
 
+    def ran(self, slot_id: int, r: Ran) -> tuple[int, int, int | None]:
+        """A request ran on the slot: what it holds now. Returns the prompt's length, the tokens
+        held in all, and how many prompt tokens it had in common with what the slot held before
+        (None: not known)."""
+        c = self[slot_id].content
+        shared: int | None = None
+        if r.tokens is None and r.learn is not None and r.n_prompt is not None:
+            # The fast way in: the tokens are learnt when a full route needs them.
+            c.n_prompt = r.n_prompt
+            c.learn, c.learning = r.learn, None
+        elif r.tokens is None:
+            # Not known (a prompt shape the front door cannot tokenize): the slot holds a prompt of
+            # the size llama-server reports, which a next conversation saves before replacing it.
+            # Restored state that cannot be rolled back was erased first (routing), so none is left.
+            c.tokens, c.n_prompt, c.fragile_until = (no_tokens(), r.n_prompt if r.n_prompt is not None
+                                                     else UNKNOWN, 0)
+            c.learn = c.learning = None
+        else:
+            tokens = r.tokens
+            if not r.recomputed:
+                shared = common_prefix_len(tokens, c.tokens)
+                if shared < len(c.tokens) and c.tokens[shared] < 0:
+                    # An image or audio clip (a media pseudo-token, see kvfile) where the two part:
+                    # the request's rendering of it cannot be compared here; llama-server can.
+                    shared = None
+            if c.fragile_until and common_prefix_len(tokens, c.tokens) < c.fragile_until:
+                c.fragile_until = 0  # recomputed from scratch: nothing restored is left in it
+            c.tokens, c.n_prompt = tokens, len(tokens)
+            c.learn = c.learning = None
+        c.held = c.n_prompt + max(r.predicted - 1, 0)
+        c.shape = r.shape if r.n_prompt is not None and c.n_prompt else None
+        c.transcript = r.transcript
+        return c.n_prompt, c.held, shared
+
+    def take_pending(self, slot_id: int) -> PendingReuse | None:
+        """The restore awaiting its first request's verdict, which is given now."""
+        s = self[slot_id]
+        pending, s.pending = s.pending, None
+        return pending
+
     def saved(self, slot_id: int, session_id: str | None, generation: int) -> None:
         """The slot was saved as ``session_id`` (None: nothing worth keeping) as of ``generation``."""
-        self.policy.mark_saved(slot_id, session_id, generation)
         s = self[slot_id]
+        s.watch.saved(generation)
         s.view = replace(s.view, session_id=session_id, detached=False)
-        self._on_change()
+        self._changed()
+
+    def save_failed(self, slot_id: int, now: float) -> float:
+        """A save of the slot failed: the seconds until autosave tries again."""
+        return self[slot_id].watch.save_failed(now)
 
     def left(self, slot_id: int, generation: int) -> None:
         """Saved before another conversation takes the slot: it names no session until a restore
         names one (the old one is committing elsewhere), so its view and the sessions in slots agree."""
         s = self[slot_id]
-        self.policy.mark_saved(slot_id, None, generation)
-        s.watch.session_id = None
+        s.watch.saved(generation)
         s.view = replace(s.view, session_id=None, detached=False)
-        self._on_change()
+        self._changed()
 
-    def observe(self, infos: list[SlotInfo], now: float, first: bool = False) -> None:
-        """A /slots poll: autosave's turn ends, and the views' state and live prompt figures."""
-        self.policy.observe(infos, now, first=first)
+    def observe(self, infos: list[SlotInfo], now: float, first: bool = False) -> list[int]:
+        """A /slots poll: autosave's turn ends, and the views' state and live prompt figures.
+        Returns the slots whose turn just ended."""
+        ended = []
         for info in infos:
             s = self[info.id]
+            if s.watch.observe(info, now, first=first):
+                ended.append(info.id)
             changes: dict[str, Any] = {"n_ctx": info.n_ctx}
             if s.view.state not in ("saving", "restoring"):
                 changes["state"] = "busy" if info.is_processing else "idle"
@@ -307,7 +394,27 @@ class SlotBoard:
                         changes.update(n_prompt=info.n_prompt_tokens, cache_n=info.n_prompt_tokens_cache,
                                        prompt_n=info.n_prompt_tokens_processed)
             s.view = replace(s.view, **changes)
-        self._on_change()
+        self._changed()
+        return ended
+
+    def settled(self, restored: set[int], now: float) -> None:
+        """After the launch restores: what was restored (or an empty slot) is the baseline, and
+        anything else a slot holds is news to save."""
+        for s in self:
+            w = s.watch
+            w.changed = s.id not in restored and w.last_task is not None
+            if w.changed and w.idle_since is None and not w.processing:
+                w.idle_since = now
+
+    def request_done(self, slot_id: int, now: float) -> None:
+        """A request through the front door finished on the slot: its turn ended now."""
+        self[slot_id].watch.request_done(now)
+
+    def _changed(self) -> None:
+        views = self.views()
+        if views != self._published:  # a poll that changed nothing wakes no one
+            self._published = views
+            self._events.emit(SlotsChanged(views))
 
     # -- tokens that lag ------------------------------------------------------------------
     async def learn_lagging(self) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 from slotkeeper.core.engine.autosave import IDLE_POLL_SECONDS, POLL_SECONDS
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.server_link import ServerLink
+from slotkeeper.core.engine.slot_saves import SlotSaves
 from slotkeeper.core.engine.slots import SlotBoard
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
 
@@ -21,13 +21,12 @@ ABANDONED_GIVE_UP_SECONDS = 120.0
 
 
 class SlotPoller:
-    def __init__(self, board: SlotBoard, link: ServerLink, loop: EngineLoop,
-                 idle_save: Callable[[int], Awaitable[object]]) -> None:
-        """``idle_save(slot)``: save a slot whose conversation went idle."""
+    def __init__(self, board: SlotBoard, link: ServerLink, loop: EngineLoop, saves: SlotSaves) -> None:
+        """``saves``: where a slot whose conversation went idle is saved."""
         self.board = board
         self.link = link
         self.loop = loop
-        self._idle_save = idle_save
+        self.saves = saves
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._slowly = False
@@ -83,13 +82,13 @@ class SlotPoller:
                     self._abandoned.pop(info.id, None)
             self.board.observe(infos, now, first=first)
             first = False
-            for slot in self.board.policy.due(now):
+            for slot in self.board.due(now):
                 if slot not in self._idle_saves:  # not again while one waits for its turn
                     self._idle_saves.add(slot)
                     self.loop.spawn(self._save_idle(slot), f"idle save of slot {slot}")
 
     async def _save_idle(self, slot: int) -> None:
         try:
-            await self._idle_save(slot)
+            await self.saves.save(slot, "idle")
         finally:
             self._idle_saves.discard(slot)

@@ -1,0 +1,113 @@
+"""The engine's parts talk one way: the engine composes them and hears from them through events
+and return values. No part is handed a callable of the engine or of the front door (a bound
+method, a lambda or a closure over either), so one request's walk never climbs back up.
+
+The import contracts in pyproject.toml say the same of imports; this says it of what the parts
+hold at run time, on a real engine."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from slotkeeper.core.basics.paths import app_paths
+from slotkeeper.core.engine import Engine
+from slotkeeper.core.engine.frontdoor import FrontDoor
+from slotkeeper.core.events import EventBus
+from slotkeeper.core.settings import Settings
+
+# Where the walk stops: the bus (handlers subscribe to it: that is how the engine listens), and
+# the supervisor, which runs the process on its own thread and asks the engine for the launch.
+NOT_WALKED = (EventBus,)
+SUPERVISOR_HOOKS = {"_spec_factory", "_before_stopping_leftover", "_retry_start"}
+
+
+def _refers_to(fn: Any, targets: tuple[object, ...], seen: set[int]) -> bool:
+    """Whether the callable ``fn`` is a method of one of ``targets`` or closes over one."""
+    if id(fn) in seen:
+        return False
+    seen.add(id(fn))
+    if isinstance(fn, functools.partial):
+        return _refers_to(fn.func, targets, seen) or any(
+            a in targets or (callable(a) and _refers_to(a, targets, seen)) for a in fn.args)
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and any(owner is t for t in targets):
+        return True
+    func = getattr(fn, "__func__", fn)
+    if isinstance(func, types.FunctionType):
+        for cell in func.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if any(value is t for t in targets) or (callable(value) and _refers_to(value, targets, seen)):
+                return True
+    return False
+
+
+def _held(obj: object) -> Iterator[tuple[str, Any]]:
+    fields = getattr(obj, "__dict__", None)
+    if isinstance(obj, dict):
+        fields = obj
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        fields = {str(i): v for i, v in enumerate(obj)}
+    yield from (fields or {}).items()
+
+
+def callbacks_up(engine: Engine) -> list[str]:
+    """Every place a part (anything of Slotkeeper the engine holds, however deep) keeps a callable
+    of the engine or the door."""
+    targets = (engine, engine.front)
+    found: list[str] = []
+    seen: set[int] = {id(engine)}
+    queue: deque[tuple[str, object]] = deque((f"engine.{k}", v) for k, v in vars(engine).items()
+                                      if not k.startswith("_"))
+    while queue:  # breadth first: each place named by its shortest path
+        where, obj = queue.popleft()
+        if id(obj) in seen or isinstance(obj, NOT_WALKED):
+            continue
+        seen.add(id(obj))
+        for name, value in _held(obj):
+            here = f"{where}.{name}"
+            if callable(value) and not inspect.isclass(value) and _refers_to(value, targets, set()):
+                if not (obj is engine.supervisor and name in SUPERVISOR_HOOKS):
+                    found.append(here)
+                continue
+            module = type(value).__module__ or ""
+            if (module.startswith("slotkeeper.") and value is not engine.front) or isinstance(
+                    value, (dict, list, tuple, set, frozenset)):
+                queue.append((here, value))
+    return sorted(found)
+
+
+@pytest.fixture
+def engine():
+    eng = Engine(app_paths(), Settings())
+    yield eng
+    eng.close(save=False)
+
+
+def test_no_part_holds_a_callable_of_the_engine_or_the_door(engine):
+    assert callbacks_up(engine) == []
+
+
+def test_the_check_finds_a_callback_up_where_there_is_one(engine):
+    engine.board.policy.hook = lambda: engine.restart()  # a closure over the engine, deep in a part
+    engine.library.on_ready = engine.front.start  # a method of the door
+    engine.rates.notify = functools.partial(print, engine)  # the engine as an argument
+    assert callbacks_up(engine) == ["engine.board.policy.hook", "engine.library.on_ready",
+                                    "engine.rates.notify"]
+
+
+def test_the_door_is_reached_only_from_above(engine):
+    """The front door takes the front desk (below it); nothing below holds the door."""
+    assert engine.front.desk is engine.desk
+    for part in (engine.desk, engine.board, engine.actions, engine.saves, engine.library, engine.ledger,
+                 engine.poller, engine.link, engine.rates, engine.identity):
+        assert not any(v is engine.front or isinstance(v, FrontDoor) for v in vars(part).values())
