@@ -97,13 +97,13 @@ def test_a_conversation_that_keeps_to_its_slot_is_not_tokenized_until_another_ne
     engine = make_engine(llama_model, server_bin, port, idle_save=3600, ctx=4096)
     events = EventLog(engine)
     tokenized: list[str] = []
-    real = engine.front._prompt_tokens
+    real = engine.prompts.tokens
 
     async def counting(path, body):
         tokenized.append(body["messages"][-1]["content"][:20])
         return await real(path, body)
 
-    engine.front._prompt_tokens = counting
+    engine.prompts.tokens = counting
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY

@@ -16,6 +16,7 @@ from slotkeeper.core.engine import frontdesk as fd
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.frontdesk import FrontDesk, Outcome, request_shape
 from slotkeeper.core.engine.rates import Rates
+from slotkeeper.core.engine.shapes import Learn
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
 from slotkeeper.core.events import EventBus
 from slotkeeper.core.views import RestoreSummary
@@ -53,6 +54,8 @@ class Parts:
     best: tuple[str, int, int] | None = None
     done: list[tuple] = field(default_factory=list)
     slow_lookup: dict[int, float] = field(default_factory=dict)  # first token -> seconds the library takes
+    learnt: list = field(default_factory=list)  # what the prompts were asked to tokenize
+    learnt_tokens: object = None
 
     # the saves
     async def save_before_switching(self, slot: int) -> bool:
@@ -88,6 +91,11 @@ class Parts:
     def abandoned(self, slot: int) -> None:
         self.calls.append(("abandoned", slot))
 
+    # the prompts: a request that came the fast way is tokenized when a full route needs it
+    async def learn(self, what: Learn):
+        self.learnt.append(what)
+        return self.learnt_tokens
+
 
 class Ledger:
     def __init__(self, parts: Parts) -> None:
@@ -101,7 +109,7 @@ def make_desk(n_slots: int = 2, facts: Facts | None = None,
     parts = Parts()
     # type: ignore[arg-type]
     desk = FrontDesk(board, Link(facts, serving), actions=parts, saves=parts, library=parts,
-                     ledger=Ledger(parts), poller=parts, rates=Rates())  # type: ignore[arg-type]
+                     ledger=Ledger(parts), poller=parts, rates=Rates(), prompts=parts)  # type: ignore[arg-type]
     return desk, board, parts
 
 
@@ -257,16 +265,12 @@ def test_the_next_turn_of_a_slots_conversation_goes_straight_to_it_and_its_token
     desk.finish(ticket, Outcome(200, True, {"cache_n": 0, "prompt_n": 30, "predicted_n": 5}))
     fast = desk.admit_continuation(nxt)
     assert fast is not None and fast.slot == ticket.slot and fast.tokens is None
-    learnt = []
-
-    async def learn():
-        learnt.append(1)
-        return as_tokens(toks(60))
-
+    _parts.learnt_tokens = as_tokens(toks(60))
+    learn = Learn("chat", {"messages": list(nxt.growing)})
     desk.finish(fast, Outcome(200, True, {"cache_n": 30, "prompt_n": 30, "predicted_n": 5}), learn=learn)
-    assert board[ticket.slot].content.n_prompt == 60 and not learnt  # not tokenized on the way
+    assert board[ticket.slot].content.n_prompt == 60 and not _parts.learnt  # not tokenized on the way
     run(desk.admit(as_tokens(toks(10, start=7000))))  # a full route compares slots: it learns them now
-    assert learnt and list(board[ticket.slot].content.tokens) == toks(60)
+    assert _parts.learnt == [learn] and list(board[ticket.slot].content.tokens) == toks(60)
 
 
 def test_restored_state_that_cannot_roll_back_never_takes_the_fast_way():

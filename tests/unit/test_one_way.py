@@ -22,10 +22,8 @@ from slotkeeper.core.engine.frontdoor import FrontDoor
 from slotkeeper.core.events import EventBus
 from slotkeeper.core.settings import Settings
 
-# Where the walk stops: the bus (handlers subscribe to it: that is how the engine listens), and
-# the supervisor, which runs the process on its own thread and asks the engine for the launch.
+# Where the walk stops: the bus (handlers subscribe to it: that is how the engine listens).
 NOT_WALKED = (EventBus,)
-SUPERVISOR_HOOKS = {"_spec_factory", "_before_stopping_leftover", "_retry_start"}
 
 
 def _refers_to(fn: Any, targets: tuple[object, ...], seen: set[int]) -> bool:
@@ -76,8 +74,7 @@ def callbacks_up(engine: Engine) -> list[str]:
         for name, value in _held(obj):
             here = f"{where}.{name}"
             if callable(value) and not inspect.isclass(value) and _refers_to(value, targets, set()):
-                if not (obj is engine.supervisor and name in SUPERVISOR_HOOKS):
-                    found.append(here)
+                found.append(here)
                 continue
             module = type(value).__module__ or ""
             if (module.startswith("slotkeeper.") and value is not engine.front) or isinstance(
@@ -109,5 +106,6 @@ def test_the_door_is_reached_only_from_above(engine):
     """The front door takes the front desk (below it); nothing below holds the door."""
     assert engine.front.desk is engine.desk
     for part in (engine.desk, engine.board, engine.actions, engine.saves, engine.library, engine.ledger,
-                 engine.poller, engine.link, engine.rates, engine.identity):
+                 engine.poller, engine.link, engine.rates, engine.identity, engine.launcher, engine.prompts,
+                 engine.supervisor):
         assert not any(v is engine.front or isinstance(v, FrontDoor) for v in vars(part).values())

@@ -56,6 +56,13 @@ class EngineReady(Event):
 
 
 @dataclass(frozen=True)
+class LaunchPlanned(Event):
+    """A launch of llama-server begins: what it runs is known (the server link has it)."""
+
+    model_path: str | None
+
+
+@dataclass(frozen=True)
 class ActivityChanged(Event):
     activity: Activity
 

@@ -19,12 +19,10 @@ Who owns what (see docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import signal
 import threading
 import time
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from slotkeeper.core.basics import datalock
 from slotkeeper.core.basics.paths import AppPaths
@@ -32,23 +30,21 @@ from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.face import EngineFace
 from slotkeeper.core.engine.frontdesk import FrontDesk
 from slotkeeper.core.engine.frontdoor import DoorPolicy, FrontDoor
-from slotkeeper.core.engine.identity import ModelIdentity, byte_progress
+from slotkeeper.core.engine.identity import ModelIdentity
+from slotkeeper.core.engine.launcher import Launcher
 from slotkeeper.core.engine.launching import (
-    LaunchPlan,
     Prelaunched,
     binary_facts_cache,
-    plan_launch,
-    remember_illegal_instruction,
 )
 from slotkeeper.core.engine.ledger import RequestLedger
-from slotkeeper.core.engine.leftover import save_leftover
 from slotkeeper.core.engine.library import Library
-from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
+from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.model import (
     model_facts_cache,
     resolve_model,
     swa_note,
 )
+from slotkeeper.core.engine.prompts import PromptTokens
 from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.server_link import ServerLink
 from slotkeeper.core.engine.slot_actions import SlotActions
@@ -64,15 +60,13 @@ from slotkeeper.core.events import (
     EngineReady,
     Event,
     EventBus,
-    NoticeRaised,
+    LaunchPlanned,
     ServerStateChanged,
     SlotsChanged,
     WarningRaised,
 )
 from slotkeeper.core.history import LaunchRecord, RequestHistory
-from slotkeeper.core.model.demo_model import DEMO_NOTICE
 from slotkeeper.core.model.model_hash import ModelHashCache
-from slotkeeper.core.model.starter_model import StarterUnavailable
 from slotkeeper.core.server.apikey import DoorKeys, exposure_refusal
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.server.command import user_wants
@@ -89,7 +83,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LAUNCH_ATTEMPTS = 3
-LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
+
+
+def _not_planned_yet() -> LaunchSpec:
+    raise SupervisorError("no launch is planned yet")  # the launcher plans them, once it exists
 
 
 class Engine(EngineFace):
@@ -112,14 +109,11 @@ class Engine(EngineFace):
             prelaunched.taken = True
             self.model_facts, self.binary_facts = prelaunched.model_facts, prelaunched.binary_facts
             self.supervisor = prelaunched.supervisor
-            self.supervisor.set_planner(self._launch_spec, self._save_leftover, self._retry_start)
         else:
             self.model_facts = model_facts_cache(paths.model_facts_file)
             self.binary_facts = binary_facts_cache(paths.binary_facts_file)
-            self.supervisor = Supervisor(spec_factory=self._launch_spec, log_path=paths.server_log,
-                                         state_file=paths.server_state_file, events=self.events,
-                                         before_stopping_leftover=self._save_leftover,
-                                         retry_start=self._retry_start)
+            self.supervisor = Supervisor(spec_factory=_not_planned_yet, log_path=paths.server_log,
+                                         state_file=paths.server_state_file, events=self.events)
         self.ready = threading.Event()  # set once launch restores are done (for wait_ready)
 
         # -- state owned by the loop -------------------------------------------------------
@@ -130,13 +124,9 @@ class Engine(EngineFace):
         self._resume_id: str | None = None
         self._closed = False
         self._activity = Activity()
-        self._fetched_at = 0.0  # when the starter model's download last got further (its thread)
         self._swa_note: str | None = None
         self._after_ready: asyncio.Task[None] | None = None
         self._published_in_slots: frozenset[str] | None = None
-        self._door_keys: DoorKeys | None = None  # the user's keys for the front door (per launch)
-        self._binary = ""  # llama-server's file, this launch
-        self._demo_said = False
         self._snapshot = EngineSnapshot(settings=settings)
 
         # -- the parts, composed -------------------------------------------------------------
@@ -150,16 +140,23 @@ class Engine(EngineFace):
                                                   self.library.sessions)
         self.identity = ModelIdentity(self.hashes, self.loop, self.events)
         self.rates = Rates()
+        self.prompts = PromptTokens(self.link)
         self.saves = SlotSaves(self.board, self.link, self.library, self.loop, self.events)
+        self.launcher = Launcher(paths, settings.profile, self.supervisor, self.link, self.identity,
+                                 self.saves, self.loop, self.events, self.model_facts, self.binary_facts)
+        self.supervisor.set_planner(self.launcher.spec, self.launcher.save_leftover,
+                                    self.launcher.retry_start)
         self.actions = SlotActions(self.board, self.link, self.library, self.saves, self.loop, self.events,
-                                   self.rates)
+                                   self.rates, self.prompts)
         self.poller = SlotPoller(self.board, self.link, self.loop, self.saves)
         self.ledger = RequestLedger(self.board, self.history, self.store, self.loop, self.events)
         self.desk = FrontDesk(self.board, self.link, self.actions, self.saves, self.library, self.ledger,
-                              self.poller, self.rates)
-        self.front = FrontDoor(self.desk, upstream=self.link.upstream, policy=self._door_policy())
+                              self.poller, self.rates, self.prompts)
+        self.front = FrontDoor(self.desk, self.prompts, upstream=self.link.upstream,
+                               policy=self._door_policy())
 
-        from_parts = self.events.subscribe(self._from_parts, SlotsChanged, ActivityChanged, first=True)
+        from_parts = self.events.subscribe(self._from_parts, SlotsChanged, ActivityChanged, LaunchPlanned,
+                                           first=True)
         from_supervisor = self.events.subscribe(self._from_supervisor, ServerStateChanged)
         self._unsubscribe = lambda: (from_parts(), from_supervisor(), None)[-1]
         if own_thread:
@@ -218,7 +215,7 @@ class Engine(EngineFace):
         self.link.crashed = False
         self._publish()
         if pre is not None:
-            self._take_plan(pre.plan)
+            self.launcher.take(pre.plan)
             self.events.release()  # what the supervisor said before the engine was listening
             return
         self.supervisor.start()
@@ -296,6 +293,7 @@ class Engine(EngineFace):
     async def update_settings_async(self, settings: Settings) -> None:
         budget_changed = settings.budget_bytes != self._settings.budget_bytes
         self._settings = settings
+        self.launcher.profile = settings.profile
         self.board.set_idle_save(settings.idle_save_seconds)
         self.library.budget_bytes = settings.budget_bytes
         self._publish()
@@ -306,75 +304,14 @@ class Engine(EngineFace):
     def _from_supervisor(self, event: ServerStateChanged) -> None:
         self.loop.call_soon(self._on_server_state, event)
 
-    def _launch_spec(self) -> LaunchSpec:
-        """The supervisor asks for the launch spec on its thread; it is built on the loop. A plan
-        may wait as long as the starter model's download goes on; anything else, a bounded time."""
-        try:
-            future = self.loop.post(self._prepare_launch())
-        except LoopClosed as exc:
-            raise SupervisorError("Slotkeeper is quitting") from exc
-        while True:
-            try:
-                return future.result(LAUNCH_SPEC_TIMEOUT_SECONDS)
-            except concurrent.futures.TimeoutError:
-                if time.monotonic() - self._fetched_at > LAUNCH_SPEC_TIMEOUT_SECONDS:
-                    future.cancel()
-                    raise SupervisorError("Preparing llama-server's launch took too long") from None
-
-    def _retry_start(self, exit_code: int) -> bool:
-        """llama-server ended during start-up (the supervisor's thread): True to launch it again.
-        Once, when it died of SIGILL as it loaded the model: then with --no-repack (see launching)."""
-        if exit_code != -getattr(signal, "SIGILL", 4) or not self._binary:
-            return False
-        if not remember_illegal_instruction(self._binary, self.binary_facts):
-            return False  # started so already: it failed for another reason
-        self.events.emit(WarningRaised(
-            "llama-server stopped on an illegal instruction while it loaded the model: this system reports "
-            "CPU instructions it does not let programs use (AMX in some virtual machines, say), which "
-            "llama-server's weight repacking uses. Slotkeeper starts it with --no-repack now, and from now "
-            "on."))
-        return True
-
-    async def _prepare_launch(self) -> LaunchSpec:
-        began = time.monotonic()
-        report = byte_progress(self.loop, self.events, "downloading", "downloading the starter model")
-
-        def fetching(done: int, total: int) -> None:  # an I/O thread
-            if self.supervisor.stop_requested:
-                raise StarterUnavailable("the download stopped with the server")
-            self._fetched_at = time.monotonic()
-            report(done, total)
-
-        try:
-            plan = await self.loop.run_io(lambda: plan_launch(self.paths, self._settings.profile,
-                                                              self.model_facts, self.binary_facts,
-                                                              self.supervisor.leftover_port(), fetching))
-        finally:
-            if self._fetched_at > began:  # it downloaded: clear, after the progress the I/O thread queued
-                self.loop.call_soon(self._set_activity, Activity())
-        self._take_plan(plan)
-        return plan.spec
-
-    def _take_plan(self, plan: LaunchPlan) -> None:
-        """A launch begins (on the loop): what it runs, and what to say about it."""
-        self._binary = plan.binary
-        self.link.launching(plan.private, plan.profile, plan.model)
-        self._door_keys = DoorKeys(plan.profile.extra_args)
-        self.identity.begin(plan.model.path)
-        if plan.model.is_demo and not self._demo_said:  # once, however often it is launched
-            self._demo_said = True
-            self.events.emit(NoticeRaised(DEMO_NOTICE))
-        for note in plan.notes:
-            self.events.emit(WarningRaised(note))
-        self._publish()
-
     def _door_policy(self) -> DoorPolicy:
         """What clients may reach through the front door, and with which keys (on the loop)."""
         profile = self._running_profile()
-        if self._door_keys is None:
-            self._door_keys = DoorKeys(profile.extra_args)
+        keys = self.launcher.door_keys
+        if keys is None:  # no launch yet: the keys the settings name
+            keys = self.launcher.door_keys = DoorKeys(profile.extra_args)
         facts = self.link.facts
-        return DoorPolicy(self._door_keys, slots=user_wants(profile.extra_args, "slots"),
+        return DoorPolicy(keys, slots=user_wants(profile.extra_args, "slots"),
                           metrics=user_wants(profile.extra_args, "metrics"),
                           n_slots=facts.n_parallel if facts is not None else profile.parallel)
 
@@ -465,21 +402,6 @@ class Engine(EngineFace):
                 self.events.emit(WarningRaised(note))
         return done
 
-    # -- a server an earlier run left -----------------------------------------------------
-    def _save_leftover(self, record: dict[str, Any]) -> None:
-        """The supervisor found a server an earlier run left running with other settings (Slotkeeper
-        was killed): save what its slots hold before it is stopped. On the supervisor's thread."""
-        try:
-            self.loop.call(self._save_leftover_async(record), timeout=SHUTDOWN_SAVE_TIMEOUT_SECONDS)
-        except LoopClosed:
-            pass
-
-    async def _save_leftover_async(self, record: dict[str, Any]) -> None:
-        _url, key = self.link.upstream()  # a server we left runs on the private address we keep
-        await save_leftover(record, key, self.loop, self.events,
-                            lambda path: resolve_model(path, self.paths.models_dir, self.model_facts),
-                            self.identity, self.saves)
-
     # -- publishing -----------------------------------------------------------------------
     def _running_profile(self) -> ServerProfile:
         return self.link.running_profile(self._settings.profile)
@@ -491,6 +413,7 @@ class Engine(EngineFace):
         """The parts said what changed (on the loop, before any face hears it): the snapshot first."""
         if isinstance(event, ActivityChanged):
             self._activity = event.activity
+        if not isinstance(event, SlotsChanged):
             self._publish()
             return
         self._publish()

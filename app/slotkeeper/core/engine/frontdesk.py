@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +31,10 @@ from slotkeeper.core.sessions.transcripts import Transcript
 if TYPE_CHECKING:
     from slotkeeper.core.engine.ledger import RequestLedger
     from slotkeeper.core.engine.library import Library
+    from slotkeeper.core.engine.prompts import PromptTokens
     from slotkeeper.core.engine.rates import Rates
     from slotkeeper.core.engine.server_link import ServerLink
+    from slotkeeper.core.engine.shapes import Learn
     from slotkeeper.core.engine.slot_actions import SlotActions
     from slotkeeper.core.engine.slot_saves import SlotSaves
     from slotkeeper.core.engine.slots import SlotBoard, SlotContent
@@ -94,7 +95,8 @@ class Outcome:
 
 class FrontDesk:
     def __init__(self, board: SlotBoard, link: ServerLink, actions: SlotActions, saves: SlotSaves,
-                 library: Library, ledger: RequestLedger, poller: SlotPoller, rates: Rates) -> None:
+                 library: Library, ledger: RequestLedger, poller: SlotPoller, rates: Rates,
+                 prompts: PromptTokens) -> None:
         self.board = board
         self.link = link
         self.actions = actions
@@ -105,6 +107,7 @@ class FrontDesk:
         self._route_lock = asyncio.Lock()
         self._waiters: list[Place] = []  # requests waiting for a slot, first come first
         self.rates = rates
+        self.prompts = prompts
 
     # -- what the slots hold --------------------------------------------------------------
     def content(self, slot: int) -> SlotContent:
@@ -162,7 +165,7 @@ class FrontDesk:
             if pinned_slot is not None and not (0 <= pinned_slot < n_slots):
                 raise FrontDeskError(400,
                                      f"id_slot {pinned_slot} does not exist (the server has {n_slots} slots)")
-            await self.board.learn_lagging()
+            await self.board.learn_lagging(self.prompts.learn)
             if me is not None and me.behind:
                 await self._wait_turn(me)  # requests that came first are still deciding or waiting
             while True:
@@ -327,8 +330,7 @@ class FrontDesk:
         return await self._session_option(tokens, beat)
 
     # -- when it is done ------------------------------------------------------------------
-    def finish(self, ticket: Ticket, outcome: Outcome,
-               learn: Callable[[], Awaitable[TokenArray | None]] | None = None) -> None:
+    def finish(self, ticket: Ticket, outcome: Outcome, learn: Learn | None = None) -> None:
         """Record what the request did (called once, also when the client went away).
 
         A request that came in the fast way has no tokens yet: ``learn`` finds them when a full

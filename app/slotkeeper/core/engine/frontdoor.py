@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import socket
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,7 +42,8 @@ from slotkeeper.core.engine import endpoints
 from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
 from slotkeeper.core.engine.httpstack import aiohttp, web
-from slotkeeper.core.engine.shapes import SAMPLING_FIELDS
+from slotkeeper.core.engine.prompts import PromptTokens, resetting_socket, single_prompt
+from slotkeeper.core.engine.shapes import SAMPLING_FIELDS, Learn
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
 from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.transcripts import ReplyCollector, conversation
@@ -58,11 +58,7 @@ MAX_IN_FLIGHT = 256  # requests the front door holds at once; beyond, 503 with R
 MAX_BODY_BYTES_IN_FLIGHT = 512 * 1024 * 1024  # request bodies held at once
 BUSY_RETRY_SECONDS = 1
 SHUTDOWN_GRACE_SECONDS = 1.0
-# A prompt this many characters per token of a slot's context cannot fit it whatever the
-# tokenizer: llama-server refuses it, and the front door does not tokenize it first.
-MAX_CHARS_PER_TOKEN = 64
 TOKEN_LIMIT = 2**31  # llama-server's token ids are 32-bit
-TOKENIZE_ATTEMPTS = 3
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailers", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
                         "x-api-key"})
@@ -98,10 +94,13 @@ class BadBody(ValueError):
 
 
 class FrontDoor:
-    def __init__(self, desk: FrontDesk, upstream: Callable[[], tuple[str, str]], policy: DoorPolicy) -> None:
-        """``upstream()`` gives llama-server's private base URL and key now; ``policy``: what clients
-        may reach and with which keys (the engine replaces it when that changes)."""
+    def __init__(self, desk: FrontDesk, prompts: PromptTokens, upstream: Callable[[], tuple[str, str]],
+                 policy: DoorPolicy) -> None:
+        """``prompts``: a request's tokens, asked of llama-server; ``upstream()`` gives llama-server's
+        private base URL and key now; ``policy``: what clients may reach and with which keys (the
+        engine replaces it when that changes)."""
         self.desk = desk
+        self.prompts = prompts
         self._upstream = upstream
         self.policy = policy
         self._runner: web.AppRunner | None = None
@@ -133,9 +132,10 @@ class FrontDoor:
             raise OSError(exc.errno, f"cannot listen on {host} port {port}: {exc.strerror or exc}") from exc
         self._runner = runner
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-        # Kept alive: the small questions the front desk asks (render, tokenize), retried when a
-        # kept connection turns out closed; a new connection for each request on a slot (llama-server
+        # Kept alive: requests passed through as they are (idempotent ones, retried when a kept
+        # connection turns out closed); a new connection for each request on a slot (llama-server
         # closes one after every streamed answer, so a kept one could be dead when a request needs it).
+        self.prompts.open()
         self._session = aiohttp.ClientSession(
             timeout=timeout, auto_decompress=False,
             connector=aiohttp.TCPConnector(limit=0, force_close=False, socket_factory=resetting_socket))
@@ -152,6 +152,7 @@ class FrontDoor:
         for session in (self._session, self._fresh):
             if session is not None:
                 await session.close()
+        await self.prompts.close()
         self._session = self._fresh = None
 
     @property
@@ -319,7 +320,7 @@ class FrontDoor:
             await self.desk.until_serving()  # a request that waits for a restart is tokenized after it
             place = self.desk.arrive()  # in line before tokenizing: first come, first served
             try:
-                tokens = await self._prompt_tokens(ep.prompt, body)
+                tokens = await self.prompts.tokens(ep.prompt, body)
             except BaseException:
                 self.desk.leave(place)
                 raise
@@ -340,11 +341,9 @@ class FrontDoor:
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
-                prompt = ep.prompt
-                learn_body = prompt_fields(body)
-                self.desk.finish(ticket, outcome, learn=lambda: self._prompt_tokens(prompt, learn_body))
+                self.desk.finish(ticket, outcome, learn=Learn(ep.prompt, prompt_fields(body)))
             else:  # cut short: what the slot holds is known only from the tokens
-                asyncio.ensure_future(self._prompt_tokens(ep.prompt, body)).add_done_callback(
+                asyncio.ensure_future(self.prompts.tokens(ep.prompt, body)).add_done_callback(
                     lambda f: self._finish_tokenized(ticket, outcome, f))
 
     def _finish_tokenized(self, ticket: Ticket, outcome: Outcome,
@@ -393,69 +392,6 @@ class FrontDoor:
             return error_response(503, "llama-server went away during the request (it is being restarted)",
                                   "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
-    async def _prompt_tokens(self, prompt_kind: str | None, body: dict[str, Any]) -> TokenArray | None:
-        """The request's prompt as llama-server will tokenize it (None when it cannot be known:
-        the front desk then routes it as a request whose tokens are not known)."""
-        if prompt_kind == endpoints.PROMPT_TEXT:
-            prompt = single_prompt(body.get("prompt"))
-            if prompt is None:
-                return None
-            if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-                return tokens_from_json(prompt)  # token ids, checked by parse_object's rules
-        elif prompt_kind != endpoints.PROMPT_CHAT:
-            return None
-        for attempt in range(TOKENIZE_ATTEMPTS):
-            try:
-                if prompt_kind == endpoints.PROMPT_CHAT:
-                    prompt = await self._upstream_json("/apply-template", body)
-                    prompt = prompt.get("prompt") if isinstance(prompt, dict) else None
-                    if not isinstance(prompt, str):
-                        return None
-                if self._too_long(prompt):
-                    return None  # llama-server refuses it; it is not worth tokenizing first
-                answer = await self._upstream_json("/tokenize", {"content": prompt, "add_special": True,
-                                                                 "parse_special": True})
-                return tokens_from_json(answer.get("tokens") if isinstance(answer, dict) else None)
-            except _NotTokenized:
-                return None  # llama-server refused it (a template that cannot be applied, say)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as exc:
-                log.debug("could not tokenize the request (attempt %d): %s", attempt + 1, exc)
-                if attempt + 1 < TOKENIZE_ATTEMPTS:
-                    await self.desk.until_serving()
-        return None
-
-    async def _upstream_json(self, path: str, payload: dict[str, Any]) -> Any:
-        url, key = self._upstream()
-        assert self._session is not None
-        async with self._session.post(url + path, data=orjson.dumps(payload),
-                                      headers={"Authorization": f"Bearer {key}",
-                                               "Content-Type": "application/json"}) as r:
-            data = await r.read()
-            if r.status != 200:
-                raise _NotTokenized(r.status)
-            return orjson.loads(data)
-
-    def _too_long(self, prompt: Any) -> bool:
-        n_ctx = self.desk.slot_context()
-        if not n_ctx:
-            return False
-        chars = len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))
-        return chars > n_ctx * MAX_CHARS_PER_TOKEN
-
-
-def resetting_socket(addr_info: Any) -> socket.socket:
-    """Upstream sockets close with a reset, not a FIN: a client that goes away cancels its request,
-    which closes its upstream connection, and llama-server (b11434) notices a reset at once but goes
-    on generating a non-streamed reply to the end after a plain close (measured: 6,000 tokens
-    after the client left)."""
-    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    return sock
-
-
-class _NotTokenized(Exception):
-    """llama-server answered, but not with tokens (it refused the request)."""
 
 
 async def _no_server_header(_request: web.Request, response: web.StreamResponse) -> None:
@@ -479,34 +415,6 @@ def prompt_fields(body: dict[str, Any]) -> dict[str, Any]:
     """What of a request renders its prompt (the fast path keeps it to learn the tokens later):
     not the sampling settings, never more than that."""
     return {k: v for k, v in body.items() if k not in SAMPLING_FIELDS}
-
-
-def single_prompt(prompt: Any) -> str | list[Any] | None:
-    """The one prompt a completion runs, as llama-server reads ``prompt`` (tools/server
-    ``tokenize_input_prompts``): a string, token ids, or a mixed list of both; ``[x]`` and
-    ``{"prompt_string": x}`` are ``x``. None when it runs several prompts or one with media."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, dict):
-        if "multimodal_data" in prompt or "prompt_string" not in prompt:
-            return None
-        inner = prompt["prompt_string"]
-        return inner if isinstance(inner, str) or _mixed(inner) else None
-    if not isinstance(prompt, list) or not prompt:
-        return None
-    if any(_is_number(p) for p in prompt):  # one prompt: token ids, or token ids and text
-        return prompt if _mixed(prompt) else None
-    if len(prompt) == 1:
-        return single_prompt(prompt[0])
-    return None
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _mixed(v: Any) -> bool:
-    return isinstance(v, list) and bool(v) and all(isinstance(p, str) or type(p) is int for p in v)
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:

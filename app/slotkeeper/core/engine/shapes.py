@@ -54,3 +54,12 @@ def request_shape(path_kind: str, body: dict[str, Any]) -> RequestShape | None:
         return None
     return RequestShape(path_kind, growing,
                         {k: v for k, v in body.items() if k != key and k not in SAMPLING_FIELDS})
+
+
+@dataclass(frozen=True)
+class Learn:
+    """What renders a request's prompt (its kind and the fields that shape it), kept to tokenize it
+    later."""
+
+    prompt_kind: str | None
+    body: dict[str, Any]

@@ -14,6 +14,7 @@ from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.planning import LaunchCandidate, plan_launch_restores
+from slotkeeper.core.engine.prompts import PromptTokens
 from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
 from slotkeeper.core.engine.slot_saves import SlotSaves
@@ -43,8 +44,9 @@ log = logging.getLogger(__name__)
 
 class SlotActions:
     def __init__(self, board: SlotBoard, link: ServerLink, library: Library, saves: SlotSaves,
-                 loop: EngineLoop, events: EventBus, rates: Rates) -> None:
-        """``rates``: each restore's measured rate goes there (the front desk's break-even)."""
+                 loop: EngineLoop, events: EventBus, rates: Rates, prompts: PromptTokens) -> None:
+        """``rates``: each restore's measured rate goes there (the front desk's break-even);
+        ``prompts``: what a slot holds, learnt when it is not known yet."""
         self.board = board
         self.link = link
         self.library = library
@@ -52,6 +54,7 @@ class SlotActions:
         self.loop = loop
         self.events = events
         self.rates = rates
+        self.prompts = prompts
 
     async def restore(self, session_id: str, slot: int | None = None) -> RestoreSummary | None:
         """Restore a saved session into ``slot`` (or a free one). Returns a summary, or None when
@@ -88,7 +91,7 @@ class SlotActions:
         lineage does). When that is not known, yes: a Resume never risks going back in time."""
         if not self.board[slot].view.detached:
             return True
-        await self.board.learn_lagging()
+        await self.board.learn_lagging(self.prompts.learn)
         c = self.board[slot].content
         if c.held >= UNKNOWN or not len(c.tokens):
             return True

@@ -37,7 +37,7 @@ from slotkeeper.core.model import families
 from slotkeeper.core.views import SlotView
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.shapes import RequestShape
+    from slotkeeper.core.engine.shapes import Learn, RequestShape
     from slotkeeper.core.server.client import SlotInfo
     from slotkeeper.core.sessions.transcripts import Transcript
 
@@ -118,8 +118,8 @@ class SlotContent:
     fragile_until: int = 0  # restored tokens that must not be rolled back into (exact-only models)
     last_used: float = 0.0
     shape: RequestShape | None = None  # the last request, while the slot holds its prompt and nothing else
-    # ``tokens`` may lag one fast request behind: ``learn`` gives the real ones when routing needs them
-    learn: Callable[[], Awaitable[TokenArray | None]] | None = None
+    # ``tokens`` may lag one fast request behind: ``learn`` asks for the real ones when routing needs them
+    learn: Learn | None = None
     learning: asyncio.Future[TokenArray | None] | None = None
     transcript: Transcript | None = None  # the conversation it holds, as its last request and reply read
 
@@ -142,7 +142,7 @@ class Ran:
     n_prompt: int | None  # its prompt's length as llama-server reported it (None: cut short, not known)
     predicted: int  # tokens generated after it
     recomputed: bool = False  # the slot was erased first
-    learn: Callable[[], Awaitable[TokenArray | None]] | None = None
+    learn: Learn | None = None  # how to learn them later (the fast way in)
     shape: RequestShape | None = None
     transcript: Transcript | None = None  # the conversation it holds now, in words (None: cannot be read)
 
@@ -417,14 +417,15 @@ class SlotBoard:
             self._events.emit(SlotsChanged(views))
 
     # -- tokens that lag ------------------------------------------------------------------
-    async def learn_lagging(self) -> None:
-        """Bring every slot's tokens up to date (a full route compares them)."""
+    async def learn_lagging(self, tokenize: Callable[[Learn], Awaitable[TokenArray | None]]) -> None:
+        """Bring every slot's tokens up to date (a full route compares them): ``tokenize`` asks
+        llama-server (``prompts.PromptTokens.learn``)."""
         waits = []
         for s in self:
             c = s.content
             if c.learn is not None:
                 if c.learning is None:
-                    c.learning = asyncio.ensure_future(c.learn())
+                    c.learning = asyncio.ensure_future(tokenize(c.learn))
                 waits.append((c, c.learning))
         for c, fut in waits:
             try:
