@@ -15,9 +15,10 @@ knows; clients talk to the front door (the host and port in the settings), which
   through the engine's front desk, which saves, restores or erases that slot first when needed,
   and tells it what the response's ``timings`` say afterwards;
 - passes everything else through as it is. Streams are forwarded chunk by chunk as they come;
-  a client that goes away cancels the request upstream (its connection is closed), streamed or
-  not. Bodies are bounded as llama-server bounds them (100 MiB), read once, and the requests
-  and bytes in flight are bounded too.
+  a client that goes away closes the request's upstream connection, which cancels a streamed
+  request at once (a non-streamed one runs on until llama-server notices). Bodies are bounded as
+  llama-server bounds them (100 MiB), read once, and the requests and bytes in flight are bounded
+  too.
 
 It runs on the engine loop (aiohttp's server and client), so routing reads the engine's state
 directly. No HTTP is parsed by hand.
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from yarl import URL
 
-from slotkeeper.core.basics.tokens import TokenArray, tokens_from_json
+from slotkeeper.core.basics.tokens import TokenArray
 from slotkeeper.core.engine import endpoints
 from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
@@ -471,7 +472,3 @@ def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
     except TypeError:  # an integer past 64 bits
         return json.dumps({**body, "id_slot": slot}, ensure_ascii=False).encode("utf-8")
 
-
-def token_list(prompt: list[Any]) -> TokenArray | None:
-    """A prompt given as token ids, or None when it is anything else (text pieces, mixed, empty)."""
-    return tokens_from_json(prompt) if prompt else None

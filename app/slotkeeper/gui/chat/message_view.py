@@ -277,10 +277,6 @@ class MessageView(QScrollArea):
         for i, w in enumerate(self.widgets, start=self.first):
             w.set_editable(i == index)
 
-    def widget_at(self, index: int) -> MessageWidget | None:
-        i = index - self.first
-        return self.widgets[i] if 0 <= i < len(self.widgets) else None
-
     @property
     def rendered(self) -> int:
         return len(self.widgets)
