@@ -39,7 +39,7 @@ class Link:
     def serving_now(self) -> bool:
         return self.serving
 
-    async def wait_serving(self, timeout: float) -> None:
+    async def wait_serving(self, timeout: float = 600.0) -> None:
         self.waits += 1
         if not self.serving:
             raise FrontDeskError(503, "llama-server is not running")

@@ -155,10 +155,10 @@ class Engine(EngineFace):
         self.front = FrontDoor(self.desk, self.prompts, upstream=self.link.upstream,
                                policy=self._door_policy())
 
-        from_parts = self.events.subscribe(self._from_parts, SlotsChanged, ActivityChanged, LaunchPlanned,
-                                           first=True)
-        from_supervisor = self.events.subscribe(self._from_supervisor, ServerStateChanged)
-        self._unsubscribe = lambda: (from_parts(), from_supervisor(), None)[-1]
+        self._subscriptions = (
+            self.events.subscribe(self._from_parts, SlotsChanged, ActivityChanged, LaunchPlanned, first=True),
+            self.events.subscribe(self._from_supervisor, ServerStateChanged),
+        )
         if own_thread:
             self.loop.start_thread()
 
@@ -409,21 +409,28 @@ class Engine(EngineFace):
     def _set_activity(self, activity: Activity) -> None:
         self.events.emit(ActivityChanged(activity))
 
+    def _unsubscribe(self) -> None:
+        for unsubscribe in self._subscriptions:
+            unsubscribe()
+
     def _from_parts(self, event: Event) -> None:
-        """The parts said what changed (on the loop, before any face hears it): the snapshot first."""
+        """The parts said what changed (on the loop, before any face hears it): the snapshot first.
+        Slots and activity change often (every poll, every progress step) and never what the door
+        lets through; a launch does."""
         if isinstance(event, ActivityChanged):
             self._activity = event.activity
+        self._publish(door=isinstance(event, LaunchPlanned))
         if not isinstance(event, SlotsChanged):
-            self._publish()
             return
-        self._publish()
         in_slots = self._snapshot.in_slots
         if self.link.launched is not None and in_slots != self._published_in_slots:
             self._published_in_slots = in_slots
             self.loop.in_background(publish_in_slots, self.paths.in_slots_file, in_slots,
                                     what="recording the sessions in slots")
 
-    def _publish(self) -> None:
+    def _publish(self, door: bool = True) -> None:
+        """A new snapshot; with ``door``, the door's policy too (the launch, its facts or the
+        settings may have changed)."""
         launched = self.link.launched
         self._snapshot = EngineSnapshot(
             state=self._server_state,
@@ -439,4 +446,5 @@ class Engine(EngineFace):
             started_at=self.supervisor.started_at if self._server_state is ServerState.READY else None,
             swa_note=self._swa_note,
         )
-        self.front.policy = self._door_policy()  # what clients may reach follows the launch and its facts
+        if door:
+            self.front.policy = self._door_policy()

@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 MAX_WAITING = 64  # requests queued for a slot; beyond, llama-server's own queue takes them
 WAIT_STEP_SECONDS = 2.0  # a waiting request looks again at least this often
-READY_WAIT_SECONDS = 600.0  # a request that arrives while the server starts waits this long
 def restore_mode(facts: ServerFacts | None) -> str:
     """How a restored state of the running model behaves (``core.families``): "works" (any
     rollback is correct: full attention, MLA), "exact" continuation only (hybrid and recurrent
@@ -117,11 +116,6 @@ class FrontDesk:
         """Prefill tokens that take as long as restoring a file of ``size_bytes`` (``Rates``)."""
         return self.rates.break_even_tokens(size_bytes)
 
-    def slot_context(self) -> int:
-        """Tokens of context each slot has (0 while not known)."""
-        facts = self.link.facts
-        return facts.n_ctx_slot if facts is not None else 0
-
     def abandoned(self, slot: int) -> None:
         """The client of a request on ``slot`` went away before its reply began."""
         self.poller.abandoned(slot)
@@ -129,7 +123,7 @@ class FrontDesk:
     # -- admitting a request --------------------------------------------------------------
     async def until_serving(self) -> None:
         """Until llama-server takes requests (FrontDeskError when it will not, or is restarting)."""
-        await self.link.wait_serving(READY_WAIT_SECONDS)
+        await self.link.wait_serving()
 
     def arrive(self) -> Place | None:
         """A request takes its place in the line as it arrives, before its prompt is tokenized or
@@ -158,7 +152,7 @@ class FrontDesk:
         place in the line from ``arrive`` (taken now when not given); the line is left either way."""
         me = place if place is not None else self.arrive()
         try:
-            await self.link.wait_serving(READY_WAIT_SECONDS)
+            await self.link.wait_serving()
             n_slots = len(self.board)
             if n_slots == 0:
                 raise FrontDeskError(503, "llama-server has no slots ready yet; try again shortly")
@@ -189,7 +183,7 @@ class FrontDesk:
                 self._pass_turn(me)
                 await self._wait_turn(me)
                 me.deciding = True
-                await self.link.wait_serving(READY_WAIT_SECONDS)
+                await self.link.wait_serving()
         finally:
             self.leave(me)
         try:

@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 # tokenizer: llama-server refuses it, and the front door does not tokenize it first.
 MAX_CHARS_PER_TOKEN = 64
 TOKENIZE_ATTEMPTS = 3
-READY_WAIT_SECONDS = 600.0  # between two attempts, as long as a request waits for the server
 
 
 def single_prompt(prompt: Any) -> str | list[Any] | None:
@@ -123,7 +122,7 @@ class PromptTokens:
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as exc:
                 log.debug("could not tokenize the request (attempt %d): %s", attempt + 1, exc)
                 if attempt + 1 < TOKENIZE_ATTEMPTS:
-                    await self.link.wait_serving(READY_WAIT_SECONDS)
+                    await self.link.wait_serving()
         return None
 
     async def _upstream_json(self, path: str, payload: dict[str, Any]) -> Any:
@@ -139,8 +138,7 @@ class PromptTokens:
             return orjson.loads(data)
 
     def _too_long(self, prompt: Any) -> bool:
-        facts = self.link.facts
-        n_ctx = facts.n_ctx_slot if facts is not None else 0
+        n_ctx = self.link.slot_context()
         if not n_ctx:
             return False
         chars = len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))

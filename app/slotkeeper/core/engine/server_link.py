@@ -21,6 +21,7 @@ from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ServerProfile
 
 SLOT_ACTION_TIMEOUT_SECONDS = 600.0  # a busy slot defers the action until it is idle
+READY_WAIT_SECONDS = 600.0  # a request that arrives while the server starts waits this long
 NOWHERE = ("http://127.0.0.1:1", "")  # before any launch: nothing listens there
 
 
@@ -81,6 +82,10 @@ class ServerLink:
         if state is ServerState.CRASHED:
             self.crashed = True
 
+    def slot_context(self) -> int:
+        """Tokens of context each slot of the running server has (0 while not known)."""
+        return self.facts.n_ctx_slot if self.facts is not None else 0
+
     def serving_with_facts(self) -> bool:
         """Ready for requests, and the running server's facts are known."""
         return self.serving.is_set() and self.facts is not None
@@ -89,7 +94,7 @@ class ServerLink:
         """The server takes requests right now (on the loop: no waiting)."""
         return self.serving.is_set() and not self.closed
 
-    async def wait_serving(self, timeout: float) -> None:
+    async def wait_serving(self, timeout: float = READY_WAIT_SECONDS) -> None:
         """Until the server takes requests; FrontDeskError when it is stopped, does not come, or
         is restarting after a crash (503 with Retry-After: the client retries when it is back)."""
         deadline = time.monotonic() + timeout
