@@ -4,7 +4,7 @@
 - ``engine``    Engine: launch, restores, saves, polling, per-request figures; EngineSnapshot
 - ``planning``  which sessions go into which slot at launch (pure)
 - ``slots``     slot views and the judgement of a restore's reuse (pure rules)
-- ``model``     the model a profile names, and the server facts
+- ``model_facts`` the model a profile names, and the server facts
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from slotkeeper.core.engine.errors import EngineError
-from slotkeeper.core.engine.model import DEMO_MODEL, ModelChoice
+from slotkeeper.core.engine.model_facts import DEMO_MODEL, ModelChoice
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.engine import Engine, EngineSnapshot

@@ -39,7 +39,7 @@ from slotkeeper.core.engine.launching import (
 from slotkeeper.core.engine.ledger import RequestLedger
 from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.model import (
+from slotkeeper.core.engine.model_facts import (
     model_facts_cache,
     resolve_model,
     swa_note,
