@@ -44,6 +44,7 @@ from slotkeeper.core.engine.model_facts import (
     resolve_model,
     swa_note,
 )
+from slotkeeper.core.engine.polling import SlotPoller
 from slotkeeper.core.engine.prompts import PromptTokens
 from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.server_link import ServerLink
@@ -54,7 +55,6 @@ from slotkeeper.core.engine.slot_saves import (
 )
 from slotkeeper.core.engine.slots import SlotBoard
 from slotkeeper.core.engine.snapshot import EngineSnapshot
-from slotkeeper.core.engine.watching import SlotPoller
 from slotkeeper.core.events import (
     ActivityChanged,
     EngineReady,
