@@ -11,8 +11,8 @@ Who owns what (see docs/ARCHITECTURE.md):
   the poller (``SlotPoller``), the request ledger, and the front desk and door that clients reach.
   None of them calls back into the engine.
 - The supervisor thread runs the process; its state events are posted to the loop. Its launch
-  spec is built on the loop (``_prepare_launch``).
-- The GUI and `serve` post commands (``post(engine.restore_async(...))``, or the blocking
+  spec is built on the loop (``Launcher.spec``).
+- The GUI and `serve` post commands (``post(engine.start_async(...))``, or the blocking
   wrappers ``start()``, ``stop()``, ``restore()``... from any thread but the loop's).
 """
 
