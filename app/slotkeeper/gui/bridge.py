@@ -59,7 +59,7 @@ class EngineBridge(QObject):
     settingsChanged = Signal(object)  # Settings, after they were saved and applied
     modelSwitched = Signal(object)  # SwitchOutcome: the model (and its settings) in use now, or why not
     modelFileResolved = Signal()  # model_file / model_aliases are up to date with the settings
-    modelsFound = Signal(object)  # [FoundModel]: GGUF files on this computer (core.discovery)
+    modelsFound = Signal(object)  # [FoundModel]: GGUF files on this computer (core.model.discovery)
     sessionVerified = Signal(object)  # SessionEntry after a verify
     errorOccurred = Signal(str, str)  # what failed, why (for a message box or a notification)
     busyChanged = Signal(bool)  # background jobs running

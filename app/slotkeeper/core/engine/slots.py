@@ -54,7 +54,7 @@ class PendingReuse:
 
     session_id: str
     n_restored: int
-    mode: str = families.RESTORE_WORKS  # the restore mode of the session (core.families)
+    mode: str = families.RESTORE_WORKS  # the restore mode of the session (core.model.families)
 
 
 @dataclass(frozen=True)
