@@ -11,9 +11,9 @@ tokens: a 1.0 GiB file), and a one-token conversation is saved too.
 
 Each round, in alternating order, with the session file dropped from the page cache first
 (posix_fadvise(DONTNEED) after fsync; needs a disk-backed folder, not tmpfs):
-- Slotkeeper: `Engine.restore(session, 0)`, what the window, the tray, `--resume` and the front
-  door's restore on demand do: compatibility and integrity checks, then llama-server's restore,
-  then the token list read and the sidecar updated;
+- Slotkeeper: `Engine.restore(session, 0)`, the restore a launch (`--resume`) and the front
+  door's restore on demand run (the window and the tray reach it through them): compatibility and
+  integrity checks, then llama-server's restore, then the token list read and the sidecar updated;
 - raw: `POST /slots/0?action=restore` straight to the same llama-server with the same file.
 Between rounds the small session is restored through the engine so the slot changes hands.
 Prints both medians and the ratio. Timings are noisy on shared machines: compare the ratio.

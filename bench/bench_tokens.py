@@ -67,7 +67,7 @@ def measure(n: int, repeat: int) -> dict:
     """This process's slotkeeper (whichever tree is first on the path), on the same data each time."""
     from slotkeeper.core.sessions import index, kvfile, lineage
 
-    try:  # the tree's own token arrays: core.tokens, or numpy int64 arrays before it
+    try:  # the tree's own token arrays: core.basics.tokens, or numpy int64 arrays before it
         from slotkeeper.core.basics.tokens import as_tokens
     except ImportError:
         import numpy as np

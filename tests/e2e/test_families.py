@@ -2,7 +2,7 @@
 recurrent state it allocates equal what gguf_info and gguf_memory say, with the default cache and with
 --swa-full, and what a restored slot is good for matches the family's restore mode.
 
-One tiny generated model per family (core.modelgen): qwen3 (full attention), gemma3 (5 sliding
+One tiny generated model per family (core.model.modelgen): qwen3 (full attention), gemma3 (5 sliding
 layers + 1 global), gpt-oss (alternating sliding layers, sinks, MoE) and qwen35 (3 gated-delta-net
 recurrent layers + 1 attention layer). Per family and --swa-full setting one server reads a prompt,
 generates 8 tokens and saves the slot; a second server (a restart) restores the file twice: once

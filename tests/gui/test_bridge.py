@@ -217,12 +217,6 @@ def test_start_without_a_model_says_why(qtbot, bridge):
     assert "model" in blocker.args[1].lower()
 
 
-def test_resume_needs_a_ready_server(qtbot, bridge):
-    with qtbot.waitSignal(bridge.errorOccurred) as blocker:
-        bridge.resume_session("aaaaaaaaaaaa")
-    assert "not ready" in blocker.args[1]
-
-
 def test_close_stops_everything_and_silences_events(qtbot, engine):
     from slotkeeper.gui.bridge import EngineBridge
 

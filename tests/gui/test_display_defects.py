@@ -13,7 +13,7 @@ from PySide6.QtCore import QPointF
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine.ledger import Figures
-from slotkeeper.core.engine.model import resolve_model, swa_note
+from slotkeeper.core.engine.model_facts import resolve_model, swa_note
 from slotkeeper.core.engine.slots import PendingReuse, judge_reuse
 from slotkeeper.core.history import RequestRecord
 from slotkeeper.core.model.modelgen import write_model

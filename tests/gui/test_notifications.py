@@ -95,10 +95,6 @@ def test_warnings_are_said_once(qtbot, bridge, engine, said):
     assert len(said) == 1
 
 
-def test_resume_and_errors(qtbot, bridge, said):
-    bridge.resumeFinished.emit("x", RestoreSummary("x", 1, 300, 20.0, "Chat"))
-    assert "“Chat” is loaded in slot 1 (300 tokens in 20 ms)" in said[-1][1]
-    bridge.resumeFinished.emit("x", None)
-    assert len(said) == 1
+def test_errors_are_said(qtbot, bridge, said):
     bridge.errorOccurred.emit("Deleting a conversation", "permission denied")
     assert said[-1] == ("Deleting a conversation failed", "permission denied", ERROR)

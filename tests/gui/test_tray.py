@@ -122,7 +122,7 @@ def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge,
 
     # a conversation opens in the chat window; its slot is restored when a message is sent
     calls = []
-    monkeypatch.setattr(bridge, "resume_session", lambda sid, slot=None: calls.append(sid))
+    monkeypatch.setattr(engine, "restore_async", lambda sid, slot=None: calls.append(sid))
     with qtbot.waitSignal(tray.chatRequested) as opened:
         same.trigger()
     assert opened.args == ["aaaaaaaaaaaa"] and calls == []

@@ -1,6 +1,6 @@
 """Downloads from a local server that speaks the Hub's download API (tests/fake_hub.py).
 
-The served file is a model core.modelgen generates; every test checks the bytes that land in
+The served file is a model core.model.modelgen generates; every test checks the bytes that land in
 the Hugging Face cache against it, and that huggingface_hub itself finds them there.
 """
 

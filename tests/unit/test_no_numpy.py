@@ -1,5 +1,5 @@
 """The running app keeps numpy out of memory (~17-20 MB and ~0.2 s to import): token lists are
-``core.tokens`` arrays, not numpy arrays, on every path a request or a save takes.
+``core.basics.tokens`` arrays, not numpy arrays, on every path a request or a save takes.
 
 Each check runs in a fresh interpreter, since this one has numpy loaded by other tests.
 """

@@ -57,10 +57,9 @@ class EngineBridge(QObject):
     sessionsListed = Signal(object, object)  # Listing, ServerFacts | None (None: not ready)
     historyLoaded = Signal(object)  # [RequestRecord], oldest first
     settingsChanged = Signal(object)  # Settings, after they were saved and applied
-    resumeFinished = Signal(str, object)  # session id, RestoreSummary (None: refused)
     modelSwitched = Signal(object)  # SwitchOutcome: the model (and its settings) in use now, or why not
     modelFileResolved = Signal()  # model_file / model_aliases are up to date with the settings
-    modelsFound = Signal(object)  # [FoundModel]: GGUF files on this computer (core.discovery)
+    modelsFound = Signal(object)  # [FoundModel]: GGUF files on this computer (core.model.discovery)
     sessionVerified = Signal(object)  # SessionEntry after a verify
     errorOccurred = Signal(str, str)  # what failed, why (for a message box or a notification)
     busyChanged = Signal(bool)  # background jobs running
@@ -278,22 +277,6 @@ class EngineBridge(QObject):
         """Save changed slots, stop, start again with the current settings."""
         self._command(self.engine.restart_async(), "Restarting llama-server",
                       on_failure=lambda exc: self._start_failed("Restarting llama-server", exc))
-
-    def resume_session(self, session_id: str, slot: int | None = None) -> None:
-        """Restore a saved session into a free slot (saving that slot first if it changed)."""
-
-        def done(summary: Any) -> None:
-            self.resumeFinished.emit(session_id, summary)
-
-        def failed(exc: BaseException) -> None:
-            self.resumeFinished.emit(session_id, None)
-            self.errorOccurred.emit("Resuming a conversation", describe_error(exc))
-
-        if self.facts is None:
-            self.errorOccurred.emit("Resuming a conversation", "The server is not ready yet: start it first.")
-            return
-        self._command(self.engine.restore_async(session_id, slot), "Resuming a conversation",
-                      on_success=done, on_failure=failed)
 
     def save_slot(self, slot: int) -> None:
         self._command(self.engine.save_slot_async(slot), f"Saving slot {slot}")

@@ -44,7 +44,7 @@ class Feeds(QObject):
     sessionsFound = Signal(object)  # SearchResult of the latest search by content (older answers dropped)
     historyLoaded = Signal(object)  # [RequestRecord], oldest first
     modelFileResolved = Signal()  # model_file / model_aliases are up to date with the settings
-    modelsFound = Signal(object)  # [FoundModel]: GGUF files on this computer (core.discovery)
+    modelsFound = Signal(object)  # [FoundModel]: GGUF files on this computer (core.model.discovery)
     errorOccurred = Signal(str, str)  # what failed, why
 
     _fsChanged = Signal()

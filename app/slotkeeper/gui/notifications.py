@@ -43,7 +43,6 @@ class Notifier(QObject):
         bridge.on(ev.SaveFailed, self._on_save_failed)
         bridge.on(ev.WarningRaised, self._on_warning)
         bridge.on(ev.NoticeRaised, self._on_notice)
-        bridge.resumeFinished.connect(self._on_resumed)
         bridge.errorOccurred.connect(self._on_error)
 
     def _title_of(self, session_id: str | None) -> str:
@@ -118,25 +117,6 @@ class Notifier(QObject):
             "Old conversations deleted",
             f"{_plural(len(ids), 'saved conversation')} deleted to stay within the disk budget "
             f"({human_bytes(event.bytes_freed)} freed). Pin a conversation to keep it.",
-            INFO,
-        )
-
-    def _on_resumed(self, session_id: str, summary) -> None:
-        if not summary:
-            return  # refused or failed: said by _on_refused / _on_error
-        if summary.already_loaded:
-            self.notify.emit(
-                "Conversation ready",
-                f"“{summary.title or self._title_of(session_id)}” is already in slot "
-                f"{summary.slot}. Continue it from your chat client.",
-                INFO,
-            )
-            return
-        self.notify.emit(
-            "Conversation ready",
-            f"“{summary.title or self._title_of(session_id)}” is loaded in slot "
-            f"{summary.slot} ({summary.n_restored:,} tokens in "
-            f"{_seconds(summary.ms)}). Continue it from your chat client.",
             INFO,
         )
 

@@ -1,10 +1,8 @@
 """The engine: one owner (an event loop) for everything Slotkeeper does to llama-server.
 
-- ``loop``      the event loop and its executors (who may touch what)
-- ``engine``    Engine: launch, restores, saves, polling, per-request figures; EngineSnapshot
-- ``planning``  which sessions go into which slot at launch (pure)
-- ``slots``     slot views and the judgement of a restore's reuse (pure rules)
-- ``model``     the model a profile names, and the server facts
+``engine.Engine`` composes the parts (the front door and desk, the slot board, the slot actions and
+saves, the poller, the library, the server link, the launcher) and runs the lifecycle; its state is
+published as an ``EngineSnapshot``. docs/ARCHITECTURE.md maps every module of the package.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from slotkeeper.core.engine.errors import EngineError
-from slotkeeper.core.engine.model import DEMO_MODEL, ModelChoice
+from slotkeeper.core.engine.model_facts import DEMO_MODEL, ModelChoice
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.engine import Engine, EngineSnapshot

@@ -37,8 +37,8 @@ class SlotWatch:
     last_task: int | None = None
     changed: bool = False
     idle_since: float | None = None
-    busy_with: str | None = None  # "saving" / "restoring" while Slotkeeper acts on the slot
-    in_request: bool = False  # a request through the front door runs on it
+    acting: str | None = None  # "saving" / "restoring" while Slotkeeper acts on the slot
+    leased: bool = False  # a request through the front door runs on it
     generation: int = 0  # counts the changes seen; a save clears ``changed`` only if none came since
     failures: int = 0  # saves that failed in a row
     retry_at: float | None = None  # no save attempt before this (after a failure)
@@ -101,10 +101,10 @@ class AutosavePolicy:
 
     def due(self, watches: Iterable[SlotWatch], now: float) -> list[int]:
         watches = list(watches)
-        anyone_busy = any(w.processing or w.in_request for w in watches)
+        anyone_busy = any(w.processing or w.leased for w in watches)
         out = []
         for w in watches:
-            if not w.changed or w.processing or w.idle_since is None or w.busy_with or w.in_request:
+            if not w.changed or w.processing or w.idle_since is None or w.acting or w.leased:
                 continue
             if w.retry_at is not None and now < w.retry_at:
                 continue

@@ -11,8 +11,8 @@ Who owns what (see docs/ARCHITECTURE.md):
   the poller (``SlotPoller``), the request ledger, and the front desk and door that clients reach.
   None of them calls back into the engine.
 - The supervisor thread runs the process; its state events are posted to the loop. Its launch
-  spec is built on the loop (``_prepare_launch``).
-- The GUI and `serve` post commands (``post(engine.restore_async(...))``, or the blocking
+  spec is built on the loop (``Launcher.spec``).
+- The GUI and `serve` post commands (``post(engine.start_async(...))``, or the blocking
   wrappers ``start()``, ``stop()``, ``restore()``... from any thread but the loop's).
 """
 
@@ -39,11 +39,12 @@ from slotkeeper.core.engine.launching import (
 from slotkeeper.core.engine.ledger import RequestLedger
 from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.model import (
+from slotkeeper.core.engine.model_facts import (
     model_facts_cache,
     resolve_model,
     swa_note,
 )
+from slotkeeper.core.engine.polling import SlotPoller
 from slotkeeper.core.engine.prompts import PromptTokens
 from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.server_link import ServerLink
@@ -54,7 +55,6 @@ from slotkeeper.core.engine.slot_saves import (
 )
 from slotkeeper.core.engine.slots import SlotBoard
 from slotkeeper.core.engine.snapshot import EngineSnapshot
-from slotkeeper.core.engine.watching import SlotPoller
 from slotkeeper.core.events import (
     ActivityChanged,
     EngineReady,

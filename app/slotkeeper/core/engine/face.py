@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
-from slotkeeper.core.engine.model import ModelChoice
+from slotkeeper.core.engine.model_facts import ModelChoice
 from slotkeeper.core.engine.slot_saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS
 from slotkeeper.core.engine.snapshot import EngineSnapshot
 from slotkeeper.core.model.model_hash import ModelHashCache

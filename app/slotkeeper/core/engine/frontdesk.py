@@ -31,6 +31,7 @@ from slotkeeper.core.sessions.transcripts import Transcript
 if TYPE_CHECKING:
     from slotkeeper.core.engine.ledger import RequestLedger
     from slotkeeper.core.engine.library import Library
+    from slotkeeper.core.engine.polling import SlotPoller
     from slotkeeper.core.engine.prompts import PromptTokens
     from slotkeeper.core.engine.rates import Rates
     from slotkeeper.core.engine.server_link import ServerLink
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from slotkeeper.core.engine.slot_actions import SlotActions
     from slotkeeper.core.engine.slot_saves import SlotSaves
     from slotkeeper.core.engine.slots import SlotBoard, SlotContent
-    from slotkeeper.core.engine.watching import SlotPoller
 
 __all__ = ["FrontDesk", "FrontDeskError", "Outcome", "RequestShape", "Ticket", "request_shape"]
 

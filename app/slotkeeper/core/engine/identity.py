@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.model import ModelChoice, llama_build_tag, resolve_projector, server_facts
+from slotkeeper.core.engine.model_facts import ModelChoice, llama_build_tag, resolve_projector, server_facts
 from slotkeeper.core.events import ActivityChanged, EventBus
 from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.client import LlamaClient

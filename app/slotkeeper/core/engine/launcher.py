@@ -17,7 +17,7 @@ from slotkeeper.core.engine.identity import ModelIdentity, byte_progress
 from slotkeeper.core.engine.launching import LaunchPlan, plan_launch, remember_illegal_instruction
 from slotkeeper.core.engine.leftover import save_leftover
 from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
-from slotkeeper.core.engine.model import resolve_model
+from slotkeeper.core.engine.model_facts import resolve_model
 from slotkeeper.core.engine.server_link import ServerLink
 from slotkeeper.core.engine.slot_saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS, SlotSaves
 from slotkeeper.core.events import ActivityChanged, EventBus, LaunchPlanned, NoticeRaised, WarningRaised

@@ -9,7 +9,7 @@ from typing import Any
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.identity import ModelIdentity
 from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.model import ModelChoice, llama_build_tag, server_facts
+from slotkeeper.core.engine.model_facts import ModelChoice, llama_build_tag, server_facts
 from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS
 from slotkeeper.core.engine.slot_saves import SlotSaves, describe_save_error, save_summary
 from slotkeeper.core.events import EventBus, SaveFailed, SessionSaved, WarningRaised

@@ -54,7 +54,7 @@ class PendingReuse:
 
     session_id: str
     n_restored: int
-    mode: str = families.RESTORE_WORKS  # the restore mode of the session (core.families)
+    mode: str = families.RESTORE_WORKS  # the restore mode of the session (core.model.families)
 
 
 @dataclass(frozen=True)
@@ -164,12 +164,12 @@ class Slot:
     @property
     def busy(self) -> bool:
         """A request runs on it, or Slotkeeper is saving or restoring it."""
-        return self.watch.in_request or self.watch.busy_with is not None
+        return self.watch.leased or self.watch.acting is not None
 
     @property
     def leased(self) -> bool:
         """A request through the front door runs on it."""
-        return self.watch.in_request
+        return self.watch.leased
 
     @property
     def session_id(self) -> str | None:
@@ -271,17 +271,17 @@ class SlotBoard:
     def acting(self, slot_id: int, what: str | None) -> None:
         """Slotkeeper saves or restores the slot (``what``), or has finished (None)."""
         s = self[slot_id]
-        s.watch.busy_with = what
+        s.watch.acting = what
         s.view = replace(s.view, state=what or "idle")
         self._changed()
 
     def lease(self, slot_id: int) -> None:
         """A request through the front door takes the slot (autosave leaves it alone)."""
-        self[slot_id].watch.in_request = True
+        self[slot_id].watch.leased = True
 
     def release(self, slot_id: int) -> None:
         s = self[slot_id]
-        s.watch.in_request = False
+        s.watch.leased = False
         s.replacing = None
         s.content.last_used = time.monotonic()
 

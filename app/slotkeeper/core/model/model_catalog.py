@@ -77,7 +77,7 @@ class CuratedModel:
 
     @property
     def restore_mode(self) -> str:
-        """What a saved conversation of it is good for (``core.families``; no server in mind)."""
+        """What a saved conversation of it is good for (``core.model.families``; no server in mind)."""
         kind = "hybrid" if self.recurrent else "attention"
         return families.restore_mode(kind, self.model_info().has_swa, None)
 

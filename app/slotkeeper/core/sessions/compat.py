@@ -29,7 +29,7 @@ class ServerFacts:
     n_ctx_slot: int
     swa: bool
     kv_args: tuple[str, ...] = ()
-    restore_mode: str = "works"  # core.families: works, exact, never, unknown
+    restore_mode: str = "works"  # core.model.families: works, exact, never, unknown
     mmproj_sha256: str | None = None  # the projector llama-server runs with (--mmproj), if any
 
 

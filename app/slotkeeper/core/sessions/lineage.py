@@ -59,7 +59,7 @@ def classify(
     used first; that order breaks ties. ``n_prompt`` (the saved slot's last prompt length, when
     known) narrows the tail slack to the reply after that prompt: two conversations that differ
     in their last user message are never one update, however short they are. Token lists may be
-    lists or token arrays (``core.tokens``); arrays skip a conversion that costs a few ms per
+    lists or token arrays (``core.basics.tokens``); arrays skip a conversion that costs a few ms per
     100k-token list, so a caller holding many sessions should cache them as arrays.
 
     An update beats a fork even when the fork candidate shares more tokens: the updated

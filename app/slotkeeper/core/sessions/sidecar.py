@@ -56,7 +56,7 @@ SCHEMA_VERSION = 2
 
 
 def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
-    """Schema 2 records the restore mode (``core.families``). A schema-1 file knew only its
+    """Schema 2 records the restore mode (``core.model.families``). A schema-1 file knew only its
     architecture and whether it had sliding-window layers; that is enough to tell: hybrid and
     recurrent architectures and sliding-window with --swa-full restore for an exact
     continuation only, sliding-window without --swa-full never helps, the rest works."""
@@ -309,7 +309,7 @@ class Sidecar:
     # lets a later save differ from this one only after it (a re-rendered reply), never inside
     # the prompt. Optional key: unknown for files written before it.
     n_prompt: int | None = None
-    # What a restore of it is good for (core.families: works, exact, never, unknown), from the
+    # What a restore of it is good for (core.model.families: works, exact, never, unknown), from the
     # model's family and the server's --swa-full when it was saved. Schema 2.
     restore_mode: str = families.RESTORE_WORKS
     # Images/audio clips among the tokens, and the projector (--mmproj) that read them. Optional

@@ -1,7 +1,7 @@
 """The model a profile names, and the facts about it that launches, saves and restores need.
 
 What holds before anything runs (the demo's marker, ``ModelChoice``, ``check_launch``) is in
-``core.model_choice``; it is re-exported here."""
+``core.model.model_choice``; it is re-exported here."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.model import gguf_info, gguf_memory
 
-# The model before anything runs it is core.model_choice's (the services read it too); named here
-# as well, where the engine's parts have always found it.
+# The model before anything runs it is core.model.model_choice's (the services read it too); named
+# here as well, beside the facts the engine's parts and the GUI take from this module.
 from slotkeeper.core.model.model_choice import DEMO_MODEL, ModelChoice
 from slotkeeper.core.model.model_choice import LaunchCheck as LaunchCheck
 from slotkeeper.core.model.model_choice import check_launch as check_launch
