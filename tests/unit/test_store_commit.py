@@ -126,7 +126,7 @@ def test_the_index_changes_through_its_own_methods(tmp_path):
     files = {**{f"{sid}.json": s for sid, s in st.items()}, **kv}
     index.refresh(files, st, read)
     assert sorted(reads) == ["a" * 12, "b" * 12] and index.usage_bytes() == 14
-    assert index.kv_claims() == {sid: f"{sid}.00000000.kv" for sid in st}
+    assert index.kv_claims() == {sid: {f"{sid}.00000000.kv", f"{sid}.00000000.chat"} for sid in st}
     assert [sid for sid, _ in index.items()] == ["a" * 12, "b" * 12]
 
     # Unchanged: nothing read; a changed stat: read again; a session gone: forgotten.

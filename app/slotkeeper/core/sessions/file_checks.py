@@ -24,7 +24,8 @@ StatOf = Callable[[str], Stamp | None]  # an entry of the folder's lstat, by nam
 
 
 def sidecar_problems(folder: Path, sid: str, data: dict[str, Any], stat_of: StatOf) -> tuple[int, list[str]]:
-    """(KV bytes on disk, problems) of a readable sidecar's JSON, with the folder's stat."""
+    """(KV bytes on disk, restore points included; problems) of a readable sidecar's JSON, with the
+    folder's stat."""
     problems: list[str] = []
     sc_id, kv_file, corrupt = data["id"], data["kv_file"], data["corrupt"]
     if sc_id != sid:
@@ -39,7 +40,7 @@ def sidecar_problems(folder: Path, sid: str, data: dict[str, Any], stat_of: Stat
         problems.append(kv_problem)
     elif size != data["size_bytes"] and not corrupt:
         problems.append(f"KV file is {size} bytes; {data['size_bytes']} were saved")
-    return size, problems
+    return size + points_bytes(data, stat_of), problems
 
 
 def integrity_problems(entry: SessionEntry, trust_stamp: bool = False) -> tuple[list[str], FileStamp | None]:
@@ -51,27 +52,43 @@ def integrity_problems(entry: SessionEntry, trust_stamp: bool = False) -> tuple[
     assert sc is not None and entry.kv_path is not None
     if sc.corrupt:
         return [f"damaged: {sc.corrupt['reason']}"], None
-    size, kv_problem = kv_file_state(entry.kv_path)
+    return file_integrity(entry.kv_path, sc.size_bytes, sc.content_hash, sc.verified, trust_stamp)
+
+
+def file_integrity(path: Path, size_bytes: int, content_hash: str, verified: FileStamp | None,
+                   trust_stamp: bool = False) -> tuple[list[str], FileStamp | None]:
+    """``integrity_problems`` of one KV file (a session's, or one of its restore points)."""
+    size, kv_problem = kv_file_state(path)
     if kv_problem:
         return [kv_problem], None
-    if size != sc.size_bytes:
-        return [f"KV file is {size} bytes; {sc.size_bytes} were saved (cut short or appended to)"], None
-    if trust_stamp and sc.verified is not None:
+    if size != size_bytes:
+        return [f"KV file is {size} bytes; {size_bytes} were saved (cut short or appended to)"], None
+    if trust_stamp and verified is not None:
         try:
-            st = os.lstat(entry.kv_path)
+            st = os.lstat(path)
         except OSError:
             st = None
-        if st is not None and stat.S_ISREG(st.st_mode) and sc.verified.matches(st, sc.content_hash):
+        if st is not None and stat.S_ISREG(st.st_mode) and verified.matches(st, content_hash):
             return [], None
     try:
-        content_hash, st = hash_with_stamp(entry.kv_path)
+        found, st = hash_with_stamp(path)
     except NotARegularFile as exc:  # replaced since the lstat
         return [f"KV file {exc}"], None
-    if content_hash != sc.content_hash:
+    if found != content_hash:
         return ["KV file content does not match its hash (damaged on disk)"], None
-    if st is not None and (sc.verified is None or not sc.verified.matches(st, content_hash)):
-        return [], FileStamp.of(st, content_hash)
+    if st is not None and (verified is None or not verified.matches(st, found)):
+        return [], FileStamp.of(st, found)
     return [], None
+
+
+def points_bytes(data: dict[str, Any], stat_of: StatOf) -> int:
+    """The restore points' bytes on disk (a missing point is only a point less, not a problem)."""
+    total = 0
+    for p in data.get("points") or ():
+        st = stat_of(p["kv_file"]) if isinstance(p, dict) and isinstance(p.get("kv_file"), str) else None
+        if st is not None and stat.S_ISREG(st[0]):
+            total += st[1]
+    return total
 
 
 def kv_stat_state(folder: Path, name: str, st: Stamp | None) -> tuple[int, str | None]:

@@ -43,7 +43,7 @@ import xxhash
 
 from slotkeeper.core.basics.fsutil import atomic_write_bytes
 from slotkeeper.core.sessions.entries import row_base
-from slotkeeper.core.sessions.naming import SESSION_ID_RE
+from slotkeeper.core.sessions.naming import KV_SUFFIX, SESSION_ID_RE, transcript_name
 from slotkeeper.core.sessions.rows import RACY_NS, Stamp
 from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar
 
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 BLOCK = 64  # tokens per block: prefixes are found to the block, then measured exactly
 HEAD_TOKENS = 32  # lineage: the least a fork shares with its parent (lineage.DEFAULT_MIN_FORK_PREFIX)
 TAIL_SLACK = 8  # lineage: an update may leave a session this many tokens before its end
-INDEX_VERSION = 3
+INDEX_VERSION = 4  # 4: restore points among the facts (their files are claimed)
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
@@ -308,8 +308,20 @@ class TokenIndex:
         return sorted(chosen, key=key)
 
 
+def claimed_files(facts: Mapping[str, Any]) -> frozenset[str]:
+    """The files a sidecar's facts name: the KV file, its transcript, its restore points' files."""
+    kv = facts.get("kv_file")
+    if not isinstance(kv, str):
+        return frozenset()
+    names = {kv, transcript_name(kv) or kv}
+    for p in facts.get("points") or ():
+        if isinstance(p, Mapping) and isinstance(p.get("kv_file"), str):
+            names.add(p["kv_file"])
+    return frozenset(names)
+
+
 # What a listing needs of each sidecar without decoding it (kept beside it in the index file).
-FACT_KEYS = ("id", "kv_file", "size_bytes", "corrupt", "last_used_at", "model_sha256")
+FACT_KEYS = ("id", "kv_file", "size_bytes", "corrupt", "last_used_at", "model_sha256", "points")
 
 
 class SidecarRecord:
@@ -474,11 +486,11 @@ class SessionsIndex(TokenIndex):
             self.files[name] = record.stamp
             self.set_record(session_id, record)
 
-    def kv_claims(self) -> dict[str, str | None]:
-        """The KV file each session's sidecar names (None: an unreadable sidecar, which claims nothing
-        known)."""
+    def kv_claims(self) -> dict[str, frozenset[str] | None]:
+        """The files each session's sidecar names: its KV file, that version's transcript and its
+        restore points (None: an unreadable sidecar, which claims nothing known)."""
         with self.lock:
-            return {sid: (facts.get("kv_file") if (facts := rec.facts()) and rec.error is None else None)
+            return {sid: (claimed_files(facts) if (facts := rec.facts()) and rec.error is None else None)
                     for sid, rec in self.records.items()}
 
     def forget(self, session_id: str) -> None:
@@ -581,18 +593,20 @@ class SessionsIndex(TokenIndex):
         return rec._newest or rec.newest_first()
 
     def usage_bytes(self) -> int | None:
-        """What the saved sessions' KV files took at the last look (what the budget counts);
-        None before the folder was looked at."""
+        """What the saved sessions' KV files and restore points took at the last look (what the
+        budget counts); None before the folder was looked at."""
         with self.lock:
             if not self.scanned:
                 return None
             total = 0
             for rec in self.records.values():
                 facts = rec.facts()
-                kv = facts.get("kv_file") if facts else None
-                st = self.files.get(kv) if isinstance(kv, str) else None
-                if st is not None and stat.S_ISREG(st[0]):
-                    total += st[1]
+                if not facts:
+                    continue
+                for name in claimed_files(facts):
+                    st = self.files.get(name)
+                    if name.endswith(KV_SUFFIX) and st is not None and stat.S_ISREG(st[0]):
+                        total += st[1]
             return total
 
     # -- on disk --------------------------------------------------------------------------

@@ -35,7 +35,9 @@ from slotkeeper.core.sessions import kvfile, lineage
 from slotkeeper.core.sessions.compat import ServerFacts, media_mismatch
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.naming import new_kv_name
+from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS
 from slotkeeper.core.sessions.sidecar import (
+    RestorePoint,
     Sidecar,
     format_utc,
     new_session_id,
@@ -49,7 +51,7 @@ from slotkeeper.core.sessions.transcripts import Transcript
 log = logging.getLogger(__name__)
 
 __all__ = ["FAULT_ENV", "SaveContext", "SaveError", "SaveOutcome", "Written", "check_written",
-           "commit_written", "server_refused"]
+           "commit_point", "commit_written", "server_refused"]
 
 # Test-only fault injection: SLOTKEEPER_FAULT=<step> ends the process at that step of a save,
 # as a power cut or kill -9 would, so the crash-safety tests exercise the real code path.
@@ -252,6 +254,8 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
         title, preview = described if described is not None else describe(inc.tokens)
         continues = False
         replaces = None  # the previous version's KV file, which the store removes (an update's)
+        points: tuple[RestorePoint, ...] = ()
+        drops: list[str] = []
         if kind == "update" and previous is not None:
             sc0 = previous.sidecar
             assert sc0 is not None
@@ -259,6 +263,10 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
                                                           sc0.last_restore)
             continues = sc0.continues
             replaces = sc0.kv_file
+            # Its restore points stay while the new version still starts with their tokens.
+            points = tuple(p for p in sc0.points if p.n_tokens < len(inc.tokens)
+                           and tokens_digest(inc.tokens[:p.n_tokens]) == p.tokens_digest)
+            drops = [p.kv_file for p in sc0.points if p not in points]
         elif kind == "continue" and previous is not None:
             # The pinned snapshot stays as it is; the conversation (and its pin) goes on here.
             sid, created, pinned, parent, last_restore = new_session_id(), now, True, previous.id, None
@@ -278,10 +286,31 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
             n_prompt=n_prompt if n_prompt is not None and n_prompt <= len(inc.tokens) else None,
             last_restore=last_restore, restore_mode=facts.restore_mode, n_media=inc.n_media,
-            mmproj_sha256=facts.mmproj_sha256, continues=continues,
+            mmproj_sha256=facts.mmproj_sha256, continues=continues, points=points,
         )  # fmt: skip
         # The store renames, writes the sidecar and removes the previous version (step 4); its
         # ``verified`` stamp is carried over from the hash above.
         sidecar = store.commit(inc.path, sidecar, inc.tokens, hashed=inc.hashed, replaces=replaces,
-                               step=fault_point, transcript=transcript.to_bytes() if transcript else None)
+                               step=fault_point, transcript=transcript.to_bytes() if transcript else None,
+                               drops=drops)
     return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms)
+
+
+def commit_point(store: SessionStore, written: Written, session_id: str, kind: str,
+                 spacing: int = DEFAULT_POINT_SPACING_TOKENS) -> Sidecar | None:
+    """A slot llama-server wrote while it held a prefix of the session's conversation becomes one
+    of its restore points (``sessions.points``): hashed, made private and fsynced like a save, then
+    committed by the store (``SessionStore.add_point``). None when the session no longer starts
+    with those tokens. The incoming file is gone afterwards whatever happens. Raises SaveError."""
+    path = written.path
+    try:
+        content_hash, hashed = hash_with_stamp(path)
+        fsync_private(path)
+        point = RestorePoint(kv_file=path.name, n_tokens=len(written.tokens),
+                             tokens_digest=tokens_digest(written.tokens), size_bytes=written.size,
+                             content_hash=content_hash, kind=kind, made_at=format_utc(utc_now()))
+        return store.add_point(session_id, path, point, hashed, spacing)
+    except (kvfile.KvFileError, OSError) as exc:
+        raise SaveError(f"saving a restore point of slot {written.slot} failed: {exc}") from exc
+    finally:
+        unlink_quietly(path)

@@ -38,6 +38,7 @@ from slotkeeper.core.sessions.stamps import CONTENT_HASH_PREFIX, FileStamp, hash
 __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "RestorePoint",
     "RestoreRecord",
     "Sidecar",
     "SidecarError",
@@ -76,7 +77,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v
 OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None, "n_media": 0, "mmproj_sha256": None,
                                      "verified": None}
 # Optional keys written only when they are not their default (files stay as older versions wrote them).
-WRITTEN_WHEN_SET: dict[str, Any] = {"continues": False}
+WRITTEN_WHEN_SET: dict[str, Any] = {"continues": False, "points": ()}
 
 SESSION_ID_BYTES = 6  # 12 hex characters: plenty for one user's sessions
 _ID_RE = SESSION_ID_RE  # the one id pattern (naming), also what the store accepts as an id
@@ -272,6 +273,59 @@ class RestoreRecord:
         )
 
 
+POINT_PROMPT = "prompt"  # one token short of the last prompt: a re-rendered reply, a Regenerate
+POINT_USER = "user"  # the start of a user message: an edited message (the last, or an earlier one)
+POINT_KINDS = (POINT_PROMPT, POINT_USER)
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """A restore point: the slot's state at a prefix of the conversation, in its own KV file
+    (``<id>.<gen>.kv``), for models whose restored state cannot be rolled back (``sessions.points``).
+    A request that strictly extends its tokens continues from it exactly."""
+
+    kv_file: str
+    n_tokens: int
+    tokens_digest: str  # of the conversation's first n_tokens tokens
+    size_bytes: int
+    content_hash: str
+    kind: str  # POINT_PROMPT or POINT_USER
+    made_at: str
+    verified: FileStamp | None = None
+
+    _KEYS = ("kv_file", "n_tokens", "tokens_digest", "size_bytes", "content_hash", "kind", "made_at",
+             "verified")
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: _plain(getattr(self, key)) for key in self._KEYS}
+
+    @classmethod
+    def from_json(cls, d: Any) -> RestorePoint:
+        where = "points[]."
+        d = _mapping(d, "points[]")
+        kind = _str(d, "kind", where)
+        if kind not in POINT_KINDS:
+            raise SidecarError(f"{where}kind: {kind!r} is not one of {', '.join(POINT_KINDS)}")
+        return cls(
+            kv_file=_kv_file_name(d),
+            n_tokens=_int(d, "n_tokens", 1, where),
+            tokens_digest=_matching(d, "tokens_digest", _TOKENS_DIGEST_RE, "16 hex digits"),
+            size_bytes=_int(d, "size_bytes", 0, where),
+            content_hash=_matching(d, "content_hash", _CONTENT_HASH_RE,
+                                   f"'{CONTENT_HASH_PREFIX}' + 32 hex digits"),
+            kind=kind,
+            made_at=_timestamp(d, "made_at", where),
+            verified=FileStamp.from_json(d.get("verified")),
+        )
+
+
+def _points(d: Mapping[str, Any]) -> tuple[RestorePoint, ...]:
+    value = d.get("points", [])
+    if not isinstance(value, list):
+        raise SidecarError(f"points: expected a list, got {_type_name(value)}")
+    return tuple(RestorePoint.from_json(p) for p in value)
+
+
 @dataclass
 class Sidecar:
     """Everything Slotkeeper knows about one saved KV file (``<id>.json`` beside it)."""
@@ -323,6 +377,9 @@ class Sidecar:
     # more): the continuation of a pinned snapshot, which keeps the snapshot and the pin. Faces
     # show the two as one conversation. Optional key: false for files written before it.
     continues: bool = False
+    # Restore points (``RestorePoint``): prefixes of this conversation saved for models whose
+    # restored state cannot be rolled back, longest first. Optional key: none for files before it.
+    points: tuple[RestorePoint, ...] = ()
     schema_version: int = SCHEMA_VERSION
     # Keys written by a newer Slotkeeper of the same schema; written back untouched.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -376,6 +433,7 @@ class Sidecar:
                            else _matching(d, "mmproj_sha256", _SHA256_RE, "64 lowercase hex digits")),
             verified=FileStamp.from_json(d.get("verified")),
             continues=_bool(d, "continues") if "continues" in d else False,
+            points=_points(d),
             extra=_unknown_keys(d, _SIDECAR_KEY_SET),
         )
 
@@ -395,6 +453,8 @@ class Sidecar:
                                                    extra=_unknown_keys(last, RestoreRecord._KEYS))
             kw["kv_args"] = list(kw["kv_args"])
             kw["verified"] = FileStamp.from_json(kw["verified"])
+            kw["points"] = tuple(RestorePoint(**{**p, "verified": FileStamp.from_json(p.get("verified"))})
+                                 for p in kw["points"])
         except (KeyError, TypeError, SidecarError) as exc:
             raise SidecarError(f"not a sidecar the index kept: {exc}") from None
         cls.check_index_paths(d, kw["id"])
@@ -407,6 +467,8 @@ class Sidecar:
                 or not _ID_RE.fullmatch(session_id):
             raise SidecarError(f"the index's sidecar is not {session_id!r}'s")
         _kv_file_name(d)
+        for p in d.get("points") or ():
+            _kv_file_name(p)
 
 
 # The sidecar's keys in the order they are written: the dataclass fields, schema_version first.
@@ -418,12 +480,12 @@ _SIDECAR_KEY_SET = frozenset(SIDECAR_KEYS)
 
 def _plain(value: Any) -> Any:
     """A field's JSON form (fresh containers, so the caller may change them)."""
-    if isinstance(value, (RestoreRecord, FileStamp)):
+    if isinstance(value, (RestoreRecord, FileStamp, RestorePoint)):
         return value.to_json()
     if isinstance(value, dict):
         return dict(value)
     if isinstance(value, (list, tuple)):
-        return list(value)
+        return [_plain(v) for v in value]
     return value
 
 

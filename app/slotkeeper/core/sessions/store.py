@@ -45,18 +45,22 @@ from slotkeeper.core.sessions.naming import (
     SIDECAR_SUFFIX,
     InvalidSessionId,
     is_scratch,
+    new_kv_name,
     owns_kv_file,
     sidecar_name,
     transcript_name,
     validate_session_id,
 )
+from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS, keep_points
 from slotkeeper.core.sessions.rows import Stamp, kept, rows_file, scan, split_rows, stamp_of, write_rows
 from slotkeeper.core.sessions.sidecar import (
+    RestorePoint,
     Sidecar,
     SidecarError,
     format_utc,
     load_sidecar,
     parse_utc,
+    tokens_digest,
     utc_now,
     write_sidecar_atomic,
 )
@@ -184,6 +188,7 @@ class SessionStore:
                 if entry.sidecar is not None:
                     claimed.add(entry.sidecar.kv_file)
                     claimed.add(transcript_name(entry.sidecar.kv_file) or "")
+                    claimed.update(p.kv_file for p in entry.sidecar.points)
             unmanaged = []
             for name in sorted(files):
                 if name in claimed or is_scratch(name):
@@ -308,7 +313,8 @@ class SessionStore:
     # -- writing --------------------------------------------------------------------------
     def commit(self, incoming: Path, sidecar: Sidecar, tokens: Sequence[int] | None,
                hashed: os.stat_result | None = None, replaces: str | None = None,
-               step: Callable[[str], None] = lambda step: None, transcript: bytes | None = None) -> Sidecar:
+               step: Callable[[str], None] = lambda step: None, transcript: bytes | None = None,
+               drops: Sequence[str] = ()) -> Sidecar:
         """The last step of a save (``saving``), which has decided what the file llama-server
         wrote is: make ``incoming`` the new version of the session ``sidecar`` describes. Under
         the folder lock: rename it to ``sidecar.kv_file`` (a new name every save), fsync the
@@ -322,7 +328,8 @@ class SessionStore:
         sidecar ("after_sidecar"): the save protocol's test-only fault hook. A crash at any step
         leaves the previous version (``sweep`` removes the rest). ``transcript``: the conversation
         in words (``transcripts``), written as ``<id>.<gen>.chat`` before the sidecar, so it exists
-        exactly when this version does. Returns the sidecar written."""
+        exactly when this version does. ``drops``: restore points of the previous version the new
+        one no longer keeps (removed after the sidecar). Returns the sidecar written."""
         validate_session_id(sidecar.id)
         if not ((m := OWN_KV_RE.match(sidecar.kv_file)) and m.group(1) == sidecar.id):
             raise ValueError(f"{sidecar.kv_file!r} is not a KV file name of session {sidecar.id}")
@@ -348,8 +355,62 @@ class SessionStore:
                     unlink_quietly(self.dir / old_chat)
                     self.index.note_files({old_chat: None})
                 self.token_lists.forget(gone)
+            self._remove_points(sidecar.id, drops)
             self._record_saved(sidecar, stamp_of(kv_st), tokens, gone)
         return sidecar
+
+    def add_point(self, session_id: str, incoming: Path, point: RestorePoint, hashed: os.stat_result | None,
+                  spacing: int = DEFAULT_POINT_SPACING_TOKENS) -> Sidecar | None:
+        """Make ``incoming`` (a slot llama-server wrote, holding ``point.n_tokens`` tokens) a restore
+        point of the session (``sessions.points``), as a save commits a version: under the folder
+        lock, renamed to a new ``<id>.<gen>.kv``, the folder fsynced, then the sidecar written with
+        the points it keeps (``keep_points``), then the points it no longer keeps removed. None (and
+        ``incoming`` left to the caller) when the session is gone, damaged, or no longer starts with
+        the point's tokens (a save changed it meanwhile)."""
+        validate_session_id(session_id)
+        with self.exclusive():
+            try:
+                entry = self.get(session_id)
+            except SessionNotFound:
+                return None
+            sc = entry.sidecar
+            if sc is None or entry.problems or entry.kv_path is None:
+                return None
+            if (point.n_tokens >= sc.n_tokens
+                    or tokens_digest(self.tokens(entry)[:point.n_tokens]) != point.tokens_digest):
+                return None
+            name = new_kv_name(session_id)
+            final = self.dir / name
+            os.replace(incoming, final)
+            fsync_dir(self.dir)
+            st = os.lstat(final)
+            point = replace(point, kv_file=name, verified=carried_over(hashed, st, point.content_hash))
+            kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing)
+            sc = replace(sc, points=kept)
+            write_sidecar_atomic(self.sidecar_path(session_id), sc)
+            self._note_sidecar(session_id, sc)
+            self.index.note_files({name: stamp_of(st)})
+            self._remove_points(session_id, [p.kv_file for p in dropped])
+            return sc
+
+    def drop_points(self, session_id: str, kv_files: Sequence[str]) -> None:
+        """Forget restore points of the session (a check found them damaged, or a prune)."""
+        validate_session_id(session_id)
+        gone = set(kv_files)
+        with self.exclusive():
+            try:
+                self.update(session_id, lambda s: replace(s, points=tuple(p for p in s.points
+                                                                          if p.kv_file not in gone)))
+            except (SessionNotFound, SidecarError):
+                return
+            self._remove_points(session_id, list(gone))
+
+    def _remove_points(self, session_id: str, names: Sequence[str]) -> None:
+        for name in names:
+            m = OWN_KV_RE.match(name)
+            if m and m.group(1) == session_id:  # only this session's own files
+                unlink_quietly(self.dir / name)
+                self.index.note_files({name: None})
 
     def _record_saved(self, sidecar: Sidecar, kv_st: Stamp, tokens: Sequence[int] | None,
                       gone_kv: str | None) -> None:
@@ -384,9 +445,10 @@ class SessionStore:
                 )
                 m = OWN_KV_RE.match(name) or OWN_TRANSCRIPT_RE.match(name)
                 if m and m.group(1) in claims:
-                    # a KV file or a transcript of a version its sidecar no longer names
+                    # a KV file or a transcript of a version its sidecar no longer names (its
+                    # restore points are named too)
                     claim = claims[m.group(1)]
-                    leftover = claim is not None and name not in (claim, transcript_name(claim))
+                    leftover = claim is not None and name not in claim
                 elif m:
                     leftover = True  # a first save that died before its sidecar was written
                 if leftover:

@@ -1,0 +1,77 @@
+"""Restore points: which prefixes of a conversation to keep on disk beside it, and which to choose.
+
+A model whose restored state cannot be rolled back (hybrid and recurrent models, sliding-window
+layers with --swa-full: ``families.EXACT_ONLY_MODES``) continues a restored save only when the
+next request extends it exactly. llama-server that never stopped rolls back through its RAM
+context checkpoints instead (at the start of the last user message, and a few tokens before the
+prompt's end); a save holds none of them. A restore point is the slot's state at such a prefix,
+saved as its own KV file of the conversation (``Sidecar.points``):
+
+- ``prompt``: the last prompt but its last token. The next request of a client that re-renders
+  the reply (reasoning dropped from the history it sends back) extends it, and so does a
+  Regenerate (the same prompt again: one token to evaluate, as llama-server needs).
+- ``user``: the start of the last user message (the prompt rendered without that message): an
+  edited last message extends it. The ``user`` points of earlier turns stay, spaced at least
+  ``spacing`` tokens apart, so an edit further back re-reads from the nearest one before it.
+
+Everything here is pure: the engine makes the points while the slot is idle, the store keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from slotkeeper.core.sessions.sidecar import POINT_PROMPT, POINT_USER, RestorePoint
+
+__all__ = ["DEFAULT_POINT_SPACING_TOKENS", "MAX_POINTS", "MIN_POINT_TOKENS", "best_point", "keep_points",
+           "wanted_points"]
+
+# Earlier user-message points are kept at least this many tokens apart (a setting): llama-server
+# keeps its older RAM checkpoints at least 8,192 tokens apart by default (--checkpoint-min-step).
+DEFAULT_POINT_SPACING_TOKENS = 4096
+MAX_POINTS = 8  # per conversation, the newest two included
+# A prefix shorter than this is re-read in less time than a restore takes: no point is made there.
+MIN_POINT_TOKENS = 64
+
+
+def wanted_points(n_prompt: int, user_start: int | None, n_held: int,
+                  have: Iterable[int] = ()) -> list[tuple[int, str]]:
+    """The points to make for a conversation of ``n_held`` tokens whose last prompt had
+    ``n_prompt`` tokens and whose last user message starts at ``user_start`` (None: not known),
+    longest first, leaving out the lengths ``have`` holds already."""
+    out: list[tuple[int, str]] = []
+    done = set(have)
+    if MIN_POINT_TOKENS <= n_prompt - 1 < n_held:
+        out.append((n_prompt - 1, POINT_PROMPT))
+    if user_start is not None and MIN_POINT_TOKENS <= user_start < n_prompt - 1:
+        out.append((user_start, POINT_USER))
+    return [(n, kind) for n, kind in out if n not in done]
+
+
+def keep_points(points: Sequence[RestorePoint], n_tokens: int, spacing: int = DEFAULT_POINT_SPACING_TOKENS,
+                limit: int = MAX_POINTS) -> tuple[tuple[RestorePoint, ...], tuple[RestorePoint, ...]]:
+    """(kept, dropped) of a conversation's points once it holds ``n_tokens`` tokens: only strict
+    prefixes of it, one per length; the longest ``prompt`` and the longest ``user`` point (the last
+    turn's) always; earlier ``user`` points, longest first, while at least ``spacing`` tokens below
+    the last one kept; ``limit`` in all. Kept longest first."""
+    usable = sorted((p for p in points if p.n_tokens < n_tokens), key=lambda p: -p.n_tokens)
+    latest = {kind: next((p for p in usable if p.kind == kind), None) for kind in (POINT_PROMPT, POINT_USER)}
+    kept = [p for p in latest.values() if p is not None]
+    for p in usable:
+        if len(kept) >= limit or p in kept or p.kind != POINT_USER:
+            continue
+        if any(k.n_tokens == p.n_tokens for k in kept):
+            continue
+        if p.n_tokens <= min(k.n_tokens for k in kept) - spacing:
+            kept.append(p)
+    kept.sort(key=lambda p: -p.n_tokens)
+    dropped = tuple(p for p in points if p not in kept)
+    return tuple(kept), dropped
+
+
+def best_point(points: Sequence[RestorePoint], shared: int, n_request: int) -> RestorePoint | None:
+    """The longest point a request continues exactly: it shares the point's tokens with the
+    conversation (``shared``: the request's common prefix with the whole conversation) and has
+    more tokens after them (llama-server evaluates at least one)."""
+    usable = [p for p in points if p.n_tokens <= shared and p.n_tokens < n_request]
+    return max(usable, key=lambda p: p.n_tokens, default=None)

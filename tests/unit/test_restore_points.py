@@ -1,0 +1,194 @@
+"""Restore points on disk: the sidecar describes them, the store commits them as it commits a save
+(crash-safe, claimed by their session, counted in its size, removed with it), an update keeps the
+ones the new version still starts with, and the pure rules choose which to make, keep and use."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sessions_helpers import FIXTURE, make_session, write_slot_save
+
+from slotkeeper.core.sessions import saving
+from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.points import (
+    MIN_POINT_TOKENS,
+    best_point,
+    keep_points,
+    wanted_points,
+)
+from slotkeeper.core.sessions.sidecar import (
+    POINT_PROMPT,
+    POINT_USER,
+    RestorePoint,
+    Sidecar,
+    SidecarError,
+    load_sidecar,
+    tokens_digest,
+)
+from slotkeeper.core.sessions.store import SessionStore
+
+SID = "abcdefabcdef"
+CONVERSATION = list(range(1, 1001))
+
+
+def point(n: int, kind: str = POINT_USER, name: str | None = None) -> RestorePoint:
+    return RestorePoint(kv_file=name or f"{SID}.{n:08x}.kv", n_tokens=n,
+                        tokens_digest=tokens_digest(CONVERSATION[:n]), size_bytes=10,
+                        content_hash="xxh3_128:" + "0" * 32, kind=kind, made_at="2026-01-01T00:00:00Z")
+
+
+# -- the sidecar ------------------------------------------------------------------------------
+def test_the_sidecar_keeps_its_points_and_a_file_without_them_reads_and_writes_as_before():
+    base = Sidecar.from_json(json.loads(FIXTURE.read_text()))
+    assert base.points == () and "points" not in base.to_json()  # older files stay as they were
+    with_points = replace(base, points=(point(700, POINT_PROMPT), point(300)))
+    data = with_points.to_json()
+    assert [p["n_tokens"] for p in data["points"]] == [700, 300]
+    assert Sidecar.from_json(json.loads(json.dumps(data))) == with_points
+    assert Sidecar.from_index(data) == with_points  # the sessions index's copy
+
+
+@pytest.mark.parametrize("bad", [{"kind": "elsewhere"}, {"kv_file": "../x.kv"}, {"n_tokens": 0},
+                                 {"tokens_digest": "nope"}])
+def test_a_malformed_point_makes_the_sidecar_unreadable_not_a_path(bad):
+    data = replace(Sidecar.from_json(json.loads(FIXTURE.read_text())), points=(point(300),)).to_json()
+    data["points"][0].update(bad)
+    with pytest.raises(SidecarError):
+        Sidecar.from_json(data)
+
+
+# -- the rules --------------------------------------------------------------------------------
+def test_the_points_wanted_are_the_prompt_but_its_last_token_and_the_last_user_message_start():
+    assert wanted_points(n_prompt=900, user_start=600, n_held=950) == [(899, POINT_PROMPT), (600, POINT_USER)]
+    assert wanted_points(900, 600, 950, have=[899]) == [(600, POINT_USER)]
+    assert wanted_points(900, None, 950) == [(899, POINT_PROMPT)]
+    # Too short to be worth a restore; a user start at the prompt's end is no point of its own.
+    assert wanted_points(MIN_POINT_TOKENS, None, 100) == []
+    assert wanted_points(900, 899, 950) == [(899, POINT_PROMPT)]
+
+
+def test_the_last_turns_points_stay_and_earlier_user_points_are_kept_spaced():
+    points = [point(990, POINT_PROMPT), point(900), point(880, POINT_PROMPT), point(850), point(600),
+              point(400), point(100)]
+    kept, dropped = keep_points(points, n_tokens=1000, spacing=300)
+    # the longest of each kind; then user points at least 300 below the last kept one
+    assert [p.n_tokens for p in kept] == [990, 900, 600, 100]
+    assert sorted(p.n_tokens for p in dropped) == [400, 850, 880]
+    # A point the conversation no longer strictly extends is dropped; so is one past the limit.
+    kept, dropped = keep_points(points, n_tokens=900, spacing=1, limit=3)
+    assert [p.n_tokens for p in kept] == [880, 850, 600]
+
+
+def test_the_point_chosen_is_the_longest_the_request_strictly_extends():
+    points = [point(899, POINT_PROMPT), point(600)]
+    # a client that re-rendered the reply: shares the whole prompt
+    assert best_point(points, shared=905, n_request=1200).n_tokens == 899
+    # Regenerate: the same 900-token prompt again
+    assert best_point(points, shared=900, n_request=900).n_tokens == 899
+    # an edited last message: shares up to its start
+    assert best_point(points, shared=640, n_request=700).n_tokens == 600
+    # exactly a point's tokens and nothing after: llama-server would roll back one, so not usable
+    assert best_point(points, shared=600, n_request=600) is None
+    assert best_point(points, shared=500, n_request=1000) is None
+
+
+# -- the store ----------------------------------------------------------------------------------
+def _session(folder: Path) -> tuple[SessionStore, Sidecar]:
+    sc = make_session(folder, SID, tokens=CONVERSATION)
+    store = SessionStore(folder)
+    store.listing()
+    return store, sc
+
+
+def _incoming(folder: Path, n: int, tokens: list[int] = CONVERSATION) -> saving.Written:
+    path = write_slot_save(folder / f"incoming-{n:016x}.kv", tokens[:n], kv_bytes=100 + n)
+    return saving.Written(path, tokens[:n], path.stat().st_size, 0, slot=0)
+
+
+def test_a_point_is_committed_beside_its_session_claimed_counted_and_deleted_with_it(tmp_path):
+    folder = tmp_path / "sessions"
+    store, sc = _session(folder)
+    main_size = sc.size_bytes
+    after = saving.commit_point(store, _incoming(folder, 899), SID, POINT_PROMPT)
+    assert after is not None and [p.n_tokens for p in after.points] == [899]
+    p = after.points[0]
+    assert (folder / p.kv_file).stat().st_mode & 0o777 == 0o600
+    assert p.verified is not None  # hashed as it was committed: a restore need not hash it again
+    assert load_sidecar(folder / f"{SID}.json").points == after.points
+    assert not list(folder.glob("incoming-*"))
+    # One session, its size with its point; the point is no unmanaged file and no leftover.
+    listing = store.listing()
+    assert [e.id for e in listing.sessions] == [SID] and listing.unmanaged == []
+    assert listing.sessions[0].size_bytes == main_size + p.size_bytes
+    assert store.usage_bytes() == main_size + p.size_bytes
+    assert store.sweep() == [] and (folder / p.kv_file).exists()
+    assert SessionStore(folder).sweep() == []  # a new process (no index kept) claims it too
+    store.delete(SID)
+    assert sorted(x.name for x in folder.iterdir() if not x.name.startswith(".")) == []
+
+
+def test_a_point_whose_tokens_the_session_no_longer_starts_with_is_not_kept(tmp_path):
+    folder = tmp_path / "sessions"
+    store, _ = _session(folder)
+    written = _incoming(folder, 500)
+    other = saving.Written(written.path, [7] * 500, written.size, 0, 0)
+    write_slot_save(written.path, [7] * 500)
+    other = replace(other, size=written.path.stat().st_size)
+    assert saving.commit_point(store, other, SID, POINT_USER) is None
+    assert load_sidecar(folder / f"{SID}.json").points == ()
+    assert not list(folder.glob("incoming-*")) and len(list(folder.glob("*.kv"))) == 1
+
+
+def test_a_point_file_left_by_a_crash_before_its_sidecar_is_swept(tmp_path):
+    folder = tmp_path / "sessions"
+    store, _ = _session(folder)
+    stray = folder / f"{SID}.0badc0de.kv"
+    write_slot_save(stray, CONVERSATION[:300])
+    assert store.sweep() == [stray.name]
+
+
+def test_an_update_keeps_the_points_the_new_version_starts_with_and_removes_the_rest(tmp_path):
+    folder = tmp_path / "sessions"
+    store, sc = _session(folder)
+    kept_one = saving.commit_point(store, _incoming(folder, 400), SID, POINT_USER)
+    assert kept_one is not None
+    after = saving.commit_point(store, _incoming(folder, 899), SID, POINT_PROMPT)
+    assert after is not None and [p.n_tokens for p in after.points] == [899, 400]
+    # The conversation goes on from token 600 differently (an edit past the first point): an update
+    # within the tail slack is not it, so commit the new version as lineage would for an update.
+    new_tokens = CONVERSATION[:600] + [5000 + i for i in range(500)]
+    incoming = write_slot_save(folder / "incoming-00000000000000aa.kv", new_tokens)
+    ctx = saving.SaveContext(_facts(after), after.arch, after.llama_build)
+    written = saving.Written(incoming, new_tokens, incoming.stat().st_size, 0, 0)
+    out = saving.commit_written(store, written, ctx, lambda t: ("t", "p"), current_id=SID)
+    assert out.kind == "fork"  # diverged inside the session: a new one; the old keeps its points
+    assert [p.n_tokens for p in load_sidecar(folder / f"{SID}.json").points] == [899, 400]
+    assert out.sidecar is not None and out.sidecar.points == ()
+    # A true update (the conversation extended) keeps both.
+    longer = CONVERSATION + [9] * 50
+    incoming = write_slot_save(folder / "incoming-00000000000000bb.kv", longer)
+    out = saving.commit_written(store, saving.Written(incoming, longer, incoming.stat().st_size, 0, 0), ctx,
+                                lambda t: ("t", "p"), current_id=SID)
+    assert out.kind == "update" and [p.n_tokens for p in out.sidecar.points] == [899, 400]
+    files = {p.kv_file for p in out.sidecar.points}
+    assert all((folder / f).exists() for f in files)
+    # An update that re-renders the end (inside the tail slack) drops the points past the change.
+    late = saving.commit_point(store, _incoming(folder, 1046, longer), SID, POINT_PROMPT)
+    assert late is not None and [p.n_tokens for p in late.points] == [1046, 400]
+    gone = late.points[0].kv_file
+    changed_end = longer[:1044] + [8] * 10
+    incoming = write_slot_save(folder / "incoming-00000000000000cc.kv", changed_end)
+    out = saving.commit_written(store, saving.Written(incoming, changed_end, incoming.stat().st_size, 0, 0),
+                                ctx, lambda t: ("t", "p"), current_id=SID)
+    assert out.kind == "update" and [p.n_tokens for p in out.sidecar.points] == [400]
+    assert not (folder / gone).exists() and store.sweep() == []
+
+
+def _facts(sc: Sidecar) -> ServerFacts:
+    return ServerFacts(model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
+                       cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
+                       n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
+                       kv_args=tuple(sc.kv_args), restore_mode=sc.restore_mode)
