@@ -15,6 +15,7 @@ from slotkeeper.core.basics.tokens import as_tokens
 from slotkeeper.core.engine import frontdesk as fd
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.frontdesk import FrontDesk, Outcome, request_shape
+from slotkeeper.core.engine.library import SavedPrefix
 from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.shapes import Learn
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
@@ -66,20 +67,22 @@ class Parts:
         self.calls.append(("await_commits", beat))
 
     # the slot actions
-    async def restore_for_request(self, session_id: str, slot: int) -> RestoreSummary | None:
-        self.calls.append(("restore", session_id, slot))
+    async def restore_for_request(self, session_id: str, slot: int,
+                                  point: str | None = None) -> RestoreSummary | None:
+        self.calls.append(("restore", session_id, slot) if point is None
+                          else ("restore", session_id, slot, point))
         return RestoreSummary(session_id, slot, 900, 5.0, "t")
 
     async def recompute(self, slot: int, reason: str) -> None:
         self.calls.append(("erase", slot, reason))
 
     # the library
-    async def best_saved_prefix(self, tokens, facts, beat: int = 0):
+    async def saved_prefixes(self, tokens, facts, beat: int = 0):
         await asyncio.sleep(self.slow_lookup.get(int(tokens[0]), 0))
-        return self.best
-
-    def session_size(self, session_id: str) -> int:
-        return 1000
+        if self.best is None:
+            return []
+        sid, shared, n_tokens, *points = self.best
+        return [SavedPrefix(sid, shared, n_tokens, tuple(points), 1000)]
 
     # the ledger and the poller
     def ledger_done(self, slot, held, fig) -> None:
@@ -436,3 +439,24 @@ def test_a_conversation_leaving_a_busy_slot_takes_the_first_slot_freed_not_that_
 
     ticket = run(scenario())
     assert ticket.slot == 1 and ticket.source == "restored" and ("restore", "a", 1) in parts.calls
+
+
+def test_a_saved_session_offers_itself_or_its_longest_point_the_request_strictly_extends():
+    from slotkeeper.core.sessions.sidecar import POINT_PROMPT, POINT_USER, RestorePoint
+
+    def pt(n, kind):
+        return RestorePoint(f"abcdefabcdef.{n:08x}.kv", n, "0" * 16, n * 10, "xxh3_128:" + "0" * 32, kind,
+                            "2026-01-01T00:00:00Z")
+
+    hit = SavedPrefix("abcdefabcdef", shared=905, n_tokens=950,
+                      points=(pt(899, POINT_PROMPT), pt(600, POINT_USER)), size_bytes=9500)
+    # a model whose restores roll back: all it shares
+    assert fd.session_option(hit, 1200, exact=False).prefix == 905
+    # exact-only: the longest point it strictly extends, its size what the restore reads
+    o = fd.session_option(hit, 1200, exact=True)
+    assert (o.prefix, o.point, o.size_bytes) == (899, "abcdefabcdef.00000383.kv", 8990)
+    edited = SavedPrefix("abcdefabcdef", 640, 950, hit.points, 9500)
+    assert fd.session_option(edited, 700, exact=True).prefix == 600
+    assert fd.session_option(SavedPrefix("abcdefabcdef", 500, 950, hit.points, 9500), 700, exact=True) is None
+    whole = SavedPrefix("abcdefabcdef", 950, 950, hit.points, 9500)
+    assert fd.session_option(whole, 1200, exact=True).point is None  # the save itself, extended

@@ -77,3 +77,37 @@ def test_a_request_whose_tokens_are_not_known_never_rolls_back_into_fragile_stat
     # Unsaved changes are saved before it replaces them, as for any new conversation.
     r = route(0, [slot(0, held=950, n_prompt=950, changed=True, fragile=950)], known=False)
     assert r.save_first and r.erase_first
+
+
+# -- restore points ---------------------------------------------------------------------------
+def test_an_exact_only_save_is_restored_only_for_a_request_that_strictly_extends_it():
+    s = SessionOption("hyb", prefix=950, n_tokens=950, exact_only=True)
+    assert route(951, [slot(0)], s).restore == "hyb"
+    # the same tokens again (a Regenerate of a prompt saved as it was): llama-server would have to
+    # roll back one token inside the restored state, which re-reads it all; no restore
+    assert route(950, [slot(0)], s).restore is None
+
+
+def test_a_request_rolling_back_inside_restored_state_is_served_from_a_restore_point_in_that_slot():
+    # Slot 0 holds a restored 950-token conversation (prompt 900, reply 50); the client re-rendered
+    # the reply (reasoning dropped): it shares 905 tokens and goes on. A point at 899 is offered.
+    fragile = slot(0, prefix=905, held=950, n_prompt=950, fragile=950, used=9.0)
+    point = SessionOption("hyb", prefix=899, n_tokens=899, exact_only=True, point="hyb.00000001.kv")
+    r = route(1200, [fragile, slot(1, held=300, n_prompt=250, used=1.0)], point, break_even_tokens=100)
+    assert r.slot == 0 and r.restore == "hyb" and r.restore_point == "hyb.00000001.kv"
+    assert r.expected_prefix == 899 and not r.erase_first and not r.save_first
+    # Regenerate: the 900-token prompt again
+    r = route(900, [slot(0, prefix=900, held=950, n_prompt=950, fragile=950)], point)
+    assert r.restore_point == "hyb.00000001.kv" and r.expected_prefix == 899
+    # Without a point it is recomputed, as before.
+    r = route(1200, [fragile], None)
+    assert r.erase_first and r.expected_prefix == 0
+
+
+def test_an_exact_repeat_of_restored_state_counts_as_nothing_kept():
+    from slotkeeper.core.engine.routing import usable_prefix
+
+    assert usable_prefix(slot(0, prefix=950, held=950, fragile=950), 950) == 0
+    assert usable_prefix(slot(0, prefix=950, held=950, fragile=950), 960) == 950
+    assert usable_prefix(slot(0, prefix=900, held=950, fragile=950), 960) == 0
+    assert usable_prefix(slot(0, prefix=900, held=950), 960) == 900  # live state rolls back fine

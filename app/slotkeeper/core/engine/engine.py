@@ -148,7 +148,7 @@ class Engine(EngineFace):
                                     self.launcher.retry_start)
         self.actions = SlotActions(self.board, self.link, self.library, self.saves, self.loop, self.events,
                                    self.rates, self.prompts)
-        self.poller = SlotPoller(self.board, self.link, self.loop, self.saves)
+        self.poller = SlotPoller(self.board, self.link, self.loop, self.saves, self.actions)
         self.ledger = RequestLedger(self.board, self.history, self.store, self.loop, self.events)
         self.desk = FrontDesk(self.board, self.link, self.actions, self.saves, self.library, self.ledger,
                               self.poller, self.rates, self.prompts)
@@ -252,6 +252,8 @@ class Engine(EngineFace):
         if save and self.supervisor.state is ServerState.READY and self.link.facts is not None:
             try:
                 report = await self.saves.save_changed(timeout, "shutdown")
+                for summary in report.saved:  # the restore points of what was saved now
+                    await self.actions.make_points(summary.slot, restore_after=False)
             finally:
                 await self.loop.run_io(self.supervisor.stop)
         else:

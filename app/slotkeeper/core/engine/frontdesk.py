@@ -20,17 +20,18 @@ from typing import TYPE_CHECKING, Any
 from slotkeeper.core.basics.tokens import TokenArray, common_prefix_len, no_tokens
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.ledger import Figures
-from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route
+from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route, usable_prefix
 from slotkeeper.core.engine.shapes import RequestShape, request_shape
 from slotkeeper.core.engine.slots import UNKNOWN, Ran
 from slotkeeper.core.model import families
 from slotkeeper.core.server.client import ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts
+from slotkeeper.core.sessions.points import best_point
 from slotkeeper.core.sessions.transcripts import Transcript
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.ledger import RequestLedger
-    from slotkeeper.core.engine.library import Library
+    from slotkeeper.core.engine.library import Library, SavedPrefix
     from slotkeeper.core.engine.polling import SlotPoller
     from slotkeeper.core.engine.prompts import PromptTokens
     from slotkeeper.core.engine.rates import Rates
@@ -59,6 +60,21 @@ def restore_mode(facts: ServerFacts | None) -> str:
 
 def exact_only(mode: str) -> bool:
     return mode in families.EXACT_ONLY_MODES
+
+
+def session_option(hit: SavedPrefix, n_request: int, exact: bool) -> SessionOption | None:
+    """What a saved session offers a request of ``n_request`` tokens: all it shares with it, or,
+    for a model whose restored state cannot be rolled back (``exact``), itself when the request
+    strictly extends it, else its longest restore point the request strictly extends (None: none)."""
+    if not exact:
+        return SessionOption(hit.session_id, hit.shared, hit.n_tokens, False, size_bytes=hit.size_bytes)
+    if hit.shared == hit.n_tokens and n_request > hit.n_tokens:
+        return SessionOption(hit.session_id, hit.n_tokens, hit.n_tokens, True, size_bytes=hit.size_bytes)
+    point = best_point(hit.points, hit.shared, n_request)
+    if point is None:
+        return None
+    return SessionOption(hit.session_id, point.n_tokens, point.n_tokens, True, point=point.kv_file,
+                         size_bytes=point.size_bytes)
 
 
 @dataclass
@@ -90,6 +106,7 @@ class Outcome:
     processed: bool
     timings: dict[str, Any] | None = None
     transcript: Transcript | None = None
+    request: Learn | None = None  # what rendered the prompt (kept with the slot for restore points)
 
 
 class FrontDesk:
@@ -167,7 +184,7 @@ class FrontDesk:
                 # (saved as another took the slot, or committing now).
                 session = await self._saved_option(tokens, pinned_slot)
                 async with self._route_lock:
-                    size = self.library.session_size(session.id) if session is not None else 0
+                    size = session.size_bytes if session is not None else 0
                     decision = route(len(tokens) if tokens is not None else 0,
                                      self._slot_options(tokens, pinned_slot), session,
                                      self.break_even_tokens(size), known=tokens is not None)
@@ -233,9 +250,12 @@ class FrontDesk:
                 raise FrontDeskError(503, f"slot {r.slot} holds a conversation that could not be saved, so "
                                           "it was not replaced (see Slotkeeper's messages)")
             if r.restore:
-                summary = await self.actions.restore_for_request(r.restore, r.slot)
+                summary = await self.actions.restore_for_request(r.restore, r.slot, r.restore_point)
                 if summary is None:
                     ticket.expected_prefix, ticket.source = 0, "none"
+                    if self.content(r.slot).fragile_until:  # it still holds what the request rolls back in
+                        await self.actions.recompute(r.slot, "the restore it needed was refused")
+                        ticket.source = "recomputed"
                 else:
                     ticket.source = "restored"
             if r.erase_first:
@@ -270,11 +290,12 @@ class FrontDesk:
         mode = restore_mode(self.link.facts)
         if mode == families.RESTORE_NEVER:
             return None
-        hit = await self.library.best_saved_prefix(tokens, self.link.facts, beat)
-        if hit is None:
-            return None
-        sid, prefix, n_tokens = hit
-        return SessionOption(sid, prefix, n_tokens, exact_only=exact_only(mode))
+        best: SessionOption | None = None
+        for hit in await self.library.saved_prefixes(tokens, self.link.facts, beat):
+            option = session_option(hit, len(tokens), exact_only(mode))
+            if option is not None and (best is None or option.prefix > best.prefix):
+                best = option
+        return best
 
     def _lease(self, slot: int) -> None:
         self.board.lease(slot)
@@ -317,7 +338,8 @@ class FrontDesk:
         if tokens is None or pinned_slot is not None:
             return None
         # Only a session that beats every idle slot by the break-even could be chosen.
-        beat = max((o.prefix for o in self._slot_options(tokens, None) if not o.busy), default=0)
+        beat = max((usable_prefix(o, len(tokens)) for o in self._slot_options(tokens, None) if not o.busy),
+                   default=0)
         beat += self.break_even_tokens(0)
         # A conversation saved as it left its slot may still be committing: it could be the best.
         await self.saves.await_commits(tokens, beat)
@@ -341,7 +363,7 @@ class FrontDesk:
         cache_n, prompt_n = int(t.get("cache_n") or 0), int(t.get("prompt_n") or 0)
         ran = Ran(ticket.tokens, cache_n + prompt_n if outcome.timings else None, predicted,
                   recomputed=ticket.source == "recomputed", learn=learn,
-                  shape=ticket.shape, transcript=outcome.transcript)
+                  shape=ticket.shape, transcript=outcome.transcript, request=outcome.request)
         n_prompt, held, shared = self.board.ran(slot, ran)
         if outcome.timings is None:  # cut short (the client went away): what it did is not known
             self.ledger.done(slot, held, None)

@@ -335,6 +335,8 @@ class FrontDoor:
         finally:
             # The conversation as it stands now (built after the reply went out; never sent anywhere).
             if outcome.processed and outcome.timings is not None:
+                if ep.prompt == endpoints.PROMPT_CHAT:
+                    outcome.request = Learn(ep.prompt, prompt_fields(body))
                 text = single_prompt(body.get("prompt")) if ep.prompt == endpoints.PROMPT_TEXT else None
                 outcome.transcript = conversation(
                     transcripts.from_request(path, ep.prompt, body, text if isinstance(text, str) else None),

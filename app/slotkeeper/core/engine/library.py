@@ -12,6 +12,7 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from slotkeeper.core.basics.paths import AppPaths
@@ -24,9 +25,10 @@ from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import common_prefix_len
+from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS
 from slotkeeper.core.sessions.saving import SaveOutcome
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
-from slotkeeper.core.sessions.sidecar import Sidecar
+from slotkeeper.core.sessions.sidecar import RestorePoint, Sidecar
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,20 @@ log = logging.getLogger(__name__)
 INDEX_WRITE_DELAY_SECONDS = 30.0
 
 
+SAVED_PREFIX_HITS = 2  # saved sessions routing compares for one request
+
+
+@dataclass(frozen=True)
+class SavedPrefix:
+    """A saved session as routing sees it: the tokens it shares with a request, and its points."""
+
+    session_id: str
+    shared: int  # tokens of the request it holds (common prefix)
+    n_tokens: int
+    points: tuple[RestorePoint, ...]
+    size_bytes: int
+
+
 class Library:
     def __init__(self, paths: AppPaths, loop: EngineLoop, events: EventBus,
                  in_slots: Callable[[], frozenset[str]], budget_bytes: int) -> None:
@@ -44,6 +60,7 @@ class Library:
         budget (changed with the settings)."""
         self.loop = loop
         self.budget_bytes = budget_bytes
+        self.point_spacing = DEFAULT_POINT_SPACING_TOKENS  # earlier restore points' spacing (a setting)
         self.events = events
         self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
         # What was said in every saved conversation (searched by the faces through the service).
@@ -141,16 +158,17 @@ class Library:
             self.events.emit(SessionsPruned(tuple(result.deleted), freed))
 
     # -- routing's questions ----------------------------------------------------------------
-    async def best_saved_prefix(self, tokens: TokenArray, facts: ServerFacts | None,
-                                beat: int = 0) -> tuple[str, int, int] | None:
-        """The saved session sharing the longest prefix with ``tokens``: (id, tokens shared, its
-        length), when it is healthy and compatible with the running server (``facts``). None at
+    async def saved_prefixes(self, tokens: TokenArray, facts: ServerFacts | None,
+                             beat: int = 0) -> list[SavedPrefix]:
+        """The saved sessions sharing the longest prefixes with ``tokens`` (longest first), healthy
+        and compatible with the running server (``facts``), with their restore points. Empty at
         once (nothing read from disk) when no session can share more than ``beat`` tokens."""
         if facts is None:
-            return None
-        for hit in self.index.longest_prefix(tokens, facts.model_sha256, limit=2):
+            return []
+        out = []
+        for hit in self.index.longest_prefix(tokens, facts.model_sha256, limit=SAVED_PREFIX_HITS):
             if min(len(tokens), hit.at_most) <= beat:
-                return None
+                break
             try:
                 entry = await self.loop.run_io(self.store.get, hit.session_id)
                 if entry.problems or entry.sidecar is None or check_compatible(entry.sidecar, facts):
@@ -159,12 +177,9 @@ class Library:
             except (OSError, SessionNotFound, ValueError):
                 self.store.unroute(hit.session_id)  # gone or changed behind our back
                 continue
-            return hit.session_id, common_prefix_len(tokens, saved), len(saved)
-        return None
-
-    def session_size(self, session_id: str) -> int:
-        entry = self.index.get(session_id)
-        return entry.size if entry else 0
+            out.append(SavedPrefix(hit.session_id, common_prefix_len(tokens, saved), len(saved),
+                                   entry.sidecar.points, entry.sidecar.size_bytes))
+        return out
 
     # -- the search index ---------------------------------------------------------------------
     def complete_search(self, facts: ServerFacts | None, http: Callable[[], LlamaClient],

@@ -12,6 +12,7 @@ import time
 from slotkeeper.core.engine.autosave import IDLE_POLL_SECONDS, POLL_SECONDS
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.server_link import ServerLink
+from slotkeeper.core.engine.slot_actions import SlotActions
 from slotkeeper.core.engine.slot_saves import SlotSaves
 from slotkeeper.core.engine.slots import SlotBoard
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
@@ -21,12 +22,15 @@ ABANDONED_GIVE_UP_SECONDS = 120.0
 
 
 class SlotPoller:
-    def __init__(self, board: SlotBoard, link: ServerLink, loop: EngineLoop, saves: SlotSaves) -> None:
-        """``saves``: where a slot whose conversation went idle is saved."""
+    def __init__(self, board: SlotBoard, link: ServerLink, loop: EngineLoop, saves: SlotSaves,
+                 actions: SlotActions) -> None:
+        """``saves``: where a slot whose conversation went idle is saved; ``actions``: what makes its
+        restore points then."""
         self.board = board
         self.link = link
         self.loop = loop
         self.saves = saves
+        self.actions = actions
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._slowly = False
@@ -89,6 +93,7 @@ class SlotPoller:
 
     async def _save_idle(self, slot: int) -> None:
         try:
-            await self.saves.save(slot, "idle")
+            if await self.saves.save(slot, "idle") is not None:
+                await self.actions.make_points(slot)
         finally:
             self._idle_saves.discard(slot)

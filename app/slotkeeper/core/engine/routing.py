@@ -50,6 +50,8 @@ class SessionOption:
     prefix: int  # tokens of the request it holds (common prefix)
     n_tokens: int
     exact_only: bool  # restorable only when the request extends it entirely
+    point: str | None = None  # one of its restore points (its KV file) is what would be restored
+    size_bytes: int = 0  # what the restore reads
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Route:
     expected_prefix: int  # tokens the request should find in the cache
     save_first: bool = False  # the slot holds another conversation's unsaved changes
     restore: str | None = None  # a session to restore into the slot first
+    restore_point: str | None = None  # ... from this restore point of it (its KV file)
     erase_first: bool = False  # roll back inside fragile restored state: recompute from scratch
     reason: str = ""
 
@@ -83,12 +86,16 @@ def route(n_request: int, slots: Sequence[SlotOption], session: SessionOption | 
     free = [s for s in slots if not s.busy]
     if not free:
         return None
-    own = max(free, key=lambda s: (s.prefix, -s.slot))
+    own = max(free, key=lambda s: (usable_prefix(s, n_request), s.prefix, -s.slot))
 
-    if session is not None and _worth_restoring(session, own.prefix, n_request, break_even_tokens):
-        target = _evict_choice(free)
+    if session is not None and _worth_restoring(session, usable_prefix(own, n_request), n_request,
+                                                break_even_tokens):
+        # Into the slot of the conversation it rolls back inside, else the one evicted.
+        target = own if own.prefix > usable_prefix(own, n_request) else _evict_choice(free)
+        what = f"restore point of session {session.id}" if session.point else f"restored session {session.id}"
         return Route(target.slot, session.prefix, save_first=_loses_changes(target, 0),
-                     restore=session.id, reason=f"restored session {session.id} ({session.prefix} tokens)")
+                     restore=session.id, restore_point=session.point,
+                     reason=f"{what} ({session.prefix} tokens)")
 
     continues = own.prefix >= own.n_prompt and own.held > 0
     if own.prefix > 0 and not continues and own.prefix <= KEEP_WARM_SHARE * n_request:
@@ -112,11 +119,21 @@ def route(n_request: int, slots: Sequence[SlotOption], session: SessionOption | 
     return Route(target.slot, 0, save_first=_loses_changes(target, 0), reason="a new conversation")
 
 
+def usable_prefix(slot: SlotOption, n_request: int) -> int:
+    """The tokens of the request the slot can keep: its prefix, unless that rolls back inside
+    restored state that cannot be rolled back (then none); an exact repeat of such state needs a
+    token rolled back too (llama-server evaluates at least one)."""
+    if slot.fragile_until and (slot.prefix < slot.fragile_until
+                               or (slot.prefix == slot.held and slot.prefix >= n_request)):
+        return 0
+    return slot.prefix
+
+
 def _worth_restoring(session: SessionOption, slot_prefix: int, n_request: int, break_even: int) -> bool:
     if session.prefix <= slot_prefix:
         return False
-    if session.exact_only and not (session.prefix == session.n_tokens and n_request >= session.n_tokens):
-        return False
+    if session.exact_only and not (session.prefix == session.n_tokens and n_request > session.n_tokens):
+        return False  # an exact-only save is continued only by a request that strictly extends it
     return session.prefix - slot_prefix > break_even
 
 

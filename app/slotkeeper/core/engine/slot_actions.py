@@ -10,6 +10,8 @@ import contextlib
 import logging
 import time
 
+from slotkeeper.core.basics.tokens import TokenArray, as_tokens
+from slotkeeper.core.engine import endpoints
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
@@ -17,6 +19,7 @@ from slotkeeper.core.engine.planning import LaunchCandidate, plan_launch_restore
 from slotkeeper.core.engine.prompts import PromptTokens
 from slotkeeper.core.engine.rates import Rates
 from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
+from slotkeeper.core.engine.shapes import Learn
 from slotkeeper.core.engine.slot_saves import SlotSaves
 from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
 from slotkeeper.core.events import (
@@ -33,9 +36,11 @@ from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
+from slotkeeper.core.sessions.points import wanted_points
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
+from slotkeeper.core.sessions.saving import SaveError, commit_point
 from slotkeeper.core.sessions.sidecar import parse_utc
-from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError
 from slotkeeper.core.views import Activity, RestoreSummary
 
@@ -103,9 +108,11 @@ class SlotActions:
             return True
         return common_prefix_len(c.tokens, saved) >= len(saved) - DEFAULT_TAIL_SLACK
 
-    async def restore_locked(self, session_id: str, slot: int, facts: ServerFacts) -> RestoreSummary | None:
+    async def restore_locked(self, session_id: str, slot: int, facts: ServerFacts,
+                             point: str | None = None) -> RestoreSummary | None:
         """Restore ``session_id`` into ``slot`` (its lock is held): checked first (compatibility and
-        integrity), then read by llama-server. None when it was refused."""
+        integrity), then read by llama-server. ``point``: one of its restore points (by KV file) is
+        restored instead of the whole conversation. None when it was refused."""
         store = self.library.store
         self.board.acting(slot, "restoring")
         http = self.link.client()
@@ -114,16 +121,20 @@ class SlotActions:
                 await self.loop.run_io(store.ensure_folder)
             except OSError as exc:
                 raise RestoreRefused(session_id, [str(exc)]) from exc
-            entry = await self.loop.run_io(check_restorable, store, session_id, facts)
+            entry, chosen = await self.loop.run_io(check_restorable, store, session_id, facts, point)
             assert entry.sidecar is not None
             try:
-                result = await self.loop.run_io(http.restore_slot, slot, entry.sidecar.kv_file,
+                result = await self.loop.run_io(http.restore_slot, slot,
+                                                chosen.kv_file if chosen else entry.sidecar.kv_file,
                                                 SLOT_ACTION_TIMEOUT_SECONDS)
             except ServerError as exc:
                 self.board.emptied(slot)  # a failed restore leaves the slot empty
                 raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
             tokens = await self.loop.run_io(store.tokens, entry)
             transcript = await self.loop.run_io(_transcript_or_none, store, entry)
+            if chosen is not None:
+                tokens = tokens[:chosen.n_tokens]  # a prefix of its conversation (the store checked)
+                transcript = None  # the transcript is the whole conversation's, not the point's
         except RestoreRefused as exc:
             self.events.emit(SessionRefused(session_id, slot, tuple(exc.reasons)))
             return None
@@ -200,11 +211,12 @@ class SlotActions:
         self.board.settled({d.slot for d in done}, now)
         return done
 
-    async def restore_for_request(self, session_id: str, slot: int) -> RestoreSummary | None:
+    async def restore_for_request(self, session_id: str, slot: int,
+                                  point: str | None = None) -> RestoreSummary | None:
         facts = self.link.facts
         if facts is None:
             return None
-        return await self.restore_locked(session_id, slot, facts)
+        return await self.restore_locked(session_id, slot, facts, point)
 
     async def recompute(self, slot: int, reason: str) -> None:
         """Empty ``slot`` so llama-server computes the request from scratch (its lock is held)."""
@@ -221,6 +233,99 @@ class SlotActions:
             self.loop.in_background(record_reuse, self.library.store, pending.session_id, 0, 0, None, why,
                                     what="recording the restore's reuse")
             self.events.emit(RestoreReused(slot, pending.session_id, 0, 0, pending.n_restored, None, why))
+
+
+    # -- restore points ------------------------------------------------------------------------
+    async def make_points(self, slot: int, restore_after: bool = True) -> int:
+        """Save restore points of the conversation ``slot`` holds, just saved (``sessions.points``),
+        while it is idle: for each, llama-server is asked to hold a prefix of it (it rolls back
+        through its own RAM checkpoint, evaluating a few tokens) and writes the slot, and the store
+        keeps the file as a point of the session. Then the whole conversation is restored into the
+        slot again (unless not ``restore_after``: the server stops). Only for models whose restored
+        state cannot be rolled back; nothing when a request came meanwhile or the slot holds
+        changes. Returns how many points were made."""
+        facts = self.link.facts
+        if facts is None or facts.restore_mode not in EXACT_ONLY_MODES:
+            return 0
+        async with self.board.lock(slot):
+            s = self.board[slot]
+            c = s.content
+            sid = s.session_id
+            if s.busy or s.watch.changed or sid is None or c.request is None and c.shape is None:
+                return 0  # a request is on its way, or nothing a request left is in it
+            await self.board.learn_lagging(self.prompts.learn)
+            if (s.busy or s.watch.changed or c.held >= UNKNOWN or not len(c.tokens)
+                    or c.n_prompt != len(c.tokens)):
+                return 0
+            self.board.acting(slot, "saving")
+            try:
+                return await self._make_points_locked(slot, sid, restore_after)
+            finally:
+                self.board.acting(slot, None)
+
+    async def _make_points_locked(self, slot: int, sid: str, restore_after: bool) -> int:
+        c = self.board[slot].content
+        prompt, n_prompt, request = c.tokens, c.n_prompt, c.request
+        store = self.library.store
+        try:
+            entry = await self.loop.run_io(store.get, sid)
+            saved = await self.loop.run_io(store.tokens, entry)
+        except (SessionNotFound, OSError, ValueError):
+            return 0
+        sc = entry.sidecar
+        if sc is None or entry.problems or common_prefix_len(saved, prompt) < n_prompt:
+            return 0  # the save is not this prompt's conversation
+        user_start = await self._user_start(request, prompt) if request is not None else None
+        wanted = [(n, kind) for n, kind in wanted_points(n_prompt, user_start, len(saved),
+                                                         have=[p.n_tokens for p in sc.points])
+                  if n >= c.fragile_until]  # below restored state llama-server has no checkpoint
+        if not wanted:
+            return 0
+        http = self.link.client()
+        made = 0
+        held = None
+        try:
+            for n, kind in wanted:
+                evaluated = await self.loop.run_io(http.hold_prefix, slot, list(prompt[:n]),
+                                                   SLOT_ACTION_TIMEOUT_SECONDS)
+                held = prompt[:n]
+                written, _ = await self.saves.write_slot(http, slot, SLOT_ACTION_TIMEOUT_SECONDS)
+                if written is None or list(written.tokens) != list(held):
+                    if written is not None:
+                        await self.loop.run_io(unlink_quietly, written.path)
+                    raise SaveError(f"slot {slot} did not hold the {n} tokens asked for")
+                point = await self.loop.run_io(commit_point, store, written, sid, kind,
+                                               self.library.point_spacing)
+                if point is None:
+                    break  # the session changed meanwhile
+                made += 1
+                log.info("restore point of %s at %d tokens (%s; %d evaluated)", sid, n, kind, evaluated)
+            if not restore_after:
+                return made
+            restored = await self.loop.run_io(http.restore_slot, slot, sc.kv_file,
+                                              SLOT_ACTION_TIMEOUT_SECONDS)
+            if restored.n_restored != len(saved):
+                raise SaveError(f"restoring {sid} after its restore points gave {restored.n_restored} tokens")
+            self.board.rewound(slot, as_tokens(saved), restored=True)
+        except (ServerError, ServerUnavailable, SaveError, OSError) as exc:
+            log.warning("restore points of %s in slot %s stopped: %s", sid, slot, exc)
+            if held is not None:
+                self.board.rewound(slot, as_tokens(held), restored=False)
+        return made
+
+    async def _user_start(self, request: Learn, prompt: TokenArray) -> int | None:
+        """Where the last user message of a chat request starts in its prompt's tokens: how far the
+        prompt rendered without that message (and what follows it) agrees with it."""
+        messages = request.body.get("messages")
+        if request.prompt_kind != endpoints.PROMPT_CHAT or not isinstance(messages, list):
+            return None
+        last_user = max((i for i, m in enumerate(messages)
+                         if isinstance(m, dict) and m.get("role") == "user"), default=None)
+        if not last_user:
+            return None
+        before = await self.prompts.tokens(endpoints.PROMPT_CHAT,
+                                           {**request.body, "messages": messages[:last_user]})
+        return None if before is None else common_prefix_len(prompt, before)
 
 
 def _transcript_or_none(store: SessionStore, entry: SessionEntry) -> Transcript | None:  # an I/O thread

@@ -116,12 +116,12 @@ class SlotSaves:
                             transcript: Transcript | None = None) -> SaveOutcome:
         """llama-server writes the slot; the save protocol turns the file into a session (with
         ``transcript``, what the slot holds in words). Raises."""
-        written, save_ms = await self._write_slot(http, slot, timeout)
+        written, save_ms = await self.write_slot(http, slot, timeout)
         if written is None:
             return SaveOutcome("empty", None)
         return await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt, transcript)
 
-    async def _write_slot(self, http: LlamaClient, slot: int, timeout: float) -> tuple[Written | None, float]:
+    async def write_slot(self, http: LlamaClient, slot: int, timeout: float) -> tuple[Written | None, float]:
         """llama-server writes the slot to an incoming file, checked whole (None: the slot was empty)."""
         store = self.library.store
         await self.loop.run_io(store.ensure_folder)  # recreated if deleted; still private
@@ -171,7 +171,7 @@ class SlotSaves:
         http = self.link.client()
         self.board.acting(slot, "saving")
         try:
-            written, save_ms = await self._write_slot(http, slot, SLOT_ACTION_TIMEOUT_SECONDS)
+            written, save_ms = await self.write_slot(http, slot, SLOT_ACTION_TIMEOUT_SECONDS)
         except Exception as exc:  # not written: the conversation stays in its slot
             self.failed(slot, describe_save_error(slot, exc))
             return False

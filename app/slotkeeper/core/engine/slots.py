@@ -122,10 +122,13 @@ class SlotContent:
     learn: Learn | None = None
     learning: asyncio.Future[TokenArray | None] | None = None
     transcript: Transcript | None = None  # the conversation it holds, as its last request and reply read
+    # The last request's rendering fields while the slot holds what it left (restore points ask
+    # where its last user message starts); None after a restore or an erase.
+    request: Learn | None = None
 
     def forget(self) -> None:
         """What it holds now comes from elsewhere (a restore, an erase): no lagging tokens."""
-        self.shape, self.learn, self.learning = None, None, None
+        self.shape, self.learn, self.learning, self.request = None, None, None, None
 
     def hold(self, tokens: TokenArray, fragile: int = 0, transcript: Transcript | None = None) -> None:
         """It holds exactly ``tokens`` now (restored, or nothing), which ``transcript`` says in words."""
@@ -145,6 +148,7 @@ class Ran:
     learn: Learn | None = None  # how to learn them later (the fast way in)
     shape: RequestShape | None = None
     transcript: Transcript | None = None  # the conversation it holds now, in words (None: cannot be read)
+    request: Learn | None = None  # what rendered its prompt (a chat's messages ...), when known
 
 
 class Slot:
@@ -302,6 +306,14 @@ class SlotBoard:
                          n_prompt=0, cache_n=0, prompt_n=0)
         self._changed()
 
+    def rewound(self, slot_id: int, tokens: TokenArray, restored: bool) -> None:
+        """Restore points were made from the slot's conversation (``SlotActions.make_points``): it
+        holds ``tokens`` now, the saved conversation restored again (``restored``: its state cannot
+        be rolled back, as any restore's) or the last point made (live, when that restore failed).
+        Nothing in it is unsaved, and its view is unchanged."""
+        c = self[slot_id].content
+        c.hold(tokens, len(tokens) if restored else 0, c.transcript)
+
     def emptied(self, slot_id: int) -> None:
         """llama-server refused a restore, which leaves the slot empty: nothing to save, no session."""
         s = self[slot_id]
@@ -350,6 +362,7 @@ class SlotBoard:
         c.held = c.n_prompt + max(r.predicted - 1, 0)
         c.shape = r.shape if r.n_prompt is not None and c.n_prompt else None
         c.transcript = r.transcript
+        c.request = r.request if r.n_prompt is not None else None
         return c.n_prompt, c.held, shared
 
     def take_pending(self, slot_id: int) -> PendingReuse | None:

@@ -350,3 +350,18 @@ class LlamaClient:
         """Empty the slot's cache (the next request is computed from scratch)."""
         d = self._slot_action(slot, "erase", None, timeout)
         return int(d.get("n_erased", 0))
+
+    def hold_prefix(self, slot: int, tokens: list[int], timeout: float | None = None) -> int:
+        """Leave ``slot`` holding exactly ``tokens``, a prefix of what it holds: a completion of them
+        with nothing to generate (``n_predict`` 0), which llama-server serves by rolling back
+        through its context checkpoints (for models that cannot roll back otherwise) and keeps in
+        the slot without the one token it samples. Returns the prompt tokens it had to evaluate."""
+        d = self._json("POST", "/completion", body={
+            "prompt": list(tokens), "n_predict": 0, "id_slot": slot, "cache_prompt": True,
+            "temperature": 0, "return_tokens": False, "stream": False,
+        }, timeout=self.slot_action_timeout if timeout is None else timeout)
+        timings = d.get("timings") or {} if isinstance(d, dict) else {}
+        if int(timings.get("cache_n", 0) or 0) + int(timings.get("prompt_n", 0) or 0) != len(tokens):
+            raise ServerError(200, f"slot {slot} was asked to hold {len(tokens)} tokens but llama-server "
+                                   f"read {timings.get('cache_n')} + {timings.get('prompt_n')}")
+        return int(timings.get("prompt_n", 0) or 0)

@@ -15,11 +15,19 @@ from dataclasses import replace
 
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
+from slotkeeper.core.sessions.file_checks import file_integrity
 from slotkeeper.core.sessions.naming import InvalidSessionId
-from slotkeeper.core.sessions.sidecar import RestoreRecord, Sidecar, SidecarError, format_utc, utc_now
+from slotkeeper.core.sessions.sidecar import (
+    RestorePoint,
+    RestoreRecord,
+    Sidecar,
+    SidecarError,
+    format_utc,
+    utc_now,
+)
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 
-__all__ = ["RestoreRefused", "check_restorable", "record_restore", "record_reuse"]
+__all__ = ["RestoreRefused", "check_point", "check_restorable", "record_restore", "record_reuse"]
 
 
 class RestoreRefused(Exception):
@@ -31,9 +39,12 @@ class RestoreRefused(Exception):
         self.reasons = list(reasons)
 
 
-def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts) -> SessionEntry:
+def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts,
+                     point: str | None = None) -> tuple[SessionEntry, RestorePoint | None]:
     """Compatibility and integrity; raises RestoreRefused (nothing reaches the server). The whole
-    file is hashed unless nothing could have changed it since it was verified (``stamps``)."""
+    file is hashed unless nothing could have changed it since it was verified (``stamps``).
+    ``point``: one of the session's restore points (its KV file) is what will be restored: its
+    file is the one checked."""
     try:
         entry = store.get(session_id)
     except (SessionNotFound, InvalidSessionId) as exc:
@@ -43,11 +54,31 @@ def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts) -
     reasons = check_compatible(entry.sidecar, facts)
     if reasons:
         raise RestoreRefused(session_id, reasons)
+    if point is not None:
+        if entry.problems:
+            raise RestoreRefused(session_id, entry.problems)
+        return entry, check_point(store, entry, point)
     problems = store.integrity_problems(entry, trust_stamp=True)
     if problems:
         store.mark_corrupt(session_id, problems[0])
         raise RestoreRefused(session_id, problems)
-    return entry
+    return entry, None
+
+
+def check_point(store: SessionStore, entry: SessionEntry, kv_file: str) -> RestorePoint:
+    """One of the session's restore points (``entry`` checked by ``check_restorable`` but for its
+    own file's integrity): the point's file whole and unchanged. A damaged or missing point is
+    dropped from the session (the conversation itself is not damaged by it); RestoreRefused."""
+    assert entry.sidecar is not None
+    point = next((p for p in entry.sidecar.points if p.kv_file == kv_file), None)
+    if point is None:
+        raise RestoreRefused(entry.id, [f"it has no restore point {kv_file} any more"])
+    problems, stamp = file_integrity(store.dir / point.kv_file, point.size_bytes, point.content_hash,
+                                     point.verified, trust_stamp=True)
+    if problems:
+        store.drop_points(entry.id, [point.kv_file])
+        raise RestoreRefused(entry.id, [f"its restore point at {point.n_tokens} tokens: {problems[0]}"])
+    return point
 
 
 def record_restore(store: SessionStore, session_id: str, slot: int, n_restored: int) -> None:
