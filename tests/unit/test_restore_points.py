@@ -17,6 +17,7 @@ from slotkeeper.core.sessions.points import (
     MIN_POINT_TOKENS,
     best_point,
     keep_points,
+    prompt_point_back,
     wanted_points,
 )
 from slotkeeper.core.sessions.sidecar import (
@@ -61,13 +62,16 @@ def test_a_malformed_point_makes_the_sidecar_unreadable_not_a_path(bad):
 
 
 # -- the rules --------------------------------------------------------------------------------
-def test_the_points_wanted_are_the_prompt_but_its_last_token_and_the_last_user_message_start():
-    assert wanted_points(n_prompt=900, user_start=600, n_held=950) == [(899, POINT_PROMPT), (600, POINT_USER)]
-    assert wanted_points(900, 600, 950, have=[899]) == [(600, POINT_USER)]
-    assert wanted_points(900, None, 950) == [(899, POINT_PROMPT)]
-    # Too short to be worth a restore; a user start at the prompt's end is no point of its own.
+def test_the_points_wanted_are_near_the_prompts_end_and_at_the_last_user_message_start():
+    assert wanted_points(n_prompt=900, user_start=600, n_held=950) == [(897, POINT_PROMPT), (600, POINT_USER)]
+    assert wanted_points(900, 600, 950, have=[897]) == [(600, POINT_USER)]
+    assert wanted_points(900, None, 950) == [(897, POINT_PROMPT)]
+    # Too short to be worth a restore; a user start at the prompt point is no point of its own.
     assert wanted_points(MIN_POINT_TOKENS, None, 100) == []
-    assert wanted_points(900, 899, 950) == [(899, POINT_PROMPT)]
+    assert wanted_points(900, 897, 950) == [(897, POINT_PROMPT)]
+    # sliding-window layers roll back in RAM to the last token: their point is one token short
+    assert wanted_points(900, 600, 950, back=prompt_point_back(swa=True))[0] == (899, POINT_PROMPT)
+    assert prompt_point_back(swa=False) == 3
 
 
 def test_the_last_turns_points_stay_and_earlier_user_points_are_kept_spaced():

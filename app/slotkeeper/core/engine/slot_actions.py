@@ -36,7 +36,7 @@ from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
-from slotkeeper.core.sessions.points import wanted_points
+from slotkeeper.core.sessions.points import prompt_point_back, wanted_points
 from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
 from slotkeeper.core.sessions.saving import SaveError, commit_point
 from slotkeeper.core.sessions.sidecar import parse_utc
@@ -45,6 +45,9 @@ from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError
 from slotkeeper.core.views import Activity, RestoreSummary
 
 log = logging.getLogger(__name__)
+
+# Two user messages that part at their first token: where they part is where a user's words start.
+USER_START_PROBES = ("Yes", "No")
 
 
 class SlotActions:
@@ -276,8 +279,9 @@ class SlotActions:
         if sc is None or entry.problems or common_prefix_len(saved, prompt) < n_prompt:
             return 0  # the save is not this prompt's conversation
         user_start = await self._user_start(request, prompt) if request is not None else None
+        back = prompt_point_back(sc.swa)
         wanted = [(n, kind) for n, kind in wanted_points(n_prompt, user_start, len(saved),
-                                                         have=[p.n_tokens for p in sc.points])
+                                                         have=[p.n_tokens for p in sc.points], back=back)
                   if n >= c.fragile_until]  # below restored state llama-server has no checkpoint
         if not wanted:
             return 0
@@ -314,8 +318,9 @@ class SlotActions:
         return made
 
     async def _user_start(self, request: Learn, prompt: TokenArray) -> int | None:
-        """Where the last user message of a chat request starts in its prompt's tokens: how far the
-        prompt rendered without that message (and what follows it) agrees with it."""
+        """Where the words of a chat request's last user message start in its prompt's tokens: the
+        prompt rendered with two other words in that message parts there (and agrees with the real
+        prompt up to it), whatever the template puts before a user's words."""
         messages = request.body.get("messages")
         if request.prompt_kind != endpoints.PROMPT_CHAT or not isinstance(messages, list):
             return None
@@ -323,9 +328,14 @@ class SlotActions:
                          if isinstance(m, dict) and m.get("role") == "user"), default=None)
         if not last_user:
             return None
-        before = await self.prompts.tokens(endpoints.PROMPT_CHAT,
-                                           {**request.body, "messages": messages[:last_user]})
-        return None if before is None else common_prefix_len(prompt, before)
+        renders = []
+        for word in USER_START_PROBES:
+            probe = [*messages[:last_user], {"role": "user", "content": word}]
+            tokens = await self.prompts.tokens(endpoints.PROMPT_CHAT, {**request.body, "messages": probe})
+            if tokens is None:
+                return None
+            renders.append(tokens)
+        return min(common_prefix_len(renders[0], renders[1]), common_prefix_len(renders[0], prompt))
 
 
 def _transcript_or_none(store: SessionStore, entry: SessionEntry) -> Transcript | None:  # an I/O thread

@@ -7,9 +7,14 @@ context checkpoints instead (at the start of the last user message, and a few to
 prompt's end); a save holds none of them. A restore point is the slot's state at such a prefix,
 saved as its own KV file of the conversation (``Sidecar.points``):
 
-- ``prompt``: the last prompt but its last token. The next request of a client that re-renders
-  the reply (reasoning dropped from the history it sends back) extends it, and so does a
-  Regenerate (the same prompt again: one token to evaluate, as llama-server needs).
+- ``prompt``: the last prompt but its last few tokens (``prompt_point_back``). The next request of
+  a client that re-renders the reply (reasoning dropped from the history it sends back) extends
+  it, and so does a Regenerate (the same prompt again). Where it sits follows what llama-server
+  that never stopped evaluates for a Regenerate, so the last batch is as big: sliding-window
+  layers with --swa-full roll back in RAM to the last token (1 evaluated), hybrid and recurrent
+  models to their checkpoint 4 tokens before the end (4 evaluated; the point, made from that
+  checkpoint with one token, leaves 3). A batch of one token takes another path through the
+  kernels than a batch of several: measured log-probs ~1e-4 apart.
 - ``user``: the start of the last user message (the prompt rendered without that message): an
   edited last message extends it. The ``user`` points of earlier turns stay, spaced at least
   ``spacing`` tokens apart, so an edit further back re-reads from the nearest one before it.
@@ -24,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from slotkeeper.core.sessions.sidecar import POINT_PROMPT, POINT_USER, RestorePoint
 
 __all__ = ["DEFAULT_POINT_SPACING_TOKENS", "MAX_POINTS", "MIN_POINT_TOKENS", "best_point", "keep_points",
-           "wanted_points"]
+           "prompt_point_back", "wanted_points"]
 
 # Earlier user-message points are kept at least this many tokens apart (a setting): llama-server
 # keeps its older RAM checkpoints at least 8,192 tokens apart by default (--checkpoint-min-step).
@@ -32,18 +37,26 @@ DEFAULT_POINT_SPACING_TOKENS = 4096
 MAX_POINTS = 8  # per conversation, the newest two included
 # A prefix shorter than this is re-read in less time than a restore takes: no point is made there.
 MIN_POINT_TOKENS = 64
+PROMPT_POINT_BACK = 3  # the prompt point of a hybrid or recurrent model: this many tokens before the end
 
 
-def wanted_points(n_prompt: int, user_start: int | None, n_held: int,
-                  have: Iterable[int] = ()) -> list[tuple[int, str]]:
+def prompt_point_back(swa: bool) -> int:
+    """How many tokens before the prompt's end its point sits (see the module's docstring)."""
+    return 1 if swa else PROMPT_POINT_BACK
+
+
+def wanted_points(n_prompt: int, user_start: int | None, n_held: int, have: Iterable[int] = (),
+                  back: int = PROMPT_POINT_BACK) -> list[tuple[int, str]]:
     """The points to make for a conversation of ``n_held`` tokens whose last prompt had
     ``n_prompt`` tokens and whose last user message starts at ``user_start`` (None: not known),
-    longest first, leaving out the lengths ``have`` holds already."""
+    longest first, leaving out the lengths ``have`` holds already; the prompt point ``back``
+    tokens before the prompt's end (``prompt_point_back``)."""
     out: list[tuple[int, str]] = []
     done = set(have)
-    if MIN_POINT_TOKENS <= n_prompt - 1 < n_held:
-        out.append((n_prompt - 1, POINT_PROMPT))
-    if user_start is not None and MIN_POINT_TOKENS <= user_start < n_prompt - 1:
+    prompt_point = n_prompt - back
+    if MIN_POINT_TOKENS <= prompt_point < n_held:
+        out.append((prompt_point, POINT_PROMPT))
+    if user_start is not None and MIN_POINT_TOKENS <= user_start < prompt_point:
         out.append((user_start, POINT_USER))
     return [(n, kind) for n, kind in out if n not in done]
 

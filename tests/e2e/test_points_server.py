@@ -1,0 +1,202 @@
+"""Restore points against the real llama-server: after a relaunch, and after the conversation was
+pushed out of its slot, a hybrid model (generated qwen35) and a sliding-window model with --swa-full
+(generated gemma3) re-read no more than llama-server that never stopped, for the three requests that
+roll back into a conversation: a client that re-renders the last reply (reasoning dropped from the
+history), Regenerate, and an edited last message; and they answer with the same log-probs. A
+full-attention model (the control) needs no points and makes none.
+
+The never-stopped reference is llama-server alone, started with Slotkeeper's own arguments, given
+the same requests in the same order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, EventLog, bare_llama_server, make_engine, wait_until
+
+from slotkeeper.core import events as ev
+from slotkeeper.core.model.modelgen import write_model
+from slotkeeper.core.server.command import build_argv
+from slotkeeper.core.server.locate import locate_server, probe_flags
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.settings import ServerProfile
+
+pytestmark = pytest.mark.e2e
+
+SLACK = 4  # tokens: llama-server's own checkpoints sit a few tokens before the prompt's end
+TOLERANCE = 1e-5  # log-prob difference allowed (the existing restore tests' bound)
+SYSTEM = "You are a helpful assistant for walkers."
+CASES = ("reasoning", "regenerate", "edit")
+FAMILIES = [("qwen35", {}), ("gemma3", {"swa_full": True}), ("llama", {})]
+# A hybrid model's recurrent state comes out of a prompt evaluated in other batches (from a
+# checkpoint, from a point, from scratch) a little apart: llama-server alone gives log-probs 8e-5
+# apart for the same request from its checkpoint and from an empty slot. A wrong state is O(1) off.
+HYBRID_TOLERANCE = 1e-3
+TOLERANCES = {"qwen35": HYBRID_TOLERANCE}
+
+
+def ask(base: str, messages: list[dict], max_tokens: int = 12, **extra) -> dict:
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 1, **extra}
+    r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def converse(base: str) -> list[dict]:
+    """Three turns, the first long (restoring it beats re-reading it); the history with replies."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for text in (LONG_FIRST_TURN, USER_TURNS[1], USER_TURNS[2]):
+        messages.append({"role": "user", "content": text})
+        reply = ask(base, messages)["choices"][0]["message"]["content"]
+        messages.append({"role": "assistant", "content": reply})
+    return messages
+
+
+def case_request(history: list[dict], case: str) -> list[dict]:
+    if case == "reasoning":  # the reply resent other than generated (its reasoning dropped), a new turn
+        last = history[-1]["content"]
+        return history[:-1] + [{"role": "assistant", "content": last[len(last) // 2:] or "Well."},
+                                {"role": "user", "content": USER_TURNS[3]}]
+    if case == "regenerate":  # the same prompt again
+        return history[:-1]
+    return history[:-2] + [{"role": "user", "content": "Something else entirely, please."}]  # edit
+
+
+@dataclass(frozen=True)
+class Answer:
+    prompt_n: int  # prompt tokens evaluated
+    tokens: tuple[str, ...]  # the tokens generated (greedy)
+    probs: tuple[tuple[float, ...], ...]  # the top log-probs at each
+
+
+def figures(answer: dict) -> Answer:
+    content = answer["choices"][0]["logprobs"]["content"]
+    return Answer(answer["timings"]["prompt_n"], tuple(t["token"] for t in content),
+                  tuple(tuple(p["logprob"] for p in t["top_logprobs"]) for t in content))
+
+
+def distance(a: Answer, b: Answer) -> float:
+    """How far two answers' log-probs are apart (infinite when their tokens differ)."""
+    if a.tokens != b.tokens or [len(p) for p in a.probs] != [len(p) for p in b.probs]:
+        return float("inf")
+    return max(abs(x - y) for xs, ys in zip(a.probs, b.probs) for x, y in zip(xs, ys))
+
+
+@contextmanager
+def never_stopped(server_bin: str, model: Path, folder: Path, profile: dict) -> Iterator[str]:
+    """llama-server alone with the arguments Slotkeeper gives it."""
+    binary = locate_server(server_bin)
+    prof = ServerProfile(model_path=str(model), server_bin=server_bin, port=1, ctx=2048, **profile)
+    argv = [a for a in build_argv(binary.argv_prefix, prof, model, folder, probe_flags(binary))]
+    # bare_llama_server adds its own loopback address and port
+    for flag in ("--host", "--port"):
+        if flag in argv:
+            i = argv.index(flag)
+            del argv[i:i + 2]
+    with bare_llama_server(argv, folder / "never-stopped.log") as base:
+        yield base
+
+
+def reference(base: str, history: list[dict], case: str) -> tuple[Answer, Answer]:
+    """The case on llama-server that never stopped (the conversation replayed from an empty slot),
+    and the same request on it again from an empty slot (a cold prefill)."""
+    httpx.post(f"{base}/slots/0", params={"action": "erase"}, timeout=60).raise_for_status()
+    replay = [history[0]]
+    for i in range(1, len(history), 2):
+        replay.append(history[i])
+        reply = ask(base, replay)["choices"][0]["message"]["content"]
+        assert reply == history[i + 1]["content"], "the same server gives the same replies"
+        replay.append(history[i + 1])
+    request = case_request(history, case)
+    warm = figures(ask(base, request, max_tokens=4, logprobs=True, top_logprobs=5))
+    httpx.post(f"{base}/slots/0", params={"action": "erase"}, timeout=60).raise_for_status()
+    return warm, figures(ask(base, request, max_tokens=4, logprobs=True, top_logprobs=5))
+
+
+def assert_same_answer(got: Answer, never_stopped: Answer, cold: Answer, what: str, tolerance: float) -> None:
+    """The same tokens as llama-server that never stopped, and log-probs within ``tolerance``."""
+    noise = distance(never_stopped, cold)
+    assert distance(got, never_stopped) <= tolerance, (
+        f"{what}: {got} differs from never stopped {never_stopped} (its own cold prefill: {noise:.2g})")
+
+
+@pytest.mark.parametrize("kind, profile", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_rollbacks_after_a_relaunch_reread_no_more_than_a_server_that_never_stopped(
+        kind, profile, models_dir, server_bin, port, tmp_path):
+    model = write_model(models_dir / f"tiny-{kind}.gguf", kind)
+    engine = make_engine(model, server_bin, port, idle_save=0.2, **profile)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history = converse(engine.base_url)
+
+        def saved_with_points():
+            sessions = engine.store.sessions()
+            if len(sessions) != 1 or engine.board[0].busy or engine.board[0].watch.changed:
+                return None
+            return sessions[0].sidecar if (sessions[0].sidecar.points or kind == "llama") else None
+
+        sc = wait_until(saved_with_points, what="the idle save and its restore points")
+    finally:
+        engine.stop()
+    exact_only = kind != "llama"
+    if exact_only:
+        kinds = sorted(p.kind for p in sc.points)
+        assert kinds == ["prompt", "user"], sc.points
+        assert sc.size_bytes > 0 and all(p.size_bytes > 0 for p in sc.points)
+    else:
+        assert sc.points == ()  # any prefix of a full-attention save is usable: no extra files
+
+    with never_stopped(server_bin, model, tmp_path, profile) as raw:
+        expected = {case: reference(raw, history, case) for case in CASES}
+
+    for case in CASES:
+        engine = make_engine(model, server_bin, port, idle_save=3600, **profile)
+        events = EventLog(engine)
+        engine.start()
+        try:
+            assert engine.wait_ready(60) is ServerState.READY
+            assert events.of(ev.SessionRestored), "the launch restored the conversation"
+            got = figures(ask(engine.base_url, case_request(history, case), max_tokens=4, logprobs=True,
+                              top_logprobs=5))
+        finally:
+            engine.stop(save=False)
+        want, cold = expected[case]
+        assert got.prompt_n <= want.prompt_n + SLACK, (
+            f"{kind} {case}: {got.prompt_n} tokens re-read, never stopped {want.prompt_n}")
+        assert_same_answer(got, want, cold, f"{kind} {case}", TOLERANCES.get(kind, TOLERANCE))
+        if exact_only:
+            assert not events.of(ev.SlotRecomputed), f"{kind} {case}: recomputed instead of a point"
+
+
+@pytest.mark.parametrize("kind, profile", FAMILIES[:2], ids=[f[0] for f in FAMILIES[:2]])
+def test_a_conversation_pushed_out_of_its_slot_comes_back_from_its_restore_point(
+        kind, profile, models_dir, server_bin, port, tmp_path):
+    model = write_model(models_dir / f"tiny-{kind}.gguf", kind)
+    engine = make_engine(model, server_bin, port, idle_save=0.2, **profile)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history = converse(engine.base_url)
+        wait_until(lambda: [s for s in engine.store.sessions() if len(s.sidecar.points) == 2],
+                   what="the restore points")
+        # Another conversation takes the only slot, then the first one comes back: Regenerate.
+        other = [{"role": "system", "content": "You answer questions about trains."},
+                 {"role": "user", "content": " ".join(USER_TURNS) * 3}]
+        ask(engine.base_url, other)
+        got = figures(ask(engine.base_url, case_request(history, "regenerate"), max_tokens=4, logprobs=True,
+                          top_logprobs=5))
+        restored = [r for r in events.of(ev.SessionRestored) if r.slot == 0]
+        assert restored, "the conversation came back by a restore"
+    finally:
+        engine.stop(save=False)
+    with never_stopped(server_bin, model, tmp_path, profile) as raw:
+        want, cold = reference(raw, history, "regenerate")
+    assert got.prompt_n <= want.prompt_n + SLACK
+    assert_same_answer(got, want, cold, f"{kind} after another conversation", TOLERANCES.get(kind, TOLERANCE))
