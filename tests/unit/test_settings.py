@@ -1,4 +1,6 @@
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +136,15 @@ def test_a_profile_round_trips_through_json():
     p = ServerProfile(model_path="/m.gguf", extra_args=("-t", "4"), swa_full=True)
     assert ServerProfile.from_json(p.to_json()) == p
     assert ServerProfile.from_json({**p.to_json(), "from_a_newer_version": 1}) == p
+
+
+def test_restore_points_are_on_by_default_and_a_file_without_them_reads_as_on(tmp_path):
+    data = Path(__file__).parent.parent / "data" / "settings_v2.json"
+    s = st.load_settings(data)  # written before restore points existed
+    assert s.restore_points is True and s.point_spacing_tokens == st.DEFAULT_POINT_SPACING_TOKENS
+    path = tmp_path / "settings.json"
+    st.save_settings(path, replace(s, restore_points=False, point_spacing_tokens=1024))
+    again = st.load_settings(path)
+    assert again.restore_points is False and again.point_spacing_tokens == 1024
+    with pytest.raises(st.SettingsError, match="point_spacing_tokens"):
+        st.Settings(point_spacing_tokens=3).check_types()

@@ -19,6 +19,10 @@ SMALL_SLOT_CONTEXT = 256  # tokens per slot below which a launch is warned about
 MAX_CTX = 2**31 - 1  # llama-server reads --ctx-size as a 32-bit int
 DEFAULT_BUDGET_BYTES = 20 * 1024**3
 DEFAULT_IDLE_SAVE_SECONDS = 10.0
+# Restore points of earlier user messages are kept at least this many tokens apart (core.sessions.points):
+# llama-server keeps its older RAM checkpoints at least 8,192 tokens apart by default (--checkpoint-min-step).
+DEFAULT_POINT_SPACING_TOKENS = 4096
+MIN_POINT_SPACING_TOKENS = 64
 UNQUANTIZED_CACHE_TYPES = frozenset({"f32", "f16", "bf16"})
 MAX_REMEMBERED_MODELS = 20  # per-model settings kept, most recently chosen first
 
@@ -207,6 +211,11 @@ class Settings:
     # no model nothing starts whatever this says. The setting turns it off.
     start_server_on_launch: bool = True
     start_at_login: bool = False
+    # Restore points (core.sessions.points): for models whose restored state cannot be rolled back,
+    # prefixes of each saved conversation kept beside it so a rollback re-reads no more than
+    # llama-server that never stopped; earlier user-message points kept this many tokens apart.
+    restore_points: bool = True
+    point_spacing_tokens: int = DEFAULT_POINT_SPACING_TOKENS
     # Per-model settings, the most recently chosen model first (the Model menu's recent models).
     models: tuple[ModelMemory, ...] = ()
     schema_version: int = SCHEMA_VERSION
@@ -251,12 +260,17 @@ class Settings:
             ("budget_bytes", self.budget_bytes, (int,)),
             ("start_server_on_launch", self.start_server_on_launch, (bool,)),
             ("start_at_login", self.start_at_login, (bool,)),
+            ("restore_points", self.restore_points, (bool,)),
+            ("point_spacing_tokens", self.point_spacing_tokens, (int,)),
         ]
         for name, value, types in expect:
             if isinstance(value, bool) and bool not in types:
                 raise SettingsError(f"setting {name!r} should be a number, not {value!r}")
             if not isinstance(value, types):
                 raise SettingsError(f"setting {name!r} has the wrong type: {value!r}")
+        if self.point_spacing_tokens < MIN_POINT_SPACING_TOKENS:
+            raise SettingsError("setting 'point_spacing_tokens' should be at least "
+                                f"{MIN_POINT_SPACING_TOKENS} tokens, not {self.point_spacing_tokens}")
 
     def with_profile(self, **changes: Any) -> Settings:
         return replace(self, profile=replace(self.profile, **changes))

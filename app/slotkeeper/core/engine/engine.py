@@ -148,6 +148,8 @@ class Engine(EngineFace):
                                     self.launcher.retry_start)
         self.actions = SlotActions(self.board, self.link, self.library, self.saves, self.loop, self.events,
                                    self.rates, self.prompts)
+        self.actions.make_restore_points = settings.restore_points
+        self.library.point_spacing = settings.point_spacing_tokens
         self.poller = SlotPoller(self.board, self.link, self.loop, self.saves, self.actions)
         self.ledger = RequestLedger(self.board, self.history, self.store, self.loop, self.events)
         self.desk = FrontDesk(self.board, self.link, self.actions, self.saves, self.library, self.ledger,
@@ -298,6 +300,8 @@ class Engine(EngineFace):
         self.launcher.profile = settings.profile
         self.board.set_idle_save(settings.idle_save_seconds)
         self.library.budget_bytes = settings.budget_bytes
+        self.library.point_spacing = settings.point_spacing_tokens
+        self.actions.make_restore_points = settings.restore_points
         self._publish()
         if budget_changed:
             await self.library.prune()

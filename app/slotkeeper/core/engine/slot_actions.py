@@ -63,6 +63,7 @@ class SlotActions:
         self.events = events
         self.rates = rates
         self.prompts = prompts
+        self.make_restore_points = True  # the setting (restore_points)
 
     async def restore(self, session_id: str, slot: int | None = None) -> RestoreSummary | None:
         """Restore a saved session into ``slot`` (or a free one). Returns a summary, or None when
@@ -248,7 +249,7 @@ class SlotActions:
         state cannot be rolled back; nothing when a request came meanwhile or the slot holds
         changes. Returns how many points were made."""
         facts = self.link.facts
-        if facts is None or facts.restore_mode not in EXACT_ONLY_MODES:
+        if not self.make_restore_points or facts is None or facts.restore_mode not in EXACT_ONLY_MODES:
             return 0
         async with self.board.lock(slot):
             s = self.board[slot]

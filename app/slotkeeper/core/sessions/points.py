@@ -27,13 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from slotkeeper.core.sessions.sidecar import POINT_PROMPT, POINT_USER, RestorePoint
+from slotkeeper.core.settings import DEFAULT_POINT_SPACING_TOKENS
 
 __all__ = ["DEFAULT_POINT_SPACING_TOKENS", "MAX_POINTS", "MIN_POINT_TOKENS", "best_point", "keep_points",
            "prompt_point_back", "wanted_points"]
 
-# Earlier user-message points are kept at least this many tokens apart (a setting): llama-server
-# keeps its older RAM checkpoints at least 8,192 tokens apart by default (--checkpoint-min-step).
-DEFAULT_POINT_SPACING_TOKENS = 4096
 MAX_POINTS = 8  # per conversation, the newest two included
 # A prefix shorter than this is re-read in less time than a restore takes: no point is made there.
 MIN_POINT_TOKENS = 64
