@@ -196,3 +196,29 @@ def _facts(sc: Sidecar) -> ServerFacts:
                        cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
                        n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
                        kv_args=tuple(sc.kv_args), restore_mode=sc.restore_mode)
+
+
+def test_over_budget_the_points_of_the_least_recently_used_conversations_go_before_any_conversation(tmp_path):
+    from slotkeeper.core.services.sessions import SessionsService
+
+    folder = tmp_path / "sessions"
+    store, _ = _session(folder)  # used 2026-01-01
+    newer = make_session(folder, "bbbbbbbbbbbb", tokens=CONVERSATION, used="2026-02-01T00:00:00Z")
+    store.listing()
+    for sid in (SID, newer.id):
+        assert saving.commit_point(store, _incoming(folder, 900), sid, POINT_PROMPT) is not None
+    sizes = {e.id: e.size_bytes for e in store.listing().sessions}
+    old_points = sum(p.size_bytes for p in load_sidecar(folder / f"{SID}.json").points)
+    service = SessionsService(store, in_slots=frozenset, budget=lambda: 10**9)
+    # A budget the older conversation's points alone bring it under: only they go.
+    outcome = service.prune(budget=sum(sizes.values()) - old_points)
+    assert outcome.plan.delete == []
+    assert load_sidecar(folder / f"{SID}.json").points == ()
+    assert len(load_sidecar(folder / f"{newer.id}.json").points) == 1
+    assert sorted(e.id for e in store.sessions()) == sorted([SID, newer.id])
+    assert store.sweep() == [] and len(list(folder.glob("*.kv"))) == 3
+    # Tighter: the newer one's points go too, then the least recently used conversation.
+    newer_points = sum(p.size_bytes for p in load_sidecar(folder / f"{newer.id}.json").points)
+    outcome = service.prune(budget=sizes[newer.id] - newer_points + 1)
+    assert load_sidecar(folder / f"{newer.id}.json").points == ()
+    assert [c.id for c in outcome.plan.delete] == [SID]

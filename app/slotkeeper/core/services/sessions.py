@@ -226,8 +226,16 @@ class SessionsService:
                            protected_ids=self.in_slots(), unmanaged_bytes=listing.unmanaged_bytes)
         return plan, listing
 
+    def _prune_points(self, limit: int) -> None:
+        """Restore points go first: those of the least recently used conversations, until they fit."""
+        listing = self.store.listing()
+        usage = sum(e.size_bytes for e in listing.sessions)
+        for session_id, files, _ in pruner.plan_points(listing.sessions, usage, limit):
+            self.store.drop_points(session_id, files)
+
     def prune(self, budget: int | None = None, dry_run: bool = False, quick: bool = False) -> PruneOutcome:
-        """Delete the least recently used sessions until the rest fit the budget. ``quick`` (after
+        """Delete the least recently used sessions until the rest fit the budget, their restore
+        points first (a dry run shows the sessions only). ``quick`` (after
         a save): when the sessions index says they fit already, nothing else is looked at; only
         a prune that has something to do lists the folder (so it never acts on a stale index)."""
         if quick and not dry_run:
@@ -235,6 +243,8 @@ class SessionsService:
             usage = self.store.usage_bytes()
             if usage <= limit:
                 return PruneOutcome(pruner.PrunePlan([], 0, usage, usage, limit, False), pruner.PruneResult())
+        if not dry_run:
+            self._prune_points(self._budget() if budget is None else budget)
         plan, listing = self._plan(budget)
         unmanaged = tuple(listing.unmanaged)
         if dry_run or not plan.delete:

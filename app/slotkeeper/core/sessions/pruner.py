@@ -23,7 +23,7 @@ from .entries import SessionEntry
 from .naming import owns_kv_file
 from .sidecar import parse_utc
 
-__all__ = ["PruneCandidate", "PruneError", "PrunePlan", "PruneResult", "apply", "plan"]
+__all__ = ["PruneCandidate", "PruneError", "PrunePlan", "PruneResult", "apply", "plan", "plan_points"]
 
 
 class PruneError(RuntimeError):
@@ -138,6 +138,23 @@ def plan(
         over_budget_after=usage > budget_bytes,
         unmanaged_bytes=unmanaged_bytes,
     )
+
+
+def plan_points(entries: Iterable[SessionEntry], usage: int,
+                budget_bytes: int) -> list[tuple[str, list[str], int]]:
+    """Restore points go before whole conversations: the points of the least recently used
+    conversations first (pinned ones last), until ``usage`` fits the budget. Returns (session id,
+    its point files, their bytes) to drop, in order; nothing when it fits already."""
+    with_points = [(e.id, e.sidecar) for e in entries if e.sidecar is not None and e.sidecar.points]
+    with_points.sort(key=lambda pair: (pair[1].pinned, parse_utc(pair[1].last_used_at), pair[0]))
+    out = []
+    for session_id, sc in with_points:
+        if usage <= budget_bytes:
+            break
+        freed = sum(p.size_bytes for p in sc.points)
+        out.append((session_id, [p.kv_file for p in sc.points], freed))
+        usage -= freed
+    return out
 
 
 def _file_key(session: PruneCandidate) -> str:
