@@ -222,3 +222,36 @@ def test_over_budget_the_points_of_the_least_recently_used_conversations_go_befo
     outcome = service.prune(budget=sizes[newer.id] - newer_points + 1)
     assert load_sidecar(folder / f"{newer.id}.json").points == ()
     assert [c.id for c in outcome.plan.delete] == [SID]
+
+
+def test_verify_hashes_the_points_and_drops_a_damaged_one_without_marking_the_conversation(tmp_path):
+    folder = tmp_path / "sessions"
+    store, _ = _session(folder)
+    good = saving.commit_point(store, _incoming(folder, 400), SID, POINT_USER)
+    after = saving.commit_point(store, _incoming(folder, 900), SID, POINT_PROMPT)
+    assert good is not None and after is not None and len(after.points) == 2
+    damaged = next(p for p in after.points if p.n_tokens == 900)
+    data = bytearray((folder / damaged.kv_file).read_bytes())
+    data[-1] ^= 0xFF  # same size, another byte
+    (folder / damaged.kv_file).write_bytes(bytes(data))
+    entry = store.verify(SID)
+    assert entry.problems == [] and entry.sidecar.corrupt is None
+    assert [p.n_tokens for p in entry.sidecar.points] == [400]
+    assert not (folder / damaged.kv_file).exists()
+
+
+def test_a_restore_of_a_damaged_point_is_refused_before_the_server_and_the_point_dropped(tmp_path):
+    from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable
+
+    folder = tmp_path / "sessions"
+    store, sc = _session(folder)
+    after = saving.commit_point(store, _incoming(folder, 900), SID, POINT_PROMPT)
+    point = after.points[0]
+    entry, chosen = check_restorable(store, SID, _facts(sc), point.kv_file)
+    assert chosen == point and entry.id == SID
+    with open(folder / point.kv_file, "ab") as f:
+        f.write(b"x")  # longer than saved
+    with pytest.raises(RestoreRefused, match="restore point at 900 tokens"):
+        check_restorable(store, SID, _facts(sc), point.kv_file)
+    assert load_sidecar(folder / f"{SID}.json").points == ()
+    assert store.get(SID).problems == []  # the conversation itself is whole

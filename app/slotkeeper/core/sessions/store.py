@@ -33,7 +33,7 @@ from slotkeeper.core.basics.fsutil import (
 )
 from slotkeeper.core.basics.tokens import TYPECODE, TokenArray
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
-from slotkeeper.core.sessions.file_checks import StatOf, integrity_problems, sidecar_problems
+from slotkeeper.core.sessions.file_checks import StatOf, file_integrity, integrity_problems, sidecar_problems
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
 from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord
 from slotkeeper.core.sessions.naming import (
@@ -517,10 +517,17 @@ class SessionStore:
 
     # -- integrity ------------------------------------------------------------------------
     def verify(self, session_id: str) -> SessionEntry:
-        """Size and full content hash; a failure is recorded so the session shows as corrupt."""
+        """Size and full content hash; a failure is recorded so the session shows as corrupt. Its
+        restore points are hashed too; a damaged one is dropped."""
         entry = self.get(validate_session_id(session_id))
         if entry.sidecar is None or entry.kv_path is None:
             return entry
+        damaged = [p.kv_file for p in entry.sidecar.points
+                   if file_integrity(self.dir / p.kv_file, p.size_bytes, p.content_hash, None)[0]]
+        if damaged:  # a damaged restore point is only a point less: the conversation is whole
+            log.warning("restore points of %s damaged on disk, dropped: %s", session_id, ", ".join(damaged))
+            self.drop_points(session_id, damaged)
+            entry = self.get(session_id)
         problems = self.integrity_problems(entry)
         if problems:
             try:
