@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -200,3 +200,47 @@ def test_a_conversation_pushed_out_of_its_slot_comes_back_from_its_restore_point
         want, cold = reference(raw, history, "regenerate")
     assert got.prompt_n <= want.prompt_n + SLACK
     assert_same_answer(got, want, cold, f"{kind} after another conversation", TOLERANCES.get(kind, TOLERANCE))
+
+
+def test_an_edit_further_back_restores_from_an_earlier_user_message_point(models_dir, server_bin, port,
+                                                                          tmp_path):
+    """With points at earlier user messages kept (spaced by the setting, here closer than its
+    default for a short test conversation), editing an earlier message after a relaunch re-reads
+    from that message, as llama-server that never stopped does from its RAM checkpoint there."""
+    model = write_model(models_dir / "tiny-qwen35.gguf", "qwen35")
+    engine = make_engine(model, server_bin, port, idle_save=0.2)
+    engine._settings = replace(engine._settings, point_spacing_tokens=64)
+    engine.library.point_spacing = 64
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        messages = [{"role": "system", "content": SYSTEM}]
+        turns = (LONG_FIRST_TURN, *(" ".join([t] * 4) for t in USER_TURNS[1:4]))  # ~90 tokens apart
+        for i, text in enumerate(turns):  # a pause after each turn
+            messages.append({"role": "user", "content": text})
+            messages.append({"role": "assistant", "content": ask(engine.base_url, messages)["choices"][0][
+                "message"]["content"]})
+            wait_until(lambda i=i: [s for s in engine.store.sessions()
+                                    if sum(p.kind == "user" for p in s.sidecar.points) >= min(i, 2)
+                                    and not engine.board[0].busy and not engine.board[0].watch.changed],
+                       what=f"turn {i + 1}'s restore points")
+        [saved] = engine.store.sessions()
+        users = sorted(p.n_tokens for p in saved.sidecar.points if p.kind == "user")
+        assert len(users) >= 2, saved.sidecar.points
+    finally:
+        engine.stop()
+    # Turn 3's message edited (turn 4 and its reply dropped): it starts at the earlier user point.
+    edited = messages[:5] + [{"role": "user", "content": "Something else entirely, please."}]
+    engine = make_engine(model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        got = figures(ask(engine.base_url, edited, max_tokens=4, logprobs=True, top_logprobs=5))
+    finally:
+        engine.stop(save=False)
+    with never_stopped(server_bin, model, tmp_path, {}) as raw:
+        for i in range(1, len(messages), 2):
+            ask(raw, messages[:i + 1])
+        want = figures(ask(raw, edited, max_tokens=4, logprobs=True, top_logprobs=5))
+    assert got.prompt_n <= want.prompt_n + SLACK, (got.prompt_n, want.prompt_n)
+    assert distance(got, want) <= HYBRID_TOLERANCE
