@@ -151,6 +151,13 @@ def _print_unmanaged(unmanaged: list[UnmanagedFile] | tuple[UnmanagedFile, ...])
         print(f"  {u.name!r:<40}  {what}")
 
 
+def points_text(s: Sidecar) -> str:
+    """A conversation's restore points in words: where each starts, and what they take on disk."""
+    where = ", ".join(f"{p.n_tokens:,} tokens ({'a prompt' if p.kind == 'prompt' else 'a user message'})"
+                      for p in s.points)
+    return f"{where}; {human_bytes(sum(p.size_bytes for p in s.points))} of the size"
+
+
 def _show(entry: SessionEntry, service: SessionsService) -> None:
     """One session for a person to read; every field is in `--json`."""
     s = entry.sidecar
@@ -171,6 +178,7 @@ def _show(entry: SessionEntry, service: SessionsService) -> None:
             ("last used", local_time(s.last_used_at)),
             ("pinned", "yes (kept whatever the budget)" if s.pinned else "no"),
             ("restore", f"{describe_restore_mode(s.restore_mode)}; {swa_mode(s)}"),
+            *([("restore points", points_text(s))] if s.points else []),
             ("saved with", f"llama-server {s.llama_build}, {plural(s.n_parallel, 'slot')}, "
                            f"K/V cache {s.cache_type_k}/{s.cache_type_v}, "
                            f"flash attention {'on' if s.flash_attn else 'off'}"

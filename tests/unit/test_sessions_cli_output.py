@@ -283,3 +283,28 @@ def test_search_json_lists_each_match_once(paths, capsys):
     assert hit["passage"].count("erons") == 3  # the passage itself is as it was
     code, out, _err = sessions(paths, "search", "herons", capsys=capsys)
     assert out.count("[herons]") == 2 and out.count("[Herons]") == 1
+
+
+def test_show_and_list_count_a_conversations_restore_points(paths, capsys):
+    from sessions_helpers import write_slot_save
+
+    from slotkeeper.core.sessions import saving
+    from slotkeeper.core.sessions.sidecar import POINT_PROMPT
+
+    tokens = list(range(1, 1001))
+    sc = make_session(paths.sessions_dir, "0123456789ab", tokens=tokens, title="Hybrid chat",
+                      restore_mode="exact", arch="qwen35")
+    store = SessionStore(paths.sessions_dir)
+    incoming = write_slot_save(paths.sessions_dir / "incoming-0000000000000001.kv", tokens[:897],
+                               kv_bytes=5000)
+    written = saving.Written(incoming, tokens[:897], incoming.stat().st_size, 0, 0)
+    after = saving.commit_point(store, written, sc.id, POINT_PROMPT)
+    assert after is not None
+    code, out, err = sessions(paths, "show", sc.id, capsys=capsys)
+    assert code == 0, err
+    assert "restore points" in out and "897 tokens (a prompt)" in out
+    code, out, err = sessions(paths, "list", capsys=capsys)
+    total = sc.size_bytes + after.points[0].size_bytes
+    assert code == 0 and out.count("Hybrid chat") == 1  # one row for the conversation and its point
+    listed = json.loads(sessions(paths, "list", "--json", capsys=capsys)[1])
+    assert [row["size_bytes"] for row in listed] == [total]

@@ -402,7 +402,10 @@ class SessionsTableModel(QAbstractItemModel):
                 return " + ".join(human_bytes(e.size_bytes) for e in conv.saves) + " (every save of it)"
             return None
         if key == "restore":
-            return restore_mode_explanation(sc.restore_mode)
+            size = human_bytes(sum(p.size_bytes for p in sc.points))
+            points = (f" Restore points: {len(sc.points)} ({size}), so a regenerated reply or an edited "
+                      "message after a restart re-reads only what it changed." if sc.points else "")
+            return restore_mode_explanation(sc.restore_mode) + points
         if key == "last_used":
             moment = changed_at(entry, self._saved_at)
             return None if moment is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
