@@ -151,7 +151,7 @@ class Engine(EngineFace):
         self.actions.make_restore_points = settings.restore_points
         self.library.point_spacing = settings.point_spacing_tokens
         self.poller = SlotPoller(self.board, self.link, self.loop, self.saves, self.actions)
-        self.ledger = RequestLedger(self.board, self.history, self.store, self.loop, self.events)
+        self.ledger = RequestLedger(self.board, self.history, self.library, self.loop, self.events)
         self.desk = FrontDesk(self.board, self.link, self.actions, self.saves, self.library, self.ledger,
                               self.poller, self.rates, self.prompts)
         self.front = FrontDoor(self.desk, self.prompts, upstream=self.link.upstream,

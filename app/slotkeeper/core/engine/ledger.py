@@ -7,12 +7,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from slotkeeper.core.engine.library import Library
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.slots import SlotBoard, judge_reuse
-from slotkeeper.core.events import EventBus, RequestDone, RestoreReused, WarningRaised
+from slotkeeper.core.events import EventBus, RequestDone, WarningRaised
 from slotkeeper.core.history import RequestHistory, RequestRecord
-from slotkeeper.core.sessions.restoring import record_reuse
-from slotkeeper.core.sessions.store import SessionStore
 
 
 @dataclass(frozen=True)
@@ -29,11 +28,11 @@ class Figures:
 
 
 class RequestLedger:
-    def __init__(self, board: SlotBoard, history: RequestHistory, store: SessionStore, loop: EngineLoop,
+    def __init__(self, board: SlotBoard, history: RequestHistory, library: Library, loop: EngineLoop,
                  events: EventBus) -> None:
         self.board = board
         self.history = history
-        self.store = store
+        self.library = library
         self.loop = loop
         self.events = events
 
@@ -69,7 +68,5 @@ class RequestLedger:
                 self.board.show(slot, warning=verdict.reason)  # not judged (another conversation): no badge
             if verdict.warn:
                 self.events.emit(WarningRaised(verdict.reason or ""))
-            self.loop.in_background(record_reuse, self.store, pending.session_id, fig.cache_n, fig.n_prompt,
-                                    verdict.effective, verdict.reason, what="recording the restore's reuse")
-            self.events.emit(RestoreReused(slot, pending.session_id, fig.cache_n, fig.n_prompt,
-                                           pending.n_restored, verdict.effective, verdict.reason))
+            self.library.reuse_judged(slot, pending, fig.cache_n, fig.n_prompt, verdict.effective,
+                                      verdict.reason)

@@ -19,13 +19,22 @@ from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.basics.tokens import TokenArray
 from slotkeeper.core.engine.loop import EngineLoop
 from slotkeeper.core.engine.searching import complete_partial
-from slotkeeper.core.events import EventBus, FolderTidied, SearchIndexRepaired, SessionsPruned, WarningRaised
+from slotkeeper.core.engine.slots import PendingReuse
+from slotkeeper.core.events import (
+    EventBus,
+    FolderTidied,
+    RestoreReused,
+    SearchIndexRepaired,
+    SessionsPruned,
+    WarningRaised,
+)
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import common_prefix_len
 from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS
+from slotkeeper.core.sessions.restoring import record_reuse
 from slotkeeper.core.sessions.saving import SaveOutcome
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import RestorePoint, Sidecar
@@ -156,6 +165,16 @@ class Library:
         if result and result.deleted:
             freed = sum(c.size_bytes for c in outcome.plan.delete if c.id in result.deleted)
             self.events.emit(SessionsPruned(tuple(result.deleted), freed))
+
+    # -- restores ---------------------------------------------------------------------------
+    def reuse_judged(self, slot: int, pending: PendingReuse, cache_n: int, n_prompt: int,
+                     effective: bool | None, reason: str | None) -> None:
+        """What the first request after a restore reused, or why it was not judged: recorded in the
+        session's sidecar (in the background, in order with the restore's record) and told."""
+        self.loop.in_background(record_reuse, self.store, pending.session_id, cache_n, n_prompt, effective,
+                                reason, what="recording the restore's reuse")
+        self.events.emit(RestoreReused(slot, pending.session_id, cache_n, n_prompt, pending.n_restored,
+                                       effective, reason))
 
     # -- routing's questions ----------------------------------------------------------------
     async def saved_prefixes(self, tokens: TokenArray, facts: ServerFacts | None,

@@ -25,7 +25,6 @@ from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
 from slotkeeper.core.events import (
     ActivityChanged,
     EventBus,
-    RestoreReused,
     SessionRefused,
     SessionRestored,
     SlotRecomputed,
@@ -37,7 +36,7 @@ from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
 from slotkeeper.core.sessions.points import prompt_point_back, wanted_points
-from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore, record_reuse
+from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore
 from slotkeeper.core.sessions.saving import SaveError, commit_point
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
@@ -233,10 +232,7 @@ class SlotActions:
         log.info("slot %s recomputed: %s", slot, reason)
         self.events.emit(SlotRecomputed(slot, session_id, reason))
         if pending is not None:  # the restore was not used, on purpose: not the restore's failure
-            why = f"not judged: recomputed because {reason}"
-            self.loop.in_background(record_reuse, self.library.store, pending.session_id, 0, 0, None, why,
-                                    what="recording the restore's reuse")
-            self.events.emit(RestoreReused(slot, pending.session_id, 0, 0, pending.n_restored, None, why))
+            self.library.reuse_judged(slot, pending, 0, 0, None, f"not judged: recomputed because {reason}")
 
 
     # -- restore points ------------------------------------------------------------------------

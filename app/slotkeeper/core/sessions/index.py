@@ -43,6 +43,7 @@ import xxhash
 
 from slotkeeper.core.basics.fsutil import atomic_write_bytes
 from slotkeeper.core.sessions.entries import row_base
+from slotkeeper.core.sessions.lineage import DEFAULT_MIN_FORK_PREFIX, DEFAULT_TAIL_SLACK
 from slotkeeper.core.sessions.naming import KV_SUFFIX, SESSION_ID_RE, transcript_name
 from slotkeeper.core.sessions.rows import RACY_NS, Stamp
 from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar
@@ -50,8 +51,8 @@ from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar
 log = logging.getLogger(__name__)
 
 BLOCK = 64  # tokens per block: prefixes are found to the block, then measured exactly
-HEAD_TOKENS = 32  # lineage: the least a fork shares with its parent (lineage.DEFAULT_MIN_FORK_PREFIX)
-TAIL_SLACK = 8  # lineage: an update may leave a session this many tokens before its end
+HEAD_TOKENS = DEFAULT_MIN_FORK_PREFIX  # lineage: the least a fork shares with its parent
+TAIL_SLACK = DEFAULT_TAIL_SLACK  # lineage: an update may leave a session this many tokens before its end
 INDEX_VERSION = 4  # 4: restore points among the facts (their files are claimed)
 _BIG_ENDIAN = sys.byteorder == "big"
 
