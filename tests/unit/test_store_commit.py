@@ -208,3 +208,67 @@ def test_writing_the_index_out_holds_its_lock_only_for_a_copy(tmp_path, monkeypa
     ids = [orjson.loads(line.split(b"\t")[0])["id"] for line in data.splitlines()[1:]]
     assert ids == [f"{i:012x}" for i in range(3)]
     assert index.dirty and index.record("ffffffffffff") is not None
+
+
+def test_a_save_decided_again_under_the_lock_asks_for_its_title_outside_the_lock(tmp_path, monkeypatch):
+    """A save found unchanged (no title needed) whose session another save changed meanwhile is
+    decided again under the folder lock; the title it now needs comes from llama-server (HTTP), so
+    it is asked for after the lock is let go, never while the folder is locked."""
+    from slotkeeper.core.sessions import saving
+    from slotkeeper.core.sessions.sidecar import tokens_digest
+
+    folder = tmp_path / "sessions"
+    sc = make_session(folder, "aaaaaaaaaaaa", tokens=A[:100])
+    store = SessionStore(folder)
+    store.listing()
+    other = SessionStore(folder, lock_timeout=0.2)
+    asked_while_locked = []
+
+    def describe(tokens):
+        busy = []
+
+        def try_lock() -> None:
+            try:
+                with other.exclusive():
+                    pass
+            except FolderBusy:
+                busy.append(True)
+
+        t = threading.Thread(target=try_lock)
+        t.start()
+        t.join()
+        asked_while_locked.append(bool(busy))
+        return "title", "preview"
+
+    real = saving._classify
+    calls = []
+
+    def classify(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if not calls:  # meanwhile another save makes the session shorter: this one now updates it
+            incoming = write_slot_save(folder / "incoming-00000000000000ee.kv", A[:80])
+            content_hash, hashed = hash_with_stamp(incoming)
+            store.commit(incoming, replace(sc, kv_file="aaaaaaaaaaaa.00000002.kv", n_tokens=80,
+                                           tokens_digest=tokens_digest(A[:80]), content_hash=content_hash,
+                                           size_bytes=incoming.stat().st_size),
+                         A[:80], hashed=hashed, replaces=sc.kv_file)
+        calls.append(out[0])
+        return out
+
+    monkeypatch.setattr(saving, "_classify", classify)
+    incoming = write_slot_save(folder / "incoming-00000000000000ff.kv", A[:100])
+    facts = _facts_of(sc)
+    written = saving.Written(incoming, A[:100], incoming.stat().st_size, 0, 0)
+    out = saving.commit_written(store, written, saving.SaveContext(facts, sc.arch, sc.llama_build), describe,
+                                current_id=sc.id)
+    assert calls[0] == "unchanged" and out.kind == "update" and out.sidecar.n_tokens == 100
+    assert asked_while_locked == [False]
+
+
+def _facts_of(sc):
+    from slotkeeper.core.sessions.compat import ServerFacts
+
+    return ServerFacts(model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
+                       cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
+                       n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
+                       kv_args=tuple(sc.kv_args), restore_mode=sc.restore_mode)

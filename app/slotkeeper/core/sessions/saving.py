@@ -234,6 +234,21 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
     facts = ctx.facts
     kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
     described = None if kind in ("unchanged", "contained") else describe(inc.tokens)
+    while True:
+        outcome = _commit_locked(store, inc, ctx, described, kind, previous, current_id, save_ms, n_prompt,
+                                 transcript)
+        if outcome is not None:
+            return outcome
+        # Decided again under the lock, it needs a title after all: made outside the lock (describe
+        # asks llama-server), then decided once more.
+        described = describe(inc.tokens)
+
+
+def _commit_locked(store: SessionStore, inc: _Incoming, ctx: SaveContext, described: tuple[str, str] | None,
+                   kind: str, previous: SessionEntry | None, current_id: str | None, save_ms: float,
+                   n_prompt: int | None, transcript: Transcript | None) -> SaveOutcome | None:
+    """Step 4 under the folder lock; None when the save needs a title (``described``) it lacks."""
+    facts = ctx.facts
     with store.exclusive():
         if previous is not None:
             try:
@@ -251,7 +266,9 @@ def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Des
             # Nothing new to keep: the session holds it already. It was used now.
             sc = store.update(previous.id, lambda s: replace(s, last_used_at=now))
             return SaveOutcome(kind, sc, len(inc.tokens), save_ms)
-        title, preview = described if described is not None else describe(inc.tokens)
+        if described is None:
+            return None
+        title, preview = described
         continues = False
         replaces = None  # the previous version's KV file, which the store removes (an update's)
         points: tuple[RestorePoint, ...] = ()
