@@ -155,3 +155,25 @@ def test_sessions_verify_checks_the_transcript_while_slotkeeper_serves_its_model
     r = subprocess.run([*cmd, "sessions", "--data-dir", str(isolated_home), "verify"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "its transcript was not checked" in r.stdout, r
+
+
+def test_the_front_door_and_sessions_verify_tokenize_a_prompt_alike(llama_model, server_bin, port):
+    """One rule for a prompt's tokens (core.server.client: the template, then tokenize_body): the
+    front door's own connection and the client `sessions verify` uses give the same tokens for a
+    chat and a text prompt, so a transcript verify calls matching is what the door routed by."""
+    from slotkeeper.core.engine import endpoints
+
+    engine = make_engine(llama_model, server_bin, port)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        body = {"messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "<|im_start|> special text, and words"}]}
+        door = engine.loop.call(engine.prompts.tokens(endpoints.PROMPT_CHAT, body), 60)
+        client = engine.link.client()
+        assert list(door) == client.tokenize(client.apply_template(body))
+        text = engine.loop.call(engine.prompts.tokens(endpoints.PROMPT_TEXT, {"prompt": "Once upon a time"}),
+                                60)
+        assert list(text) == client.tokenize("Once upon a time")
+    finally:
+        engine.stop(save=False)

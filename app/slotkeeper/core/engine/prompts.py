@@ -22,6 +22,7 @@ from slotkeeper.core.engine import endpoints
 from slotkeeper.core.engine.httpstack import aiohttp
 from slotkeeper.core.engine.server_link import ServerLink
 from slotkeeper.core.engine.shapes import Learn
+from slotkeeper.core.server.client import TEMPLATE_PATH, TOKENIZE_PATH, rendered_prompt, tokenize_body
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class PromptTokens:
 
     async def tokens(self, prompt_kind: str | None, body: dict[str, Any]) -> TokenArray | None:
         """The request's prompt as llama-server will tokenize it (None when it cannot be known)."""
+        prompt: str | list[Any] | None = None
         if prompt_kind == endpoints.PROMPT_TEXT:
             prompt = single_prompt(body.get("prompt"))
             if prompt is None:
@@ -108,14 +110,12 @@ class PromptTokens:
         for attempt in range(TOKENIZE_ATTEMPTS):
             try:
                 if prompt_kind == endpoints.PROMPT_CHAT:
-                    prompt = await self._upstream_json("/apply-template", body)
-                    prompt = prompt.get("prompt") if isinstance(prompt, dict) else None
-                    if not isinstance(prompt, str):
+                    prompt = rendered_prompt(await self._upstream_json(TEMPLATE_PATH, body))
+                    if prompt is None:
                         return None
-                if self._too_long(prompt):
+                if prompt is None or self._too_long(prompt):
                     return None  # llama-server refuses it; it is not worth tokenizing first
-                answer = await self._upstream_json("/tokenize", {"content": prompt, "add_special": True,
-                                                                 "parse_special": True})
+                answer = await self._upstream_json(TOKENIZE_PATH, tokenize_body(prompt))
                 return tokens_from_json(answer.get("tokens") if isinstance(answer, dict) else None)
             except _NotTokenized:
                 return None  # llama-server refused it (a template that cannot be applied, say)

@@ -132,6 +132,25 @@ class _StaleConnection(Exception):
     """A reused connection failed before any byte of the answer: the server had closed it."""
 
 
+# A prompt's tokens as llama-server computes them for a request: a chat's messages rendered by the
+# model's template (TEMPLATE_PATH, the request's own rendering fields), then the text tokenized as a
+# completion's prompt is (TOKENIZE_PATH with tokenize_body: BOS added, special tokens parsed). The
+# front door (engine.prompts, on its own connection) and `sessions verify` (this client) both ask so.
+TEMPLATE_PATH = "/apply-template"
+TOKENIZE_PATH = "/tokenize"
+
+
+def tokenize_body(content: str | list[Any]) -> dict[str, Any]:
+    """A prompt (text, or text and token ids mixed) to tokenize as a completion's prompt."""
+    return {"content": content, "add_special": True, "parse_special": True}
+
+
+def rendered_prompt(answer: Any) -> str | None:
+    """The prompt in /apply-template's answer (None: it gave none)."""
+    prompt = answer.get("prompt") if isinstance(answer, dict) else None
+    return prompt if isinstance(prompt, str) else None
+
+
 class LlamaClient:
     """Safe to share between threads: each request has a connection to itself, taken from a small
     pool of keep-alive connections (or a new one) and given back when the answer is read."""
@@ -297,16 +316,14 @@ class LlamaClient:
 
     def apply_template(self, body: dict[str, Any]) -> str:
         """A chat request's prompt as llama-server renders it with the model's template."""
-        d = self._json("POST", "/apply-template", body=body)
-        prompt = d.get("prompt")
-        if not isinstance(prompt, str):
-            raise ServerError(200, "/apply-template gave no prompt")
+        prompt = rendered_prompt(self._json("POST", TEMPLATE_PATH, body=body))
+        if prompt is None:
+            raise ServerError(200, f"{TEMPLATE_PATH} gave no prompt")
         return prompt
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        """``text`` as llama-server tokenizes a prompt (special tokens parsed)."""
-        d = self._json("POST", "/tokenize", body={"content": text, "add_special": add_special,
-                                                   "parse_special": True})
+    def tokenize(self, text: str) -> list[int]:
+        """``text`` as llama-server tokenizes a prompt (``tokenize_body``)."""
+        d = self._json("POST", TOKENIZE_PATH, body=tokenize_body(text))
         return [int(t) for t in d.get("tokens", [])]
 
     def detokenize(self, tokens: list[int]) -> str:
