@@ -120,11 +120,11 @@ def test_partial_entries_are_completed_by_a_server_of_their_model(service):
                  model_sha256="e" * 64)
     service.search("walk")
     http = FakeDetokenizer("<|im_start|>user\nTell me about the ferry timetable<|im_end|>")
-    assert complete_partial(service.search_index, service.store, http, sc.model_sha256) == 1
+    assert complete_partial(service, service.store, http, sc.model_sha256) == 1
     assert http.calls == 1, "only the sessions of the running model"
     [hit] = service.search("ferry").hits
     assert hit.id == "p" and hit.complete and "im_start" not in hit.plain()
-    assert complete_partial(service.search_index, service.store, http, sc.model_sha256) == 0
+    assert complete_partial(service, service.store, http, sc.model_sha256) == 0
 
 
 def test_a_missing_index_is_rebuilt_from_the_folder(service, paths):

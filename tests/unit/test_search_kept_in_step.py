@@ -50,3 +50,22 @@ def test_the_repair_from_the_folder_is_the_services_and_needs_an_index(service, 
     bare.index_text(sc, "no index: nothing happens")
     with pytest.raises(SearchUnavailable):
         bare.repair_search()
+
+
+def test_the_sessions_service_is_the_search_indexs_one_writer():
+    """Only core/services/sessions.py calls the search index's writing methods; the engine's side
+    (engine/searching.py, engine/library.py) reads it and hands what it found to the service."""
+    import re
+    from pathlib import Path
+
+    app = Path(__file__).resolve().parents[2] / "app" / "slotkeeper"
+    writes = re.compile(r"\.(put|complete|remove|reconcile|set_folder_stamp)\(")
+    writers = []
+    for path in app.rglob("*.py"):
+        src = path.read_text()
+        if "search" not in src or path.name == "search.py":
+            continue
+        for line in src.splitlines():
+            if writes.search(line) and re.search(r"search(_index)?\.", line):
+                writers.append(str(path.relative_to(app)))
+    assert sorted(set(writers)) == ["core/services/sessions.py"], writers

@@ -213,7 +213,7 @@ class Library:
     async def _complete_search(self, model_sha256: str, http: LlamaClient,
                                still_serving: Callable[[], bool]) -> None:
         try:
-            done = await self.loop.run_io(complete_partial, self.search, self.store, http, model_sha256,
+            done = await self.loop.run_io(complete_partial, self.sessions, self.store, http, model_sha256,
                                           still_serving)
         except (sqlite3.Error, SearchUnavailable) as exc:
             log.warning("could not complete the search index: %s", exc)

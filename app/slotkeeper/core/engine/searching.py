@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
-from slotkeeper.core.sessions.search import SearchIndex
+from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.sessions.titles import conversation_text, title_and_preview
 from slotkeeper.core.sessions.transcripts import Transcript
@@ -57,12 +57,13 @@ class Described:
         return title_and_preview(text)
 
 
-def complete_partial(search: SearchIndex, store: SessionStore, http: LlamaClient, model_sha256: str,
+def complete_partial(sessions: SessionsService, store: SessionStore, http: LlamaClient, model_sha256: str,
                      keep_going: Callable[[], bool] = lambda: True) -> int:
     """Detokenize the sessions of this model the index holds only by title; returns how many
-    were completed. Stops early when the server goes away (the rest wait for the next time)."""
+    were completed (the sessions service writes them: the index's one writer). Stops early when
+    the server goes away (the rest wait for the next time)."""
     done = 0
-    for session_id, kv_file in search.partial(model_sha256)[:COMPLETE_BATCH]:
+    for session_id, kv_file in sessions.partial_search_entries(model_sha256)[:COMPLETE_BATCH]:
         if not keep_going():
             break
         try:
@@ -78,5 +79,5 @@ def complete_partial(search: SearchIndex, store: SessionStore, http: LlamaClient
         except (ServerUnavailable, ServerError) as exc:
             log.info("completing the search index stopped: %s", exc)
             break
-        done += search.complete(session_id, kv_file, conversation_text(text))
+        done += sessions.complete_text(session_id, kv_file, conversation_text(text))
     return done

@@ -295,6 +295,14 @@ class SessionsService:
         except (sqlite3.Error, SearchUnavailable) as exc:
             log.warning("could not add %s to the search index: %s", sc.id, exc)
 
+    def partial_search_entries(self, model_sha256: str) -> list[tuple[str, str]]:
+        """(session id, KV file) of this model's sessions the search index holds only by title."""
+        return [] if self.search_index is None else self.search_index.partial(model_sha256)
+
+    def complete_text(self, session_id: str, kv_file: str, text: str) -> int:
+        """The full text of a session the search index held only by title (1: completed)."""
+        return 0 if self.search_index is None else self.search_index.complete(session_id, kv_file, text)
+
     def repair_search(self, listing: Listing | None = None) -> Reconciled:
         """Bring the search index in step with the folder (``reconcile_search``; ``listing``: one
         just made). Raises SearchUnavailable, sqlite3.Error."""
