@@ -28,15 +28,17 @@ REFUSED = "refused"  # Slotkeeper's own business, or not routable
 SLOTS = "slots"  # GET /slots: forwarded unless the user started llama-server with --no-slots
 METRICS = "metrics"  # GET /metrics: forwarded only when the user asked for --metrics
 
-# How a generation request's prompt is known (the front door renders and tokenizes these two).
+# How a generation request's prompt is known (the front door renders and tokenizes these; a
+# Responses body is first converted to the chat completion llama-server makes of it: conversions).
 PROMPT_CHAT = "chat"
 PROMPT_TEXT = "text"
+PROMPT_RESPONSES = "responses"
 
 
 @dataclass(frozen=True)
 class Endpoint:
     kind: str
-    prompt: str | None = None  # GENERATE: "chat", "text", or None (not known to the front door)
+    prompt: str | None = None  # GENERATE: "chat", "text", "responses", or None (not known to the door)
     status: int = 403  # REFUSED: the answer's status
     reason: str = ""  # REFUSED: the answer's words
 
@@ -51,6 +53,7 @@ UNROUTABLE = ("{what} requests cannot be given a slot by Slotkeeper, so they cou
 
 _chat = Endpoint(GENERATE, PROMPT_CHAT)
 _text = Endpoint(GENERATE, PROMPT_TEXT)
+_responses = Endpoint(GENERATE, PROMPT_RESPONSES)
 _other = Endpoint(GENERATE)
 _pass = Endpoint(PASS)
 
@@ -63,7 +66,7 @@ ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/completion"): _text, ("POST", "/completions"): _text, ("POST", "/v1/completions"): _text,
     ("POST", "/chat/completions"): _chat, ("POST", "/v1/chat/completions"): _chat,
     ("POST", "/v1/chat/completions/control"): _pass,
-    ("POST", "/v1/responses"): _other, ("POST", "/responses"): _other,
+    ("POST", "/v1/responses"): _responses, ("POST", "/responses"): _responses,
     ("POST", "/v1/messages"): _other, ("POST", "/infill"): _other,
     # Embeddings and reranking need a server started for them (--embeddings, --rerank), which
     # holds no conversations; llama-server refuses them otherwise.

@@ -19,6 +19,7 @@ import orjson
 
 from slotkeeper.core.basics.tokens import TokenArray, tokens_from_json
 from slotkeeper.core.engine import endpoints
+from slotkeeper.core.engine.conversions import NotConvertible, responses_to_chat
 from slotkeeper.core.engine.httpstack import aiohttp
 from slotkeeper.core.engine.server_link import ServerLink
 from slotkeeper.core.engine.shapes import Learn
@@ -99,6 +100,11 @@ class PromptTokens:
     async def tokens(self, prompt_kind: str | None, body: dict[str, Any]) -> TokenArray | None:
         """The request's prompt as llama-server will tokenize it (None when it cannot be known)."""
         prompt: str | list[Any] | None = None
+        if prompt_kind == endpoints.PROMPT_RESPONSES:
+            try:
+                body, prompt_kind = responses_to_chat(body), endpoints.PROMPT_CHAT
+            except NotConvertible:
+                return None  # llama-server refuses it, or the port does not know it: the safe way
         if prompt_kind == endpoints.PROMPT_TEXT:
             prompt = single_prompt(body.get("prompt"))
             if prompt is None:

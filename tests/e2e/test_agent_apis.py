@@ -1,0 +1,105 @@
+"""Agent clients' APIs through the front door against the real llama-server: the door knows a
+Responses API request's prompt tokens exactly as llama-server computes them (it converts the body
+to the chat completion llama-server makes of it, then the chat's template), so such conversations
+are routed, saved, evicted and restored like chat ones."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, make_engine, wait_until
+
+from slotkeeper.core.engine import endpoints
+from slotkeeper.core.server.state import ServerState
+
+pytestmark = pytest.mark.e2e
+
+BODIES = [
+    {"input": "Hello there, how are you?", "max_output_tokens": 8, "temperature": 0},
+    {"instructions": "Be brief.", "input": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "type": "message", "content": [{"type": "output_text", "text": "Hello!"}]},
+        {"role": "developer", "content": [{"type": "input_text", "text": "Answer in one word."}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "What is 2+2?"}]}],
+     "max_output_tokens": 8},
+    {"input": [{"role": "user", "content": "Weather in Paris?"},
+               {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                "arguments": "{\"city\":\"Paris\"}"},
+               {"type": "function_call_output", "call_id": "c1", "output": "sunny, 21 degrees"},
+               {"role": "assistant", "type": "message", "content": "It is sunny."},
+               {"role": "user", "content": "And tomorrow?"}],
+     "tools": [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}},
+               {"type": "web_search"}],
+     "reasoning": {"effort": "low"}, "max_output_tokens": 8},
+]
+
+
+def test_the_doors_tokens_of_a_responses_request_are_llama_servers(starter_model, server_bin, port):
+    """Text, messages with a developer message and an earlier reply, tool calls and their results,
+    tools (one without a chat equivalent, which llama-server skips): the door's token count equals
+    llama-server's own for the same body (/v1/responses/input_tokens), and a body llama-server
+    refuses is not guessed at (unknown tokens: the safe way)."""
+    engine = make_engine(starter_model, server_bin, port)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        for body in BODIES:
+            ours = engine.loop.call(engine.prompts.tokens(endpoints.PROMPT_RESPONSES, body), 60)
+            theirs = httpx.post(f"{engine.base_url}/v1/responses/input_tokens", json=body, timeout=60).json()
+            assert ours is not None and len(ours) == theirs["input_tokens"], body
+        refused = {"input": "hi", "previous_response_id": "resp_1"}
+        assert engine.loop.call(engine.prompts.tokens(endpoints.PROMPT_RESPONSES, refused), 60) is None
+        assert httpx.post(f"{engine.base_url}/v1/responses", json=refused, timeout=60).status_code >= 400
+    finally:
+        engine.stop(save=False)
+
+
+def respond(base: str, instructions: str, items: list[dict]) -> tuple[str, int, int]:
+    r = httpx.post(f"{base}/v1/responses", timeout=120, json={
+        "instructions": instructions, "input": items, "max_output_tokens": 8, "temperature": 0})
+    r.raise_for_status()
+    d = r.json()
+    text = "".join(c.get("text", "") for o in d["output"] if o.get("type") == "message" for c in o["content"])
+    usage = d["usage"]
+    return text, usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+
+
+def test_two_responses_conversations_taking_turns_on_one_slot_are_restored_not_reread(
+        starter_model, server_bin, port):
+    """A and B take turns on one slot, then Slotkeeper is quit and started again: each next turn
+    finds its conversation in the cache (saved as the other took the slot, restored for it), as a
+    chat client's would, instead of being re-read."""
+    systems = {"A": LONG_FIRST_TURN, "B": " ".join(USER_TURNS * 8)}
+    history: dict[str, list[dict]] = {"A": [], "B": []}
+    cached: list[tuple[str, int, int]] = []
+
+    def turn(base: str, who: str, text: str) -> None:
+        history[who].append({"role": "user", "content": text})
+        reply, n_input, n_cached = respond(base, systems[who], history[who])
+        history[who].append({"role": "assistant", "type": "message", "content": reply or "..."})
+        cached.append((who, n_input, n_cached))
+
+    engine = make_engine(starter_model, server_bin, port, parallel=1)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        for text in USER_TURNS[:2]:
+            for who in ("A", "B"):
+                turn(engine.base_url, who, text)
+        wait_until(lambda: len(engine.store.sessions()) == 2, what="both saved")
+    finally:
+        engine.stop()
+    engine = make_engine(starter_model, server_bin, port, parallel=1)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        for who in ("A", "B"):
+            turn(engine.base_url, who, USER_TURNS[2])
+    finally:
+        engine.stop(save=False)
+    # Every turn after a conversation's first finds all but its newest message in the cache.
+    later = [c for i, c in enumerate(cached) if i >= 2]
+    for who, n_input, n_cached in later:
+        assert n_cached >= n_input - 40, (who, n_input, n_cached, cached)

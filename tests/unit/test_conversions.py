@@ -1,0 +1,54 @@
+"""The Responses API body as llama-server converts it to a chat completion (server-chat.cpp, b11434),
+key for key and in the order it inserts them (a template's ``tojson`` shows the order)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slotkeeper.core.engine.conversions import NotConvertible, responses_to_chat
+
+
+def test_text_input_instructions_and_renamed_fields():
+    chat = responses_to_chat({"model": "m", "instructions": "Be brief.", "input": "Hi",
+                              "max_output_tokens": 5, "reasoning": {"effort": "low", "summary": "auto"},
+                              "temperature": 0})
+    assert list(chat) == ["model", "temperature", "messages", "max_tokens", "reasoning_effort"]
+    assert chat["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert chat["max_tokens"] == 5 and chat["reasoning_effort"] == "low"
+
+
+def test_items_become_messages_replies_and_tool_calls_merge_into_the_assistant_message():
+    chat = responses_to_chat({"input": [
+        {"role": "user", "content": "Weather?", "type": "message", "status": "completed"},
+        {"role": "assistant", "type": "message", "status": "completed",
+         "content": [{"type": "output_text", "text": "Let me look."}]},
+        {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "sun"}]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hmm"}]},
+    ]})
+    user, assistant, tool, thinking = chat["messages"]
+    assert user == {"role": "user", "content": [{"text": "Weather?", "type": "text"}]}
+    assert list(assistant) == ["role", "content", "tool_calls"]
+    assert assistant["content"] == [{"text": "Let me look.", "type": "text"}]
+    assert assistant["tool_calls"] == [{"function": {"arguments": "{}", "name": "w"}, "id": "c1",
+                                        "type": "function"}]
+    assert list(tool) == ["content", "role", "tool_call_id"]
+    assert tool["content"] == [{"type": "text", "text": "sun"}]
+    assert thinking == {"role": "assistant", "content": [], "reasoning_content": "hmm"}
+
+
+def test_tools_keep_their_keys_with_strict_added_and_others_skipped():
+    chat = responses_to_chat({"input": "x", "tools": [
+        {"type": "function", "name": "w", "parameters": {"type": "object"}}, {"type": "web_search"}]})
+    assert chat["tools"] == [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"},
+                                                               "strict": True}}]
+    assert "tools" not in responses_to_chat({"input": "x", "tools": [{"type": "web_search"}]})
+
+
+@pytest.mark.parametrize("body", [{}, {"input": "x", "previous_response_id": "r"}, {"input": 3},
+                                  {"input": [{"type": "mystery"}]},
+                                  {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
+                                  {"input": "x", "tools": {}}])
+def test_what_llama_server_refuses_is_not_converted(body):
+    with pytest.raises(NotConvertible):
+        responses_to_chat(body)
