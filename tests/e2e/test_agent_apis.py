@@ -57,6 +57,7 @@ def test_the_doors_tokens_of_a_responses_request_are_llama_servers(starter_model
 
 
 def respond(base: str, instructions: str, items: list[dict]) -> tuple[str, int, int]:
+    """A Responses API turn: (the reply, prompt tokens, of which cached)."""
     r = httpx.post(f"{base}/v1/responses", timeout=120, json={
         "instructions": instructions, "input": items, "max_output_tokens": 8, "temperature": 0})
     r.raise_for_status()
@@ -66,19 +67,37 @@ def respond(base: str, instructions: str, items: list[dict]) -> tuple[str, int, 
     return text, usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
 
 
-def test_two_responses_conversations_taking_turns_on_one_slot_are_restored_not_reread(
-        starter_model, server_bin, port):
+def message(base: str, system: str, messages: list[dict]) -> tuple[str, int, int]:
+    """A Messages API turn: (the reply, prompt tokens, of which cached)."""
+    r = httpx.post(f"{base}/v1/messages", timeout=120, json={
+        "model": "local", "system": system, "messages": messages, "max_tokens": 8, "temperature": 0})
+    r.raise_for_status()
+    d = r.json()
+    text = "".join(b.get("text", "") for b in d["content"] if b.get("type") == "text")
+    usage = d["usage"]
+    cached = usage.get("cache_read_input_tokens", 0)
+    return text, usage["input_tokens"] + cached, cached
+
+
+APIS = {"responses": (respond, lambda text: {"role": "assistant", "type": "message", "content": text}),
+        "messages": (message, lambda text: {"role": "assistant", "content": text})}
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_two_agent_conversations_taking_turns_on_one_slot_are_restored_not_reread(
+        api, starter_model, server_bin, port):
     """A and B take turns on one slot, then Slotkeeper is quit and started again: each next turn
     finds its conversation in the cache (saved as the other took the slot, restored for it), as a
     chat client's would, instead of being re-read."""
+    ask, reply_item = APIS[api]
     systems = {"A": LONG_FIRST_TURN, "B": " ".join(USER_TURNS * 8)}
     history: dict[str, list[dict]] = {"A": [], "B": []}
     cached: list[tuple[str, int, int]] = []
 
     def turn(base: str, who: str, text: str) -> None:
         history[who].append({"role": "user", "content": text})
-        reply, n_input, n_cached = respond(base, systems[who], history[who])
-        history[who].append({"role": "assistant", "type": "message", "content": reply or "..."})
+        reply, n_input, n_cached = ask(base, systems[who], history[who])
+        history[who].append(reply_item(reply or "..."))
         cached.append((who, n_input, n_cached))
 
     engine = make_engine(starter_model, server_bin, port, parallel=1)
@@ -103,3 +122,42 @@ def test_two_responses_conversations_taking_turns_on_one_slot_are_restored_not_r
     later = [c for i, c in enumerate(cached) if i >= 2]
     for who, n_input, n_cached in later:
         assert n_cached >= n_input - 40, (who, n_input, n_cached, cached)
+
+
+MESSAGES_BODIES = [
+    {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hello there"}]},
+    {"model": "m", "max_tokens": 8, "temperature": 0, "stop_sequences": ["\n\n"],
+     "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=a5145;You help."},
+                {"type": "text", "text": " Be brief."}],
+     "messages": [
+         {"role": "user", "content": [{"type": "text", "text": "What is the weather in Paris?"}]},
+         {"role": "assistant", "content": [
+             {"type": "thinking", "thinking": "I should call the tool.", "signature": "s"},
+             {"type": "text", "text": "Let me check."},
+             {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+              "input": {"city": "Paris", "units": "°C", "days": [1, 2], "exact": 1.5}}]},
+         {"role": "user", "content": [
+             {"type": "tool_result", "tool_use_id": "toolu_1",
+              "content": [{"type": "text", "text": "sunny"}]},
+             {"type": "text", "text": "Thanks!"}]}],
+     "tools": [{"name": "get_weather", "description": "The weather in a city",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                 "required": ["city"]}}],
+     "tool_choice": {"type": "auto"}},
+]
+
+
+def test_the_doors_tokens_of_a_messages_request_are_llama_servers(starter_model, server_bin, port):
+    """Anthropic's Messages API: a system prompt in blocks with Claude Code's billing header, a
+    reply with thinking, text and a tool call (its input with non-ASCII text and a float), a tool
+    result: the door's token count equals llama-server's own (/v1/messages/count_tokens)."""
+    engine = make_engine(starter_model, server_bin, port, parallel=1)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        for body in MESSAGES_BODIES:
+            ours = engine.loop.call(engine.prompts.tokens(endpoints.PROMPT_MESSAGES, body), 60)
+            theirs = httpx.post(f"{engine.base_url}/v1/messages/count_tokens", json=body, timeout=60).json()
+            assert ours is not None and len(ours) == theirs["input_tokens"], body
+    finally:
+        engine.stop(save=False)

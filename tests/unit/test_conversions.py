@@ -52,3 +52,43 @@ def test_tools_keep_their_keys_with_strict_added_and_others_skipped():
 def test_what_llama_server_refuses_is_not_converted(body):
     with pytest.raises(NotConvertible):
         responses_to_chat(body)
+
+
+def test_an_anthropic_body_becomes_llama_servers_chat_completion():
+    from slotkeeper.core.engine.conversions import messages_to_chat
+
+    chat = messages_to_chat({
+        "model": "claude", "max_tokens": 20, "stream": True, "metadata": {"user_id": "u1"},
+        "thinking": {"type": "enabled", "budget_tokens": 500},
+        "system": "x-anthropic-billing-header: cc_version=2.1; cch=a5145;You are Claude Code.",
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"},
+                                              {"type": "tool_use", "id": "t1", "name": "f",
+                                               "input": {"b": "é", "a": [1, 2.5]}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "text", "text": "o"}, {"type": "text", "text": "k"}]}]},
+            {"role": "assistant"},
+        ],
+        "tool_choice": {"type": "any"}, "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+    })
+    assert list(chat) == ["messages", "tools", "tool_choice", "max_tokens", "stream",
+                          "thinking_budget_tokens", "__metadata_user_id"]
+    system, user, assistant, tool = chat["messages"]
+    # the changing stamp of Claude Code's billing header is blanked, so prefixes stay cacheable
+    assert system == {"role": "system", "content": "x-anthropic-billing-header: cc_version=2.1; cch=fffff;"
+                                                   "You are Claude Code."}
+    assert user == {"role": "user", "content": "Hi"}
+    assert list(assistant) == ["role", "content", "tool_calls", "reasoning_content"]
+    assert assistant["tool_calls"][0]["function"]["arguments"] == '{"b":"é","a":[1,2.5]}'
+    assert tool == {"role": "tool", "tool_call_id": "t1", "content": "ok"}  # text-only results collapse
+    assert chat["tools"] == [{"type": "function", "function": {"name": "f", "description": "",
+                                                               "parameters": {"type": "object"}}}]
+    assert chat["tool_choice"] == "required" and chat["max_tokens"] == 20
+
+
+def test_an_anthropic_body_without_messages_is_not_converted():
+    from slotkeeper.core.engine.conversions import messages_to_chat
+
+    with pytest.raises(NotConvertible):
+        messages_to_chat({"model": "m", "max_tokens": 1})

@@ -1,10 +1,12 @@
-"""Agent APIs as llama-server reads them: a body of OpenAI's Responses API (``/v1/responses``) turned
-into the chat completion llama-server converts it to, so the front door knows its prompt tokens
-(the chat's template, then ``/tokenize``) exactly as llama-server computes them.
+"""Agent APIs as llama-server reads them: a body of OpenAI's Responses API (``/v1/responses``) or of
+Anthropic's Messages API (``/v1/messages``) turned into the chat completion llama-server converts it
+to, so the front door knows its prompt tokens (the chat's template, then ``/tokenize``) exactly as
+llama-server computes them.
 
-A port of ``server_chat_convert_responses_to_chatcmpl`` (tools/server/server-chat.cpp, llama.cpp
-b11434), step for step and key for key: llama-server's JSON keeps the order keys are inserted in
-(``ordered_json``), and a template that renders tool definitions or calls with ``tojson`` shows it.
+Ports of ``server_chat_convert_responses_to_chatcmpl`` and ``server_chat_convert_anthropic_to_oai``
+(tools/server/server-chat.cpp, llama.cpp b11434), step for step and key for key: llama-server's JSON
+keeps the order keys are inserted in (``ordered_json``), and a template that renders tool definitions
+or calls with ``tojson`` shows it; a tool call's input is written as its ``dump()`` writes it.
 Where llama-server would refuse a body (``std::invalid_argument``), ``NotConvertible`` is raised:
 the door then routes the request as one whose tokens are not known (the safe way), and llama-server
 gives the client its own error.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["NotConvertible", "responses_to_chat"]
+__all__ = ["NotConvertible", "messages_to_chat", "responses_to_chat"]
 
 
 class NotConvertible(ValueError):
@@ -186,4 +188,172 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if isinstance(reasoning, dict) and "effort" in reasoning:
             chat["reasoning_effort"] = reasoning["effort"]
         chat.pop("reasoning", None)
+    return chat
+
+
+# -- Anthropic's Messages API -------------------------------------------------------------------
+BILLING_HEADER = "x-anthropic-billing-header:"
+CCH_LENGTH = 5
+
+
+def _normalize_billing_header(text: str) -> str:
+    """llama-server blanks the changing ``cch=`` stamp of Claude Code's billing header (it would stop
+    prefix caching at the first line): ``normalize_anthropic_billing_header``."""
+    if not text.startswith(BILLING_HEADER):
+        return text
+    at = text.find("cch=", len(BILLING_HEADER))
+    if at < 0:
+        return text
+    start = at + 4
+    if start + CCH_LENGTH < len(text) and text[start + CCH_LENGTH] == ";":
+        return text[:start] + "f" * CCH_LENGTH + text[start + CCH_LENGTH:]
+    return text
+
+
+def _value(j: Any, key: str, default: Any) -> Any:
+    """``json_value(j, key, default)``: the value when it has the default's type, else the default."""
+    if not isinstance(j, dict) or key not in j or j[key] is None:
+        return default
+    value = j[key]
+    if isinstance(default, str):
+        return value if isinstance(value, str) else default
+    if isinstance(default, dict):
+        return value if isinstance(value, dict) else default
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else default
+    if isinstance(default, int):
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+    return value
+
+
+def _dump(value: Any) -> str:
+    """``json::dump()``: compact, UTF-8 as it is, keys in their order."""
+    import json
+
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NotConvertible(f"a tool's input cannot be written as llama-server writes it: {exc}") from None
+
+
+def _image(source: dict[str, Any]) -> dict[str, Any] | None:
+    kind = _value(source, "type", "")
+    if kind == "base64":
+        url = f"data:{_value(source, 'media_type', 'image/jpeg')};base64,{_value(source, 'data', '')}"
+    elif kind == "url":
+        url = _value(source, "url", "")
+    else:
+        return None
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat completion body llama-server makes of an Anthropic Messages API body
+    (``server_chat_convert_anthropic_to_oai``). Raises NotConvertible."""
+    messages: list[Any] = []
+    system = body.get("system")
+    if system is not None:
+        text = ""
+        if isinstance(system, str):
+            text = _normalize_billing_header(system)
+        elif isinstance(system, list):
+            for block in system:
+                if _value(block, "type", "") == "text":
+                    text += _normalize_billing_header(_value(block, "text", ""))
+        messages.append({"role": "system", "content": text})
+    if "messages" not in body:
+        raise NotConvertible("'messages' is required")
+    if isinstance(body["messages"], list):
+        for msg in body["messages"]:
+            role = _value(msg, "role", "")
+            if not isinstance(msg, dict) or "content" not in msg:
+                if role != "assistant":
+                    messages.append(copy.deepcopy(msg))
+                continue
+            content = msg["content"]
+            if not isinstance(content, list):
+                messages.append(copy.deepcopy(msg))
+                continue
+            tool_calls: list[dict[str, Any]] = []
+            converted: list[Any] = []
+            tool_results: list[dict[str, Any]] = []
+            reasoning = ""
+            has_tool_calls = False
+            for block in content:
+                kind = _value(block, "type", "")
+                if kind == "text":
+                    converted.append(copy.deepcopy(block))
+                elif kind == "thinking":
+                    reasoning += _value(block, "thinking", "")
+                elif kind == "image":
+                    image = _image(_value(block, "source", {}))
+                    if image is not None:
+                        converted.append(image)
+                elif kind == "tool_use":
+                    tool_calls.append({"id": _value(block, "id", ""), "type": "function",
+                                       "function": {"name": _value(block, "name", ""),
+                                                    "arguments": _dump(_value(block, "input", {}))}})
+                    has_tool_calls = True
+                elif kind == "tool_result":
+                    tool_use_id = _value(block, "tool_use_id", "")
+                    result = block.get("content")
+                    if isinstance(result, str):
+                        tool_results.append({"role": "tool", "tool_call_id": tool_use_id, "content": result})
+                    elif isinstance(result, list):
+                        text, parts, has_images = "", [], False
+                        for c in result:
+                            c_type = _value(c, "type", "")
+                            if c_type == "text":
+                                piece = _value(c, "text", "")
+                                text += piece
+                                parts.append({"type": "text", "text": piece})
+                            elif c_type == "image":
+                                has_images = True
+                                image = _image(_value(c, "source", {}))
+                                if image is not None:
+                                    parts.append(image)
+                        tool_results.append({"role": "tool", "tool_call_id": tool_use_id,
+                                             "content": parts if has_images else text})
+                    else:
+                        tool_results.append({"role": "tool", "tool_call_id": tool_use_id, "content": ""})
+            if converted or has_tool_calls or reasoning:
+                new_msg: dict[str, Any] = {"role": role}
+                if converted:
+                    new_msg["content"] = converted
+                else:
+                    new_msg["content"] = ""
+                if tool_calls:
+                    new_msg["tool_calls"] = tool_calls
+                if reasoning:
+                    new_msg["reasoning_content"] = reasoning
+                messages.append(new_msg)
+            messages.extend(tool_results)
+    chat: dict[str, Any] = {"messages": messages}
+    tools = body.get("tools")
+    if "tools" in body and isinstance(tools, list):
+        chat["tools"] = [{"type": "function", "function": {
+            "name": _value(tool, "name", ""), "description": _value(tool, "description", ""),
+            "parameters": (copy.deepcopy(tool["input_schema"])
+                           if isinstance(tool, dict) and "input_schema" in tool else {})}} for tool in tools]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        kind = _value(choice, "type", "")
+        if kind == "auto":
+            chat["tool_choice"] = "auto"
+        elif kind in ("any", "tool"):
+            chat["tool_choice"] = "required"
+    if "stop_sequences" in body:
+        chat["stop"] = copy.deepcopy(body["stop_sequences"])
+    chat["max_tokens"] = copy.deepcopy(body["max_tokens"]) if "max_tokens" in body else 4096
+    for key in ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs"):
+        if key in body:
+            chat[key] = copy.deepcopy(body[key])
+    if "thinking" in body:
+        thinking = _value(body, "thinking", {})
+        if _value(thinking, "type", "") == "enabled":
+            chat["thinking_budget_tokens"] = _value(thinking, "budget_tokens", 10000)
+    if "metadata" in body:
+        user_id = _value(_value(body, "metadata", {}), "user_id", "")
+        if user_id:
+            chat["__metadata_user_id"] = user_id
     return chat

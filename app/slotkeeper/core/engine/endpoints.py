@@ -33,12 +33,13 @@ METRICS = "metrics"  # GET /metrics: forwarded only when the user asked for --me
 PROMPT_CHAT = "chat"
 PROMPT_TEXT = "text"
 PROMPT_RESPONSES = "responses"
+PROMPT_MESSAGES = "messages"  # Anthropic's
 
 
 @dataclass(frozen=True)
 class Endpoint:
     kind: str
-    prompt: str | None = None  # GENERATE: "chat", "text", "responses", or None (not known to the door)
+    prompt: str | None = None  # GENERATE: chat, text, responses, messages; None: not known to the door
     status: int = 403  # REFUSED: the answer's status
     reason: str = ""  # REFUSED: the answer's words
 
@@ -54,6 +55,7 @@ UNROUTABLE = ("{what} requests cannot be given a slot by Slotkeeper, so they cou
 _chat = Endpoint(GENERATE, PROMPT_CHAT)
 _text = Endpoint(GENERATE, PROMPT_TEXT)
 _responses = Endpoint(GENERATE, PROMPT_RESPONSES)
+_messages = Endpoint(GENERATE, PROMPT_MESSAGES)
 _other = Endpoint(GENERATE)
 _pass = Endpoint(PASS)
 
@@ -67,7 +69,7 @@ ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/chat/completions"): _chat, ("POST", "/v1/chat/completions"): _chat,
     ("POST", "/v1/chat/completions/control"): _pass,
     ("POST", "/v1/responses"): _responses, ("POST", "/responses"): _responses,
-    ("POST", "/v1/messages"): _other, ("POST", "/infill"): _other,
+    ("POST", "/v1/messages"): _messages, ("POST", "/infill"): _other,
     # Embeddings and reranking need a server started for them (--embeddings, --rerank), which
     # holds no conversations; llama-server refuses them otherwise.
     ("POST", "/embedding"): _pass, ("POST", "/embeddings"): _pass, ("POST", "/v1/embeddings"): _pass,

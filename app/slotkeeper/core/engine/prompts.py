@@ -19,7 +19,7 @@ import orjson
 
 from slotkeeper.core.basics.tokens import TokenArray, tokens_from_json
 from slotkeeper.core.engine import endpoints
-from slotkeeper.core.engine.conversions import NotConvertible, responses_to_chat
+from slotkeeper.core.engine.conversions import NotConvertible, messages_to_chat, responses_to_chat
 from slotkeeper.core.engine.httpstack import aiohttp
 from slotkeeper.core.engine.server_link import ServerLink
 from slotkeeper.core.engine.shapes import Learn
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 # tokenizer: llama-server refuses it, and the front door does not tokenize it first.
 MAX_CHARS_PER_TOKEN = 64
 TOKENIZE_ATTEMPTS = 3
+# Agent APIs' bodies, as the chat completions llama-server converts them to.
+CONVERSIONS = {endpoints.PROMPT_RESPONSES: responses_to_chat, endpoints.PROMPT_MESSAGES: messages_to_chat}
 
 
 def single_prompt(prompt: Any) -> str | list[Any] | None:
@@ -100,9 +102,10 @@ class PromptTokens:
     async def tokens(self, prompt_kind: str | None, body: dict[str, Any]) -> TokenArray | None:
         """The request's prompt as llama-server will tokenize it (None when it cannot be known)."""
         prompt: str | list[Any] | None = None
-        if prompt_kind == endpoints.PROMPT_RESPONSES:
+        convert = CONVERSIONS.get(prompt_kind or "")
+        if convert is not None:
             try:
-                body, prompt_kind = responses_to_chat(body), endpoints.PROMPT_CHAT
+                body, prompt_kind = convert(body), endpoints.PROMPT_CHAT
             except NotConvertible:
                 return None  # llama-server refuses it, or the port does not know it: the safe way
         if prompt_kind == endpoints.PROMPT_TEXT:
