@@ -116,6 +116,16 @@ def test_two_agent_conversations_taking_turns_on_one_slot_are_restored_not_rerea
         assert engine.wait_ready(60) is ServerState.READY
         for who in ("A", "B"):
             turn(engine.base_url, who, USER_TURNS[2])
+        # The history records each request's figures, from the API's own usage.
+        wait_until(lambda: [r.cache_n for r in engine.history.recent(2)] == [c[2] for c in cached[-2:]],
+                   what="the history of the last two turns")
+        # Recorded like chat: each conversation's transcript is kept with its save, in words.
+        engine.save_slot(0)
+        transcripts = [engine.store.transcript(e) for e in engine.store.sessions()]
+        said = [" ".join(m.content for m in t.messages) for t in transcripts if t is not None]
+        assert any(USER_TURNS[2] in text and "mountain" in text.lower() for text in said), said
+        hits = engine.sessions.search("trail winds").hits
+        assert hits, "the conversation's text is searchable"
     finally:
         engine.stop(save=False)
     # Every turn after a conversation's first finds all but its newest message in the cache.

@@ -149,3 +149,36 @@ def _reply(text: str) -> ReplyCollector:
     r = ReplyCollector()
     r.feed_body(json.dumps({"choices": [{"message": {"content": text}}]}).encode())
     return r
+
+
+def test_agent_apis_answers_give_the_requests_figures_from_their_usage():
+    import json as _json
+
+    from slotkeeper.core.sessions.transcripts import ReplyCollector
+
+    def sse(*events):
+        return b"".join(b"event: x\ndata: " + _json.dumps(e).encode() + b"\n\n" for e in events)
+
+    r = ReplyCollector()  # Anthropic, whole: input_tokens are the ones not cached
+    r.feed_body(_json.dumps({"type": "message", "content": [{"type": "text", "text": "Hi"}],
+                             "usage": {"cache_read_input_tokens": 30, "input_tokens": 5,
+                                       "output_tokens": 2}}).encode())
+    assert r.timings == {"cache_n": 30, "prompt_n": 5, "predicted_n": 2} and r.content == ["Hi"]
+    r = ReplyCollector()  # Anthropic, streamed
+    start = {"usage": {"cache_read_input_tokens": 30, "input_tokens": 5, "output_tokens": 0}}
+    r.feed_stream(sse({"type": "message_start", "message": start},
+                      {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}},
+                      {"type": "message_delta", "usage": {"output_tokens": 3}}))
+    assert r.timings == {"cache_n": 30, "prompt_n": 5, "predicted_n": 3} and r.content == ["Hi"]
+    r = ReplyCollector()  # Responses, whole: input_tokens include the cached ones
+    r.feed_body(_json.dumps({"object": "response", "output": [
+        {"type": "message", "content": [{"type": "output_text", "text": "Hey"}]}],
+        "usage": {"input_tokens": 35, "output_tokens": 2,
+                  "input_tokens_details": {"cached_tokens": 30}}}).encode())
+    assert r.timings == {"cache_n": 30, "prompt_n": 5, "predicted_n": 2} and r.content == ["Hey"]
+    r = ReplyCollector()  # Responses, streamed
+    r.feed_stream(sse({"type": "response.output_text.delta", "delta": "Hey"},
+                      {"type": "response.completed", "response": {"usage": {
+                          "input_tokens": 35, "output_tokens": 4,
+                          "input_tokens_details": {"cached_tokens": 30}}}}))
+    assert r.timings == {"cache_n": 30, "prompt_n": 5, "predicted_n": 4} and r.content == ["Hey"]

@@ -434,7 +434,10 @@ class ReplyCollector:
             self._add(self.content, c.get("text"))  # OpenAI completions
             return
         kind = d.get("type")
+        if kind is None and d.get("object") == "response":  # a whole Responses answer names itself so
+            kind = "response"
         if isinstance(kind, str):  # Anthropic messages, OpenAI Responses
+            self._usage(kind, d)
             if kind == "message" and isinstance(d.get("content"), list):
                 for block in d["content"]:
                     if isinstance(block, dict):
@@ -453,6 +456,29 @@ class ReplyCollector:
                             self._add(self.content, block.get("text"))
             return
         self._add(self.content, d.get("content"))  # llama-server's own /completion
+
+    def _usage(self, kind: str, d: dict[str, Any]) -> None:
+        """The agent APIs carry no ``timings``; their usage says the same of the prompt: tokens read
+        from the cache, tokens evaluated, tokens generated (no times: ``prompt_ms`` is left out)."""
+        if kind in ("message", "message_start"):  # Anthropic: input_tokens are the ones not cached
+            message = d.get("message", d)
+            usage = message.get("usage") if isinstance(message, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
+                cached = usage.get("cache_read_input_tokens") or 0
+                self.timings = {"cache_n": cached, "prompt_n": usage["input_tokens"],
+                                "predicted_n": usage.get("output_tokens") or 0}
+        elif kind == "message_delta" and self.timings is not None:
+            usage = d.get("usage")
+            if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+                self.timings = {**self.timings, "predicted_n": usage["output_tokens"]}
+        elif kind in ("response", "response.completed"):  # Responses: input_tokens include the cached
+            response = d.get("response", d)
+            usage = response.get("usage") if isinstance(response, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
+                details = usage.get("input_tokens_details")
+                cached = (details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+                self.timings = {"cache_n": cached, "prompt_n": usage["input_tokens"] - cached,
+                                "predicted_n": usage.get("output_tokens") or 0}
 
     def _tool_calls(self, calls: Any) -> None:
         if not isinstance(calls, list):
