@@ -131,3 +131,23 @@ def bare_llama_server(argv: Sequence[str], log_file: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@contextmanager
+def llama_server_as_slotkeeper_runs_it(server_bin: str, model: Path, folder: Path,
+                                       **profile) -> Iterator[str]:
+    """llama-server alone, started with the arguments Slotkeeper gives it for ``profile`` (the
+    baseline of side-by-side tests); yields its base URL."""
+    from slotkeeper.core.server.command import build_argv
+    from slotkeeper.core.server.locate import locate_server, probe_flags
+
+    profile.setdefault("ctx", 2048)
+    binary = locate_server(server_bin)
+    prof = ServerProfile(model_path=str(model), server_bin=server_bin, port=1, **profile)
+    argv = list(build_argv(binary.argv_prefix, prof, model, folder, probe_flags(binary)))
+    for flag in ("--host", "--port"):  # bare_llama_server adds its own loopback address and port
+        if flag in argv:
+            i = argv.index(flag)
+            del argv[i:i + 2]
+    with bare_llama_server(argv, folder / "llama-server-alone.log") as base:
+        yield base

@@ -10,21 +10,23 @@ the same requests in the same order."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 import pytest
-from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, EventLog, bare_llama_server, make_engine, wait_until
+from e2e_helpers import (
+    LONG_FIRST_TURN,
+    USER_TURNS,
+    EventLog,
+    llama_server_as_slotkeeper_runs_it,
+    make_engine,
+    wait_until,
+)
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.model.modelgen import write_model
-from slotkeeper.core.server.command import build_argv
-from slotkeeper.core.server.locate import locate_server, probe_flags
 from slotkeeper.core.server.state import ServerState
-from slotkeeper.core.settings import ServerProfile
 
 pytestmark = pytest.mark.e2e
 
@@ -87,19 +89,9 @@ def distance(a: Answer, b: Answer) -> float:
     return max(abs(x - y) for xs, ys in zip(a.probs, b.probs) for x, y in zip(xs, ys))
 
 
-@contextmanager
-def never_stopped(server_bin: str, model: Path, folder: Path, profile: dict) -> Iterator[str]:
+def never_stopped(server_bin: str, model: Path, folder: Path, profile: dict):
     """llama-server alone with the arguments Slotkeeper gives it."""
-    binary = locate_server(server_bin)
-    prof = ServerProfile(model_path=str(model), server_bin=server_bin, port=1, ctx=2048, **profile)
-    argv = [a for a in build_argv(binary.argv_prefix, prof, model, folder, probe_flags(binary))]
-    # bare_llama_server adds its own loopback address and port
-    for flag in ("--host", "--port"):
-        if flag in argv:
-            i = argv.index(flag)
-            del argv[i:i + 2]
-    with bare_llama_server(argv, folder / "never-stopped.log") as base:
-        yield base
+    return llama_server_as_slotkeeper_runs_it(server_bin, model, folder, **profile)
 
 
 def reference(base: str, history: list[dict], case: str) -> tuple[Answer, Answer]:

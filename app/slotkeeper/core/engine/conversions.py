@@ -357,3 +357,161 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if user_id:
             chat["__metadata_user_id"] = user_id
     return chat
+
+
+# -- answering a Messages request the door sent as a chat completion ------------------------------
+# With more than one slot the door sends a Messages request as the chat completion above (with the
+# slot it chose: llama-server's own Messages handler drops ``id_slot``) and writes the answer as
+# llama-server's Messages handler writes it (``to_json_anthropic``, ``to_json_anthropic_stream`` and
+# the partial results' events in tools/server/server-task.cpp, ``format_anthropic_sse``).
+CHAT_EXTRAS = {"verbose": True}  # the answer then says which stop sequence ended it (``__verbose``)
+STREAM_EXTRAS = {"timings_per_token": True}  # the prompt's figures reach the stream's first events
+
+
+def _stop_reason(finish_reason: Any, has_tool_calls: bool) -> str:
+    """llama-server's: "max_tokens" unless an end of generation or a stop word ended it."""
+    if finish_reason in ("stop", "tool_calls"):
+        return "tool_use" if has_tool_calls else "end_turn"
+    return "max_tokens"
+
+
+def _stop_sequence(answer: dict[str, Any]) -> str | None:
+    verbose = answer.get("__verbose")
+    word = verbose.get("stopping_word") if isinstance(verbose, dict) else None
+    return word if isinstance(word, str) and word else None
+
+
+def _tool_input(arguments: Any) -> Any:
+    import json
+
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else None
+    except ValueError:
+        value = None
+    return value if value is not None else {}
+
+
+def chat_to_message_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """A whole chat completion answer written as llama-server writes a Messages answer."""
+    choice = (answer.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    calls = msg.get("tool_calls") or []
+    blocks: list[dict[str, Any]] = []
+    if msg.get("reasoning_content"):
+        blocks.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
+    if msg.get("content"):
+        blocks.append({"type": "text", "text": msg["content"]})
+    for call in calls:
+        fn = call.get("function") or {}
+        blocks.append({"type": "tool_use", "id": call.get("id", ""), "name": fn.get("name", ""),
+                       "input": _tool_input(fn.get("arguments"))})
+    t = answer.get("timings") or {}
+    cached = int(t.get("cache_n") or 0)
+    usage = answer.get("usage") or {}
+    return {"id": answer.get("id", ""), "type": "message", "role": "assistant", "content": blocks,
+            "model": answer.get("model", ""),
+            "stop_reason": _stop_reason(choice.get("finish_reason"), bool(calls)),
+            "stop_sequence": _stop_sequence(answer),
+            "usage": {"cache_read_input_tokens": cached, "input_tokens": int(t.get("prompt_n") or 0),
+                      "output_tokens": int(usage.get("completion_tokens") or t.get("predicted_n") or 0)}}
+
+
+def sse_event(event: str, data: dict[str, Any]) -> bytes:
+    """``format_anthropic_sse`` of one event: its name, then its data as compact JSON."""
+    import json
+
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event}\ndata: {payload}\n\n".encode()
+
+
+class MessagesStream:
+    """A streamed chat completion's chunks (decoded) turned into the events of llama-server's
+    streamed Messages answer. ``feed`` each chunk; it returns the bytes to send on."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.thinking_started = False
+        self.text_started = False
+        self.has_reasoning = False
+        self.tools_started: set[int] = set()
+        self.n_tool_calls = 0
+        self.done = False
+        self.stopping_word: str | None = None  # the final result's first chunk says it (``__verbose``)
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        out: list[bytes] = []
+        if "__verbose" in chunk:
+            self.stopping_word = _stop_sequence(chunk)
+        choice = (chunk.get("choices") or [{}])[0]
+        delta = choice.get("delta") or {}
+        finish = choice.get("finish_reason")
+        t = chunk.get("timings")
+        if not self.started and isinstance(t, dict):
+            self.started = True
+            out.append(sse_event("message_start", {"type": "message_start", "message": {
+                "id": chunk.get("id", ""), "type": "message", "role": "assistant", "content": [],
+                "model": chunk.get("model", ""), "stop_reason": None, "stop_sequence": None,
+                "usage": {"cache_read_input_tokens": int(t.get("cache_n") or 0),
+                          "input_tokens": int(t.get("prompt_n") or 0), "output_tokens": 0}}}))
+        reasoning, content = delta.get("reasoning_content"), delta.get("content")
+        if isinstance(reasoning, str) and reasoning:
+            self.has_reasoning = True
+            if not self.thinking_started:
+                self.thinking_started = True
+                out.append(sse_event("content_block_start", {
+                    "type": "content_block_start", "index": 0,
+                    "content_block": {"type": "thinking", "thinking": ""}}))
+            out.append(sse_event("content_block_delta", {
+                "type": "content_block_delta", "index": 0,
+                "delta": {"type": "thinking_delta", "thinking": reasoning}}))
+        if isinstance(content, str) and content:
+            index = 1 if self.has_reasoning else 0
+            if not self.text_started:
+                self.text_started = True
+                out.append(sse_event("content_block_start", {
+                    "type": "content_block_start", "index": index,
+                    "content_block": {"type": "text", "text": ""}}))
+            out.append(sse_event("content_block_delta", {
+                "type": "content_block_delta", "index": index,
+                "delta": {"type": "text_delta", "text": content}}))
+        for call in delta.get("tool_calls") or []:
+            i = int(call.get("index", 0))
+            index = (1 if self.has_reasoning else 0) + (1 if self.text_started else 0) + i
+            fn = call.get("function") or {}
+            if fn.get("name"):
+                self.tools_started.add(i)
+                self.n_tool_calls = max(self.n_tool_calls, i + 1)
+                out.append(sse_event("content_block_start", {
+                    "type": "content_block_start", "index": index,
+                    "content_block": {"type": "tool_use", "id": call.get("id", ""), "name": fn["name"]}}))
+            if fn.get("arguments"):
+                out.append(sse_event("content_block_delta", {
+                    "type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]}}))
+        if finish is not None and not self.done:
+            self.done = True
+            out.append(self._close(chunk, finish))
+        return b"".join(out)
+
+    def _close(self, chunk: dict[str, Any], finish: Any) -> bytes:
+        out: list[bytes] = []
+        text_index = 1 if self.has_reasoning else 0
+        if self.has_reasoning:
+            out.append(sse_event("content_block_delta", {
+                "type": "content_block_delta", "index": 0,
+                "delta": {"type": "signature_delta", "signature": ""}}))
+            out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        if self.text_started:
+            out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": text_index}))
+        for i in range(self.n_tool_calls):
+            index = (1 if self.has_reasoning else 0) + (1 if self.text_started else 0) + i
+            out.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+        t = chunk.get("timings") or {}
+        usage = chunk.get("usage") or {}
+        out.append(sse_event("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": _stop_reason(finish, self.n_tool_calls > 0),
+                      "stop_sequence": self.stopping_word},
+            "usage": {"output_tokens": int(usage.get("completion_tokens") or t.get("predicted_n") or 0)}}))
+        out.append(sse_event("message_stop", {"type": "message_stop"}))
+        return b"".join(out)

@@ -40,6 +40,15 @@ from yarl import URL
 
 from slotkeeper.core.basics.tokens import TokenArray
 from slotkeeper.core.engine import endpoints
+from slotkeeper.core.engine.conversions import (
+    CHAT_EXTRAS,
+    STREAM_EXTRAS,
+    MessagesStream,
+    NotConvertible,
+    chat_to_message_answer,
+    messages_to_chat,
+    sse_event,
+)
 from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
 from slotkeeper.core.engine.httpstack import aiohttp, web
@@ -330,6 +339,11 @@ class FrontDoor:
         outcome = Outcome(status=0, processed=False)
         reply = ReplyCollector()
         try:
+            as_chat = None
+            if ep.prompt == endpoints.PROMPT_MESSAGES and policy.n_slots > 1:
+                as_chat = messages_as_chat(body)
+            if as_chat is not None:  # llama-server's Messages handler would drop the slot chosen
+                return await self._forward_as_chat(request, query, as_chat, ticket, outcome, reply)
             return await self._forward(request, path, query, with_slot(raw, body, ticket.slot), ticket,
                                        outcome, reply)
         finally:
@@ -353,6 +367,64 @@ class FrontDoor:
                           f: asyncio.Future[TokenArray | None]) -> None:
         ticket.tokens = None if f.cancelled() or f.exception() is not None else f.result()
         self.desk.finish(ticket, outcome)
+
+    async def _forward_as_chat(self, request: web.Request, query: str, chat: dict[str, Any], ticket: Ticket,
+                               outcome: Outcome, reply: ReplyCollector) -> web.StreamResponse:
+        """A Messages request sent on as its chat completion, on the slot the desk chose, its answer
+        written back as llama-server's Messages handler writes it (whole, or as its events)."""
+        assert self._fresh is not None
+        headers = self._headers(request)
+        headers["Content-Type"] = "application/json"
+        data = orjson.dumps({**chat, "id_slot": ticket.slot} if ticket.slot is not None else chat)
+        outcome.processed = True
+        headers_in = False
+        try:
+            async with self._fresh.post(self._url("/v1/chat/completions", query), data=data,
+                                        headers=headers) as up:
+                headers_in = True
+                outcome.status = up.status
+                out_headers = {k: v for k, v in up.headers.items()
+                               if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"}
+                if up.content_type == "text/event-stream":
+                    outcome.processed = up.status == 200
+                    resp = web.StreamResponse(status=up.status, headers=out_headers)
+                    await resp.prepare(request)
+                    events = MessagesStream()
+                    buffer = b""
+                    try:
+                        async for chunk in up.content.iter_any():
+                            buffer += chunk
+                            *lines, buffer = buffer.split(b"\n")
+                            written = b"".join(events_of(events, line) for line in lines)
+                            if written:
+                                reply.feed_stream(written)
+                                await resp.write(written)
+                        await resp.write_eof()
+                        return resp
+                    finally:
+                        outcome.timings = reply.timings
+                answer = await up.read()
+                outcome.processed = up.status == 200
+                if outcome.processed:
+                    try:
+                        answer = json.dumps(chat_to_message_answer(json.loads(answer)), ensure_ascii=False,
+                                            separators=(",", ":")).encode()
+                    except (ValueError, TypeError, AttributeError, IndexError):
+                        pass  # not a chat completion: what llama-server said goes back as it is
+                    reply.feed_body(answer)
+                    outcome.timings = reply.timings
+                resp = web.Response(body=answer, status=up.status, headers=out_headers)
+                await resp.prepare(request)
+                await resp.write_eof()
+                return resp
+        except asyncio.CancelledError:
+            if not headers_in and ticket.slot is not None:
+                self.desk.abandoned(ticket.slot)
+            raise
+        except aiohttp.ClientConnectionError:
+            outcome.processed = ticket.slot is not None
+            return error_response(503, "llama-server went away during the request (it is being restarted)",
+                                  "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
     async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
                        outcome: Outcome, reply: ReplyCollector) -> web.StreamResponse:
@@ -397,6 +469,39 @@ class FrontDoor:
 
 
 
+def messages_as_chat(body: dict[str, Any]) -> dict[str, Any] | None:
+    """An Anthropic Messages request as the chat completion llama-server converts it to, with what
+    lets its answer be written back as llama-server writes a Messages answer (``conversions``);
+    None when llama-server would refuse the body (it is sent on as it is, and refused there)."""
+    try:
+        chat = messages_to_chat(body)
+    except NotConvertible:
+        return None
+    chat.update(CHAT_EXTRAS)
+    if chat.get("stream") is True:
+        chat.update(STREAM_EXTRAS)
+    return chat
+
+
+def events_of(events: MessagesStream, line: bytes) -> bytes:
+    """One line of a streamed chat completion, as the Messages events it makes (an error event for
+    an error; nothing for the rest)."""
+    if not line.startswith(b"data:"):
+        return b""
+    payload = line[5:].strip()
+    if not payload or payload == b"[DONE]":
+        return b""
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return b""
+    if not isinstance(chunk, dict):
+        return b""
+    if "error" in chunk and "choices" not in chunk:
+        return sse_event("error", chunk["error"])
+    return events.feed(chunk)
+
+
 async def _no_server_header(_request: web.Request, response: web.StreamResponse) -> None:
     response.headers.pop("Server", None)  # llama-server sends none; neither does its front door
 
@@ -407,10 +512,6 @@ def _several_slots(path: str, body: dict[str, Any]) -> str | None:
     if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 1:
         return ("Slotkeeper gives each request one slot; several completions at once (n > 1) would take "
                 "other slots it did not choose: send them as separate requests")
-    if path == "/v1/messages":
-        return ("Anthropic messages requests cannot be given a slot (llama-server drops id_slot), so with "
-                "more than one slot they could replace a conversation before it is saved; run Slotkeeper "
-                "with one slot to use /v1/messages")
     return None
 
 
