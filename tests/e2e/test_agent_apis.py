@@ -171,3 +171,48 @@ def test_the_doors_tokens_of_a_messages_request_are_llama_servers(starter_model,
             assert ours is not None and len(ours) == theirs["input_tokens"], body
     finally:
         engine.stop(save=False)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_llama_server_lost_during_a_messages_request_is_a_clear_error_and_the_door_goes_on(
+        stream, llama_model, server_bin, port):
+    """Two slots: a Messages request runs as its chat completion when llama-server dies. The client
+    gets llama-server's kind of answer for it (a 503 with the reason, or an error event ending the
+    stream), and once llama-server is back the door serves Messages again."""
+    import os
+    import signal
+    import threading
+
+    engine = make_engine(llama_model, server_bin, port, parallel=2)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        body = {"model": "m", "max_tokens": 1500, "temperature": 0, "stream": stream,
+                "messages": [{"role": "user", "content": " ".join(USER_TURNS)}]}
+        got: dict = {}
+
+        def ask() -> None:
+            with httpx.stream("POST", f"{engine.base_url}/v1/messages", json=body, timeout=120) as r:
+                got["status"] = r.status_code
+                got["text"] = r.read().decode()
+
+        t = threading.Thread(target=ask)
+        t.start()
+        wait_until(lambda: any(s.busy for s in engine.board), what="the request running")
+        os.kill(engine.supervisor.pid, signal.SIGKILL)
+        t.join(60)
+        assert not t.is_alive()
+        if stream:
+            assert got["status"] == 200 and "event: error" in got["text"] and "went away" in got["text"]
+        else:
+            assert got["status"] == 503 and "went away" in got["text"], got
+        short = {**body, "stream": False, "max_tokens": 4}
+
+        def served() -> bool:  # 503 with Retry-After while llama-server restarts, then served
+            r = httpx.post(f"{engine.base_url}/v1/messages", timeout=60, json=short)
+            assert r.status_code in (200, 503), r.text
+            return r.status_code == 200 and r.json()["type"] == "message"
+
+        wait_until(served, timeout=90, interval=0.5, what="Messages served again after the restart")
+    finally:
+        engine.stop(save=False)

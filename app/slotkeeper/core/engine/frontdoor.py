@@ -399,10 +399,13 @@ class FrontDoor:
                             if written:
                                 reply.feed_stream(written)
                                 await resp.write(written)
-                        await resp.write_eof()
-                        return resp
+                    except aiohttp.ClientError:  # llama-server went away mid-answer: an error event ends it
+                        await resp.write(sse_event("error", {"code": 503, "message": WENT_AWAY,
+                                                             "type": "unavailable_error"}))
                     finally:
                         outcome.timings = reply.timings
+                    await resp.write_eof()
+                    return resp
                 answer = await up.read()
                 outcome.processed = up.status == 200
                 if outcome.processed:
@@ -423,8 +426,7 @@ class FrontDoor:
             raise
         except aiohttp.ClientConnectionError:
             outcome.processed = ticket.slot is not None
-            return error_response(503, "llama-server went away during the request (it is being restarted)",
-                                  "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
+            return error_response(503, WENT_AWAY, "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
     async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
                        outcome: Outcome, reply: ReplyCollector) -> web.StreamResponse:
@@ -464,9 +466,11 @@ class FrontDoor:
             raise
         except aiohttp.ClientConnectionError:
             outcome.processed = ticket.slot is not None  # the server may have worked on it before it went
-            return error_response(503, "llama-server went away during the request (it is being restarted)",
-                                  "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
+            return error_response(503, WENT_AWAY, "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
+
+
+WENT_AWAY = "llama-server went away during the request (it is being restarted)"
 
 
 def messages_as_chat(body: dict[str, Any]) -> dict[str, Any] | None:
