@@ -100,16 +100,27 @@ def test_chat_three_turns_quit_relaunch_find_it_by_a_reply_and_continue_from_the
 
 
 @pytest.mark.timeout(1800)
-def test_a_conversation_an_outside_client_had_is_continued_in_the_window(qtbot, starter_model, server_bin,
-                                                                         port):
+def outside_turn(url: str, api: str, messages: list[dict]) -> str:
+    """One turn of an outside client, over the chat API or Anthropic's Messages API: the reply."""
+    if api == "messages":
+        r = httpx.post(f"{url}/v1/messages", timeout=300,
+                       json={"model": "local", "messages": messages, "max_tokens": 80,
+                             "temperature": 0}).json()
+        return "".join(b["text"] for b in r["content"] if b["type"] == "text")
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=300,
+                   json={"messages": messages, "max_tokens": 80, "temperature": 0}).json()
+    return r["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_a_conversation_an_outside_client_had_is_continued_in_the_window(api, qtbot, starter_model,
+                                                                         server_bin, port):
     bridge = launch(qtbot, starter_model, server_bin, port)
     try:
         url = bridge.engine.base_url
         messages = [{"role": "user", "content": "Tell me about lighthouses on rocky coasts."}]
         for follow_up in ("Who kept them running in the old days?", "How did they light the lamps?", None):
-            r = httpx.post(f"{url}/v1/chat/completions", timeout=300,
-                           json={"messages": messages, "max_tokens": 80, "temperature": 0}).json()
-            messages.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
+            messages.append({"role": "assistant", "content": outside_turn(url, api, messages)})
             if follow_up:
                 messages.append({"role": "user", "content": follow_up})
         saved = lambda: bool(bridge.engine.sessions.listing().sessions)  # noqa: E731
