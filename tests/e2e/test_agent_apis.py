@@ -129,6 +129,7 @@ def test_two_agent_conversations_taking_turns_on_one_slot_are_restored_not_rerea
     finally:
         engine.stop(save=False)
     # Every turn after a conversation's first finds all but its newest message in the cache.
+    print(f"{api}: (conversation, prompt tokens, of which cached) per turn: {cached}")
     later = [c for i, c in enumerate(cached) if i >= 2]
     for who, n_input, n_cached in later:
         assert n_cached >= n_input - 40, (who, n_input, n_cached, cached)
