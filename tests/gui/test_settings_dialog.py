@@ -96,6 +96,17 @@ def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dial
     assert d.settings().restore_on_start is None
 
 
+def test_restore_points_are_set_in_the_disk_tab(qtbot, engine, make_dialog):
+    engine.update_settings(Settings(point_spacing_tokens=2048))
+    d = make_dialog()
+    disk = d.disk_tab
+    assert disk.points_box.isChecked() and disk.spacing_spin.value() == 2048 and disk.spacing_spin.isEnabled()
+    disk.spacing_spin.setValue(8192)
+    assert d.settings().point_spacing_tokens == 8192
+    disk.points_box.setChecked(False)
+    assert not disk.spacing_spin.isEnabled() and d.settings().restore_points is False
+
+
 def test_demo_model_note_and_binary(qtbot, engine, make_dialog):
     engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
     d = make_dialog()

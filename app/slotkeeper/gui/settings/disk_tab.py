@@ -7,10 +7,20 @@ import math
 from dataclasses import replace
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLineEdit, QListWidget, QSlider, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QListWidget,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from slotkeeper.core.basics.units import human_bytes, parse_size
-from slotkeeper.core.settings import Settings, SettingsError
+from slotkeeper.core.settings import MIN_POINT_SPACING_TOKENS, Settings, SettingsError
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.jobs import describe_error
 from slotkeeper.gui.settings.form import FormTab, note
@@ -64,6 +74,8 @@ class DiskTab(FormTab):
         self._preview_timer.timeout.connect(self._run_preview)
 
         self.load(settings)
+        self.points_box.toggled.connect(self._points_toggled)
+        self.spacing_spin.valueChanged.connect(lambda _v: self.changed.emit())
         self.budget_slider.valueChanged.connect(self._slider_moved)
         self.budget_edit.textEdited.connect(self._budget_typed)
         self.budget_edit.editingFinished.connect(self._budget_finished)
@@ -93,6 +105,20 @@ class DiskTab(FormTab):
         form.setRowVisible(self.budget_error, False)
         self.usage_note = note("Measuring…")
         form.addRow("In use:", self.usage_note)
+        self.points_box = QCheckBox("Keep restore points")
+        self.points_box.setToolTip(
+            "Hybrid and sliding-window models (Qwen3.5, Gemma with --swa-full ...) can only go forward "
+            "from a restored conversation. Restore points save it a few tokens before the end of the last "
+            "prompt and where user messages start, so a regenerated reply or an edited message after a "
+            "restart re-reads only what changed. They take about twice the conversation's size and go "
+            "first when over budget.")
+        form.addRow("Rollbacks:", self.points_box)
+        self.spacing_spin = QSpinBox()
+        self.spacing_spin.setRange(MIN_POINT_SPACING_TOKENS, 1_000_000)
+        self.spacing_spin.setSingleStep(1024)
+        self.spacing_spin.setSuffix(" tokens")
+        self.spacing_spin.setToolTip("Points at earlier user messages are kept at least this far apart")
+        form.addRow("Earlier points apart:", self.spacing_spin)
         layout.addLayout(form)
         self.preview_title = note("Working out what this budget would delete…")
         layout.addWidget(self.preview_title)
@@ -112,12 +138,20 @@ class DiskTab(FormTab):
     # -- the fields -----------------------------------------------------------------------
     def load(self, settings: Settings) -> None:
         self._set_budget(settings.budget_bytes)
+        self.points_box.setChecked(settings.restore_points)
+        self.spacing_spin.setValue(settings.point_spacing_tokens)
+        self.spacing_spin.setEnabled(settings.restore_points)
 
     def apply(self, settings: Settings) -> Settings:
         budget = self.budget_value()
         if budget is None:
             raise SettingsError(f"the disk budget {self.budget_edit.text()!r} is not a size (try 20G)")
-        return replace(settings, budget_bytes=budget)
+        return replace(settings, budget_bytes=budget, restore_points=self.points_box.isChecked(),
+                       point_spacing_tokens=self.spacing_spin.value())
+
+    def _points_toggled(self, on: bool) -> None:
+        self.spacing_spin.setEnabled(on)
+        self.changed.emit()
 
     def budget_value(self) -> int | None:
         try:
