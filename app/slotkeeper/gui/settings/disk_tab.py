@@ -117,6 +117,8 @@ class DiskTab(FormTab):
         self.spacing_spin.setRange(MIN_POINT_SPACING_TOKENS, 1_000_000)
         self.spacing_spin.setSingleStep(1024)
         self.spacing_spin.setSuffix(" tokens")
+        widest = self.spacing_spin.fontMetrics().horizontalAdvance("1000000 tokens")
+        self.spacing_spin.setMaximumWidth(widest + 40)
         self.spacing_spin.setToolTip("Points at earlier user messages are kept at least this far apart")
         form.addRow("Earlier points apart:", self.spacing_spin)
         layout.addLayout(form)
