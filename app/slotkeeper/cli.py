@@ -412,8 +412,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
                 log.exception("saving before shutdown failed")
                 exit_code = 1
             finally:
-                if engine.supervisor.state is not ServerState.STOPPED:
-                    await loop.run_in_executor(None, engine.supervisor.stop)
+                await loop.run_in_executor(None, engine.stop_server_now)
                 restore_signals()
         return exit_code
 

@@ -109,3 +109,18 @@ def test_the_door_is_reached_only_from_above(engine):
                  engine.poller, engine.link, engine.rates, engine.identity, engine.launcher, engine.prompts,
                  engine.supervisor):
         assert not any(v is engine.front or isinstance(v, FrontDoor) for v in vars(part).values())
+
+
+def test_the_faces_use_the_engines_face_not_its_parts():
+    """The GUI and the command line talk to the engine through its face (``EngineFace``: reading,
+    commands, the sessions service) and events; they never reach into its parts."""
+    import re
+    from pathlib import Path
+
+    app = Path(__file__).resolve().parents[2] / "app" / "slotkeeper"
+    faces = [*app.joinpath("gui").rglob("*.py"), *app.glob("*.py")]
+    parts = re.compile(r"\bengine\.(supervisor|history|library|board|link|saves|actions|store|ledger"
+                       r"|poller|desk|front|prompts|launcher|rates)\b")
+    reaching = [f"{p.relative_to(app)}: {line.strip()}" for p in faces for line in p.read_text().splitlines()
+                if parts.search(line)]
+    assert reaching == []

@@ -176,7 +176,7 @@ class Feeds(QObject):
     # -- history --------------------------------------------------------------------------
     def load_history(self) -> None:
         def load() -> list:
-            return list(self._engine.history.recent(HISTORY_SHOWN))
+            return self._engine.recent_requests(HISTORY_SHOWN)
 
         def done(records: list) -> None:
             # Requests recorded while the file was being read are kept, not lost.

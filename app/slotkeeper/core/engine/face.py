@@ -16,6 +16,7 @@ from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.model_facts import ModelChoice
 from slotkeeper.core.engine.slot_saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS
 from slotkeeper.core.engine.snapshot import EngineSnapshot
+from slotkeeper.core.history import LaunchRecord, RequestHistory, RequestRecord
 from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.apikey import DoorKeys
 from slotkeeper.core.server.client import LlamaClient
@@ -41,6 +42,7 @@ class EngineFace:
     library: Library
     link: ServerLink
     hashes: ModelHashCache
+    history: RequestHistory
     ready: threading.Event
     _unsubscribe: Callable[[], None]
 
@@ -92,6 +94,14 @@ class EngineFace:
     def api_key(self) -> str | None:
         """A key the front door takes now (None: it takes none), for Slotkeeper's own clients of it."""
         return DoorKeys(self.running_profile.extra_args).first()
+
+    def recent_requests(self, n: int) -> list[RequestRecord]:
+        """The newest ``n`` requests of the history (it reads a file: call it as a job)."""
+        return list(self.history.recent(n))
+
+    def launches(self) -> list[LaunchRecord]:
+        """The launches the history keeps, this run's and earlier ones' (reads a file)."""
+        return list(self.history.launches())
 
     def client(self, timeout: float = 10.0) -> LlamaClient:
         """A client of the front door (slot actions may take up to ``timeout``)."""
@@ -168,6 +178,12 @@ class EngineFace:
         self._unsubscribe()
         self.loop.close()
         self.library.close()
+
+    def stop_server_now(self) -> None:
+        """Stop llama-server at once, without saving (blocking): the last resort of a face whose
+        orderly stop failed, so the server never outlives it."""
+        if self.supervisor.state is not ServerState.STOPPED:
+            self.supervisor.stop()
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:
         """Run the engine loop on this thread until ``main`` returns (`slotkeeper serve`)."""

@@ -27,7 +27,7 @@ class HistoryPage(QWidget):
         self._on_launch()
         bridge.load_history()
         # Launches of earlier runs too (the history file keeps them): a relaunch keeps the markers.
-        bridge.jobs.run(bridge.engine.history.launches, on_success=self._add_launches,
+        bridge.jobs.run(bridge.engine.launches, on_success=self._add_launches,
                         description="Reading the request history")
 
     def _on_history(self, records: list) -> None:
