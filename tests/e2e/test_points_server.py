@@ -236,3 +236,40 @@ def test_an_edit_further_back_restores_from_an_earlier_user_message_point(models
         want = figures(ask(raw, edited, max_tokens=4, logprobs=True, top_logprobs=5))
     assert got.prompt_n <= want.prompt_n + SLACK, (got.prompt_n, want.prompt_n)
     assert distance(got, want) <= HYBRID_TOLERANCE
+
+
+def test_a_request_that_comes_while_points_are_made_stops_them_at_the_next_step(
+        models_dir, server_bin, port, monkeypatch):
+    """Restore points are made while the slot is idle; a request for that slot arriving meanwhile
+    waits only for the point being made (each step is slowed here, as a big model's would be),
+    then goes on from what the slot holds, and gets its answer."""
+    import threading
+    import time
+
+    from slotkeeper.core.server.client import LlamaClient
+
+    real = LlamaClient.hold_prefix
+    started = threading.Event()
+
+    def slow_hold(self, slot, tokens, timeout=None):
+        started.set()
+        time.sleep(1.5)
+        return real(self, slot, tokens, timeout)
+
+    monkeypatch.setattr(LlamaClient, "hold_prefix", slow_hold)
+    model = write_model(models_dir / "tiny-qwen35.gguf", "qwen35")
+    engine = make_engine(model, server_bin, port, idle_save=0.2)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history = converse(engine.base_url)
+        assert started.wait(30), "the restore points began"
+        engine.update_settings(replace(engine.settings, idle_save_seconds=3600))  # no idle save after it
+        answer = ask(engine.base_url, [*history, {"role": "user", "content": USER_TURNS[3]}])
+        assert answer["choices"][0]["message"]["content"] is not None
+        assert answer["timings"]["cache_n"] > 0  # it went on from what the slot held
+        wait_until(lambda: not engine.board[0].busy, what="the slot free")
+        [saved] = [s for s in engine.store.sessions() if s.sidecar.points]
+        assert len(saved.sidecar.points) == 1, "the second point waited for the request"
+    finally:
+        engine.stop(save=False)

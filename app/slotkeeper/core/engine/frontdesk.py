@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from slotkeeper.core.basics.tokens import TokenArray, common_prefix_len, no_tokens
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.ledger import Figures
-from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, route, usable_prefix
+from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, Wait, route, usable_prefix
 from slotkeeper.core.engine.shapes import RequestShape, request_shape
 from slotkeeper.core.engine.slots import UNKNOWN, Ran
 from slotkeeper.core.model import families
@@ -191,6 +191,8 @@ class FrontDesk:
                     if isinstance(decision, Route) and not self._earlier_trying(me):
                         self._lease(decision.slot)
                         break
+                    if isinstance(decision, Wait):
+                        self.board.want(decision.slot)
                     if me is None:
                         return Ticket(None, tokens)  # llama-server queues it: its usual behaviour
                     # Waits: every slot busy, or its own slot busy, or a free slot is due to a

@@ -285,8 +285,11 @@ class SlotActions:
         http = self.link.client()
         made = 0
         held = None
+        board = self.board
         try:
             for n, kind in wanted:
+                if board[slot].wanted:
+                    break  # a request waits for this slot: the rest can wait
                 evaluated = await self.loop.run_io(http.hold_prefix, slot, list(prompt[:n]),
                                                    SLOT_ACTION_TIMEOUT_SECONDS)
                 held = prompt[:n]
@@ -303,6 +306,12 @@ class SlotActions:
                 log.info("restore point of %s at %d tokens (%s; %d evaluated)", sid, n, kind, evaluated)
             if not restore_after:
                 return made
+            if held is not None and board[slot].wanted:
+                # It holds a prefix of its conversation, live: the waiting request goes on from it.
+                board.rewound(slot, as_tokens(held), restored=False)
+                return made
+            if held is None:
+                return made  # nothing was done: it holds the conversation as it did
             restored = await self.loop.run_io(http.restore_slot, slot, sc.kv_file,
                                               SLOT_ACTION_TIMEOUT_SECONDS)
             if restored.n_restored != len(saved):

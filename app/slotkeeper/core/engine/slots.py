@@ -161,6 +161,8 @@ class Slot:
         self.view = SlotView(slot_id, n_ctx=n_ctx)
         self.content = SlotContent(n_prompt=UNKNOWN, held=UNKNOWN) if unknown else SlotContent()
         self.pending: PendingReuse | None = None
+        # A request waits for it while Slotkeeper acts on it (restore points stop early for it)
+        self.wanted = False
         # A request runs on it that replaces what it held (saved first): the request's tokens,
         # which routing compares instead, so that no one waits for a conversation that is leaving.
         self.replacing: TokenArray | None = None
@@ -281,7 +283,14 @@ class SlotBoard:
 
     def lease(self, slot_id: int) -> None:
         """A request through the front door takes the slot (autosave leaves it alone)."""
-        self[slot_id].watch.leased = True
+        s = self[slot_id]
+        s.watch.leased = True
+        s.wanted = False
+
+    def want(self, slot_id: int) -> None:
+        """A request waits for the slot, which is busy: work Slotkeeper does on it that can wait
+        (restore points) stops at its next step."""
+        self[slot_id].wanted = True
 
     def release(self, slot_id: int) -> None:
         s = self[slot_id]
