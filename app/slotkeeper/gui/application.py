@@ -33,7 +33,7 @@ from slotkeeper.gui.first_run import FirstRunDialog
 from slotkeeper.gui.model_switch import ModelSwitcher
 from slotkeeper.gui.notifications import Notifier
 from slotkeeper.gui.tray import TrayController
-from slotkeeper.gui.widgets import bring_forward
+from slotkeeper.gui.widgets import bring_forward, waiting_dialog
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.launching import Prelaunched
@@ -325,14 +325,9 @@ class SlotkeeperApp(QObject):
         if self.settings_dialog is not None:
             self.settings_dialog.reject()
         if self.bridge.running:
-            progress = QProgressDialog("Saving conversations and stopping llama-server…", "", 0, 0)
-            progress.setWindowTitle(APP_DISPLAY_NAME)
+            progress = waiting_dialog("Saving conversations and stopping llama-server…", APP_DISPLAY_NAME,
+                                      Qt.WindowModality.ApplicationModal)
             progress.setWindowIcon(icons.app_icon())
-            progress.setCancelButton(None)
-            progress.setMinimumDuration(0)
-            progress.setAutoClose(False)
-            progress.setAutoReset(False)
-            progress.setWindowModality(Qt.WindowModality.ApplicationModal)
             self.progress = progress
             self.bridge.on(ActivityChanged, self._quit_progress)
             progress.show()

@@ -53,6 +53,7 @@ from slotkeeper.gui.bridge import EngineBridge, SwitchOutcome, resolved_model_fi
 from slotkeeper.gui.jobs import describe_error
 from slotkeeper.gui.starter_fetch import StarterFetch, StarterMissing
 from slotkeeper.gui.theme import error_style, warning_style
+from slotkeeper.gui.widgets import waiting_dialog
 
 log = logging.getLogger(__name__)
 
@@ -375,14 +376,8 @@ class ModelSwitcher(QObject):
         self._starting = False
         self._launched = False
         if self.bridge.running:
-            progress = QProgressDialog(f"Switching to {name}: saving changed conversations…", "", 0, 0,
-                                       self.parent_widget)
-            progress.setWindowTitle("Switching models")
-            progress.setCancelButton(None)
-            progress.setMinimumDuration(0)
-            progress.setAutoClose(False)
-            progress.setAutoReset(False)
-            progress.setWindowModality(Qt.WindowModality.NonModal)
+            progress = waiting_dialog(f"Switching to {name}: saving changed conversations…",
+                                      "Switching models", Qt.WindowModality.NonModal, self.parent_widget)
             self.progress = progress
             progress.show()
         self.bridge.switch_model(model_path, resume_id=resume_id, force=force,

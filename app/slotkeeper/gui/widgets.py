@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
@@ -20,6 +21,20 @@ def show_bytes(bar: QProgressBar | QProgressDialog, done: int, total: int) -> No
     """``done`` of ``total`` bytes on a progress bar (or a progress dialog's)."""
     bar.setRange(0, max(1, total // _BAR_UNIT))
     bar.setValue(min(done, total) // _BAR_UNIT)
+
+
+def waiting_dialog(text: str, title: str, modality: Qt.WindowModality,
+                   parent: QWidget | None = None) -> QProgressDialog:
+    """A busy indicator for work that cannot be cancelled (saving before a quit or a switch): no
+    Cancel button, shown at once, open until its owner closes it."""
+    progress = QProgressDialog(text, "", 0, 0, parent)
+    progress.setWindowTitle(title)
+    progress.setCancelButton(None)
+    progress.setMinimumDuration(0)
+    progress.setAutoClose(False)
+    progress.setAutoReset(False)
+    progress.setWindowModality(modality)
+    return progress
 
 
 def bring_forward(window: QWidget) -> None:
