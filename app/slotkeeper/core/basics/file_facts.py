@@ -20,7 +20,7 @@ from typing import Any
 
 from slotkeeper.core.basics.fsutil import atomic_write_text, file_stamp
 
-__all__ = ["FileFactsCache"]
+__all__ = ["FileFactsCache", "load_entries"]
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,19 @@ class FileFactsCache:
                 log.debug("could not write %s: %s", self.cache_file, exc)
 
     def _load(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.cache_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.debug("ignoring unreadable cache %s: %s", self.cache_file, exc)
-            return {}
-        entries = data.get("entries") if isinstance(data, dict) else None
-        return entries if isinstance(entries, dict) else {}
+        return load_entries(self.cache_file)
+
+
+def load_entries(cache_file: Path, what: str = "cache", level: int = logging.DEBUG) -> dict[str, Any]:
+    """The ``entries`` of a cache file written as ``{"schema_version": 1, "entries": {...}}`` (this
+    module's and ``model.model_hash``'s); a file that is missing or cannot be read counts as empty
+    (it is a cache), and one that cannot be read is logged at ``level`` as an unreadable ``what``."""
+    try:
+        data = json.loads(cache_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.log(level, "ignoring unreadable %s %s: %s", what, cache_file, exc)
+        return {}
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return entries if isinstance(entries, dict) else {}

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slotkeeper.core.basics.file_facts import load_entries
 from slotkeeper.core.basics.fsutil import atomic_write_text, file_stamp
 
 __all__ = ["CHUNK_SIZE", "ModelChangedError", "ModelHashCache"]
@@ -89,15 +90,7 @@ class ModelHashCache:
 
     def _load(self) -> dict[str, dict[str, Any]]:
         """Entries from the cache file; an unreadable file counts as empty (it is a cache)."""
-        try:
-            data = json.loads(self.cache_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable model hash cache %s: %s", self.cache_file, exc)
-            return {}
-        entries = data.get("entries") if isinstance(data, dict) else None
-        return entries if isinstance(entries, dict) else {}
+        return load_entries(self.cache_file, "model hash cache", logging.WARNING)
 
     def _store(self, resolved: str, stamp: dict[str, int], sha: str) -> None:
         with self._lock:
