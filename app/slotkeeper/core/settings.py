@@ -31,6 +31,27 @@ class SettingsError(Exception):
     """Settings file that cannot be read; the message says why and what was kept."""
 
 
+def _json_of(settings: ServerProfile | ModelMemory) -> dict[str, Any]:
+    """A profile, or the settings remembered for a model, as JSON (the extra arguments a list)."""
+    data = asdict(settings)
+    data["extra_args"] = list(settings.extra_args)
+    return data
+
+
+def _fields_from_json(cls: type, raw: dict[str, Any], bad_args: Callable[[Any], str]) -> dict[str, Any]:
+    """The fields of ``cls`` in ``raw`` (keys from a newer version are ignored), the extra
+    arguments a tuple; SettingsError (``bad_args(value)`` says it) when they are not a list of
+    strings."""
+    known = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in raw.items() if k in known}
+    if "extra_args" in kwargs:
+        args = kwargs["extra_args"]
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise SettingsError(bad_args(args))
+        kwargs["extra_args"] = tuple(args)
+    return kwargs
+
+
 @dataclass(frozen=True)
 class ServerProfile:
     """What llama-server is launched with. ``ctx`` is the total context; each slot gets ctx/parallel."""
@@ -50,24 +71,15 @@ class ServerProfile:
     mmproj_path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["extra_args"] = list(self.extra_args)
-        return data
+        return _json_of(self)
 
     @classmethod
     def from_json(cls, raw: Any) -> ServerProfile:
         if not isinstance(raw, dict):
             raise SettingsError(f"setting 'profile' should be an object of server settings, not {raw!r}")
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in raw.items() if k in known}  # keys from a newer version are ignored
-        if "extra_args" in kwargs:
-            args = kwargs["extra_args"]
-            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-                raise SettingsError(
-                    "setting 'extra_args' should be a list of arguments such as [\"--threads\", \"4\"], not "
-                    f"{args!r}")
-            kwargs["extra_args"] = tuple(args)
-        return cls(**kwargs)
+        return cls(**_fields_from_json(cls, raw, lambda args: (
+            "setting 'extra_args' should be a list of arguments such as [\"--threads\", \"4\"], not "
+            f"{args!r}")))
 
     def validate(self) -> None:
         if not (1 <= self.port <= 65535):
@@ -149,14 +161,14 @@ class ModelMemory:
     """
 
     model_path: str
-    ctx: int = 8192
-    parallel: int = 1
-    flash_attn: bool = False
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    swa_full: bool = False
-    extra_args: tuple[str, ...] = ()
-    mmproj_path: str | None = None
+    ctx: int = ServerProfile.ctx  # the profile's defaults
+    parallel: int = ServerProfile.parallel
+    flash_attn: bool = ServerProfile.flash_attn
+    cache_type_k: str = ServerProfile.cache_type_k
+    cache_type_v: str = ServerProfile.cache_type_v
+    swa_full: bool = ServerProfile.swa_full
+    extra_args: tuple[str, ...] = ServerProfile.extra_args
+    mmproj_path: str | None = ServerProfile.mmproj_path
 
     @classmethod
     def of(cls, profile: ServerProfile) -> ModelMemory:
@@ -171,23 +183,14 @@ class ModelMemory:
                        **{name: getattr(self, name) for name in PER_MODEL_FIELDS})
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["extra_args"] = list(self.extra_args)
-        return data
+        return _json_of(self)
 
     @classmethod
     def from_json(cls, raw: Any) -> ModelMemory:
         if not isinstance(raw, dict) or not isinstance(raw.get("model_path"), str):
             raise SettingsError(f"each entry of 'models' should be an object with a model_path, not {raw!r}")
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in raw.items() if k in known}
-        if "extra_args" in kwargs:
-            args = kwargs["extra_args"]
-            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-                raise SettingsError(f"'extra_args' remembered for {raw['model_path']} should be a list of "
-                                    f"arguments, not {args!r}")
-            kwargs["extra_args"] = tuple(args)
-        memory = cls(**kwargs)
+        memory = cls(**_fields_from_json(cls, raw, lambda args: (
+            f"'extra_args' remembered for {raw['model_path']} should be a list of arguments, not {args!r}")))
         for f in fields(cls):
             value = getattr(memory, f.name)
             want = {"int": int, "bool": bool, "str": str}.get(str(f.type))
