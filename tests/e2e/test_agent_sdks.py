@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
+import httpx2
 import openai
 import pytest
 from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, llama_server_as_slotkeeper_runs_it, make_engine
@@ -20,6 +21,10 @@ from slotkeeper.core.server.state import ServerState
 pytestmark = pytest.mark.e2e
 
 GREEDY = {"temperature": 0}  # the SDK has no temperature of its own here
+# A new connection for every call, on both sides: llama-server may close a kept-alive connection
+# just as the client reuses it ("Server disconnected without sending a response"), which the
+# SDKs would retry; retries are off so that a connection the door loses is never hidden.
+ONE_SHOT = httpx2.Limits(max_keepalive_connections=0)
 TOOLS = [{"name": "get_weather", "description": "The weather in a city",
           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
                            "required": ["city"]}}]
@@ -44,7 +49,8 @@ def same(answer: Any) -> Any:
 
 def messages_session(base: str) -> list[Any]:
     """Everything a user of the anthropic SDK does, recorded as what came back."""
-    client = anthropic.Anthropic(base_url=base, api_key="local", max_retries=0)
+    client = anthropic.Anthropic(base_url=base, api_key="local", max_retries=0,
+                                 http_client=anthropic.DefaultHttpxClient(limits=ONE_SHOT))
     got: list[Any] = []
     system = LONG_FIRST_TURN
     history = [{"role": "user", "content": USER_TURNS[0]}]
@@ -80,7 +86,8 @@ def messages_session(base: str) -> list[Any]:
 
 
 def responses_session(base: str) -> list[Any]:
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="local", max_retries=0)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="local", max_retries=0,
+                           http_client=openai.DefaultHttpxClient(limits=ONE_SHOT))
     got: list[Any] = []
     items: list[dict] = []
     for text in USER_TURNS[:3]:
