@@ -17,7 +17,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["NotConvertible", "messages_to_chat", "responses_to_chat"]
+__all__ = ["MESSAGES_AS_CHAT_PATH", "MessagesStream", "NotConvertible", "chat_to_message_answer",
+           "message_answer_bytes", "messages_as_chat", "messages_to_chat", "responses_to_chat", "sse_event"]
 
 
 class NotConvertible(ValueError):
@@ -366,6 +367,33 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
 # the partial results' events in tools/server/server-task.cpp, ``format_anthropic_sse``).
 CHAT_EXTRAS = {"verbose": True}  # the answer then says which stop sequence ended it (``__verbose``)
 STREAM_EXTRAS = {"timings_per_token": True}  # the prompt's figures reach the stream's first events
+MESSAGES_AS_CHAT_PATH = "/v1/chat/completions"
+
+
+def messages_as_chat(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A Messages request as the chat completion llama-server converts it to, with what lets its
+    answer be written back as llama-server writes a Messages answer; None when llama-server would
+    refuse the body (it is sent on as it is, and refused there)."""
+    try:
+        chat = messages_to_chat(body)
+    except NotConvertible:
+        return None
+    chat.update(CHAT_EXTRAS)
+    if chat.get("stream") is True:
+        chat.update(STREAM_EXTRAS)
+    return chat
+
+
+def message_answer_bytes(answer: bytes) -> bytes:
+    """A whole chat completion answer's bytes, as llama-server writes the Messages answer (what is
+    not a chat completion, an error say, goes back as it is)."""
+    import json
+
+    try:
+        written = chat_to_message_answer(json.loads(answer))
+    except (ValueError, TypeError, AttributeError, IndexError):
+        return answer
+    return json.dumps(written, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _stop_reason(finish_reason: Any, has_tool_calls: bool) -> str:
@@ -433,12 +461,13 @@ class MessagesStream:
         self.thinking_started = False
         self.text_started = False
         self.has_reasoning = False
-        self.tools_started: set[int] = set()
         self.n_tool_calls = 0
         self.done = False
         self.stopping_word: str | None = None  # the final result's first chunk says it (``__verbose``)
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
+        if "error" in chunk and "choices" not in chunk:
+            return sse_event("error", chunk["error"])  # as llama-server ends a Messages stream that fails
         out: list[bytes] = []
         if "__verbose" in chunk:
             self.stopping_word = _stop_sequence(chunk)
@@ -479,7 +508,6 @@ class MessagesStream:
             index = (1 if self.has_reasoning else 0) + (1 if self.text_started else 0) + i
             fn = call.get("function") or {}
             if fn.get("name"):
-                self.tools_started.add(i)
                 self.n_tool_calls = max(self.n_tool_calls, i + 1)
                 out.append(sse_event("content_block_start", {
                     "type": "content_block_start", "index": index,

@@ -41,12 +41,10 @@ from yarl import URL
 from slotkeeper.core.basics.tokens import TokenArray
 from slotkeeper.core.engine import endpoints
 from slotkeeper.core.engine.conversions import (
-    CHAT_EXTRAS,
-    STREAM_EXTRAS,
+    MESSAGES_AS_CHAT_PATH,
     MessagesStream,
-    NotConvertible,
-    chat_to_message_answer,
-    messages_to_chat,
+    message_answer_bytes,
+    messages_as_chat,
     sse_event,
 )
 from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_target
@@ -56,7 +54,7 @@ from slotkeeper.core.engine.prompts import PromptTokens, resetting_socket, singl
 from slotkeeper.core.engine.shapes import SAMPLING_FIELDS, Learn
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
 from slotkeeper.core.sessions import transcripts
-from slotkeeper.core.sessions.transcripts import ReplyCollector, conversation
+from slotkeeper.core.sessions.transcripts import ReplyCollector, SseReader, conversation
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.frontdesk import FrontDesk
@@ -301,7 +299,7 @@ class FrontDoor:
 
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
                      on_chunk: Callable[[bytes], None] | None) -> web.StreamResponse:
-        headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = answer_headers(up)
         if up.content_type != "text/event-stream" and on_chunk is None:
             body = await up.read()
             return web.Response(body=body, status=up.status, headers=headers)
@@ -311,6 +309,25 @@ class FrontDoor:
             if on_chunk is not None:
                 on_chunk(chunk)
             await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def _relay_as_messages(self, request: web.Request, up: aiohttp.ClientResponse,
+                                 reply: ReplyCollector) -> web.StreamResponse:
+        """A streamed chat completion, sent back as the events of llama-server's streamed Messages
+        answer (an error event ends it if llama-server goes away meanwhile)."""
+        resp = web.StreamResponse(status=up.status, headers=answer_headers(up))
+        await resp.prepare(request)
+        events, chunks = MessagesStream(), SseReader()
+        try:
+            async for chunk in up.content.iter_any():
+                written = b"".join(events.feed(d) for d in chunks.feed(chunk))
+                if written:
+                    reply.feed_stream(written)
+                    await resp.write(written)
+        except aiohttp.ClientError:
+            await resp.write(sse_event("error", {"code": 503, "message": WENT_AWAY,
+                                                 "type": "unavailable_error"}))
         await resp.write_eof()
         return resp
 
@@ -338,19 +355,21 @@ class FrontDoor:
             ticket.shape = shape
         outcome = Outcome(status=0, processed=False)
         reply = ReplyCollector()
+        learn = Learn(ep.prompt, prompt_fields(body))
+        target, data, as_messages = path, with_slot(raw, body, ticket.slot), False
+        chat = None
+        if ep.prompt == endpoints.PROMPT_MESSAGES and policy.n_slots > 1:
+            chat = messages_as_chat(body)
+        if chat is not None:  # llama-server's Messages handler would drop the slot chosen: sent as a chat
+            target, as_messages = MESSAGES_AS_CHAT_PATH, True
+            data = with_slot(orjson.dumps(chat), chat, ticket.slot)
         try:
-            as_chat = None
-            if ep.prompt == endpoints.PROMPT_MESSAGES and policy.n_slots > 1:
-                as_chat = messages_as_chat(body)
-            if as_chat is not None:  # llama-server's Messages handler would drop the slot chosen
-                return await self._forward_as_chat(request, query, as_chat, ticket, outcome, reply)
-            return await self._forward(request, path, query, with_slot(raw, body, ticket.slot), ticket,
-                                       outcome, reply)
+            return await self._forward(request, target, query, data, ticket, outcome, reply, as_messages)
         finally:
             # The conversation as it stands now (built after the reply went out; never sent anywhere).
             if outcome.processed and outcome.timings is not None:
                 if ep.prompt == endpoints.PROMPT_CHAT:
-                    outcome.request = Learn(ep.prompt, prompt_fields(body))
+                    outcome.request = learn
                 text = single_prompt(body.get("prompt")) if ep.prompt == endpoints.PROMPT_TEXT else None
                 outcome.transcript = conversation(
                     transcripts.from_request(path, ep.prompt, body, text if isinstance(text, str) else None),
@@ -358,7 +377,7 @@ class FrontDoor:
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
-                self.desk.finish(ticket, outcome, learn=Learn(ep.prompt, prompt_fields(body)))
+                self.desk.finish(ticket, outcome, learn=learn)
             else:  # cut short: what the slot holds is known only from the tokens
                 asyncio.ensure_future(self.prompts.tokens(ep.prompt, body)).add_done_callback(
                     lambda f: self._finish_tokenized(ticket, outcome, f))
@@ -368,70 +387,12 @@ class FrontDoor:
         ticket.tokens = None if f.cancelled() or f.exception() is not None else f.result()
         self.desk.finish(ticket, outcome)
 
-    async def _forward_as_chat(self, request: web.Request, query: str, chat: dict[str, Any], ticket: Ticket,
-                               outcome: Outcome, reply: ReplyCollector) -> web.StreamResponse:
-        """A Messages request sent on as its chat completion, on the slot the desk chose, its answer
-        written back as llama-server's Messages handler writes it (whole, or as its events)."""
-        assert self._fresh is not None
-        headers = self._headers(request)
-        headers["Content-Type"] = "application/json"
-        data = orjson.dumps({**chat, "id_slot": ticket.slot} if ticket.slot is not None else chat)
-        outcome.processed = True
-        headers_in = False
-        try:
-            async with self._fresh.post(self._url("/v1/chat/completions", query), data=data,
-                                        headers=headers) as up:
-                headers_in = True
-                outcome.status = up.status
-                out_headers = {k: v for k, v in up.headers.items()
-                               if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"}
-                if up.content_type == "text/event-stream":
-                    outcome.processed = up.status == 200
-                    resp = web.StreamResponse(status=up.status, headers=out_headers)
-                    await resp.prepare(request)
-                    events = MessagesStream()
-                    buffer = b""
-                    try:
-                        async for chunk in up.content.iter_any():
-                            buffer += chunk
-                            *lines, buffer = buffer.split(b"\n")
-                            written = b"".join(events_of(events, line) for line in lines)
-                            if written:
-                                reply.feed_stream(written)
-                                await resp.write(written)
-                    except aiohttp.ClientError:  # llama-server went away mid-answer: an error event ends it
-                        await resp.write(sse_event("error", {"code": 503, "message": WENT_AWAY,
-                                                             "type": "unavailable_error"}))
-                    finally:
-                        outcome.timings = reply.timings
-                    await resp.write_eof()
-                    return resp
-                answer = await up.read()
-                outcome.processed = up.status == 200
-                if outcome.processed:
-                    try:
-                        answer = json.dumps(chat_to_message_answer(json.loads(answer)), ensure_ascii=False,
-                                            separators=(",", ":")).encode()
-                    except (ValueError, TypeError, AttributeError, IndexError):
-                        pass  # not a chat completion: what llama-server said goes back as it is
-                    reply.feed_body(answer)
-                    outcome.timings = reply.timings
-                resp = web.Response(body=answer, status=up.status, headers=out_headers)
-                await resp.prepare(request)
-                await resp.write_eof()
-                return resp
-        except asyncio.CancelledError:
-            if not headers_in and ticket.slot is not None:
-                self.desk.abandoned(ticket.slot)
-            raise
-        except aiohttp.ClientConnectionError:
-            outcome.processed = ticket.slot is not None
-            return error_response(503, WENT_AWAY, "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
-
     async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
-                       outcome: Outcome, reply: ReplyCollector) -> web.StreamResponse:
+                       outcome: Outcome, reply: ReplyCollector,
+                       as_messages: bool = False) -> web.StreamResponse:
         """Send the request on and the answer back (``reply`` assembles it for the transcript); the
-        client has all of it before ``finish``."""
+        client has all of it before ``finish``. ``as_messages``: a Messages request sent as its chat
+        completion, whose answer is written back as llama-server writes a Messages answer."""
         assert self._fresh is not None
         headers = self._headers(request)
         headers["Content-Type"] = "application/json"
@@ -444,17 +405,20 @@ class FrontDoor:
                 if up.content_type == "text/event-stream":
                     outcome.processed = up.status == 200
                     try:
+                        if as_messages:
+                            return await self._relay_as_messages(request, up, reply)
                         return await self._relay(request, up, reply.feed_stream)
                     finally:
                         outcome.timings = reply.timings
                 body = await up.read()
                 outcome.processed = up.status == 200
                 if outcome.processed:
+                    if as_messages:
+                        body = message_answer_bytes(body)
                     reply.feed_body(body)
                     outcome.timings = reply.timings
                 resp = web.Response(body=body, status=up.status,
-                                    headers={k: v for k, v in up.headers.items()
-                                             if k.lower() not in HOP_BY_HOP})
+                                    headers=answer_headers(up))
                 await resp.prepare(request)
                 await resp.write_eof()
                 return resp
@@ -471,39 +435,6 @@ class FrontDoor:
 
 
 WENT_AWAY = "llama-server went away during the request (it is being restarted)"
-
-
-def messages_as_chat(body: dict[str, Any]) -> dict[str, Any] | None:
-    """An Anthropic Messages request as the chat completion llama-server converts it to, with what
-    lets its answer be written back as llama-server writes a Messages answer (``conversions``);
-    None when llama-server would refuse the body (it is sent on as it is, and refused there)."""
-    try:
-        chat = messages_to_chat(body)
-    except NotConvertible:
-        return None
-    chat.update(CHAT_EXTRAS)
-    if chat.get("stream") is True:
-        chat.update(STREAM_EXTRAS)
-    return chat
-
-
-def events_of(events: MessagesStream, line: bytes) -> bytes:
-    """One line of a streamed chat completion, as the Messages events it makes (an error event for
-    an error; nothing for the rest)."""
-    if not line.startswith(b"data:"):
-        return b""
-    payload = line[5:].strip()
-    if not payload or payload == b"[DONE]":
-        return b""
-    try:
-        chunk = json.loads(payload)
-    except ValueError:
-        return b""
-    if not isinstance(chunk, dict):
-        return b""
-    if "error" in chunk and "choices" not in chunk:
-        return sse_event("error", chunk["error"])
-    return events.feed(chunk)
 
 
 async def _no_server_header(_request: web.Request, response: web.StreamResponse) -> None:
@@ -562,6 +493,11 @@ def _check_token_ids(prompt: Any, depth: int = 0) -> None:
             raise BadBody(f"token id {p} is out of range")
         if isinstance(p, (list, dict)):
             _check_token_ids(p, depth + 1)
+
+
+def answer_headers(up: aiohttp.ClientResponse) -> dict[str, str]:
+    """llama-server's answer headers the client gets (not the hop-by-hop ones, nor its length)."""
+    return {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
 
 
 def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:

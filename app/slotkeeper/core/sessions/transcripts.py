@@ -369,6 +369,32 @@ def _responses(body: Mapping[str, Any], source: str) -> Transcript | None:
 
 
 # -- the reply ------------------------------------------------------------------------------------
+class SseReader:
+    """The JSON objects of a server-sent event stream, as its bytes come: each ``data:`` line's
+    object (``[DONE]`` and anything that is not a JSON object left out)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        out = []
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if not payload or payload == b"[DONE]":
+                continue
+            try:
+                d = json.loads(payload)
+            except ValueError:
+                continue
+            if isinstance(d, dict):
+                out.append(d)
+        return out
+
+
 class ReplyCollector:
     """Assembles a reply from llama-server's answer: a whole JSON body or the events of a stream
     (OpenAI chat and completions, llama-server's own /completion, Anthropic messages, Responses),
@@ -381,7 +407,7 @@ class ReplyCollector:
         self.timings: dict[str, Any] | None = None
         self._calls: dict[int, dict[str, Any]] = {}
         self._size = 0
-        self._buffer = b""
+        self._events = SseReader()
 
     def feed_body(self, data: bytes) -> None:
         try:
@@ -394,20 +420,8 @@ class ReplyCollector:
             self._take(d, stream=False)
 
     def feed_stream(self, chunk: bytes) -> None:
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if not payload or payload == b"[DONE]":
-                continue
-            try:
-                d = json.loads(payload)
-            except ValueError:
-                continue
-            if isinstance(d, dict):
-                self.take_event(d)
+        for d in self._events.feed(chunk):
+            self.take_event(d)
 
     def take_event(self, d: dict[str, Any]) -> None:
         """One event of a stream, decoded already (by a reader that looks at each event itself)."""
