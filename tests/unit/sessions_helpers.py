@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slotkeeper.core.sessions import saving
+from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.kvfile import LLAMA_STATE_SEQ_MAGIC
 from slotkeeper.core.sessions.sidecar import Sidecar, content_hash_file, tokens_digest, write_sidecar_atomic
 from slotkeeper.core.sessions.store import SessionStore
@@ -34,6 +35,37 @@ def save_incoming(store: SessionStore, incoming_name: str, n_written: int, slot:
     if written is None:
         return saving.SaveOutcome("empty", None)
     return saving.commit_written(store, written, ctx, describe, current_id)
+
+
+def facts_of(sc: Sidecar) -> ServerFacts:
+    """The facts of a server a session was saved by (what a save or restore checks against)."""
+    return ServerFacts(model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
+                       cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
+                       n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
+                       kv_args=tuple(sc.kv_args), restore_mode=sc.restore_mode,
+                       mmproj_sha256=sc.mmproj_sha256)
+
+
+def locked_elsewhere(other: SessionStore) -> bool:
+    """Whether another thread finds the sessions folder locked now (``other``: a store of the same
+    folder with a short lock timeout)."""
+    import threading
+
+    from slotkeeper.core.sessions.folder_lock import FolderBusy
+
+    busy = []
+
+    def try_lock() -> None:
+        try:
+            with other.exclusive():
+                pass
+        except FolderBusy:
+            busy.append(True)
+
+    t = threading.Thread(target=try_lock)
+    t.start()
+    t.join()
+    return bool(busy)
 
 
 def make_session(sessions_dir: Path, sid: str, size: int = 1000, used: str = "2026-01-01T00:00:00Z",

@@ -9,10 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sessions_helpers import FIXTURE, make_session, write_slot_save
+from sessions_helpers import FIXTURE, facts_of, make_session, write_slot_save
 
 from slotkeeper.core.sessions import saving
-from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.points import (
     MIN_POINT_TOKENS,
     best_point,
@@ -165,7 +164,7 @@ def test_an_update_keeps_the_points_the_new_version_starts_with_and_removes_the_
     # within the tail slack is not it, so commit the new version as lineage would for an update.
     new_tokens = CONVERSATION[:600] + [5000 + i for i in range(500)]
     incoming = write_slot_save(folder / "incoming-00000000000000aa.kv", new_tokens)
-    ctx = saving.SaveContext(_facts(after), after.arch, after.llama_build)
+    ctx = saving.SaveContext(facts_of(after), after.arch, after.llama_build)
     written = saving.Written(incoming, new_tokens, incoming.stat().st_size, 0, 0)
     out = saving.commit_written(store, written, ctx, lambda t: ("t", "p"), current_id=SID)
     assert out.kind == "fork"  # diverged inside the session: a new one; the old keeps its points
@@ -189,13 +188,6 @@ def test_an_update_keeps_the_points_the_new_version_starts_with_and_removes_the_
                                 ctx, lambda t: ("t", "p"), current_id=SID)
     assert out.kind == "update" and [p.n_tokens for p in out.sidecar.points] == [400]
     assert not (folder / gone).exists() and store.sweep() == []
-
-
-def _facts(sc: Sidecar) -> ServerFacts:
-    return ServerFacts(model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
-                       cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
-                       n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
-                       kv_args=tuple(sc.kv_args), restore_mode=sc.restore_mode)
 
 
 def test_over_budget_the_points_of_the_least_recently_used_conversations_go_before_any_conversation(tmp_path):
@@ -247,11 +239,11 @@ def test_a_restore_of_a_damaged_point_is_refused_before_the_server_and_the_point
     store, sc = _session(folder)
     after = saving.commit_point(store, _incoming(folder, 900), SID, POINT_PROMPT)
     point = after.points[0]
-    entry, chosen = check_restorable(store, SID, _facts(sc), point.kv_file)
+    entry, chosen = check_restorable(store, SID, facts_of(sc), point.kv_file)
     assert chosen == point and entry.id == SID
     with open(folder / point.kv_file, "ab") as f:
         f.write(b"x")  # longer than saved
     with pytest.raises(RestoreRefused, match="restore point at 900 tokens"):
-        check_restorable(store, SID, _facts(sc), point.kv_file)
+        check_restorable(store, SID, facts_of(sc), point.kv_file)
     assert load_sidecar(folder / f"{SID}.json").points == ()
     assert store.get(SID).problems == []  # the conversation itself is whole

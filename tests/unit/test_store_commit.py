@@ -12,10 +12,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from sessions_helpers import make_session, write_slot_save
+from sessions_helpers import facts_of, locked_elsewhere, make_session, write_slot_save
 
 from slotkeeper.core.sessions import index as index_module
-from slotkeeper.core.sessions.folder_lock import FolderBusy
 from slotkeeper.core.sessions.index import BLOCK, SessionsIndex, SidecarRecord
 from slotkeeper.core.sessions.sidecar import load_sidecar
 from slotkeeper.core.sessions.stamps import hash_with_stamp
@@ -44,19 +43,8 @@ def test_commit_makes_the_incoming_file_the_new_version_step_by_step_and_the_ind
     seen = []
 
     def step(name: str) -> None:
-        busy = []
-
-        def try_lock() -> None:
-            try:
-                with other.exclusive():
-                    pass
-            except FolderBusy:
-                busy.append(True)
-
-        t = threading.Thread(target=try_lock)
-        t.start()
-        t.join()
-        seen.append((name, _names(folder), load_sidecar(folder / "aaaaaaaaaaaa.json").kv_file, bool(busy)))
+        seen.append((name, _names(folder), load_sidecar(folder / "aaaaaaaaaaaa.json").kv_file,
+                     locked_elsewhere(other)))
 
     sc = store.commit(incoming, new, A[:200], hashed=hashed, replaces=old.kv_file, step=step)
 
@@ -225,19 +213,7 @@ def test_a_save_decided_again_under_the_lock_asks_for_its_title_outside_the_lock
     asked_while_locked = []
 
     def describe(tokens):
-        busy = []
-
-        def try_lock() -> None:
-            try:
-                with other.exclusive():
-                    pass
-            except FolderBusy:
-                busy.append(True)
-
-        t = threading.Thread(target=try_lock)
-        t.start()
-        t.join()
-        asked_while_locked.append(bool(busy))
+        asked_while_locked.append(locked_elsewhere(other))
         return "title", "preview"
 
     real = saving._classify
@@ -257,18 +233,10 @@ def test_a_save_decided_again_under_the_lock_asks_for_its_title_outside_the_lock
 
     monkeypatch.setattr(saving, "_classify", classify)
     incoming = write_slot_save(folder / "incoming-00000000000000ff.kv", A[:100])
-    facts = _facts_of(sc)
+    facts = facts_of(sc)
     written = saving.Written(incoming, A[:100], incoming.stat().st_size, 0, 0)
     out = saving.commit_written(store, written, saving.SaveContext(facts, sc.arch, sc.llama_build), describe,
                                 current_id=sc.id)
     assert calls[0] == "unchanged" and out.kind == "update" and out.sidecar.n_tokens == 100
     assert asked_while_locked == [False]
 
-
-def _facts_of(sc):
-    from slotkeeper.core.sessions.compat import ServerFacts
-
-    return ServerFacts(model_sha256=sc.model_sha256, model_path=sc.model_path, flash_attn=sc.flash_attn,
-                       cache_type_k=sc.cache_type_k, cache_type_v=sc.cache_type_v, swa_full=sc.swa_full,
-                       n_parallel=sc.n_parallel, n_ctx_slot=sc.n_ctx_slot, swa=sc.swa,
-                       kv_args=tuple(sc.kv_args), restore_mode=sc.restore_mode)

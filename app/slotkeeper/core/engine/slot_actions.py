@@ -304,23 +304,21 @@ class SlotActions:
                     break  # the session changed meanwhile
                 made += 1
                 log.info("restore point of %s at %d tokens (%s; %d evaluated)", sid, n, kind, evaluated)
-            if not restore_after:
-                return made
-            if held is not None and board[slot].wanted:
+            if held is None or not restore_after:
+                return made  # nothing was done, or the server stops
+            if board[slot].wanted:
                 # It holds a prefix of its conversation, live: the waiting request goes on from it.
                 board.rewound(slot, as_tokens(held), restored=False)
                 return made
-            if held is None:
-                return made  # nothing was done: it holds the conversation as it did
             restored = await self.loop.run_io(http.restore_slot, slot, sc.kv_file,
                                               SLOT_ACTION_TIMEOUT_SECONDS)
             if restored.n_restored != len(saved):
                 raise SaveError(f"restoring {sid} after its restore points gave {restored.n_restored} tokens")
-            self.board.rewound(slot, as_tokens(saved), restored=True)
+            board.rewound(slot, as_tokens(saved), restored=True)
         except (ServerError, ServerUnavailable, SaveError, OSError) as exc:
             log.warning("restore points of %s in slot %s stopped: %s", sid, slot, exc)
             if held is not None:
-                self.board.rewound(slot, as_tokens(held), restored=False)
+                board.rewound(slot, as_tokens(held), restored=False)
         return made
 
     async def _user_start(self, request: Learn, prompt: TokenArray) -> int | None:
