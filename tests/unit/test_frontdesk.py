@@ -79,10 +79,9 @@ class Parts:
     # the library
     async def saved_prefixes(self, tokens, facts, beat: int = 0):
         await asyncio.sleep(self.slow_lookup.get(int(tokens[0]), 0))
-        if self.best is None:
-            return []
-        sid, shared, n_tokens, *points = self.best
-        return [SavedPrefix(sid, shared, n_tokens, tuple(points), 1000)]
+        if self.best is not None:
+            sid, shared, n_tokens, *points = self.best
+            yield SavedPrefix(sid, shared, n_tokens, tuple(points), 1000)
 
     # the ledger and the poller
     def ledger_done(self, slot, held, fig) -> None:

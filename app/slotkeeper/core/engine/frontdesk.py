@@ -292,11 +292,14 @@ class FrontDesk:
         mode = restore_mode(self.link.facts)
         if mode == families.RESTORE_NEVER:
             return None
+        exact = exact_only(mode)
         best: SessionOption | None = None
-        for hit in await self.library.saved_prefixes(tokens, self.link.facts, beat):
-            option = session_option(hit, len(tokens), exact_only(mode))
+        async for hit in self.library.saved_prefixes(tokens, self.link.facts, beat):
+            option = session_option(hit, len(tokens), exact)
             if option is not None and (best is None or option.prefix > best.prefix):
                 best = option
+            if option is not None and option.prefix == hit.shared:
+                break  # all it shares is usable: no session further down shares more
         return best
 
     def _lease(self, slot: int) -> None:

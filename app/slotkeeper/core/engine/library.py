@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,13 +178,13 @@ class Library:
 
     # -- routing's questions ----------------------------------------------------------------
     async def saved_prefixes(self, tokens: TokenArray, facts: ServerFacts | None,
-                             beat: int = 0) -> list[SavedPrefix]:
+                             beat: int = 0) -> AsyncIterator[SavedPrefix]:
         """The saved sessions sharing the longest prefixes with ``tokens`` (longest first), healthy
-        and compatible with the running server (``facts``), with their restore points. Empty at
-        once (nothing read from disk) when no session can share more than ``beat`` tokens."""
+        and compatible with the running server (``facts``), with their restore points, each read
+        only when the caller asks for it. None at once (nothing read from disk) when no session can
+        share more than ``beat`` tokens."""
         if facts is None:
-            return []
-        out = []
+            return
         for hit in self.index.longest_prefix(tokens, facts.model_sha256, limit=SAVED_PREFIX_HITS):
             if min(len(tokens), hit.at_most) <= beat:
                 break
@@ -196,9 +196,8 @@ class Library:
             except (OSError, SessionNotFound, ValueError):
                 self.store.unroute(hit.session_id)  # gone or changed behind our back
                 continue
-            out.append(SavedPrefix(hit.session_id, common_prefix_len(tokens, saved), len(saved),
-                                   entry.sidecar.points, entry.sidecar.size_bytes))
-        return out
+            yield SavedPrefix(hit.session_id, common_prefix_len(tokens, saved), len(saved),
+                              entry.sidecar.points, entry.sidecar.size_bytes)
 
     # -- the search index ---------------------------------------------------------------------
     def complete_search(self, facts: ServerFacts | None, http: Callable[[], LlamaClient],
