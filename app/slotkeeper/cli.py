@@ -326,7 +326,7 @@ def load_run_settings(args: argparse.Namespace, extra: list[str]):
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     """Headless: the engine loop runs on this thread until SIGINT/SIGTERM, then saves and stops."""
-    from slotkeeper.core.engine.launching import prelaunch
+    from slotkeeper.core.engine.lifecycle.launching import prelaunch
 
     paths, _service, settings = load_run_settings(args, extra)
     # llama-server loads the model while the rest of Slotkeeper is imported and built.
@@ -488,7 +488,7 @@ def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
     start_now = bool(args.model or args.demo)
     pre = None
     if (start_now or settings.start_server_on_launch) and settings.profile.model_path:
-        from slotkeeper.core.engine.launching import prelaunch
+        from slotkeeper.core.engine.lifecycle.launching import prelaunch
 
         # The model loads while Qt starts; the app's engine takes the launch over.
         pre = prelaunch(paths, settings, getattr(args, "command_line", None))

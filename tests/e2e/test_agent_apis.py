@@ -9,7 +9,7 @@ import httpx
 import pytest
 from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, make_engine, wait_until
 
-from slotkeeper.core.engine import endpoints
+from slotkeeper.core.engine.door import endpoints
 from slotkeeper.core.server.state import ServerState
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import pytest
 from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, EventLog, converse, make_engine, wait_until
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine import slot_saves
+from slotkeeper.core.engine.slots import saves as slot_saves
 from slotkeeper.core.server.state import ServerState
 
 pytestmark = pytest.mark.e2e

@@ -24,7 +24,7 @@ from e2e_helpers import (
 )
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine import frontdoor
+from slotkeeper.core.engine.door import frontdoor
 from slotkeeper.core.server.state import ServerState
 
 pytestmark = pytest.mark.e2e

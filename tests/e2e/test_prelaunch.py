@@ -17,13 +17,13 @@ pytestmark = pytest.mark.e2e
 
 # The engine's heavy parts: none of them may be needed to start llama-server.
 HEAVY = ("aiohttp", "numpy", "gguf", "httpx", "sqlite3", "slotkeeper.core.engine.engine",
-         "slotkeeper.core.engine.frontdoor", "slotkeeper.core.sessions.search")
+         "slotkeeper.core.engine.door.frontdoor", "slotkeeper.core.sessions.search")
 
 SCRIPT = textwrap.dedent("""
     import json, sys, time
     from slotkeeper.core.basics.paths import app_paths
     from slotkeeper.core.settings import ServerProfile, Settings
-    from slotkeeper.core.engine.launching import prelaunch
+    from slotkeeper.core.engine.lifecycle.launching import prelaunch
 
     model, server_bin, port, heavy = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
     wait = sys.argv[5] == "wait"  # else the engine is built at once, as `serve` does

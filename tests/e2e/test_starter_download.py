@@ -13,7 +13,7 @@ from e2e_helpers import EventLog, assert_it_answers, make_settings, wait_until
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import Engine
-from slotkeeper.core.engine.launching import prelaunch
+from slotkeeper.core.engine.lifecycle.launching import prelaunch
 from slotkeeper.core.model import starter_model as sm
 from slotkeeper.core.model.model_choice import DEMO_MODEL
 from slotkeeper.core.server.state import ServerState

@@ -12,7 +12,7 @@ from e2e_helpers import EventLog, make_engine, wait_until
 from test_front_door import long_message, reused, turn
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine import slot_saves as engine_module
+from slotkeeper.core.engine.slots import saves as engine_module
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.sessions import saving
 

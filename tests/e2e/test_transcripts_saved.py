@@ -161,7 +161,7 @@ def test_the_front_door_and_sessions_verify_tokenize_a_prompt_alike(llama_model,
     """One rule for a prompt's tokens (core.server.client: the template, then tokenize_body): the
     front door's own connection and the client `sessions verify` uses give the same tokens for a
     chat and a text prompt, so a transcript verify calls matching is what the door routed by."""
-    from slotkeeper.core.engine import endpoints
+    from slotkeeper.core.engine.door import endpoints
 
     engine = make_engine(llama_model, server_bin, port)
     engine.start()

@@ -101,7 +101,7 @@ def test_engine_ready_re_announces_the_listing(qtbot, bridge, engine, sessions_d
 
 
 def test_request_done_is_recorded_in_the_history(qtbot, bridge, engine):
-    from slotkeeper.core.engine.ledger import Figures
+    from slotkeeper.core.engine.desk.ledger import Figures
     from slotkeeper.core.history import RequestHistory
 
     # The engine records the request (from the response, on its loop) and emits RequestDone.

@@ -12,9 +12,9 @@ from gui_helpers import emit_from_thread, make_session
 from PySide6.QtCore import QPointF
 
 from slotkeeper.core import events as ev
-from slotkeeper.core.engine.ledger import Figures
-from slotkeeper.core.engine.model_facts import resolve_model, swa_note
-from slotkeeper.core.engine.slots import PendingReuse, judge_reuse
+from slotkeeper.core.engine.desk.ledger import Figures
+from slotkeeper.core.engine.lifecycle.model_facts import resolve_model, swa_note
+from slotkeeper.core.engine.slots.board import PendingReuse, judge_reuse
 from slotkeeper.core.history import RequestRecord
 from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server.state import ServerState

@@ -49,7 +49,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from slotkeeper.core.engine.autosave import MAX_DEFER_SECONDS
+from slotkeeper.core.engine.slots.autosave import MAX_DEFER_SECONDS
 
 IDLE_SAVE = 1.0  # --idle-save
 POLL_SLACK = 0.75  # the poller sees a turn end at most one poll (0.5 s) late, plus its own latency

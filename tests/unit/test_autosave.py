@@ -2,8 +2,8 @@
 others generate, back-off. Every request comes through the front door, which marks its slot
 changed when it is done (``request_done``); a poll only says when a turn ended and who is busy."""
 
-from slotkeeper.core.engine.autosave import AutosavePolicy
-from slotkeeper.core.engine.slots import SlotBoard
+from slotkeeper.core.engine.slots.autosave import AutosavePolicy
+from slotkeeper.core.engine.slots.board import SlotBoard
 from slotkeeper.core.events import EventBus
 from slotkeeper.core.server.client import SlotInfo
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core.engine.model_facts import resolve_model
+from slotkeeper.core.engine.lifecycle.model_facts import resolve_model
 from slotkeeper.core.model import starter_model as sm
 from slotkeeper.core.model.demo_model import ensure_demo_model
 from slotkeeper.core.model.model_choice import DEMO_MODEL

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slotkeeper.core.engine import endpoints
-from slotkeeper.core.engine.endpoints import BadTarget, canonical_target, endpoint
+from slotkeeper.core.engine.door import endpoints
+from slotkeeper.core.engine.door.endpoints import BadTarget, canonical_target, endpoint
 
 
 @pytest.mark.parametrize("target, path, query", [

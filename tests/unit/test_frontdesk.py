@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from slotkeeper.core.basics.tokens import as_tokens
-from slotkeeper.core.engine import frontdesk as fd
+from slotkeeper.core.engine.desk import frontdesk as fd
+from slotkeeper.core.engine.desk.frontdesk import FrontDesk, Outcome, request_shape
+from slotkeeper.core.engine.door.shapes import Learn
 from slotkeeper.core.engine.errors import FrontDeskError
-from slotkeeper.core.engine.frontdesk import FrontDesk, Outcome, request_shape
-from slotkeeper.core.engine.library import SavedPrefix
-from slotkeeper.core.engine.rates import Rates
-from slotkeeper.core.engine.shapes import Learn
-from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
+from slotkeeper.core.engine.slots.board import UNKNOWN, SlotBoard
+from slotkeeper.core.engine.slots.rates import Rates
+from slotkeeper.core.engine.stored.library import SavedPrefix
 from slotkeeper.core.events import EventBus
 from slotkeeper.core.views import RestoreSummary
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from slotkeeper.core.engine.frontdoor import (
+from slotkeeper.core.engine.door.frontdoor import (
     BadBody,
     parse_object,
     single_prompt,

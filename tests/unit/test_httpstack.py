@@ -1,4 +1,4 @@
-"""The front door's aiohttp is imported without loading CA certificates (core/engine/httpstack.py),
+"""The front door's aiohttp is imported without loading CA certificates (core/engine/door/httpstack.py),
 and nothing else is changed by that: other HTTPS contexts load them as always."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import json, ssl
-    from slotkeeper.core.engine import frontdoor
-    from slotkeeper.core.engine.httpstack import aiohttp
+    from slotkeeper.core.engine.door import frontdoor
+    from slotkeeper.core.engine.door.httpstack import aiohttp
     print(json.dumps({
         "aiohttp": aiohttp.connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"],
         "after": ssl.create_default_context().cert_store_stats()["x509_ca"],

@@ -8,9 +8,9 @@ import pytest
 from sessions_helpers import make_session
 
 from slotkeeper.core.basics.paths import app_paths
-from slotkeeper.core.engine import library as library_module
-from slotkeeper.core.engine.library import Library
-from slotkeeper.core.engine.loop import EngineLoop
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.stored import library as library_module
+from slotkeeper.core.engine.stored.library import Library
 from slotkeeper.core.events import EventBus, SessionsPruned
 from slotkeeper.core.sessions.index import SessionsIndex
 

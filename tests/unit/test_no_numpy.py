@@ -58,7 +58,7 @@ def test_session_files_lineage_and_the_index_never_load_numpy():
 
 
 def test_the_front_door_and_the_front_desk_never_load_numpy():
-    found = _probe("slotkeeper.core.engine.frontdoor", "slotkeeper.core.engine.frontdesk",
+    found = _probe("slotkeeper.core.engine.door.frontdoor", "slotkeeper.core.engine.desk.frontdesk",
                    "slotkeeper.core.sessions.kvfile", "slotkeeper.core.sessions.lineage",
                    "slotkeeper.core.sessions.index")
     own = {m for m in found["direct"] if m.startswith("slotkeeper")}

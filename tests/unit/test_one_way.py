@@ -18,7 +18,7 @@ import pytest
 
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import Engine
-from slotkeeper.core.engine.frontdoor import FrontDoor
+from slotkeeper.core.engine.door.frontdoor import FrontDoor
 from slotkeeper.core.events import EventBus
 from slotkeeper.core.settings import Settings
 

@@ -1,6 +1,6 @@
 """Which sessions go into which slot at launch: the pure plan, without a server."""
 
-from slotkeeper.core.engine.planning import LaunchCandidate, plan_launch_restores
+from slotkeeper.core.engine.desk.planning import LaunchCandidate, plan_launch_restores
 
 
 def cands(*specs):

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from slotkeeper.core.basics.units import human_bytes
-from slotkeeper.core.engine.model_facts import ModelChoice, swa_explanation, swa_kv_estimate, swa_note
+from slotkeeper.core.engine.lifecycle.model_facts import (
+    ModelChoice,
+    swa_explanation,
+    swa_kv_estimate,
+    swa_note,
+)
 from slotkeeper.core.model import gguf_info, gguf_memory
 from slotkeeper.core.server.command import (
     LOOPBACK_HOSTS,

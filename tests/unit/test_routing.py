@@ -1,6 +1,6 @@
 """Routing a request to a slot, without a server: prefixes, waiting, restores, eviction, recompute."""
 
-from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, Wait, route
+from slotkeeper.core.engine.desk.routing import Route, SessionOption, SlotOption, Wait, route
 
 
 def slot(i, prefix=0, held=0, n_prompt=0, busy=False, changed=False, used=0.0, fragile=0):
@@ -105,7 +105,7 @@ def test_a_request_rolling_back_inside_restored_state_is_served_from_a_restore_p
 
 
 def test_an_exact_repeat_of_restored_state_counts_as_nothing_kept():
-    from slotkeeper.core.engine.routing import usable_prefix
+    from slotkeeper.core.engine.desk.routing import usable_prefix
 
     assert usable_prefix(slot(0, prefix=950, held=950, fragile=950), 950) == 0
     assert usable_prefix(slot(0, prefix=950, held=950, fragile=950), 960) == 950

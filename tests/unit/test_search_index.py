@@ -12,7 +12,7 @@ import pytest
 from sessions_helpers import make_session, run_cli
 
 from slotkeeper.core.basics.paths import app_paths
-from slotkeeper.core.engine.searching import complete_partial
+from slotkeeper.core.engine.stored.searching import complete_partial
 from slotkeeper.core.services.sessions import SessionsService, reconcile_search
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable, fts_query
 from slotkeeper.core.sessions.store import SessionStore
@@ -244,7 +244,7 @@ def test_cli_search_prints_the_passage_and_json(service, paths):
 
 
 def test_a_saves_search_text_is_its_transcript_whole_or_the_detokenized_text_without_markers():
-    from slotkeeper.core.engine.searching import Described
+    from slotkeeper.core.engine.stored.searching import Described
     from slotkeeper.core.sessions.transcripts import Transcript
 
     class Server:

@@ -686,7 +686,7 @@ def test_optional_keys_default_when_absent_and_are_validated() -> None:
 
 def test_restore_record_explains_effective_with_the_engines_rule() -> None:
     # The engine judges a restore; the schema's docstring must say by which rule.
-    from slotkeeper.core.engine.slots import EFFECTIVE_REUSE_SHARE
+    from slotkeeper.core.engine.slots.board import EFFECTIVE_REUSE_SHARE
 
     doc = " ".join((RestoreRecord.__doc__ or "").split())
     assert "cache_n >= EFFECTIVE_REUSE_SHARE * n_restored" in doc

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QMessageBox, QPushButton, QWidget
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.units import human_bytes
-from slotkeeper.core.engine.model_facts import swa_kv_estimate
+from slotkeeper.core.engine.lifecycle.model_facts import swa_kv_estimate
 from slotkeeper.gui.bridge import EngineBridge
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from slotkeeper.core.engine.errors import EngineError
-from slotkeeper.core.engine.model_facts import DEMO_MODEL, ModelChoice
+from slotkeeper.core.engine.lifecycle.model_facts import DEMO_MODEL, ModelChoice
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.engine import Engine, EngineSnapshot

@@ -26,35 +26,35 @@ from typing import TypeVar
 
 from slotkeeper.core.basics import datalock
 from slotkeeper.core.basics.paths import AppPaths
+from slotkeeper.core.engine.desk.frontdesk import FrontDesk
+from slotkeeper.core.engine.desk.ledger import RequestLedger
+from slotkeeper.core.engine.door.frontdoor import DoorPolicy, FrontDoor
+from slotkeeper.core.engine.door.prompts import PromptTokens
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.face import EngineFace
-from slotkeeper.core.engine.frontdesk import FrontDesk
-from slotkeeper.core.engine.frontdoor import DoorPolicy, FrontDoor
-from slotkeeper.core.engine.identity import ModelIdentity
-from slotkeeper.core.engine.launcher import Launcher
-from slotkeeper.core.engine.launching import (
+from slotkeeper.core.engine.lifecycle.identity import ModelIdentity
+from slotkeeper.core.engine.lifecycle.launcher import Launcher
+from slotkeeper.core.engine.lifecycle.launching import (
     Prelaunched,
     binary_facts_cache,
 )
-from slotkeeper.core.engine.ledger import RequestLedger
-from slotkeeper.core.engine.library import Library
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.model_facts import (
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.lifecycle.model_facts import (
     model_facts_cache,
     resolve_model,
     swa_note,
 )
-from slotkeeper.core.engine.polling import SlotPoller
-from slotkeeper.core.engine.prompts import PromptTokens
-from slotkeeper.core.engine.rates import Rates
-from slotkeeper.core.engine.server_link import ServerLink
-from slotkeeper.core.engine.slot_actions import SlotActions
-from slotkeeper.core.engine.slot_saves import (
+from slotkeeper.core.engine.lifecycle.server_link import ServerLink
+from slotkeeper.core.engine.slots.actions import SlotActions
+from slotkeeper.core.engine.slots.board import SlotBoard
+from slotkeeper.core.engine.slots.polling import SlotPoller
+from slotkeeper.core.engine.slots.rates import Rates
+from slotkeeper.core.engine.slots.saves import (
     SHUTDOWN_SAVE_TIMEOUT_SECONDS,
     SlotSaves,
 )
-from slotkeeper.core.engine.slots import SlotBoard
 from slotkeeper.core.engine.snapshot import EngineSnapshot
+from slotkeeper.core.engine.stored.library import Library
 from slotkeeper.core.events import (
     ActivityChanged,
     EngineReady,

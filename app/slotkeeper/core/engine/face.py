@@ -12,9 +12,9 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
-from slotkeeper.core.engine.model_facts import ModelChoice
-from slotkeeper.core.engine.slot_saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop, LoopClosed
+from slotkeeper.core.engine.lifecycle.model_facts import ModelChoice
+from slotkeeper.core.engine.slots.saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS
 from slotkeeper.core.engine.snapshot import EngineSnapshot
 from slotkeeper.core.history import LaunchRecord, RequestHistory, RequestRecord
 from slotkeeper.core.model.model_hash import ModelHashCache
@@ -28,8 +28,8 @@ from slotkeeper.core.settings import ServerProfile, Settings
 from slotkeeper.core.views import RestoreSummary, SavesReport, SaveSummary
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.library import Library
-    from slotkeeper.core.engine.server_link import ServerLink
+    from slotkeeper.core.engine.lifecycle.server_link import ServerLink
+    from slotkeeper.core.engine.stored.library import Library
 
 T = TypeVar("T")
 

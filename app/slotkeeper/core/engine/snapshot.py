@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slotkeeper.core.engine.model_facts import ModelChoice, profile_model_name
+from slotkeeper.core.engine.lifecycle.model_facts import ModelChoice, profile_model_name
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import ServerProfile, Settings

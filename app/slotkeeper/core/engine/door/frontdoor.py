@@ -39,25 +39,25 @@ import orjson
 from yarl import URL
 
 from slotkeeper.core.basics.tokens import TokenArray
-from slotkeeper.core.engine import endpoints
-from slotkeeper.core.engine.conversions import (
+from slotkeeper.core.engine.desk.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
+from slotkeeper.core.engine.door import endpoints
+from slotkeeper.core.engine.door.conversions import (
     MESSAGES_AS_CHAT_PATH,
     MessagesStream,
     message_answer_bytes,
     messages_as_chat,
     sse_event,
 )
-from slotkeeper.core.engine.endpoints import BadTarget, Endpoint, canonical_target
-from slotkeeper.core.engine.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
-from slotkeeper.core.engine.httpstack import aiohttp, web
-from slotkeeper.core.engine.prompts import PromptTokens, resetting_socket, single_prompt
-from slotkeeper.core.engine.shapes import SAMPLING_FIELDS, Learn
+from slotkeeper.core.engine.door.endpoints import BadTarget, Endpoint, canonical_target
+from slotkeeper.core.engine.door.httpstack import aiohttp, web
+from slotkeeper.core.engine.door.prompts import PromptTokens, resetting_socket, single_prompt
+from slotkeeper.core.engine.door.shapes import SAMPLING_FIELDS, Learn
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
 from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.transcripts import ReplyCollector, SseReader, conversation
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.frontdesk import FrontDesk
+    from slotkeeper.core.engine.desk.frontdesk import FrontDesk
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from slotkeeper.core.engine.errors import EngineError
-from slotkeeper.core.engine.identity import ModelIdentity
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.model_facts import ModelChoice, llama_build_tag, server_facts
-from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS
-from slotkeeper.core.engine.slot_saves import SlotSaves, describe_save_error, save_summary
+from slotkeeper.core.engine.lifecycle.identity import ModelIdentity
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.lifecycle.model_facts import ModelChoice, llama_build_tag, server_facts
+from slotkeeper.core.engine.lifecycle.server_link import SLOT_ACTION_TIMEOUT_SECONDS
+from slotkeeper.core.engine.slots.saves import SlotSaves, describe_save_error, save_summary
 from slotkeeper.core.events import EventBus, SaveFailed, SessionSaved, WarningRaised
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.sessions.saving import SaveContext

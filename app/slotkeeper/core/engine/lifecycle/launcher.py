@@ -13,13 +13,13 @@ from typing import Any
 
 from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.basics.paths import AppPaths
-from slotkeeper.core.engine.identity import ModelIdentity, byte_progress
-from slotkeeper.core.engine.launching import LaunchPlan, plan_launch, remember_illegal_instruction
-from slotkeeper.core.engine.leftover import save_leftover
-from slotkeeper.core.engine.loop import EngineLoop, LoopClosed
-from slotkeeper.core.engine.model_facts import resolve_model
-from slotkeeper.core.engine.server_link import ServerLink
-from slotkeeper.core.engine.slot_saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS, SlotSaves
+from slotkeeper.core.engine.lifecycle.identity import ModelIdentity, byte_progress
+from slotkeeper.core.engine.lifecycle.launching import LaunchPlan, plan_launch, remember_illegal_instruction
+from slotkeeper.core.engine.lifecycle.leftover import save_leftover
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop, LoopClosed
+from slotkeeper.core.engine.lifecycle.model_facts import resolve_model
+from slotkeeper.core.engine.lifecycle.server_link import ServerLink
+from slotkeeper.core.engine.slots.saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS, SlotSaves
 from slotkeeper.core.events import ActivityChanged, EventBus, LaunchPlanned, NoticeRaised, WarningRaised
 from slotkeeper.core.model.demo_model import DEMO_NOTICE
 from slotkeeper.core.model.starter_model import StarterUnavailable

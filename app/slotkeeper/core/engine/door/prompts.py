@@ -18,11 +18,11 @@ from typing import Any
 import orjson
 
 from slotkeeper.core.basics.tokens import TokenArray, tokens_from_json
-from slotkeeper.core.engine import endpoints
-from slotkeeper.core.engine.conversions import NotConvertible, messages_to_chat, responses_to_chat
-from slotkeeper.core.engine.httpstack import aiohttp
-from slotkeeper.core.engine.server_link import ServerLink
-from slotkeeper.core.engine.shapes import Learn
+from slotkeeper.core.engine.door import endpoints
+from slotkeeper.core.engine.door.conversions import NotConvertible, messages_to_chat, responses_to_chat
+from slotkeeper.core.engine.door.httpstack import aiohttp
+from slotkeeper.core.engine.door.shapes import Learn
+from slotkeeper.core.engine.lifecycle.server_link import ServerLink
 from slotkeeper.core.server.client import TEMPLATE_PATH, TOKENIZE_PATH, rendered_prompt, tokenize_body
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.model_facts import ModelChoice, llama_build_tag, resolve_projector, server_facts
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.lifecycle.model_facts import (
+    ModelChoice,
+    llama_build_tag,
+    resolve_projector,
+    server_facts,
+)
 from slotkeeper.core.events import ActivityChanged, EventBus
 from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.client import LlamaClient

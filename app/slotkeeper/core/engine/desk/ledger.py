@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slotkeeper.core.engine.library import Library
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.slots import SlotBoard, judge_reuse
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.slots.board import SlotBoard, judge_reuse
+from slotkeeper.core.engine.stored.library import Library
 from slotkeeper.core.events import EventBus, RequestDone, WarningRaised
 from slotkeeper.core.history import RequestHistory, RequestRecord
 

@@ -15,11 +15,11 @@ import logging
 import time
 
 from slotkeeper.core.basics.tokens import TokenArray, as_tokens
-from slotkeeper.core.engine.library import Library
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.searching import Described
-from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
-from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.lifecycle.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
+from slotkeeper.core.engine.slots.board import UNKNOWN, SlotBoard
+from slotkeeper.core.engine.stored.library import Library
+from slotkeeper.core.engine.stored.searching import Described
 from slotkeeper.core.events import ActivityChanged, EventBus, SaveFailed, SessionSaved, WarningRaised
 from slotkeeper.core.model import families
 from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable

@@ -11,17 +11,17 @@ import logging
 import time
 
 from slotkeeper.core.basics.tokens import TokenArray, as_tokens
-from slotkeeper.core.engine import endpoints
+from slotkeeper.core.engine.desk.planning import LaunchCandidate, plan_launch_restores
+from slotkeeper.core.engine.door import endpoints
+from slotkeeper.core.engine.door.prompts import PromptTokens
+from slotkeeper.core.engine.door.shapes import Learn
 from slotkeeper.core.engine.errors import EngineError
-from slotkeeper.core.engine.library import Library
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.planning import LaunchCandidate, plan_launch_restores
-from slotkeeper.core.engine.prompts import PromptTokens
-from slotkeeper.core.engine.rates import Rates
-from slotkeeper.core.engine.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
-from slotkeeper.core.engine.shapes import Learn
-from slotkeeper.core.engine.slot_saves import SlotSaves
-from slotkeeper.core.engine.slots import UNKNOWN, SlotBoard
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.lifecycle.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
+from slotkeeper.core.engine.slots.board import UNKNOWN, SlotBoard
+from slotkeeper.core.engine.slots.rates import Rates
+from slotkeeper.core.engine.slots.saves import SlotSaves
+from slotkeeper.core.engine.stored.library import Library
 from slotkeeper.core.events import (
     ActivityChanged,
     EventBus,

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slotkeeper.core.basics.tokens import TokenArray, common_prefix_len, no_tokens
+from slotkeeper.core.engine.desk.ledger import Figures
+from slotkeeper.core.engine.desk.routing import Route, SessionOption, SlotOption, Wait, route, usable_prefix
+from slotkeeper.core.engine.door.shapes import RequestShape, request_shape
 from slotkeeper.core.engine.errors import FrontDeskError
-from slotkeeper.core.engine.ledger import Figures
-from slotkeeper.core.engine.routing import Route, SessionOption, SlotOption, Wait, route, usable_prefix
-from slotkeeper.core.engine.shapes import RequestShape, request_shape
-from slotkeeper.core.engine.slots import UNKNOWN, Ran
+from slotkeeper.core.engine.slots.board import UNKNOWN, Ran
 from slotkeeper.core.model import families
 from slotkeeper.core.server.client import ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts
@@ -30,16 +30,16 @@ from slotkeeper.core.sessions.points import best_point
 from slotkeeper.core.sessions.transcripts import Transcript
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.ledger import RequestLedger
-    from slotkeeper.core.engine.library import Library, SavedPrefix
-    from slotkeeper.core.engine.polling import SlotPoller
-    from slotkeeper.core.engine.prompts import PromptTokens
-    from slotkeeper.core.engine.rates import Rates
-    from slotkeeper.core.engine.server_link import ServerLink
-    from slotkeeper.core.engine.shapes import Learn
-    from slotkeeper.core.engine.slot_actions import SlotActions
-    from slotkeeper.core.engine.slot_saves import SlotSaves
-    from slotkeeper.core.engine.slots import SlotBoard, SlotContent
+    from slotkeeper.core.engine.desk.ledger import RequestLedger
+    from slotkeeper.core.engine.door.prompts import PromptTokens
+    from slotkeeper.core.engine.door.shapes import Learn
+    from slotkeeper.core.engine.lifecycle.server_link import ServerLink
+    from slotkeeper.core.engine.slots.actions import SlotActions
+    from slotkeeper.core.engine.slots.board import SlotBoard, SlotContent
+    from slotkeeper.core.engine.slots.polling import SlotPoller
+    from slotkeeper.core.engine.slots.rates import Rates
+    from slotkeeper.core.engine.slots.saves import SlotSaves
+    from slotkeeper.core.engine.stored.library import Library, SavedPrefix
 
 __all__ = ["FrontDesk", "FrontDeskError", "Outcome", "RequestShape", "Ticket", "request_shape"]
 

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from slotkeeper.core.basics.tokens import TokenArray, as_tokens, common_prefix_len, no_tokens
-from slotkeeper.core.engine.autosave import AutosavePolicy, SlotWatch
+from slotkeeper.core.engine.slots.autosave import AutosavePolicy, SlotWatch
 from slotkeeper.core.events import EventBus, SlotsChanged
 from slotkeeper.core.model import families
 from slotkeeper.core.views import SlotView
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.shapes import Learn, RequestShape
+    from slotkeeper.core.engine.door.shapes import Learn, RequestShape
     from slotkeeper.core.server.client import SlotInfo
     from slotkeeper.core.sessions.transcripts import Transcript
 

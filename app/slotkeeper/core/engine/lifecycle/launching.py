@@ -31,7 +31,7 @@ from slotkeeper.core.basics import datalock
 from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.engine.errors import EngineError
-from slotkeeper.core.engine.model_facts import (
+from slotkeeper.core.engine.lifecycle.model_facts import (
     ModelChoice,
     check_launch,
     model_facts_cache,

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from slotkeeper.core.engine.autosave import IDLE_POLL_SECONDS, POLL_SECONDS
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.server_link import ServerLink
-from slotkeeper.core.engine.slot_actions import SlotActions
-from slotkeeper.core.engine.slot_saves import SlotSaves
-from slotkeeper.core.engine.slots import SlotBoard
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.lifecycle.server_link import ServerLink
+from slotkeeper.core.engine.slots.actions import SlotActions
+from slotkeeper.core.engine.slots.autosave import IDLE_POLL_SECONDS, POLL_SECONDS
+from slotkeeper.core.engine.slots.board import SlotBoard
+from slotkeeper.core.engine.slots.saves import SlotSaves
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
 
 ABANDONED_POLL_SECONDS = 1.5  # llama-server's HTTP_POLLING_SECONDS is 1

@@ -17,9 +17,9 @@ from typing import Any
 
 from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.basics.tokens import TokenArray
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.searching import complete_partial
-from slotkeeper.core.engine.slots import PendingReuse
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.slots.board import PendingReuse
+from slotkeeper.core.engine.stored.searching import complete_partial
 from slotkeeper.core.events import (
     EventBus,
     FolderTidied,

@@ -11,8 +11,8 @@ import asyncio
 import time
 
 from slotkeeper.core.engine.errors import FrontDeskError
-from slotkeeper.core.engine.loop import EngineLoop
-from slotkeeper.core.engine.model_facts import LLAMA_BUILD_FALLBACK, ModelChoice
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
+from slotkeeper.core.engine.lifecycle.model_facts import LLAMA_BUILD_FALLBACK, ModelChoice
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.server.private import PrivateAddress
 from slotkeeper.core.server.state import ServerState
