@@ -12,7 +12,7 @@ def main() -> int:
         from slotkeeper.core.server import headstart
 
         headstart.begin(sys.argv[1:])
-    from slotkeeper.cli import main as cli_main
+    from slotkeeper.cli.commands import main as cli_main
 
     return cli_main()
 

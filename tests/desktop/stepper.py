@@ -17,7 +17,8 @@ from pathlib import Path
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
-from slotkeeper.cli import build_parser, load_run_settings
+from slotkeeper.cli.commands import build_parser
+from slotkeeper.cli.run import load_run_settings
 from slotkeeper.gui.application import SlotkeeperApp, run_gui
 
 

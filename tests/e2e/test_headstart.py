@@ -283,7 +283,7 @@ def test_the_desktop_app_gets_the_head_start_too(llama_model, server_bin, port, 
 def test_a_desktop_app_that_cannot_start_leaves_no_llama_server(llama_model, server_bin, port, isolated_home):
     # Qt's libraries missing: the app's launch began before the GUI was imported, and is stopped.
     script = ("import sys; sys.modules['slotkeeper.gui.application'] = None\n"
-              "from slotkeeper.cli import main; raise SystemExit(main(sys.argv[1:]))")
+              "from slotkeeper.cli.commands import main; raise SystemExit(main(sys.argv[1:]))")
     app = DesktopApp(isolated_home, llama_model, server_bin, port)
     r = subprocess.run([sys.executable, "-c", script, *app.argv[3:]], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})

@@ -117,7 +117,8 @@ def test_a_note_hides_with_its_row(dialog):
 
 
 def test_every_command_line_setting_has_its_flag():
-    from slotkeeper.cli import build_parser, run_overrides
+    from slotkeeper.cli.commands import build_parser
+    from slotkeeper.cli.run import run_overrides
 
     argv = ["--model", "/m.gguf", "--server-bin", "/bin/ls", "--host", "0.0.0.0", "--port", "9000",
             "--ctx", "4096", "--parallel", "2", "--flash-attn", "on", "--cache-type-k", "q8_0",

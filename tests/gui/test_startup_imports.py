@@ -21,7 +21,7 @@ def test_every_gui_module_but_the_download_dialog_leaves_the_hub_client_unloaded
     gui = sorted(m.name for m in pkgutil.walk_packages(slotkeeper.gui.__path__, "slotkeeper.gui.")
                  if m.name != "slotkeeper.gui.download_dialog")
     assert "slotkeeper.gui.application" in gui and "slotkeeper.gui.main_window" in gui
-    code = (f"import sys, importlib\nfor m in {gui + ['slotkeeper.cli']!r}:\n"
+    code = (f"import sys, importlib\nfor m in {gui + ['slotkeeper.cli.commands', 'slotkeeper.cli.run']!r}:\n"
             "    importlib.import_module(m)\n"
             f"print(sorted(m for m in {LOADED_FOR_DOWNLOADS!r} if m in sys.modules))")
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}

@@ -3,7 +3,8 @@ import sys
 import pytest
 
 from slotkeeper import __version__
-from slotkeeper.cli import _split_extra, build_parser, main
+from slotkeeper.cli.commands import build_parser, main
+from slotkeeper.cli.options import split_extra as _split_extra
 
 
 def parse(*argv):
@@ -79,3 +80,26 @@ def test_a_data_folder_that_is_a_file_is_a_clear_error(tmp_path, capsys):
     assert main(["serve", "--demo", "--data-dir", str(afile / "inside")]) == 2
     assert "a folder on its path is a file" in capsys.readouterr().err
     assert afile.read_text() == "not a folder"
+
+
+def test_the_head_start_skips_exactly_the_commands_of_the_table_that_never_launch():
+    """`__main__` cannot import the table before the head start (argparse alone costs start-up), so
+    it keeps its own list: the two must name the same commands."""
+    from slotkeeper.__main__ import NO_LAUNCH
+    from slotkeeper.cli.commands import commands
+
+    assert {c.name for c in commands() if not c.launches} == set(NO_LAUNCH) - {"-h", "--help", "--version"}
+
+
+def test_every_command_of_the_table_is_parsed_and_dispatched(monkeypatch, tmp_path):
+    """The table feeds the parser and the dispatch: a command added to it is reachable."""
+    from slotkeeper.cli import commands as table_module
+
+    ran: list[str] = []
+    table = table_module.commands()
+    monkeypatch.setattr(table_module.Command, "__call__",
+                        lambda self, args, extra: ran.append(self.name) or 0)
+    argv = {"serve": [], "model-info": ["m.gguf"], "sessions": ["list"], "models": ["list-curated"]}
+    for command in table:
+        assert main([command.name, *argv[command.name], "--data-dir", str(tmp_path)]) == 0
+    assert ran == [c.name for c in table]

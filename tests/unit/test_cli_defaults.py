@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from slotkeeper import cli
-from slotkeeper.cli import _command_word, build_parser, main
+from slotkeeper.cli import run as cli
+from slotkeeper.cli.commands import build_parser, main
+from slotkeeper.cli.options import command_word as _command_word
 from slotkeeper.core.settings import DEFAULT_PORT, ServerProfile
 
 APP_CTX = ServerProfile().ctx

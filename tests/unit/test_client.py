@@ -380,8 +380,9 @@ def test_close_drops_the_idle_connections_and_later_requests_still_work(server):
 def test_the_client_and_the_engine_do_not_import_httpx():
     """httpx (and what it drags in: click, rich, pygments in a dev install) costs megabytes and a
     noticeable part of start-up; only the Hub download (imported when one starts) uses it."""
-    code = ("import sys, slotkeeper.core.server.client, slotkeeper.core.engine.engine, slotkeeper.cli, "
-            "slotkeeper.models_cli; "
+    code = ("import sys, slotkeeper.core.server.client, slotkeeper.core.engine.engine, "
+            "slotkeeper.cli.commands, slotkeeper.cli.run, "
+            "slotkeeper.cli.models; "
             "print(sorted(m for m in ('httpx', 'httpx2', 'huggingface_hub', "
             "'slotkeeper.core.model.hub_download') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -427,7 +427,7 @@ def test_reading_model_facts_imports_neither_gguf_nor_numpy(tmp_path: Path) -> N
 
 def test_only_writing_the_demo_model_imports_gguf() -> None:
     # modelgen (gguf + numpy) is imported where the demo model is written, not to name it.
-    modules = ["slotkeeper.core.engine", "slotkeeper.cli"]
+    modules = ["slotkeeper.core.engine", "slotkeeper.cli.commands", "slotkeeper.cli.run"]
     try:
         import PySide6  # noqa: F401
     except ImportError:  # a core-only install: no GUI to check

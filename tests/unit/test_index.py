@@ -395,8 +395,8 @@ def _cli_list_json(data_dir) -> tuple[list, bool]:
 
     script = textwrap.dedent(f"""
         import json, sys
-        from slotkeeper import cli
-        code = cli.main(["sessions", "--data-dir", {str(data_dir)!r}, "list", "--json"])
+        from slotkeeper.cli.commands import main
+        code = main(["sessions", "--data-dir", {str(data_dir)!r}, "list", "--json"])
         loaded = "slotkeeper.core.sessions.store" in sys.modules
         sys.stderr.write(json.dumps({{"code": code, "store": loaded}}))
     """)

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from slotkeeper.cli import ServeLog
+from slotkeeper.cli.run import ServeLog
 from slotkeeper.core import events as ev
 from slotkeeper.core.journal import ERROR, INFO, KINDS, WARNING, journal_entry
 from slotkeeper.core.server.state import ServerState

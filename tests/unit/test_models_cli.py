@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fake_hub import FakeHub, isolate_huggingface_hub
-from slotkeeper.cli import main
+from slotkeeper.cli.commands import main
 from slotkeeper.core.model.model_catalog import CATALOG, find_curated
 from slotkeeper.core.model.modelgen import write_model
 
@@ -86,7 +86,7 @@ def test_download_logs_no_http_requests_unless_verbose(hub, tmp_path):
 
 
 def test_the_models_default_context_is_the_catalogs():
-    from slotkeeper import models_cli
+    from slotkeeper.cli import models as models_cli
     from slotkeeper.core.model import model_catalog
 
     assert models_cli.DEFAULT_CTX == model_catalog.DEFAULT_CTX

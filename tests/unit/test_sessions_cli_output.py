@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 from sessions_helpers import make_session, run_cli
 
-from slotkeeper.cli import main
+from slotkeeper.cli.commands import main
+from slotkeeper.cli.sessions import cut, model_labels, short_model_name
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.services.sessions import AmbiguousSessionId, SessionsService
 from slotkeeper.core.sessions.naming import MIN_ID_PREFIX
 from slotkeeper.core.sessions.search import SearchIndex
 from slotkeeper.core.sessions.sidecar import RestoreRecord
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
-from slotkeeper.sessions_cli import cut, model_labels, short_model_name
 
 LONG_TITLE = "A rather long question about the borrow checker, closures and lifetimes in Rust"
 SHA_A, SHA_B, SHA_C = "a" * 64, "b" * 64, "c" * 64

@@ -5,7 +5,7 @@ are read again only when their stat changes (the trust the sessions index puts i
 ``index``), and sizes come from the stat. So the rows printed are kept with a digest of every
 entry's name and stat (``rows_key``), and the next listing whose look gives the same digest prints
 them again: `sessions list --json` does this before importing the store at all
-(``sessions_cli``). Light on purpose: standard library, xxhash, fsutil and naming only.
+(``cli.sessions``). Light on purpose: standard library, xxhash, fsutil and naming only.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from slotkeeper.cli.sessions_list import list_json, print_bytes
 from slotkeeper.core.basics.fsutil import atomic_write_text
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.basics.units import human_bytes
@@ -29,7 +30,6 @@ from slotkeeper.core.sessions.sidecar import RestoreRecord, Sidecar, SidecarErro
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError, media_label
 from slotkeeper.core.settings import SettingsError, load_settings
-from slotkeeper.sessions_list import list_json, print_bytes
 
 UNMANAGED_NOTE = ("not Slotkeeper's: they do not count towards the budget and are never deleted "
                   "automatically")

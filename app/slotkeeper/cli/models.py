@@ -7,7 +7,6 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from slotkeeper.core.basics.units import human_bytes
@@ -26,40 +25,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-def add_models_parser(sub, add_global_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    models = sub.add_parser(
-        "models",
-        help="curated models to start with, and downloads from the Hugging Face Hub",
-        description="Downloads go to the Hugging Face cache other tools share ($HF_HUB_CACHE, $HF_HOME/hub "
-                    "or "
-        "~/.cache/huggingface/hub); $HF_ENDPOINT selects a mirror. An interrupted download continues "
-        "where it stopped; the file's SHA-256 is checked against the Hub's before it is used.",
-    )
-    add_global_options(models)
-    msub = models.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    listing = msub.add_parser("list-curated", help="a few well-known instruct models, small to large")
-    listing.add_argument("--ctx", type=int, default=DEFAULT_CTX, metavar="N",
-                         help=f"context to estimate memory at (default {DEFAULT_CTX})")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
-    add_global_options(listing)
-
-    dl = msub.add_parser(
-        "download",
-        help="download a model file (a curated id, or REPO FILE) and print its path",
-        description="Download a GGUF from the Hugging Face Hub into its cache and print the file's path on "
-        "stdout (progress goes to stderr). MODEL is a curated id (see `models list-curated`) or a "
-        "repository such as Qwen/Qwen3-4B-GGUF followed by the file name.",
-    )
-    dl.add_argument("model", metavar="MODEL", help="curated id, or owner/name of a repository")
-    dl.add_argument("file", metavar="FILE", nargs="?", help="file in the repository (with a repository)")
-    dl.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
-    dl.add_argument("--cache-dir", metavar="DIR", help="Hugging Face cache to use (default: the shared one)")
-    dl.add_argument("--quiet", action="store_true", help="no progress, only the path")
-    add_global_options(dl)
-
-
-def run_models_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.action == "list-curated":
         return _list_curated(args.ctx, args.json)
     return _download(args)
