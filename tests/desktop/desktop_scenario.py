@@ -116,7 +116,7 @@ class Scenario(Stepper):
             raise RuntimeError("no system tray: is the tray host running?")
         yield (lambda: tray.tray.isVisible() and tray.tray.geometry().width() > 0, 20, "the tray icon")
         t_ready = time.monotonic()
-        yield (lambda: engine.ready.is_set(), 120, "the engine to be ready")
+        yield (lambda: engine.snapshot.ready, 120, "the engine to be ready")
         g = tray.tray.geometry()
         self.note("tray", tray_geometry=[g.x(), g.y(), g.width(), g.height()],
                   tooltip=tray.tray.toolTip(), icon_state=tray.icon_state,
@@ -231,7 +231,7 @@ class Scenario(Stepper):
         """The first run chose the model (see main): the server starts on it; two conversations."""
         sk, engine = self.sk, self.sk.engine
         yield from self.tray_ready()
-        yield (lambda: engine.ready.is_set(), 120, "the server on the model chosen")
+        yield (lambda: engine.snapshot.ready, 120, "the server on the model chosen")
         self.note("serving", chosen=sk.bridge.settings.profile.model_path)
         # One slot: the second conversation takes it over from the first.
         for n, (name, turns) in enumerate((("a", TURNS), ("b", OTHER_TURNS)), start=1):
@@ -250,7 +250,7 @@ class Scenario(Stepper):
         tray = sk.tray
         self.note("first-run-shown", first_run_shown=sk.chooser is not None)
         yield from self.tray_ready()
-        yield (lambda: engine.ready.is_set(), 120, "the server, started with the app")
+        yield (lambda: engine.snapshot.ready, 120, "the server, started with the app")
         import httpx
 
         url = engine.base_url

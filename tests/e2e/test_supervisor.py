@@ -39,7 +39,7 @@ def test_start_ready_props_and_stop(llama_model, server_bin, port):
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        assert engine.ready.wait(10)
+        assert engine.wait_ready(10) is ServerState.READY
         with engine.client() as c:
             props = c.props()
             assert os.path.samefile(props.model_path, llama_model)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from typing import TypeVar
 
@@ -114,13 +113,11 @@ class Engine(EngineFace):
             self.binary_facts = binary_facts_cache(paths.binary_facts_file)
             self.supervisor = Supervisor(spec_factory=_not_planned_yet, log_path=paths.server_log,
                                          state_file=paths.server_state_file, events=self.events)
-        self.ready = threading.Event()  # set once launch restores are done (for wait_ready)
 
         # -- state owned by the loop -------------------------------------------------------
         self._settings = settings
         self._server_state = ServerState.STOPPED
         self._state_message = ""
-        self._ready = False
         self._resume_id: str | None = None
         self._closed = False
         self._activity = Activity()
@@ -209,8 +206,7 @@ class Engine(EngineFace):
             self.library.begin_sweep()
         if not self.front.running:
             await self._open_front_door(pre)
-        self.ready.clear()
-        self._ready = False
+        self.link.serving.clear()
         self.link.facts = None  # facts describe one running server; a new launch works them out again
         self.board.forget_published()  # the faces forget the slots of a stopped server
         self._resume_id = resume_id
@@ -329,9 +325,7 @@ class Engine(EngineFace):
             # Launch work (restores) runs as a task; "ready" is announced only after it, so a
             # client that waits for ready hits the cache.
             self._after_ready = self.loop.spawn(self._after_server_ready(), "launch restores")
-        else:
-            self.ready.clear()
-            self._ready = False
+        else:  # the link closed its serving gate (link.on_state)
             self._swa_note = None
             if (event.state in (ServerState.CRASHED, ServerState.STOPPED, ServerState.FAILED)
                     and self._after_ready):
@@ -375,10 +369,8 @@ class Engine(EngineFace):
         if api_ok:
             self.poller.start(adopted=self.supervisor.adopted)
             self.complete_search()
-        self._ready = True
-        self.link.serving.set()
         self._swa_note = swa_note(self.link.model, self._running_profile())
-        self.ready.set()
+        self.link.serving.set()  # ready: requests pass, and the snapshot says so
         self._publish()
         # Every face's History marks the launches (a relaunch's too) and what each restored.
         # On the bookkeeping thread: the first append reads the whole history file.
@@ -441,7 +433,7 @@ class Engine(EngineFace):
         self._snapshot = EngineSnapshot(
             state=self._server_state,
             state_message=self._state_message,
-            ready=self._ready,
+            ready=self.link.serving.is_set(),
             settings=self._settings,
             launched_profile=launched,
             model=self.link.model,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -43,7 +42,6 @@ class EngineFace:
     link: ServerLink
     hashes: ModelHashCache
     history: RequestHistory
-    ready: threading.Event
     _unsubscribe: Callable[[], None]
 
     # =====================================================================================
@@ -130,12 +128,12 @@ class EngineFace:
             state = self.supervisor.state
             if state in (ServerState.FAILED, ServerState.STOPPED):
                 return state
-            if self.ready.is_set():
+            if self._snapshot.ready:  # the one ready flag: the link's serving gate, as last published
                 return ServerState.READY
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return state
-            self.ready.wait(0.05 if remaining is None else min(0.05, remaining))
+            time.sleep(0.05 if remaining is None else min(0.05, remaining))
 
     def known_model_sha256(self, model_path: str | Path) -> str | None:
         """The model's SHA-256 if it was hashed before and is unchanged (a stat and a small file;
