@@ -269,7 +269,7 @@ def test_settings_edited_without_a_restart_do_not_lose_the_running_servers_slots
                                                                                  port):
     from e2e_helpers import free_port
 
-    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600, flash_attn=False)
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY

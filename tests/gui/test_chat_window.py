@@ -448,11 +448,11 @@ def test_replies_stream_through_the_front_door_without_freezing_the_window(qtbot
     timer.timeout.connect(lambda: ticks.append(time.monotonic()))
     timer.start(5)
     deltas: list[str] = []
+    on_delta = w._on_delta  # every piece the window is given, from the first (the stream connects it)
+    w._on_delta = lambda c, r: (deltas.append(c + r), on_delta(c, r))
     qtbot.keyClicks(w.composer, "Hello there, what should I pack for a long walk in the hills?")
     with qtbot.waitSignal(w.replyFinished, timeout=REPLY_MS) as done:
         qtbot.keyClick(w.composer, Qt.Key.Key_Return)
-        qtbot.waitUntil(lambda: w.stream is not None, timeout=10_000)
-        w.stream.delta.connect(lambda c, r: deltas.append(c + r))
         assert w.send_button.text() == "Stop"
     sent_at, ended = w._sent_at, time.monotonic()
     timer.stop()

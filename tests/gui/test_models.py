@@ -174,11 +174,11 @@ def test_the_settings_dialog_fills_in_a_models_remembered_settings_and_saves_the
     assert (server.ctx.value(), server.parallel.value()) == (2048, 2)
     assert server.row_shown(server.remembered_note)
     assert "remembered for this model" in server.remembered_note.text()
-    server.flash_attn.setChecked(True)
+    server.flash_attn.set_value(True)
     server.model_combo.setEditText(str(model_files["a"]))  # back: the current model's own values
-    assert (server.ctx.value(), server.parallel.value()) == (4096, 1) and not server.flash_attn.isChecked()
+    assert (server.ctx.value(), server.parallel.value()) == (4096, 1) and server.flash_attn.value() is None
     server.model_combo.setEditText(str(model_files["b"]))
-    server.flash_attn.setChecked(True)
+    server.flash_attn.set_value(True)
     with qtbot.waitSignal(bridge.settingsChanged, timeout=10_000):
         assert d.save()
     on_disk = load_settings(service.path)

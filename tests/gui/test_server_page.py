@@ -10,7 +10,8 @@ from slotkeeper.core.basics.units import human_duration as format_duration
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import ServerProfile
 from slotkeeper.core.views import Activity
-from slotkeeper.gui.pages.server_page import ServerPage, describe_flags
+from slotkeeper.gui.pages.server_page import ServerPage
+from slotkeeper.gui.widgets import describe_profile
 
 
 @pytest.fixture
@@ -94,10 +95,14 @@ def test_helpers():
     assert format_duration(59) == "59 s" and format_duration(2.25) == "2.2 s"
     assert format_duration(3_725) == "1 h 2 min"
     assert format_duration(90_000) == "1 d 1 h 0 min"
-    text = describe_flags(ServerProfile(ctx=8192, parallel=2, flash_attn=True, swa_full=True,
-                                        extra_args=("-t", "8")))
+    text = describe_profile(ServerProfile(ctx=8192, parallel=2, flash_attn=True, swa_full=True,
+                                          extra_args=("-t", "8")))
     assert text == ("context 8,192 (4,096 per slot), 2 slots, flash attention on, K f16 / V f16, "
                     "--swa-full, -t 8")
+    # auto: as such before a launch, with what it resolved to once the server runs
+    assert "flash attention auto," in describe_profile(ServerProfile())
+    assert "flash attention on (auto)," in describe_profile(ServerProfile(), flash_attn=True)
+    assert "flash attention off," in describe_profile(ServerProfile(flash_attn=False), flash_attn=False)
 
 
 def test_when_ready_the_header_gives_the_front_doors_address_not_llama_servers(qtbot, page, bridge, engine,

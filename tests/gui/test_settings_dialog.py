@@ -84,7 +84,7 @@ def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dial
     server, sessions = d.server_tab, d.sessions_tab
     assert server.ctx.value() == 16384 and server.parallel.value() == 2
     assert server.ctx_note.text() == "8,192 tokens per slot"
-    assert server.flash_attn.isChecked()
+    assert server.flash_attn.value() is True
     assert server.cache_k.currentText() == "q8_0"
     assert server.extra_args.text() == "--api-key 'two words'"
     assert d.disk_tab.budget_edit.text() == "5 GiB"
@@ -157,10 +157,12 @@ def test_quantized_v_cache_asks_for_flash_attention(qtbot, make_dialog):
     server = make_dialog().server_tab
     assert not server.row_shown(server.cache_note)
     server.cache_v.setCurrentText("q8_0")
+    assert not server.row_shown(server.cache_note)  # auto: llama-server turns it on itself
+    server.flash_attn.set_value(False)
     assert server.row_shown(server.cache_note)
-    server.flash_attn.setChecked(True)
+    server.flash_attn.set_value(True)
     assert not server.row_shown(server.cache_note)
-    server.flash_attn.setChecked(False)
+    server.flash_attn.set_value(False)
     server.cache_v.setCurrentText("bf16")
     assert not server.row_shown(server.cache_note)
 
@@ -263,7 +265,7 @@ def test_restart_needed_is_said_and_offered(qtbot, bridge, engine, make_dialog, 
     assert not d.restart_label.isVisible()
     d.sessions_tab.idle_save.setValue(5)  # applies live: no restart
     assert not d.restart_label.isVisible()
-    d.server_tab.flash_attn.setChecked(True)
+    d.server_tab.flash_attn.set_value(True)
     assert d.restart_label.isVisible() and d.restart_button.isVisible()
     applied = []
     monkeypatch.setattr(bridge, "apply_settings", lambda s, restart=False, **k: applied.append((s, restart)))

@@ -28,7 +28,7 @@ def test_a_v1_file_migrates_and_its_model_keeps_its_settings(tmp_path):
     path = tmp_path / "settings.json"
     path.write_text((DATA / "settings_v1_with_model.json").read_text())
     s = load_settings(path)
-    assert s.schema_version == st.SCHEMA_VERSION == 3
+    assert s.schema_version == st.SCHEMA_VERSION == 4
     assert s.profile.model_path == "/models/Qwen3-8B-Q4_K_M.gguf" and s.profile.ctx == 16384
     assert s.start_server_on_launch is True
     (memory,) = s.models
@@ -37,7 +37,7 @@ def test_a_v1_file_migrates_and_its_model_keeps_its_settings(tmp_path):
                                  extra_args=("--threads", "4"))
     assert json.loads(path.read_text())["schema_version"] == 1  # loading never rewrites the file
     save_settings(path, s)
-    assert json.loads(path.read_text())["schema_version"] == 3
+    assert json.loads(path.read_text())["schema_version"] == 4
     assert load_settings(path) == s
 
 

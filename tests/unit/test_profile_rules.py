@@ -68,11 +68,14 @@ def test_api_key_from_args_takes_the_key_not_the_file():
 
 def test_a_quantized_v_cache_needs_flash_attention():
     assert not needs_flash_attention(ServerProfile())
-    assert needs_flash_attention(ServerProfile(cache_type_v="q8_0"))
+    # auto: llama-server turns it on itself for a quantized V cache
+    assert not needs_flash_attention(ServerProfile(cache_type_v="q8_0"))
+    assert needs_flash_attention(ServerProfile(cache_type_v="q8_0", flash_attn=False))
     assert not needs_flash_attention(ServerProfile(cache_type_v="q8_0", flash_attn=True))
     assert not needs_flash_attention(ServerProfile(cache_type_k="q4_0"))  # only V matters
     for t in CACHE_TYPES:
-        assert needs_flash_attention(ServerProfile(cache_type_v=t)) == (t not in UNQUANTIZED_CACHE_TYPES)
+        assert (needs_flash_attention(ServerProfile(cache_type_v=t, flash_attn=False))
+                == (t not in UNQUANTIZED_CACHE_TYPES))
     assert UNQUANTIZED_CACHE_TYPES == {"f16", "f32", "bf16"}
 
 

@@ -67,15 +67,32 @@ def test_a_stored_v2_file_starts_the_server_with_the_app(tmp_path):
     assert s.start_server_on_launch is True
     path = tmp_path / "settings.json"
     st.save_settings(path, s)
-    assert json.loads(path.read_text())["schema_version"] == 3
+    assert json.loads(path.read_text())["schema_version"] == 4
 
 
 def test_turned_off_in_a_v3_file_it_stays_off(tmp_path):
     path = tmp_path / "settings.json"
     st.save_settings(path,
                      st.Settings(start_server_on_launch=False).with_profile(model_path="/models/a.gguf"))
-    assert json.loads(path.read_text())["schema_version"] == 3
+    assert json.loads(path.read_text())["schema_version"] == 4
     assert st.load_settings(path).start_server_on_launch is False
+
+
+def test_a_v3_file_leaves_flash_attention_to_auto_unless_it_was_turned_on(tmp_path):
+    """Version 3 wrote its default (off) into every file: an off there becomes auto, for the profile
+    and each remembered model; an on stays on. Auto written by version 4 stays auto, a choice stays."""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({
+        "schema_version": 3, "profile": {"model_path": "/models/a.gguf", "flash_attn": False},
+        "models": [{"model_path": "/models/a.gguf", "flash_attn": False},
+                   {"model_path": "/models/b.gguf", "flash_attn": True}]}))
+    s = st.load_settings(path)
+    assert s.profile.flash_attn is None
+    assert [m.flash_attn for m in s.models] == [None, True]
+    for chosen in (None, False, True):
+        st.save_settings(path, s.with_profile(flash_attn=chosen))
+        assert st.load_settings(path).profile.flash_attn is chosen
+    assert st.Settings().profile.flash_attn is None  # a new installation: auto
 
 
 @pytest.mark.parametrize(

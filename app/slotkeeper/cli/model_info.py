@@ -23,8 +23,8 @@ def add_arguments(info: argparse.ArgumentParser) -> None:
     info.add_argument("--cache-type-k", default="f16", metavar="T")
     info.add_argument("--cache-type-v", default="f16", metavar="T")
     info.add_argument("--unified", action="store_true", help="unified KV cache (-kvu)")
-    info.add_argument("--flash-attn", type=on_off, default=False, metavar="on|off",
-                      help="flash attention (default off, as Slotkeeper runs llama-server)")
+    info.add_argument("--flash-attn", type=on_off, default=True, metavar="on|off",
+                      help="flash attention (default on, as llama-server's auto chooses on most devices)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -18,6 +18,16 @@ def on_off(value: str) -> bool:
     raise argparse.ArgumentTypeError("expected on or off")
 
 
+def on_off_auto(value: str) -> bool | str:
+    """on, off, or "auto" (llama-server's own choice, resolved at launch)."""
+    if value.lower() == "auto":
+        return "auto"
+    try:
+        return on_off(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError("expected on, off or auto") from None
+
+
 def number(parse, what: str, minimum: float):
     """An argparse type: ``parse`` the text, refuse values below ``minimum`` with a clear message."""
 
@@ -69,7 +79,9 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
                    help=f"total context size, split between slots (default {defaults.ctx})")
     g.add_argument("--parallel", type=positive_int, metavar="N",
                    help=f"number of slots, -np (default {defaults.parallel})")
-    g.add_argument("--flash-attn", type=on_off, metavar="on|off", help="flash attention")
+    g.add_argument("--flash-attn", type=on_off_auto, metavar="on|off|auto",
+                   help="flash attention (default auto: what llama-server's auto chooses for the model on "
+                        "this machine, passed as on or off)")
     g.add_argument("--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
     g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
     g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None,

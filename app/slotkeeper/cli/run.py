@@ -28,7 +28,8 @@ def run_overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     for name in ("server_bin", "host", "port", "ctx", "parallel", "flash_attn", "cache_type_k",
                  "cache_type_v", "swa_full"):
         if getattr(args, name, None) is not None:
-            out[f"profile.{name}"] = getattr(args, name)
+            value = getattr(args, name)
+            out[f"profile.{name}"] = None if value == "auto" else value
     if extra:
         out["profile.extra_args"] = tuple(extra)
     for arg, name in (("idle_save", "idle_save_seconds"), ("restore", "restore_on_start"),

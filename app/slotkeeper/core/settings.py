@@ -13,7 +13,7 @@ from typing import Any
 from slotkeeper.core.basics.fsutil import atomic_write_text
 from slotkeeper.core.model.gguf_memory import CACHE_TYPES
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_PORT = 8789
 SMALL_SLOT_CONTEXT = 256  # tokens per slot below which a launch is warned about
 MAX_CTX = 2**31 - 1  # llama-server reads --ctx-size as a 32-bit int
@@ -61,7 +61,10 @@ class ServerProfile:
     port: int = DEFAULT_PORT
     ctx: int = 8192
     parallel: int = 1
-    flash_attn: bool = False
+    # None = "auto": what llama-server's own auto chooses for the model on this machine, resolved
+    # to a concrete on/off at each launch (engine/lifecycle/launching.resolve_flash_attn), since a
+    # save file holds one or the other.
+    flash_attn: bool | None = None
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     swa_full: bool = False
@@ -121,7 +124,7 @@ class ServerProfile:
 def needs_flash_attention(profile: ServerProfile) -> bool:
     """True when the profile asks for a quantized V cache with flash attention off: llama-server
     quantizes the V cache only with flash attention, so it has to be turned on."""
-    return profile.cache_type_v not in UNQUANTIZED_CACHE_TYPES and not profile.flash_attn
+    return profile.cache_type_v not in UNQUANTIZED_CACHE_TYPES and profile.flash_attn is False
 
 
 def split_args(text: str) -> tuple[str, ...]:
@@ -163,7 +166,7 @@ class ModelMemory:
     model_path: str
     ctx: int = ServerProfile.ctx  # the profile's defaults
     parallel: int = ServerProfile.parallel
-    flash_attn: bool = ServerProfile.flash_attn
+    flash_attn: bool | None = ServerProfile.flash_attn
     cache_type_k: str = ServerProfile.cache_type_k
     cache_type_v: str = ServerProfile.cache_type_v
     swa_full: bool = ServerProfile.swa_full
@@ -193,7 +196,8 @@ class ModelMemory:
             f"'extra_args' remembered for {raw['model_path']} should be a list of arguments, not {args!r}")))
         for f in fields(cls):
             value = getattr(memory, f.name)
-            want = {"int": int, "bool": bool, "str": str}.get(str(f.type))
+            want: Any = {"int": int, "bool": bool, "str": str,
+                         "bool | None": (bool, type(None))}.get(str(f.type))
             if (want is not None
                     and (not isinstance(value, want) or (want is int and isinstance(value, bool)))):
                 raise SettingsError(f"setting {f.name!r} remembered for {memory.model_path} has the wrong "
@@ -251,7 +255,7 @@ class Settings:
             ("port", p.port, (int,)),
             ("ctx", p.ctx, (int,)),
             ("parallel", p.parallel, (int,)),
-            ("flash_attn", p.flash_attn, (bool,)),
+            ("flash_attn", p.flash_attn, (bool, type(None))),
             ("swa_full", p.swa_full, (bool,)),
             ("host", p.host, (str,)),
             ("cache_type_k", p.cache_type_k, (str,)),
@@ -321,8 +325,25 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "start_server_on_launch": True}
 
 
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 4 leaves flash attention to "auto" (llama-server's own choice, resolved per launch)
+    by default. Versions up to 3 wrote their default (off) into every file, so an off there is the
+    old default, not a choice: it becomes auto, for the profile and each remembered model (an on
+    stays on). A model whose saved conversations were made with it off keeps it off, decided at its
+    next launch (``launching.resolve_flash_attn``), so they keep restoring."""
+    out = dict(data)
+    profile = out.get("profile")
+    if isinstance(profile, dict) and profile.get("flash_attn") is False:
+        out["profile"] = {**profile, "flash_attn": None}
+    models = out.get("models")
+    if isinstance(models, list):
+        out["models"] = [{**m, "flash_attn": None}
+                         if isinstance(m, dict) and m.get("flash_attn") is False else m for m in models]
+    return out
+
+
 # Migrations from older schema versions: MIGRATIONS[n] turns a version-n dict into version n+1.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def migrate(data: dict[str, Any]) -> dict[str, Any]:

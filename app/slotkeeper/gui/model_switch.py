@@ -39,6 +39,7 @@ from slotkeeper.core.model.starter_model import find_starter_model
 from slotkeeper.core.services.choosing import (
     LaunchSanity,
     ModelIdentity,
+    expected_auto,
     expected_facts,
     launch_sanity,
     left_behind,
@@ -53,7 +54,7 @@ from slotkeeper.gui.bridge import EngineBridge, SwitchOutcome, resolved_model_fi
 from slotkeeper.gui.jobs import describe_error
 from slotkeeper.gui.starter_fetch import StarterFetch, StarterMissing
 from slotkeeper.gui.theme import error_style, warning_style
-from slotkeeper.gui.widgets import waiting_dialog
+from slotkeeper.gui.widgets import describe_profile, waiting_dialog
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +65,6 @@ def WrappedLabel(text: str = "") -> QLabel:  # noqa: N802 - reads like the widge
     label = QLabel(text)
     label.setWordWrap(True)
     return label
-
-
-def describe_profile(profile) -> str:
-    parts = [f"context {profile.ctx:,} ({profile.ctx_per_slot:,} per slot)",
-             f"{profile.parallel} slot{'s' if profile.parallel != 1 else ''}",
-             f"flash attention {'on' if profile.flash_attn else 'off'}",
-             f"K {profile.cache_type_k} / V {profile.cache_type_v}"]
-    if profile.swa_full:
-        parts.append("--swa-full")
-    if profile.extra_args:
-        parts.append(" ".join(profile.extra_args))
-    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -132,6 +121,7 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
     real = resolved_model_file(key, models_dir) or str(file)
     after_model = ModelIdentity(real, bridge.known_model_sha256(real), info.has_swa)
 
+    entries = list(listing.sessions) if listing is not None else []
     before_model: ModelIdentity | None = None
     before: ServerFacts | None = None
     if facts is not None:
@@ -145,15 +135,15 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
         else:
             before_model = ModelIdentity(current_file or "", bridge.known_model_sha256(current_file or ""),
                                          current_info.has_swa)
-            before = expected_facts(current.profile, before_model)
-    entries = list(listing.sessions) if listing is not None else []
+            before = expected_facts(current.profile, before_model, expected_auto(entries, before_model, None))
+    auto = expected_auto(entries, after_model, facts)
     waiting: list[str] = []
     if before is not None and before_model is not None:
-        waiting = left_behind(entries, before, before_model, expected_facts(profile, after_model),
+        waiting = left_behind(entries, before, before_model, expected_facts(profile, after_model, auto),
                               after_model)
     resumable = {}
     for v in variants:
-        after = expected_facts(replace(profile, swa_full=v), after_model)
+        after = expected_facts(replace(profile, swa_full=v), after_model, auto)
         resumable[v] = sum(
             1 for e in entries
             if e.sidecar is not None and not e.problems and after_model.owns(e.sidecar)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QLabel,
@@ -81,3 +83,21 @@ class WrappedLabel(QLabel):
     def setText(self, text: str) -> None:
         super().setText(text)
         self._fit()
+
+
+def describe_profile(profile, flash_attn: bool | None = None) -> str:
+    """A launch's settings in a line: "context 8,192 (4,096 per slot), 2 slots, flash attention on
+    (auto), K f16 / V f16". ``flash_attn``: what "auto" resolved to, when the server runs."""
+    if profile.flash_attn is not None:
+        fa = "on" if profile.flash_attn else "off"
+    else:
+        fa = "auto" if flash_attn is None else f"{'on' if flash_attn else 'off'} (auto)"
+    parts = [f"context {profile.ctx:,} ({profile.ctx_per_slot:,} per slot)",
+             f"{profile.parallel} slot{'s' if profile.parallel != 1 else ''}",
+             f"flash attention {fa}",
+             f"K {profile.cache_type_k} / V {profile.cache_type_v}"]
+    if profile.swa_full:
+        parts.append("--swa-full")
+    if profile.extra_args:
+        parts.append(shlex.join(profile.extra_args))
+    return ", ".join(parts)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import TypeVar
 
 from slotkeeper.core.basics import datalock
@@ -385,8 +386,8 @@ class Engine(EngineFace):
         if model is None:
             model = self.link.model = await self.loop.run_io(resolve_model, self._settings.profile.model_path,
                                                              self.paths.models_dir, self.model_facts)
-        facts, self.link.llama_build = await self.identity.facts(model, self._running_profile(),
-                                                                 self.link.client())
+        launched = replace(self._running_profile(), flash_attn=self.link.flash_attn)  # as passed
+        facts, self.link.llama_build = await self.identity.facts(model, launched, self.link.client())
         return facts
 
     async def _launch_restores(self) -> list[RestoreSummary]:

@@ -50,7 +50,8 @@ def check_launch(model: ModelChoice, profile: ServerProfile, total_memory: int,
     the model's training context is a warning."""
     info = model.info
     est = gguf_memory.kv_estimate(info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
-                                type_v=profile.cache_type_v, flash_attn=profile.flash_attn)
+                                type_v=profile.cache_type_v,
+                                flash_attn=profile.flash_attn is not False)  # auto: on, mostly
     kv = (est.bytes_full if profile.swa_full else est.bytes_swa) + est.recurrent_bytes
     need = kv + info.file_size
     if need > total_memory:

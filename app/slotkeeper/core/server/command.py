@@ -13,7 +13,8 @@ from slotkeeper.core.settings import ServerProfile
 #   move an idle slot to its RAM cache (--cache-idle-slots) and clear it when another task
 #   arrives, so an idle slot's contents would vanish before Slotkeeper saves them.
 # - an explicit -fa on|off: flash attention is baked into a save file, so "auto" must never
-#   decide it behind our back.
+#   decide it behind our back. The "auto" setting (the default) is llama-server's own choice,
+#   asked of the binary once and then passed as on or off (core/server/flash_attn.py).
 # - --metrics for the /metrics counters; --slot-save-path enables the save/restore actions.
 # - --no-cache-idle-slots and --no-kv-unified, when the build knows them, are belt and braces
 #   for the same reason.
@@ -205,6 +206,7 @@ def build_argv(
         "--port", str(profile.port),
         "--ctx-size", str(profile.ctx),
         "--parallel", str(profile.parallel),
+        # "auto" (None) is resolved by the launch plan, which then sets this value; never auto here
         "--flash-attn", "on" if profile.flash_attn else "off",
         "--cache-type-k", profile.cache_type_k,
         "--cache-type-v", profile.cache_type_v,

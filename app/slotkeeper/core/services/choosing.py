@@ -24,6 +24,7 @@ from slotkeeper.core.settings import ServerProfile
 __all__ = [
     "LaunchSanity",
     "ModelIdentity",
+    "expected_auto",
     "expected_facts",
     "launch_sanity",
     "left_behind",
@@ -54,16 +55,29 @@ class ModelIdentity:
         return sidecar.model_path == self.path
 
 
-def expected_facts(profile: ServerProfile, model: ModelIdentity) -> ServerFacts:
+def expected_facts(profile: ServerProfile, model: ModelIdentity, auto: bool = True) -> ServerFacts:
     """The facts a server launched with ``profile`` on ``model`` will have (``sha256`` may be
-    unknown: ``left_behind`` then matches sessions by path)."""
+    unknown: ``left_behind`` then matches sessions by path). Flash attention left to "auto" is
+    expected to be ``auto``: what the running server resolved it to when the model stays, else on
+    (what llama-server's auto chooses on most devices)."""
     return ServerFacts(
-        model_sha256=model.sha256 or "", model_path=model.path, flash_attn=profile.flash_attn,
+        model_sha256=model.sha256 or "", model_path=model.path,
+        flash_attn=auto if profile.flash_attn is None else profile.flash_attn,
         cache_type_k=profile.cache_type_k, cache_type_v=profile.cache_type_v, swa_full=profile.swa_full,
         n_parallel=profile.parallel, n_ctx_slot=n_ctx_per_slot(profile.ctx, profile.parallel),
         swa=model.has_swa, kv_args=kv_affecting_args(profile.extra_args),
         mmproj_sha256=_projector_mark(profile.mmproj_path),
     )  # fmt: skip
+
+
+def expected_auto(entries: Iterable[SessionEntry], model: ModelIdentity, running: ServerFacts | None) -> bool:
+    """What flash attention's "auto" is expected to resolve to for ``model``: what the running
+    server has when it runs that model; else off when the model's saved conversations were all made
+    with it off (the launch keeps them restoring), else on (llama-server's auto, on most devices)."""
+    if running is not None and running.model_path == model.path:
+        return running.flash_attn
+    saved = {e.sidecar.flash_attn for e in entries if e.sidecar is not None and model.owns(e.sidecar)}
+    return saved != {False}
 
 
 def _projector_mark(mmproj_path: str | None) -> str | None:

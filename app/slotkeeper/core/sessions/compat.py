@@ -8,11 +8,15 @@ sidecar (what the session was saved with) and ``ServerFacts`` (what the server r
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from slotkeeper.core.sessions.sidecar import Sidecar
 
-__all__ = ["ServerFacts", "check_compatible", "media_mismatch", "model_file_name", "swa_mode"]
+__all__ = ["ServerFacts", "check_compatible", "media_mismatch", "model_file_name", "saved_flash_attn",
+           "swa_mode"]
 
 
 @dataclass(frozen=True)
@@ -147,3 +151,27 @@ def swa_mode(sidecar: Sidecar) -> str:
     return "sliding window + swa-full" if sidecar.swa_full else "sliding window"
 
 
+
+
+def saved_flash_attn(sessions_dir: Path, model_path: str | os.PathLike[str]) -> set[bool]:
+    """The flash attention values the saved conversations of ``model_path`` were made with (read
+    from their sidecars; an unreadable one says nothing). Asked once per model, at its first
+    launch with flash attention left to "auto"."""
+    model = os.path.realpath(model_path)
+    found: set[bool] = set()
+    try:
+        names = os.listdir(sessions_dir)
+    except OSError:
+        return found
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            data = json.loads((sessions_dir / name).read_bytes())
+        except (OSError, ValueError):
+            continue
+        if (isinstance(data, dict) and isinstance(data.get("flash_attn"), bool)
+                and isinstance(data.get("model_path"), str)
+                and os.path.realpath(data["model_path"]) == model):
+            found.add(data["flash_attn"])
+    return found

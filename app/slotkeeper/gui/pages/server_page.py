@@ -4,7 +4,6 @@ them Slotkeeper's own activity (a searchable list) beside llama-server's raw log
 from __future__ import annotations
 
 import os
-import shlex
 import time
 
 import psutil
@@ -31,6 +30,7 @@ from slotkeeper.gui.desktop import no_browser_message, open_url
 from slotkeeper.gui.log_view import LogView
 from slotkeeper.gui.swa_fix import SwaFixButton
 from slotkeeper.gui.tray import api_address
+from slotkeeper.gui.widgets import describe_profile
 
 STATE_TEXT = {
     ServerState.STOPPED: "Stopped",
@@ -66,20 +66,6 @@ def read_log(engine, since: float | None = None) -> tuple[list[str], str | None]
 
 def failure_line(message: str) -> str:
     return f"——— llama-server failed: {message or 'it could not be started'} ———"
-
-
-def describe_flags(profile) -> str:
-    parts = [
-        f"context {profile.ctx:,} ({profile.ctx_per_slot:,} per slot)",
-        f"{profile.parallel} slot{'s' if profile.parallel != 1 else ''}",
-        f"flash attention {'on' if profile.flash_attn else 'off'}",
-        f"K {profile.cache_type_k} / V {profile.cache_type_v}",
-    ]
-    if profile.swa_full:
-        parts.append("--swa-full")
-    if profile.extra_args:
-        parts.append(shlex.join(profile.extra_args))
-    return ", ".join(parts)
 
 
 def action_button(action: QAction) -> QPushButton:
@@ -295,7 +281,7 @@ class ServerPage(QWidget):
         elif model is not None:
             model_text = "starter model (SmolLM2 135M Instruct)"
         self.model_label.setText(model_text)
-        self.flags_label.setText(describe_flags(profile))
+        self.flags_label.setText(describe_profile(profile, b.facts.flash_attn if b.facts else None))
         url = b.base_url
         if b.running:
             self.address_label.setText(f'<a href="{url}">{url}</a> · API {api_address(url)}')

@@ -179,8 +179,8 @@ class ServerTab(FormTab):
         self.parallel.setToolTip(
             "llama-server -np: conversations served at the same time, each with its own cache")
         form.addRow("Slots:", self.parallel)
-        self.flash_attn = QCheckBox("Flash attention (-fa)")
-        form.addRow("", self.flash_attn)
+        self.flash_attn = FlashAttnChoice()
+        form.addRow("Flash attention:", self.flash_attn)
         self.cache_k = QComboBox()
         self.cache_v = QComboBox()
         for combo in (self.cache_k, self.cache_v):
@@ -252,7 +252,7 @@ class ServerTab(FormTab):
         self._set_projector(p.mmproj_path)
         self.ctx.setValue(p.ctx)
         self.parallel.setValue(p.parallel)
-        self.flash_attn.setChecked(p.flash_attn)
+        self.flash_attn.set_value(p.flash_attn)
         self.cache_k.setCurrentText(p.cache_type_k)
         self.cache_v.setCurrentText(p.cache_type_v)
         self.swa_full.setChecked(p.swa_full)
@@ -269,7 +269,7 @@ class ServerTab(FormTab):
             port=self.port.value(),
             ctx=self.ctx.value(),
             parallel=self.parallel.value(),
-            flash_attn=self.flash_attn.isChecked(),
+            flash_attn=self.flash_attn.value(),
             cache_type_k=self.cache_k.currentText(),
             cache_type_v=self.cache_v.currentText(),
             swa_full=self.swa_full.isChecked(),
@@ -344,8 +344,8 @@ class ServerTab(FormTab):
             edit.textChanged.connect(self._fields_changed)
         for spin in (self.ctx, self.parallel, self.port):
             spin.valueChanged.connect(self._fields_changed)
-        for check in (self.flash_attn, self.swa_full):
-            check.toggled.connect(self._fields_changed)
+        self.swa_full.toggled.connect(self._fields_changed)
+        self.flash_attn.currentIndexChanged.connect(self._fields_changed)
         for combo in (self.cache_k, self.cache_v):
             combo.currentTextChanged.connect(self._fields_changed)
         self.model_combo.currentTextChanged.connect(self._model_changed)
@@ -386,7 +386,7 @@ class ServerTab(FormTab):
         self._fields_for = value
         for w, v in ((self.ctx, profile.ctx), (self.parallel, profile.parallel)):
             w.setValue(v)
-        self.flash_attn.setChecked(profile.flash_attn)
+        self.flash_attn.set_value(profile.flash_attn)
         self.cache_k.setCurrentText(profile.cache_type_k)
         self.cache_v.setCurrentText(profile.cache_type_v)
         self.swa_full.setChecked(profile.swa_full)
@@ -411,7 +411,7 @@ class ServerTab(FormTab):
             self.args_error.setText(f"Cannot split these arguments: {exc}")
             self.show_row(self.args_error, True)
         self.show_row(self.exposure_note, exposes_without_key(self.host.text() or "127.0.0.1", extra))
-        cache = ServerProfile(cache_type_v=self.cache_v.currentText(), flash_attn=self.flash_attn.isChecked())
+        cache = ServerProfile(cache_type_v=self.cache_v.currentText(), flash_attn=self.flash_attn.value())
         self.show_row(self.cache_note, needs_flash_attention(cache))
 
     def close_down(self) -> None:
@@ -585,3 +585,26 @@ class ServerTab(FormTab):
             self.sanity_note.setStyleSheet(error_style() if sanity.refusal
                                            else warning_style() if sanity.problems else "")
         self.show_row(self.sanity_note, True)
+
+
+class FlashAttnChoice(QComboBox):
+    """Flash attention: auto (llama-server's own choice for the model on this machine, resolved to
+    on or off at launch), on or off."""
+
+    CHOICES: tuple[tuple[str, bool | None], ...] = (
+        ("Auto (as llama-server chooses)", None), ("On", True), ("Off", False))
+
+    def __init__(self) -> None:
+        super().__init__()
+        for text, value in self.CHOICES:
+            self.addItem(text, value)
+        self.setToolTip(
+            "llama-server -fa. Auto asks llama-server once which it would choose for this model here "
+            "(on wherever the device supports it: faster prompt reading) and passes that. Saved "
+            "conversations restore only into a server with the same choice.")
+
+    def value(self) -> bool | None:
+        return self.CHOICES[max(0, self.currentIndex())][1]
+
+    def set_value(self, value: bool | None) -> None:
+        self.setCurrentIndex(next(i for i, (_t, v) in enumerate(self.CHOICES) if v is value))

@@ -123,7 +123,7 @@ class Launcher:
     def take(self, plan: LaunchPlan) -> None:
         """A launch begins (on the loop): what it runs, and what to say about it."""
         self.binary = plan.binary
-        self.link.launching(plan.private, plan.profile, plan.model)
+        self.link.launching(plan.private, plan.profile, plan.model, plan.flash_attn)
         self.door_keys = DoorKeys(plan.profile.extra_args)
         self.identity.begin(plan.model.path)
         if plan.model.is_demo and not self._demo_said:  # once, however often it is launched

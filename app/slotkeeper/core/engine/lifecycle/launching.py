@@ -48,6 +48,7 @@ from slotkeeper.core.server.command import (
     build_argv,
     without_api_key,
 )
+from slotkeeper.core.server.flash_attn import auto_choice
 from slotkeeper.core.server.locate import (
     FLAGS_VERSION,
     ServerBinary,
@@ -58,6 +59,7 @@ from slotkeeper.core.server.locate import (
 from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
 from slotkeeper.core.server.spawn import launch_environment
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
+from slotkeeper.core.sessions.compat import saved_flash_attn
 from slotkeeper.core.settings import ServerProfile, Settings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class LaunchPlan:
     private: PrivateAddress
     notes: tuple[str, ...]  # warnings to show once launched
     binary: str = ""  # llama-server's file (what its facts are kept under)
+    flash_attn: bool = False  # what --flash-attn passes: the setting, or what "auto" resolved to
 
 
 def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsCache,
@@ -94,6 +97,11 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
         argv = build_argv(binary.argv_prefix, server_profile, model.path, paths.sessions_dir,
                           supported_flags=flags)
         argv[len(binary.argv_prefix):len(binary.argv_prefix)] = workarounds
+        flash_attn, fa_note = profile.flash_attn, None
+        if flash_attn is None:
+            flash_attn, fa_note = resolve_flash_attn(binary.path, argv, model, flags, paths.sessions_dir,
+                                                     binary_facts, model_facts)
+            argv[argv.index("--flash-attn") + 1] = "on" if flash_attn else "off"
     except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
         raise SupervisorError(str(exc)) from exc
     refusal = exposure_refusal(profile.host, profile.port, profile.extra_args)
@@ -104,11 +112,43 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
     if check.refusal:
         raise SupervisorError(check.refusal)
     notes = tuple(n for n in (swa_note(model, profile), *check.warnings, profile.small_context_note(),
-                              *exposure_notes(profile)) if n)
-    record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args)).to_json(),
+                              *exposure_notes(profile), fa_note) if n)
+    # The record (how a later run reads a server this one leaves) holds the value passed.
+    record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args),
+                                 flash_attn=flash_attn).to_json(),
               "model_path": str(model.path)}
     spec = LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)
-    return LaunchPlan(spec, model, profile, private, notes, binary.path)
+    return LaunchPlan(spec, model, profile, private, notes, binary.path, flash_attn)
+
+
+KEPT_OFF_FACT = "flash-attn-kept-off"
+
+
+def resolve_flash_attn(binary_path: str, argv: list[str], model: ModelChoice, flags: frozenset[str],
+                       sessions_dir: Path, binary_facts: FileFactsCache,
+                       model_facts: FileFactsCache) -> tuple[bool, str | None]:
+    """The "auto" setting as a concrete value for this launch, and a note when there is something
+    to say. What llama-server's own ``auto`` chooses here (asked of the binary, kept per binary,
+    command line and model: ``flash_attn.auto_choice``), except for a model whose saved
+    conversations were all made with flash attention off (by a version that passed off by default):
+    it stays off for that model, decided once, so they keep restoring."""
+    kept = model_facts.get(model.path, KEPT_OFF_FACT)
+    if kept is None:
+        saved = saved_flash_attn(sessions_dir, model.path)
+        kept = bool(saved) and saved == {False}
+        try:
+            model_facts.put(model.path, kept, KEPT_OFF_FACT)
+        except OSError:
+            pass
+        if kept:
+            return False, (f"Flash attention stays off for {model.display_name}: its saved conversations "
+                           "were made with it off, and a server with it on cannot restore them. Turn it on "
+                           "in Settings (or --flash-attn on) for a faster prefill; those conversations are "
+                           "then read again from the start when resumed.")
+    if kept:
+        return False, None
+    choice = auto_choice(binary_path, argv, model.path, flags, binary_facts)
+    return bool(choice), None
 
 
 # Some systems report CPU instructions they do not let a program use (AMX in some virtual machines):

@@ -134,7 +134,7 @@ def server_facts(model: ModelChoice, model_sha256: str, props: Props, profile: S
                  mmproj_sha256: str | None = None) -> ServerFacts:
     """What the running server does to a KV file, from the profile it was launched with and /props."""
     return ServerFacts(
-        model_sha256=model_sha256, model_path=str(model.path), flash_attn=profile.flash_attn,
+        model_sha256=model_sha256, model_path=str(model.path), flash_attn=bool(profile.flash_attn),
         cache_type_k=profile.cache_type_k, cache_type_v=profile.cache_type_v, swa_full=profile.swa_full,
         n_parallel=props.total_slots, n_ctx_slot=props.n_ctx_slot,
         swa=model.info.has_swa, kv_args=kv_affecting_args(profile.extra_args), mmproj_sha256=mmproj_sha256,

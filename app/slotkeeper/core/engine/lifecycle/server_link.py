@@ -32,6 +32,7 @@ class ServerLink:
         self.closed = False  # the engine is quitting: no request waits for a server that will not come
         self.private: PrivateAddress | None = None  # llama-server's own port and key
         self.launched: ServerProfile | None = None  # what the running server was started with
+        self.flash_attn = False  # what --flash-attn passed it (the setting's "auto" resolved)
         self.model: ModelChoice | None = None
         self.facts: ServerFacts | None = None  # of the running server, once it is ready
         self.llama_build = LLAMA_BUILD_FALLBACK
@@ -62,9 +63,11 @@ class ServerLink:
         if http is not None:
             self.loop.in_background(http.close, what="closing the HTTP client")
 
-    def launching(self, private: PrivateAddress, profile: ServerProfile, model: ModelChoice) -> None:
-        """A launch begins with this address, profile and model."""
+    def launching(self, private: PrivateAddress, profile: ServerProfile, model: ModelChoice,
+                  flash_attn: bool) -> None:
+        """A launch begins with this address, profile, model and flash attention."""
         self.private, self.launched, self.model = private, profile, model
+        self.flash_attn = flash_attn
         self.close_client()
 
     # -- serving ----------------------------------------------------------------------------
