@@ -48,6 +48,7 @@ from e2e_helpers import bare_llama_server, free_port, wait_until  # noqa: E402
 from slotkeeper.core.basics.paths import app_paths  # noqa: E402
 from slotkeeper.core.engine import Engine  # noqa: E402
 from slotkeeper.core.server.command import build_argv  # noqa: E402
+from slotkeeper.core.server.flash_attn import pass_auto_choice  # noqa: E402
 from slotkeeper.core.server.locate import locate_server, probe_flags  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.sessions.store import SessionStore  # noqa: E402
@@ -144,7 +145,9 @@ def slotkeeper_side(home: Path, s: Settings, history: list[dict], case: str, sit
 def never_stopped(model: Path, server_bin: str, swa_full: bool, folder: Path) -> Iterator[str]:
     binary = locate_server(server_bin)
     prof = ServerProfile(model_path=str(model), server_bin=server_bin, port=1, ctx=CTX, swa_full=swa_full)
-    argv = build_argv(binary.argv_prefix, prof, model, folder, probe_flags(binary))
+    flags = probe_flags(binary)
+    argv = build_argv(binary.argv_prefix, prof, model, folder, flags)
+    pass_auto_choice(binary.path, argv, model, flags)  # flash attention as Slotkeeper resolves "auto"
     for flag in ("--host", "--port"):
         if flag in argv:
             i = argv.index(flag)

@@ -144,7 +144,12 @@ def llama_server_as_slotkeeper_runs_it(server_bin: str, model: Path, folder: Pat
     profile.setdefault("ctx", 2048)
     binary = locate_server(server_bin)
     prof = ServerProfile(model_path=str(model), server_bin=server_bin, port=1, **profile)
-    argv = list(build_argv(binary.argv_prefix, prof, model, folder, probe_flags(binary)))
+    flags = probe_flags(binary)
+    argv = list(build_argv(binary.argv_prefix, prof, model, folder, flags))
+    if prof.flash_attn is None:  # "auto": the value Slotkeeper's launch resolves it to
+        from slotkeeper.core.server.flash_attn import pass_auto_choice
+
+        pass_auto_choice(binary.path, argv, model, flags)
     for flag in ("--host", "--port"):  # bare_llama_server adds its own loopback address and port
         if flag in argv:
             i = argv.index(flag)

@@ -34,7 +34,16 @@ SLACK = 4  # tokens: llama-server's own checkpoints sit a few tokens before the 
 TOLERANCE = 1e-5  # log-prob difference allowed (the existing restore tests' bound)
 SYSTEM = "You are a helpful assistant for walkers."
 CASES = ("reasoning", "regenerate", "edit")
-FAMILIES = [("qwen35", {}), ("gemma3", {"swa_full": True}), ("llama", {})]
+# Flash attention off: llama-server's answers hardly depend on how a prompt was batched, so a
+# restore is held to TOLERANCE. Left to auto (on here, the default): llama-server's own answers to
+# one request move by up to ~1e-3 with what its cache held (a cold prefill against its checkpoint,
+# measured in each test as `noise`), so a restore is held to that, and to the same tokens.
+FAMILIES = [("qwen35", "qwen35", {"flash_attn": False}),
+            ("gemma3", "gemma3", {"swa_full": True, "flash_attn": False}),
+            ("llama", "llama", {"flash_attn": False}),
+            ("gemma3-fa-auto", "gemma3", {"swa_full": True}),
+            ("llama-fa-auto", "llama", {})]
+PUSHED_OUT = [f for f in FAMILIES if f[1] != "llama"]
 # A hybrid model's recurrent state comes out of a prompt evaluated in other batches (from a
 # checkpoint, from a point, from scratch) a little apart: llama-server alone gives log-probs 8e-5
 # apart for the same request from its checkpoint and from an empty slot. A wrong state is O(1) off.
@@ -110,16 +119,21 @@ def reference(base: str, history: list[dict], case: str) -> tuple[Answer, Answer
     return warm, figures(ask(base, request, max_tokens=4, logprobs=True, top_logprobs=5))
 
 
-def assert_same_answer(got: Answer, never_stopped: Answer, cold: Answer, what: str, tolerance: float) -> None:
-    """The same tokens as llama-server that never stopped, and log-probs within ``tolerance``."""
+def assert_same_answer(got: Answer, never_stopped: Answer, cold: Answer, what: str, kind: str,
+                       profile: dict) -> None:
+    """The same tokens as llama-server that never stopped, and log-probs within the family's
+    tolerance (with flash attention on, or within llama-server's own cold-prefill noise)."""
     noise = distance(never_stopped, cold)
+    tolerance = TOLERANCES.get(kind, TOLERANCE)
+    if profile.get("flash_attn") is not False:
+        tolerance = max(tolerance, noise)
     assert distance(got, never_stopped) <= tolerance, (
         f"{what}: {got} differs from never stopped {never_stopped} (its own cold prefill: {noise:.2g})")
 
 
-@pytest.mark.parametrize("kind, profile", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("name, kind, profile", FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_rollbacks_after_a_relaunch_reread_no_more_than_a_server_that_never_stopped(
-        kind, profile, models_dir, server_bin, port, tmp_path):
+        name, kind, profile, models_dir, server_bin, port, tmp_path):
     model = write_model(models_dir / f"tiny-{kind}.gguf", kind)
     engine = make_engine(model, server_bin, port, idle_save=0.2, **profile)
     engine.start()
@@ -161,14 +175,14 @@ def test_rollbacks_after_a_relaunch_reread_no_more_than_a_server_that_never_stop
         want, cold = expected[case]
         assert got.prompt_n <= want.prompt_n + SLACK, (
             f"{kind} {case}: {got.prompt_n} tokens re-read, never stopped {want.prompt_n}")
-        assert_same_answer(got, want, cold, f"{kind} {case}", TOLERANCES.get(kind, TOLERANCE))
+        assert_same_answer(got, want, cold, f"{name} {case}", kind, profile)
         if exact_only:
             assert not events.of(ev.SlotRecomputed), f"{kind} {case}: recomputed instead of a point"
 
 
-@pytest.mark.parametrize("kind, profile", FAMILIES[:2], ids=[f[0] for f in FAMILIES[:2]])
+@pytest.mark.parametrize("name, kind, profile", PUSHED_OUT, ids=[f[0] for f in PUSHED_OUT])
 def test_a_conversation_pushed_out_of_its_slot_comes_back_from_its_restore_point(
-        kind, profile, models_dir, server_bin, port, tmp_path):
+        name, kind, profile, models_dir, server_bin, port, tmp_path):
     model = write_model(models_dir / f"tiny-{kind}.gguf", kind)
     engine = make_engine(model, server_bin, port, idle_save=0.2, **profile)
     events = EventLog(engine)
@@ -191,7 +205,7 @@ def test_a_conversation_pushed_out_of_its_slot_comes_back_from_its_restore_point
     with never_stopped(server_bin, model, tmp_path, profile) as raw:
         want, cold = reference(raw, history, "regenerate")
     assert got.prompt_n <= want.prompt_n + SLACK
-    assert_same_answer(got, want, cold, f"{kind} after another conversation", TOLERANCES.get(kind, TOLERANCE))
+    assert_same_answer(got, want, cold, f"{name} after another conversation", kind, profile)
 
 
 def test_an_edit_further_back_restores_from_an_earlier_user_message_point(models_dir, server_bin, port,

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def saved_session(llama_model, server_bin, port):
     """One conversation saved from: llama, -fa off, f16/f16, -np 1, ctx 2048."""
-    engine = make_engine(llama_model, server_bin, port)
+    engine = make_engine(llama_model, server_bin, port, flash_attn=False)
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
@@ -35,6 +35,7 @@ def saved_session(llama_model, server_bin, port):
 
 
 def _launch_and_try(model, server_bin, port, session_id, **profile):
+    profile.setdefault("flash_attn", False)  # as the session was saved: only what a case changes differs
     engine = make_engine(model, server_bin, port, **profile)
     events = EventLog(engine)
     engine.start()

@@ -98,6 +98,15 @@ def auto_choice(binary_path: str, argv: Sequence[str], model_path: str | os.Path
     return choice
 
 
+def pass_auto_choice(binary_path: str, argv: list[str], model_path: str | os.PathLike[str],
+                     flags: frozenset[str], cache: FileFactsCache | None = None) -> bool:
+    """``argv`` (a launch's, with a placeholder value) made to pass auto's choice, off when the
+    binary does not say (as a launch does); returns the value passed."""
+    choice = bool(auto_choice(binary_path, argv, model_path, flags, cache))
+    argv[argv.index("--flash-attn") + 1] = "on" if choice else "off"
+    return choice
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

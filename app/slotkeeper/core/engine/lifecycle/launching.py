@@ -48,7 +48,7 @@ from slotkeeper.core.server.command import (
     build_argv,
     without_api_key,
 )
-from slotkeeper.core.server.flash_attn import auto_choice
+from slotkeeper.core.server.flash_attn import pass_auto_choice
 from slotkeeper.core.server.locate import (
     FLAGS_VERSION,
     ServerBinary,
@@ -101,7 +101,6 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
         if flash_attn is None:
             flash_attn, fa_note = resolve_flash_attn(binary.path, argv, model, flags, paths.sessions_dir,
                                                      binary_facts, model_facts)
-            argv[argv.index("--flash-attn") + 1] = "on" if flash_attn else "off"
     except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
         raise SupervisorError(str(exc)) from exc
     refusal = exposure_refusal(profile.host, profile.port, profile.extra_args)
@@ -140,15 +139,14 @@ def resolve_flash_attn(binary_path: str, argv: list[str], model: ModelChoice, fl
             model_facts.put(model.path, kept, KEPT_OFF_FACT)
         except OSError:
             pass
-        if kept:
+        if kept:  # argv passes off (build_argv's value for "auto" until it is resolved)
             return False, (f"Flash attention stays off for {model.display_name}: its saved conversations "
                            "were made with it off, and a server with it on cannot restore them. Turn it on "
                            "in Settings (or --flash-attn on) for a faster prefill; those conversations are "
                            "then read again from the start when resumed.")
     if kept:
         return False, None
-    choice = auto_choice(binary_path, argv, model.path, flags, binary_facts)
-    return bool(choice), None
+    return pass_auto_choice(binary_path, argv, model.path, flags, binary_facts), None
 
 
 # Some systems report CPU instructions they do not let a program use (AMX in some virtual machines):

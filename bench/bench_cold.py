@@ -1,0 +1,190 @@
+"""Cold prefill and decode: Slotkeeper's defaults against llama-server's own, side by side in one run.
+
+    .venv/bin/python bench/bench_cold.py [--model starter|bench|PATH ...] [--rounds 6] [--words 900]
+                                         [--decode 64] [--ctx 8192] [--flags]
+
+For each model, `slotkeeper serve` with its defaults (in its own process, as a user runs it) and
+raw llama-server with its defaults (the same model, context and one slot: `-c CTX -np 1`) run at
+once, idle while the other works. Each round sends each side, in turn (the order flipped every
+other round, so the machine's drift falls on both alike), a prompt it has never seen (new words,
+so nothing is in any cache) and asks for DECODE tokens. Printed per model: the medians of
+llama-server's own prompt and decode rates on each side (what the flags cost), of the time to the
+whole answer seen by the client (what the user waits), and the ratios.
+
+--flags: raw llama-server with its defaults against raw llama-server with each flag Slotkeeper
+passes (and the old `--flash-attn off`), one at a time, then all of them: cold prefill and decode
+rates and the server's resident memory after the rounds. The table in docs/MEASUREMENTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+from benchlib import LlamaServer, free_port, generated_model, text, work_folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+
+from slotkeeper.core.server.locate import locate_server  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[1] / "app")
+
+
+def starter_model(work: Path) -> Path:
+    """The installed starter model (fetched into ``work`` when this installation lacks it)."""
+    from slotkeeper.core.model.starter_model import ensure_starter_model
+
+    return Path(ensure_starter_model(work / "models"))
+
+
+class Serve:
+    """`slotkeeper serve` with its defaults but the model, the context and one slot."""
+
+    def __init__(self, model: Path, ctx: int, home: Path) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model", str(model),
+             "--port", str(port), "--ctx", str(ctx), "--parallel", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": APP})
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("ready"):
+                break
+        else:
+            raise RuntimeError("slotkeeper serve did not start")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(120)
+
+
+def ask(url: str, words: str, decode: int) -> tuple[float, dict]:
+    """Seconds to the whole answer of a new conversation, and llama-server's timings."""
+    body = {"messages": [{"role": "user", "content": words}], "max_tokens": decode, "temperature": 0,
+            "seed": 1, "ignore_eos": True}
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)
+    r.raise_for_status()
+    return time.perf_counter() - t0, r.json()["timings"]
+
+
+def rounds(sides: dict[str, str], n: int, words: int, decode: int,
+           seed: int) -> dict[str, dict[str, list]]:
+    """``n`` rounds over ``sides`` (name -> URL), each side a new prompt every round, the order
+    turned every round."""
+    got: dict[str, dict[str, list]] = {name: {"pp": [], "tg": [], "wall": [], "n": []} for name in sides}
+    names = list(sides)
+    for rnd in range(n):
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        line = []
+        for i, name in enumerate(order):
+            wall, t = ask(sides[name], text(seed + 1000 * rnd + i * 7 + hash(name) % 997, words), decode)
+            g = got[name]
+            g["pp"].append(t["prompt_per_second"])
+            g["tg"].append(t["predicted_per_second"])
+            g["wall"].append(wall)
+            g["n"].append(t["prompt_n"])
+            line.append(f"{name} {t['prompt_n']} tok {t['prompt_per_second']:.0f}/s pp "
+                        f"{t['predicted_per_second']:.1f}/s tg {wall:.2f} s")
+        print(f"  round {rnd}: " + " | ".join(line), flush=True)
+    return got
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def compare(model: Path, args, work: Path, server_bin) -> None:
+    print(f"\n{model.name} ({model.stat().st_size / 1e6:.0f} MB), context {args.ctx}, one slot:")
+    raw = LlamaServer([*server_bin.argv_prefix, "-m", str(model), "-c", str(args.ctx), "-np", "1"])
+    raw.start()
+    serve = Serve(model, args.ctx, work / f"home-{model.stem}")
+    try:
+        got = rounds({"slotkeeper": serve.url, "raw": raw.url}, args.rounds, args.words, args.decode,
+                     args.seed)
+    finally:
+        serve.stop()
+        raw.stop()
+    s, r = got["slotkeeper"], got["raw"]
+    print(f"  prompt tokens per round: {med(s['n']):.0f} / {med(r['n']):.0f}")
+    for key, what, higher in (("pp", "cold prefill, tokens/s", True), ("tg", "decode, tokens/s", True),
+                              ("wall", "whole answer, s", False)):
+        a, b = med(s[key]), med(r[key])
+        ratio = a / b if higher else b / a
+        print(f"  {what:<24} Slotkeeper {a:9.2f}   raw llama-server {b:9.2f}   "
+              f"Slotkeeper at {100 * ratio:.1f}% of raw")
+
+
+# Each flag Slotkeeper passes (or used to), against llama-server's defaults.
+FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("--flash-attn on (auto's choice here)", ("--flash-attn", "on")),
+    ("--flash-attn off (the old default)", ("--flash-attn", "off")),
+    ("--cache-type-k/v f16", ("--cache-type-k", "f16", "--cache-type-v", "f16")),
+    ("--metrics", ("--metrics",)),
+    ("--slot-save-path", ("--slot-save-path", "SAVES")),
+    ("--no-kv-unified", ("--no-kv-unified",)),
+    ("--no-cache-idle-slots", ("--no-cache-idle-slots",)),
+    ("--cache-ram 0", ("--cache-ram", "0")),
+)
+
+
+def flag_sweep(model: Path, args, work: Path, server_bin) -> None:
+    print(f"\nflags, {model.name}, context {args.ctx}, one slot: raw llama-server's defaults against each")
+    base = [*server_bin.argv_prefix, "-m", str(model), "-c", str(args.ctx), "-np", "1"]
+    saves = work / "saves"
+    saves.mkdir(exist_ok=True)
+    every = tuple(a for _n, f in FLAGS[:1] + FLAGS[2:] for a in f)
+    for name, flag in (*FLAGS, ("all Slotkeeper passes", every)):
+        flag = tuple(str(saves) if a == "SAVES" else a for a in flag)
+        sides = {"default": LlamaServer(base), "flag": LlamaServer([*base, *flag])}
+        for side in sides.values():
+            side.start()
+        try:
+            got = rounds({k: v.url for k, v in sides.items()}, args.rounds, args.words, args.decode,
+                         args.seed)
+            rss = {k: psutil.Process(v.proc.pid).memory_info().rss for k, v in sides.items()}
+        finally:
+            for side in sides.values():
+                side.stop()
+        d, f = got["default"], got["flag"]
+        print(f"  {name:<40} prefill {100 * med(f['pp']) / med(d['pp']):6.1f}%   decode "
+              f"{100 * med(f['tg']) / med(d['tg']):6.1f}%   memory {rss['flag'] / 1e6:7.0f} MB vs "
+              f"{rss['default'] / 1e6:7.0f} MB   (of the default's)", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append",
+                    help="starter, bench or a GGUF path (default: starter and bench)")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--words", type=int, default=900, help="words in each new prompt")
+    ap.add_argument("--decode", type=int, default=64, help="tokens to generate each time")
+    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--flags", action="store_true", help="the flag-by-flag table instead")
+    ap.add_argument("--work", help="folder to work in (kept; reuses the generated model)")
+    args = ap.parse_args()
+    server_bin = locate_server(None)
+    with work_folder(args.work) as work:
+        for which in args.model or ["starter", "bench"]:
+            model = (starter_model(work) if which == "starter" else generated_model(work, "bench")
+                     if which == "bench" else Path(which))
+            if args.flags:
+                flag_sweep(model, args, work, server_bin)
+            else:
+                compare(model, args, work, server_bin)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
