@@ -1,7 +1,7 @@
 """Cold prefill and decode: Slotkeeper's defaults against llama-server's own, side by side in one run.
 
     .venv/bin/python bench/bench_cold.py [--model starter|bench|PATH ...] [--rounds 6] [--words 900]
-                                         [--decode 64] [--ctx 8192] [--flags]
+                                         [--decode 64] [--ctx 8192] [--busy N] [--flags]
 
 For each model, `slotkeeper serve` with its defaults (in its own process, as a user runs it) and
 raw llama-server with its defaults (the same model, context and one slot: `-c CTX -np 1`) run at
@@ -9,7 +9,8 @@ once, idle while the other works. Each round sends each side, in turn (the order
 other round, so the machine's drift falls on both alike), a prompt it has never seen (new words,
 so nothing is in any cache) and asks for DECODE tokens. Printed per model: the medians of
 llama-server's own prompt and decode rates on each side (what the flags cost), of the time to the
-whole answer seen by the client (what the user waits), and the ratios.
+whole answer seen by the client (what the user waits), and the ratios. --busy N: N processes spin
+on the CPU meanwhile, as on a machine doing other work.
 
 --flags: raw llama-server with its defaults against raw llama-server with each flag Slotkeeper
 passes (and the old `--flash-attn off`), one at a time, then all of them: cold prefill and decode
@@ -173,8 +174,19 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--flags", action="store_true", help="the flag-by-flag table instead")
     ap.add_argument("--work", help="folder to work in (kept; reuses the generated model)")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="processes spinning on the CPU meanwhile (a machine doing other work)")
     args = ap.parse_args()
     server_bin = locate_server(None)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        return run(args, server_bin)
+    finally:
+        for p in spinners:
+            p.kill()
+
+
+def run(args, server_bin) -> int:
     with work_folder(args.work) as work:
         for which in args.model or ["starter", "bench"]:
             model = (starter_model(work) if which == "starter" else generated_model(work, "bench")
