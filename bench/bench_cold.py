@@ -1,7 +1,7 @@
 """Cold prefill and decode: Slotkeeper's defaults against llama-server's own, side by side in one run.
 
     .venv/bin/python bench/bench_cold.py [--model starter|bench|PATH ...] [--rounds 6] [--words 900]
-                                         [--decode 64] [--ctx 8192] [--busy N] [--flags]
+                                         [--decode 64] [--ctx 8192] [--pause S] [--busy N] [--flags]
 
 For each model, `slotkeeper serve` with its defaults (in its own process, as a user runs it) and
 raw llama-server with its defaults (the same model, context and one slot: `-c CTX -np 1`) run at
@@ -9,8 +9,10 @@ once, idle while the other works. Each round sends each side, in turn (the order
 other round, so the machine's drift falls on both alike), a prompt it has never seen (new words,
 so nothing is in any cache) and asks for DECODE tokens. Printed per model: the medians of
 llama-server's own prompt and decode rates on each side (what the flags cost), of the time to the
-whole answer seen by the client (what the user waits), and the ratios. --busy N: N processes spin
-on the CPU meanwhile, as on a machine doing other work.
+whole answer seen by the client (what the user waits), and the ratios. A new conversation in the
+only slot makes Slotkeeper save the one before (the save's commit, a hash and an fsync of its file,
+runs beside the new prompt's prefill); --pause S waits S seconds before each request, so it is done.
+--busy N: N processes spin on the CPU meanwhile, as on a machine doing other work.
 
 --flags: raw llama-server with its defaults against raw llama-server with each flag Slotkeeper
 passes (and the old `--flash-attn off`), one at a time, then all of them: cold prefill and decode
@@ -79,16 +81,17 @@ def ask(url: str, words: str, decode: int) -> tuple[float, dict]:
     return time.perf_counter() - t0, r.json()["timings"]
 
 
-def rounds(sides: dict[str, str], n: int, words: int, decode: int,
-           seed: int) -> dict[str, dict[str, list]]:
+def rounds(sides: dict[str, str], n: int, words: int, decode: int, seed: int,
+           pause: float = 0.0) -> dict[str, dict[str, list]]:
     """``n`` rounds over ``sides`` (name -> URL), each side a new prompt every round, the order
-    turned every round."""
+    turned every round, ``pause`` seconds before each request."""
     got: dict[str, dict[str, list]] = {name: {"pp": [], "tg": [], "wall": [], "n": []} for name in sides}
     names = list(sides)
     for rnd in range(n):
         order = names[rnd % len(names):] + names[:rnd % len(names)]
         line = []
         for i, name in enumerate(order):
+            time.sleep(pause)
             wall, t = ask(sides[name], text(seed + 1000 * rnd + i * 7 + hash(name) % 997, words), decode)
             g = got[name]
             g["pp"].append(t["prompt_per_second"])
@@ -112,7 +115,7 @@ def compare(model: Path, args, work: Path, server_bin) -> None:
     serve = Serve(model, args.ctx, work / f"home-{model.stem}")
     try:
         got = rounds({"slotkeeper": serve.url, "raw": raw.url}, args.rounds, args.words, args.decode,
-                     args.seed)
+                     args.seed, args.pause)
     finally:
         serve.stop()
         raw.stop()
@@ -174,6 +177,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--flags", action="store_true", help="the flag-by-flag table instead")
     ap.add_argument("--work", help="folder to work in (kept; reuses the generated model)")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds between requests (Slotkeeper's save of the conversation before is then "
+                         "done before the next one starts)")
     ap.add_argument("--busy", type=int, default=0,
                     help="processes spinning on the CPU meanwhile (a machine doing other work)")
     args = ap.parse_args()
