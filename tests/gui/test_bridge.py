@@ -231,3 +231,46 @@ def test_close_stops_everything_and_silences_events(qtbot, engine):
         b._on_log_line("late line")
     b.close()  # twice is fine
     b.deleteLater()
+
+
+def test_pin_delete_and_verify_show_what_they_changed_without_listing_the_folder(qtbot, bridge, engine,
+                                                                                sessions_dir):
+    """A use case returns what it changed (SessionChanges); the listing shown is updated from that,
+    and the folder events its own change caused do not list the folder again. A change made
+    behind the app's back (another process on the same folder) still does."""
+    from slotkeeper.core.services.sessions import SessionsService
+    from slotkeeper.core.sessions.store import SessionStore
+
+    for sid, title in (("aaaaaaaaaaaa", "first"), ("bbbbbbbbbbbb", "second"), ("cccccccccccc", "third")):
+        make_session(sessions_dir, sid, title=title)
+    with qtbot.waitSignal(bridge.sessionsListed, timeout=10_000):
+        bridge.refresh_sessions()
+    qtbot.wait(600)  # the watchdog's events of the files made above have settled
+    listed: list[int] = []
+    real = engine.sessions.listing
+    engine.sessions.listing = lambda: listed.append(1) or real()
+    try:
+        order = [e.id for e in bridge.listing.sessions]
+        with qtbot.waitSignal(bridge.sessionsListed, timeout=10_000) as shown:
+            bridge.set_pinned("bbbbbbbbbbbb", True)
+        listing = shown.args[0]
+        assert [e.id for e in listing.sessions] == order  # a pin moves nothing
+        assert next(e for e in listing.sessions if e.id == "bbbbbbbbbbbb").sidecar.pinned
+        with qtbot.waitSignal(bridge.sessionsListed, timeout=10_000) as shown:
+            bridge.delete_session("cccccccccccc")
+        assert [e.id for e in shown.args[0].sessions] == [i for i in order if i != "cccccccccccc"]
+        with qtbot.waitSignal(bridge.sessionVerified, timeout=10_000):
+            bridge.verify_session("aaaaaaaaaaaa")
+        qtbot.wait(1200)  # longer than the watchdog's debounce: its events came and went
+        assert listed == [], "the app's own changes listed the folder again"
+
+        # Another process pins a conversation: the folder is listed again, and shows it.
+        def pinned(got, _facts) -> bool:
+            return next(e for e in got.sessions if e.id == "aaaaaaaaaaaa").sidecar.pinned
+
+        other = SessionsService(SessionStore(sessions_dir), in_slots=frozenset, budget=lambda: 1 << 40)
+        with qtbot.waitSignal(bridge.sessionsListed, timeout=10_000, check_params_cb=pinned):
+            other.set_pinned("aaaaaaaaaaaa", True)
+        assert listed
+    finally:
+        engine.sessions.listing = real

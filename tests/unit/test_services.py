@@ -117,7 +117,24 @@ def test_prune_checks_the_slots_again_right_before_each_delete(store):
 
 def test_pin_and_verify_go_through(store):
     service = SessionsService(store, in_slots=set, budget=lambda: 10**9)
-    assert service.set_pinned("cccccccccccc", True).pinned
+    assert service.set_pinned("cccccccccccc", True).changed[0].sidecar.pinned
     entry = service.verify("cccccccccccc")
     assert entry.status == "corrupt" and "hash" in entry.problems[0]  # the fixture's hash is not these bytes
     shutil.rmtree(store.dir)
+
+
+def test_session_changes_apply_to_a_listing_in_place():
+    from slotkeeper.core.services.sessions import SessionChanges
+    from slotkeeper.core.sessions.entries import Listing
+
+    class E:
+        def __init__(self, id, v):
+            self.id, self.v = id, v
+
+    a, b, c = E("a", 1), E("b", 1), E("c", 1)
+    listing = Listing([a, b, c], ["x"])
+    out = SessionChanges(changed=(E("b", 2),), removed=("c",)).apply(listing)
+    assert [(e.id, e.v) for e in out.sessions] == [("a", 1), ("b", 2)] and out.unmanaged == ["x"]
+    assert [e.id for e in listing.sessions] == ["a", "b", "c"]  # the listing given is left as it was
+    assert SessionChanges(changed=(E("z", 1),)).apply(listing).sessions == [a, b, c]  # not listed: not added
+    assert SessionChanges(changed=(E("b", 2),), removed=("c",)).ids == {"b", "c"}

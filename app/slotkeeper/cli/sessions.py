@@ -299,8 +299,8 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
         print(f"deleted {sid}{title}")
         return 0
     if args.action in ("pin", "unpin"):
-        sc = service.set_pinned(sid, args.action == "pin")
-        print(f"{args.action}ned {sid}  {cut(sc.title, TITLE_WIDTH)}")
+        [entry] = service.set_pinned(sid, args.action == "pin").changed
+        print(f"{args.action}ned {sid}  {cut(entry.sidecar.title if entry.sidecar else '', TITLE_WIDTH)}")
         return 0
     if args.action == "verify":
         return _verify(service, [sid], args.data_dir)

@@ -22,6 +22,7 @@ from slotkeeper.core import events as ev
 from slotkeeper.core.engine import Engine, EngineError, EngineSnapshot
 from slotkeeper.core.services import switching
 from slotkeeper.core.services.resume import ResumeVerdict, resume_verdict
+from slotkeeper.core.services.sessions import SessionChanges
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.services.switching import SwitchOutcome, resolved_model_file
 from slotkeeper.core.sessions.compat import ServerFacts
@@ -283,21 +284,38 @@ class EngineBridge(QObject):
 
     # -- session actions (the sessions service, as jobs) ----------------------------------
     def set_pinned(self, session_id: str, pinned: bool) -> None:
-        self.jobs.run(self.engine.sessions.set_pinned, session_id, pinned,
-                      on_success=lambda _: self.refresh_sessions(),
-                      description="Pinning a conversation" if pinned else "Unpinning a conversation")
+        self._change_sessions((session_id,), self.engine.sessions.set_pinned, session_id, pinned,
+                              description="Pinning a conversation" if pinned else "Unpinning a conversation")
 
     def delete_session(self, session_id: str) -> None:
-        self.jobs.run(self.engine.sessions.delete, session_id, on_success=lambda _: self.refresh_sessions(),
-                      description="Deleting a conversation")
+        self._change_sessions((session_id,), self.engine.sessions.delete, session_id,
+                              description="Deleting a conversation")
+
+    def _change_sessions(self, ids: tuple[str, ...], use_case: Callable[..., SessionChanges], *args: Any,
+                         description: str, then: Callable[[SessionChanges], None] | None = None) -> None:
+        """Run a use case that changes these sessions; the listing shows what it returns changed
+        (the folder is not listed again for it)."""
+        self.feeds.expect(ids)
+
+        def done(changes: SessionChanges) -> None:
+            self.feeds.done_with(ids)
+            if then is not None:
+                then(changes)
+            self.feeds.apply_changes(changes)
+
+        def failed(exc: BaseException) -> None:
+            self.feeds.done_with(ids)
+            self.errorOccurred.emit(description, describe_error(exc))
+            self.refresh_sessions()  # what is on disk, whatever happened
+
+        self.jobs.run(use_case, *args, on_success=done, on_failure=failed, description=description)
 
     def verify_session(self, session_id: str) -> None:
-        def done(entry: Any) -> None:
-            self.sessionVerified.emit(entry)
-            self.refresh_sessions()
+        def verify() -> SessionChanges:
+            return SessionChanges(changed=(self.engine.sessions.verify(session_id),))
 
-        self.jobs.run(self.engine.sessions.verify, session_id, on_success=done,
-                      description="Verifying a conversation")
+        self._change_sessions((session_id,), verify, description="Verifying a conversation",
+                              then=lambda changes: self.sessionVerified.emit(changes.changed[0]))
 
     def preview_prune(self, budget: int, on_done: Callable[[Any], None],
                       on_failure: Callable[[BaseException], None] | None = None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.history import RequestRecord
+from slotkeeper.core.services.sessions import SessionChanges
 from slotkeeper.core.services.switching import model_files
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import Listing
@@ -74,6 +75,9 @@ class Feeds(QObject):
 
         self._closed = False
         self._lock = threading.Lock()
+        # Sessions a use case of this app is changing (id -> how many changes): their files'
+        # events do not list the folder again, the use case's SessionChanges say what changed.
+        self._own: dict[str, int] = {}
         self._listing_running = False
         self._listing_again = False
         self._search_seq = 0
@@ -89,10 +93,51 @@ class Feeds(QObject):
             self._observer = _start_observer(engine.paths.sessions_dir, self._notify_fs_change)
 
     # -- the sessions folder --------------------------------------------------------------
-    def _notify_fs_change(self) -> None:  # watchdog's thread
+    def _notify_fs_change(self, names: list[str]) -> None:  # watchdog's thread
         with self._lock:
-            if not self._closed:
-                self._fsChanged.emit()
+            if self._closed:
+                return
+            # <id>.json, <id>.<gen>.kv, <id>.<gen>.chat and an atomic write's .<id>.json.<x>.tmp
+            if names and all(name.lstrip(".").split(".", 1)[0] in self._own for name in names):
+                return  # our own change: applied from what the use case returned
+            self._fsChanged.emit()
+
+    # -- changes made here ------------------------------------------------------------------
+    def expect(self, session_ids: Iterable[str]) -> None:
+        """A use case is about to change these sessions (on the GUI thread, before it runs)."""
+        with self._lock:
+            for sid in session_ids:
+                self._own[sid] = self._own.get(sid, 0) + 1
+
+    def done_with(self, session_ids: Iterable[str]) -> None:
+        """The use case ended; its files' events may still be on their way (debounce's time)."""
+        ids = list(session_ids)
+
+        def release() -> None:
+            with self._lock:
+                for sid in ids:
+                    left = self._own.get(sid, 0) - 1
+                    if left > 0:
+                        self._own[sid] = left
+                    else:
+                        self._own.pop(sid, None)
+
+        QTimer.singleShot(2 * SESSIONS_DEBOUNCE_MS, self, release)
+
+    def apply_changes(self, changes: SessionChanges) -> None:
+        """Show what a use case changed without listing the folder (``sessionsListed``)."""
+        if self._closed:
+            return
+        if self.listing is None:
+            self.refresh_sessions()
+            return
+        if self._listing_running:  # it may have listed the folder before the change
+            self._listing_again = True
+        self.listing = changes.apply(self.listing)
+        for sid in changes.removed:
+            self.saved_at.pop(sid, None)
+        self.saved_at.update(saved_times(Listing(list(changes.changed), [])))
+        self.sessionsListed.emit(self.listing, self._facts())
 
     @Slot()
     def _on_fs_changed(self) -> None:
@@ -265,7 +310,7 @@ def saved_times(listing: Listing) -> dict[str, float]:
 
 
 # -- watchdog ------------------------------------------------------------------------------
-def _start_observer(directory: Path, notify: Callable[[], None]):
+def _start_observer(directory: Path, notify: Callable[[list[str]], None]):
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
     from watchdog.observers.polling import PollingObserver
@@ -282,7 +327,7 @@ def _start_observer(directory: Path, notify: Callable[[], None]):
             names = [os.path.basename(p) for p in paths]
             if names and all(is_hidden_or_in_progress(n) for n in names):
                 return  # a save in progress or an atomic write's temp file
-            notify()
+            notify(names)
 
     directory.mkdir(parents=True, exist_ok=True)
     for factory in (Observer, lambda: PollingObserver(timeout=2)):

@@ -78,6 +78,28 @@ class AmbiguousSessionId(ValueError):
 
 
 @dataclass(frozen=True)
+class SessionChanges:
+    """What a use case changed in the sessions folder (as Anki's ``OpChanges``): the entries as
+    they are now, and the ids gone. A face applies it to the listing it shows (``apply``) instead
+    of listing the folder again."""
+
+    changed: tuple[SessionEntry, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    @property
+    def ids(self) -> frozenset[str]:
+        return frozenset(e.id for e in self.changed) | frozenset(self.removed)
+
+    def apply(self, listing: Listing) -> Listing:
+        """``listing`` with these changes: a changed entry replaces its old one in place (a pin or
+        a check moves nothing in the order), a removed one is left out."""
+        new = {e.id: e for e in self.changed}
+        gone = set(self.removed)
+        return Listing([new.get(e.id, e) for e in listing.sessions if e.id not in gone],
+                       list(listing.unmanaged))
+
+
+@dataclass(frozen=True)
 class PruneOutcome:
     plan: pruner.PrunePlan
     result: pruner.PruneResult | None  # None for a dry run
@@ -194,16 +216,18 @@ class SessionsService:
     def in_slots(self) -> frozenset[str]:
         return frozenset(self._in_slots())
 
-    def set_pinned(self, session_id: str, pinned: bool) -> Sidecar:
-        return self.store.set_pinned(session_id, pinned)
+    def set_pinned(self, session_id: str, pinned: bool) -> SessionChanges:
+        self.store.set_pinned(session_id, pinned)
+        return SessionChanges(changed=(self.store.get(session_id),))
 
-    def delete(self, session_id: str) -> None:
+    def delete(self, session_id: str) -> SessionChanges:
         """Delete a saved session, unless a slot holds it right now. Raises SessionInUse, and
         InvalidSessionId for anything that is not an id (``./ID`` must not slip past the check)."""
         validate_session_id(session_id)
         if session_id in self.in_slots():
             raise SessionInUse(session_id)
         self._delete(session_id)
+        return SessionChanges(removed=(session_id,))
 
     def transcript(self, session_id: str) -> Transcript | None:
         """The conversation a saved session holds, in words (None: saved without a transcript, by
