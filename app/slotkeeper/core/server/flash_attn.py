@@ -24,16 +24,16 @@ import queue
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from slotkeeper.core.basics.child_env import child_environment, server_environment
+from slotkeeper.core.basics.child_env import child_environment
 from slotkeeper.core.basics.file_facts import FileFactsCache
+from slotkeeper.core.server.private import free_port
+from slotkeeper.core.server.spawn import launch_environment, own_group
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def auto_choice(binary_path: str, argv: Sequence[str], model_path: str | os.Path
     if isinstance(stored, bool):
         return stored
     started = time.monotonic()
-    choice = _ask(probe_argv(argv, _free_port(), flags), timeout)
+    choice = _ask(probe_argv(argv, free_port(), flags), timeout)
     log.info("llama-server's auto chooses flash attention %s for this model (asked in %.1f s)",
              {True: "on", False: "off", None: "(no answer)"}[choice], time.monotonic() - started)
     if choice is not None and cache is not None:
@@ -107,24 +107,12 @@ def pass_auto_choice(binary_path: str, argv: list[str], model_path: str | os.Pat
     return choice
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ask(argv: list[str], timeout: float) -> bool | None:
-    kwargs: dict[str, Any] = {}
-    if sys.platform == "win32":
-        kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP
-                                   | getattr(subprocess, "CREATE_NO_WINDOW", 0))
-    else:
-        kwargs["start_new_session"] = True
     # A key nobody knows: the probe listens on loopback for the moment it runs, and answers no one.
-    env = {**server_environment(os.environ), "LLAMA_API_KEY": secrets.token_hex(16)}
+    env = launch_environment(secrets.token_hex(16))
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=child_environment(env), **kwargs)
+                                stderr=subprocess.STDOUT, env=child_environment(env), **own_group())
     except OSError as exc:
         log.warning("could not ask llama-server about flash attention: %s", exc)
         return None

@@ -25,18 +25,23 @@ def launch_environment(private_key: str, environ: Mapping[str, str] | None = Non
     return {**server_environment(os.environ if environ is None else environ), "LLAMA_API_KEY": private_key}
 
 
+def own_group() -> dict[str, Any]:
+    """Popen options that start llama-server in a process group of its own (stopped with its
+    children), with no console window on Windows."""
+    if sys.platform == "win32":
+        return {"creationflags": (subprocess.CREATE_NEW_PROCESS_GROUP
+                                  | getattr(subprocess, "CREATE_NO_WINDOW", 0))}
+    return {"start_new_session": True}
+
+
 def spawn_server(argv: Sequence[str], env: Mapping[str, str] | None, log_path: Path) -> subprocess.Popen:
     """Run ``argv`` in its own process group (so it can be stopped with its children), writing to
     ``log_path`` (rotated first), with ``env`` (default: ours) cleaned for a child. OSError when it cannot
     run."""
     logfile.rotate(log_path, force=True)
     out = logfile.open_for_child(log_path)
-    kwargs: dict[str, Any] = {}
-    if sys.platform == "win32":
-        kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP
-                                   | getattr(subprocess, "CREATE_NO_WINDOW", 0))
-    else:
-        kwargs["start_new_session"] = True
+    kwargs = own_group()
+    if sys.platform != "win32":
         kwargs["umask"] = 0o077  # what llama-server writes (slot saves, a crash's leftovers) is private
     try:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
