@@ -22,7 +22,6 @@ rates and the server's resident memory after the rounds. The table in docs/MEASU
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import statistics
 import subprocess
@@ -32,13 +31,11 @@ from pathlib import Path
 
 import httpx
 import psutil
-from benchlib import LlamaServer, free_port, generated_model, text, work_folder
+from benchlib import LlamaServer, generated_model, serve, text, work_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from slotkeeper.core.server.locate import locate_server  # noqa: E402
-
-APP = str(Path(__file__).resolve().parents[1] / "app")
 
 
 def starter_model(work: Path) -> Path:
@@ -46,29 +43,6 @@ def starter_model(work: Path) -> Path:
     from slotkeeper.core.model.starter_model import ensure_starter_model
 
     return Path(ensure_starter_model(work / "models"))
-
-
-class Serve:
-    """`slotkeeper serve` with its defaults but the model, the context and one slot."""
-
-    def __init__(self, model: Path, ctx: int, home: Path) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model", str(model),
-             "--port", str(port), "--ctx", str(ctx), "--parallel", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-            env={**os.environ, "PYTHONPATH": APP})
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("ready"):
-                break
-        else:
-            raise RuntimeError("slotkeeper serve did not start")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(120)
 
 
 def ask(url: str, words: str, decode: int) -> tuple[float, dict]:
@@ -112,12 +86,13 @@ def compare(model: Path, args, work: Path, server_bin) -> None:
     print(f"\n{model.name} ({model.stat().st_size / 1e6:.0f} MB), context {args.ctx}, one slot:")
     raw = LlamaServer([*server_bin.argv_prefix, "-m", str(model), "-c", str(args.ctx), "-np", "1"])
     raw.start()
-    serve = Serve(model, args.ctx, work / f"home-{model.stem}")
+    proc, url, _private, _key = serve(model, args.ctx, work / f"home-{model.stem}")
     try:
-        got = rounds({"slotkeeper": serve.url, "raw": raw.url}, args.rounds, args.words, args.decode,
+        got = rounds({"slotkeeper": url, "raw": raw.url}, args.rounds, args.words, args.decode,
                      args.seed, args.pause)
     finally:
-        serve.stop()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
         raw.stop()
     s, r = got["slotkeeper"], got["raw"]
     print(f"  prompt tokens per round: {med(s['n']):.0f} / {med(r['n']):.0f}")

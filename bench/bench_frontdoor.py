@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import LlamaServer, first_token, free_port, text
+from benchlib import LlamaServer, first_token, free_port, serve, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
@@ -142,26 +142,6 @@ async def main(port, upstream, key):
 
 asyncio.run(main(int(sys.argv[1]), sys.argv[2], sys.argv[3]))
 """
-
-
-def serve(model: Path, ctx: int, home: Path) -> tuple[subprocess.Popen, str, str, str]:
-    """``slotkeeper serve`` in its own process, as a user runs it: (process, front door URL,
-    llama-server's private URL, its key)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model",
-                             str(model), "--port", str(port), "--ctx", str(ctx), "--parallel", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True,
-                            env={**os.environ,
-                                 "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "app")})
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("ready"):
-            break
-    else:
-        raise RuntimeError("slotkeeper serve did not start")
-    private = json.loads(next(home.rglob("private.json")).read_text())
-    return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{private['port']}", private["key"]
 
 
 def overhead(model: Path, ctx: int, home: Path, n: int) -> dict:

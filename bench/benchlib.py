@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -166,3 +167,27 @@ class LlamaServer:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(60)
             self.proc = None
+
+
+def serve(model: Path, ctx: int, home: Path) -> tuple[Any, str, str, str]:
+    """``slotkeeper serve`` in its own process, as a user runs it: (process, front door URL,
+    llama-server's private URL, its key)."""
+    port = free_port()
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "slotkeeper", "--data-dir", str(home), "serve", "--model",
+                             str(model), "--port", str(port), "--ctx", str(ctx), "--parallel", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True,
+                            env={**os.environ,
+                                 "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "app")})
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("ready"):
+            break
+    else:
+        raise RuntimeError("slotkeeper serve did not start")
+    private = json.loads(next(home.rglob("private.json")).read_text())
+    return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{private['port']}", private["key"]
