@@ -99,7 +99,6 @@ def test_chat_three_turns_quit_relaunch_find_it_by_a_reply_and_continue_from_the
         quit_app(bridge)
 
 
-@pytest.mark.timeout(1800)
 def outside_turn(url: str, api: str, messages: list[dict]) -> str:
     """One turn of an outside client, over the chat API or Anthropic's Messages API: the reply."""
     if api == "messages":
@@ -112,6 +111,7 @@ def outside_turn(url: str, api: str, messages: list[dict]) -> str:
     return r["choices"][0]["message"]["content"]
 
 
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("api", ["chat", "messages"])
 def test_a_conversation_an_outside_client_had_is_continued_in_the_window(api, qtbot, starter_model,
                                                                          server_bin, port):
