@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slotkeeper import __version__
+from slotkeeper.cli import failure
 from slotkeeper.cli.options import (
     SessionsActionParser,
     add_global_options,
@@ -23,6 +24,7 @@ from slotkeeper.cli.options import (
     size,
     split_extra,
 )
+from slotkeeper.core.basics import applog
 
 
 @dataclass(frozen=True)
@@ -192,8 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.command_line = command_line
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        format=applog.FORMAT,
+        # A windowed .exe has no stderr: its records go to the app's log file only (below).
+        handlers=[logging.StreamHandler(sys.stderr) if sys.stderr is not None else logging.NullHandler()],
     )
     if not args.verbose:
         # The Hub downloads' HTTP clients log every request at INFO: hub_download's own (httpx) and
@@ -203,13 +206,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     from slotkeeper.core.settings import SettingsError
 
     command = table.get(args.command or "", DESKTOP)
+    desktop = command is DESKTOP
     if command.data_folder:
         problem = data_folder_problem(args.data_dir)
         if problem:
-            print(f"slotkeeper: {problem}", file=sys.stderr)
+            failure.tell(problem, desktop)
             return 2
+    log_file = None
+    if command.launches:  # the long runs: serve and the app keep a log of their own
+        from slotkeeper.core.basics.paths import app_paths
+
+        log_file = applog.attach(app_paths(args.data_dir).app_log)
     try:
         return command(args, extra)
     except SettingsError as exc:
-        print(f"slotkeeper: {exc}", file=sys.stderr)
+        failure.tell(str(exc), desktop)
         return 2
+    except Exception as exc:
+        if not desktop or log_file is None:
+            raise
+        # The app would vanish without a word: say it, and keep the traceback in the log.
+        logging.getLogger("slotkeeper").exception("the desktop app stopped on an error")
+        failure.tell(f"Slotkeeper stopped on an error: {exc}. The details are in {log_file.baseFilename}.",
+                     desktop)
+        return 1
+    finally:
+        applog.detach(log_file)

@@ -222,7 +222,9 @@ def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
     except ImportError as exc:  # e.g. Qt's system libraries are missing
         if pre is not None:
             pre.abandon()
-        print(f"slotkeeper: the desktop app cannot start: {exc}. `slotkeeper serve` runs without it.",
-              file=sys.stderr)
+        from slotkeeper.cli import failure
+
+        failure.tell(f"the desktop app cannot start: {exc}. `slotkeeper serve` runs without it.",
+                     desktop=True)
         return 1
     return run_gui(args, paths, service, settings, start_now=start_now, prelaunched=pre)

@@ -55,6 +55,11 @@ class AppPaths:
         return self.log_dir / "llama-server.log"
 
     @property
+    def app_log(self) -> Path:
+        """Slotkeeper's own log: a windowed app has no terminal to write to."""
+        return self.log_dir / "slotkeeper.log"
+
+    @property
     def server_state_file(self) -> Path:
         return self.state_dir / "server.json"
 
