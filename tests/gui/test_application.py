@@ -8,7 +8,8 @@ import sys
 from dataclasses import replace
 
 import pytest
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QApplication
 
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import DEMO_MODEL
@@ -182,4 +183,33 @@ def test_an_app_left_in_the_tray_builds_its_window_only_when_it_is_shown(qtbot, 
     with qtbot.waitSignal(app.finished, timeout=10_000):
         app.request_quit()
     assert not window.isVisible()
+    app.deleteLater()
+
+
+@pytest.mark.parametrize("platform", ["darwin", "linux"])
+def test_macos_reopen_shows_the_window_of_the_app_in_the_menu_bar(qtbot, paths, monkeypatch, platform):
+    """On macOS a second launch from Finder reaches the running app as a reopen (the app made active);
+    elsewhere a second launch is a second process (SingleInstance), and activation means nothing."""
+    from slotkeeper.gui.tray import TrayController
+
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(TrayController, "show", lambda self: (self.tray.show(), True)[1])
+    app = SlotkeeperApp(paths, shell_settings(), tray_available=True)
+    assert app._window is None
+    qapp = QApplication.instance()
+    qapp.applicationStateChanged.emit(Qt.ApplicationState.ApplicationActive)
+    if platform == "linux":
+        assert app._window is None
+    else:
+        window = app.window
+        qtbot.addWidget(window)
+        assert window.isVisible()
+        window.close()  # hidden to the menu bar
+        assert not window.isVisible()
+        qapp.applicationStateChanged.emit(Qt.ApplicationState.ApplicationInactive)
+        assert not window.isVisible()
+        qapp.applicationStateChanged.emit(Qt.ApplicationState.ApplicationActive)
+        assert window.isVisible()
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.request_quit()
     app.deleteLater()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from gui_helpers import OTHER_SHA, base_sidecar, emit_from_thread, facts_for, make_session
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QSystemTrayIcon
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL
@@ -154,3 +157,16 @@ def test_the_tooltip_says_how_much_time_the_cache_saved(qtbot, tray, bridge, eng
     with qtbot.waitSignal(bridge.historyLoaded):
         emit_from_thread(engine, ev.RequestDone(0, 0, 5000, 4900, 100, 80.0, 1.0, "restored", 125_000.0))
     assert "Time saved by the cache: 2 min 5 s" in tray.tooltip()
+
+
+@pytest.mark.parametrize("platform, opens", [("linux", True), ("win32", True), ("darwin", False)])
+def test_a_click_on_the_icon_opens_the_window_except_where_it_opens_the_menu(qtbot, tray, monkeypatch,
+                                                                             platform, opens):
+    """macOS reports the click that opens the menu-bar menu as a Trigger too: there only the menu opens."""
+    monkeypatch.setattr(sys, "platform", platform)
+    asked: list[str] = []
+    tray.showWindowRequested.connect(asked.append)
+    tray.tray.activated.emit(QSystemTrayIcon.ActivationReason.Trigger)
+    assert asked == ([""] if opens else [])
+    tray.tray.activated.emit(QSystemTrayIcon.ActivationReason.DoubleClick)
+    assert asked[-1:] == [""]

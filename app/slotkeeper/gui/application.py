@@ -192,6 +192,12 @@ class SlotkeeperApp(QObject):
             self._hide_on_close = self.tray.show()
         self.notifier.notify.connect(self._notify)
         self.bridge.on(EngineReady, self._on_ready)
+        if sys.platform == "darwin":
+            # A second launch from Finder, Spotlight or Launchpad starts no second process there: the
+            # system asks the running app to reopen, which Qt reports as the app becoming active.
+            app = QApplication.instance()
+            assert isinstance(app, QApplication)
+            app.applicationStateChanged.connect(self.on_application_state)
 
         chose_now = False
         if first_run and not settings.profile.model_path:
@@ -228,6 +234,17 @@ class SlotkeeperApp(QObject):
             self.switcher.parent_widget = window
             self._window = window
         return self._window
+
+    def on_application_state(self, state: Qt.ApplicationState) -> None:
+        """macOS: a reopen (the app launched again) with no window of ours open shows the main window,
+        as a second launch does elsewhere (SingleInstance). Becoming active while a window is open
+        (a click on it) changes nothing."""
+        if state != Qt.ApplicationState.ApplicationActive or self.quitting:
+            return
+        popup = Qt.WindowType.Popup
+        if any(w.isVisible() and (w.windowFlags() & popup) != popup for w in QApplication.topLevelWidgets()):
+            return
+        self.show_window()
 
     def show_window(self, tab: str = "") -> None:
         self.window.bring_forward(tab)

@@ -6,6 +6,7 @@ and tooltip logic are tested offscreen where no tray exists.
 
 from __future__ import annotations
 
+import sys
 import time
 
 from PySide6.QtCore import QObject, Signal
@@ -133,7 +134,12 @@ class TrayController(QObject):
         self.tray.showMessage(title, message, icon, MESSAGE_MS)
 
     def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
-        if reason in (QSystemTrayIcon.ActivationReason.Trigger, QSystemTrayIcon.ActivationReason.DoubleClick):
+        clicks = {QSystemTrayIcon.ActivationReason.Trigger, QSystemTrayIcon.ActivationReason.DoubleClick}
+        if sys.platform == "darwin":
+            # The menu-bar click that opens the menu also reports a Trigger: the menu is the answer
+            # there (its "Show window…" opens the window), not the menu and the window at once.
+            clicks.discard(QSystemTrayIcon.ActivationReason.Trigger)
+        if reason in clicks:
             self.showWindowRequested.emit("")
 
     def _on_change(self, *_args) -> None:
