@@ -23,6 +23,8 @@ def isolated_home(tmp_path, tmp_path_factory, monkeypatch) -> Path:
     run.chmod(0o700)  # private, as the system's
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     monkeypatch.delenv("SLOTKEEPER_LLAMA_SERVER", raising=False)
+    # the start-at-login switch (XDG autostart) the settings dialog reads, never the real one
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     return home
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from gui_helpers import emit_from_thread, keep_screenshot, make_session
 from PySide6.QtWidgets import QMessageBox
@@ -324,3 +326,20 @@ def test_the_binary_is_named_briefly_with_its_path_in_the_tooltip(monkeypatch, t
         "Using ~/llama.cpp/build/bin/llama-server (as set here)")
     assert describe_binary(["/usr/bin/llama", "serve"], "PATH (llama serve)") == (
         "Using /usr/bin/llama serve (found on PATH)")
+
+
+def test_start_at_login_shows_the_switch_as_it_is_and_keeps_the_data_folder(qtbot, bridge, engine,
+                                                                           make_dialog, autostart):
+    """Saved as on, turned off by the person in Login Items since: the box says off. Turned on, the
+    command names the data folder this app uses."""
+    with qtbot.waitSignal(bridge.settingsChanged):
+        bridge.apply_settings(replace(bridge.settings, start_at_login=True))
+    assert bridge.settings.start_at_login
+    d = make_dialog()
+    assert not d.sessions_tab.start_at_login.isChecked()
+    d.sessions_tab.start_at_login.setChecked(True)
+    with qtbot.waitSignal(bridge.settingsChanged):
+        assert d.save()
+    qtbot.waitUntil(lambda: bool(autostart.calls))
+    [(what, command)] = autostart.calls
+    assert what == "enable" and command[-2:] == ["--data-dir", str(engine.paths.data_dir)], command

@@ -14,11 +14,13 @@ import pytest
 from slotkeeper.core.basics.autostart import (
     APP_ID,
     LaunchAgentAutostart,
+    Translocated,
     WindowsRunAutostart,
     XdgAutostart,
     autostart_for,
     default_command,
     desktop_exec_line,
+    disabled_by_user,
 )
 
 TRICKY = [
@@ -275,3 +277,57 @@ def test_the_login_command_keeps_a_custom_data_folder(tmp_path: Path) -> None:
         sys.executable, "-m", "slotkeeper"]
     assert default_command(executable="/opt/Slotkeeper", frozen=True, data_dir=custom)[1:] == [
         "--data-dir", str(custom.resolve())]
+
+
+# --------------------------------------------------------------------------------------
+# macOS: what the user did in Login Items, and App Translocation
+# --------------------------------------------------------------------------------------
+
+PRINT_DISABLED_13 = '''disabled services = {
+\t"com.apple.ScreenReaderUIServer" => disabled
+\t"app.slotkeeper" => disabled
+}
+'''
+
+
+class FakeLaunchctl:
+    def __init__(self, disabled: str = "") -> None:
+        self.disabled = disabled
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, *args: str) -> str:
+        self.calls.append(args)
+        if args == ("enable", APP_ID):
+            self.disabled = ""
+        return self.disabled if args[0] == "print-disabled" else ""
+
+
+def test_login_items_turned_off_by_the_user_reads_as_off_and_turning_on_clears_it(tmp_path: Path) -> None:
+    launchctl = FakeLaunchctl()
+    auto = LaunchAgentAutostart(tmp_path, launchctl=launchctl)
+    auto.enable(["/Applications/Slotkeeper.app/Contents/MacOS/slotkeeper"])
+    assert auto.is_enabled()
+    launchctl.disabled = PRINT_DISABLED_13  # System Settings ▸ Login Items: switched off
+    assert not auto.is_enabled() and auto.path.exists()
+    auto.enable(["/Applications/Slotkeeper.app/Contents/MacOS/slotkeeper"])
+    assert ("enable", APP_ID) in launchctl.calls
+    assert auto.is_enabled()
+
+
+@pytest.mark.parametrize("text, disabled", [
+    (PRINT_DISABLED_13, True),
+    ('disabled services = {\n\t"app.slotkeeper" => true\n}\n', True),  # before macOS 13
+    ('disabled services = {\n\t"app.slotkeeper" => enabled\n}\n', False),
+    ('disabled services = {\n\t"app.slotkeeper.helper" => disabled\n}\n', False),
+    ("", False),
+])
+def test_disabled_by_user_reads_both_forms(text: str, disabled: bool) -> None:
+    assert disabled_by_user(text) is disabled
+
+
+def test_a_translocated_app_is_never_recorded() -> None:
+    moved = "/private/var/folders/xy/T/AppTranslocation/1F2E-3D4C/d/Slotkeeper.app/Contents/MacOS/slotkeeper"
+    with pytest.raises(Translocated, match="Applications folder"):
+        default_command(executable=moved, frozen=True)
+    assert default_command(executable="/Applications/Slotkeeper.app/Contents/MacOS/slotkeeper",
+                           frozen=True) == ["/Applications/Slotkeeper.app/Contents/MacOS/slotkeeper"]

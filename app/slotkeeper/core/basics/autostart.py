@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import plistlib
+import re
 import subprocess
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +32,7 @@ __all__ = [
     "Autostart",
     "LaunchAgentAutostart",
     "RunKey",
+    "Translocated",
     "WindowsRunAutostart",
     "XdgAutostart",
     "autostart_for",
@@ -57,6 +59,11 @@ def default_command(
     executable = sys.executable if executable is None else executable
     frozen = bool(getattr(sys, "frozen", False)) if frozen is None else frozen
     if frozen:
+        if is_translocated(executable):
+            raise Translocated(
+                "Slotkeeper is running from a temporary copy macOS made of it (App Translocation), "
+                "which is gone after a restart. Move Slotkeeper to the Applications folder, open it "
+                "from there, then turn start at login on.")
         command = [executable]
     else:
         if (system or sys.platform).lower().startswith("win"):
@@ -68,6 +75,20 @@ def default_command(
     if data_dir is not None and Path(data_dir).resolve() != default_data_dir().resolve():
         command += ["--data-dir", str(Path(data_dir).resolve())]
     return command
+
+
+class Translocated(ValueError):
+    """The app runs from the random, read-only path macOS gives an app opened where it was
+    downloaded (App Translocation): a path that must never be recorded."""
+
+
+TRANSLOCATION_MARK = "/AppTranslocation/"
+
+
+def is_translocated(executable: str) -> bool:
+    """macOS runs a quarantined app that was not moved from Downloads from a randomised mount under
+    ``/private/var/folders/.../AppTranslocation/<uuid>/d/``; it vanishes at the next restart."""
+    return TRANSLOCATION_MARK in executable
 
 
 def default_data_dir() -> Path:
@@ -203,9 +224,34 @@ def _xdg_config_home(env: Mapping[str, str], home: Path) -> Path:
 # --------------------------------------------------------------------------------------
 
 
+LAUNCHCTL_TIMEOUT_S = 5
+
+
+def _launchctl(subcommand: str, service: str = "") -> str:
+    """``launchctl SUBCOMMAND gui/UID[/SERVICE]``'s output ("" when it cannot be asked: not macOS)."""
+    if sys.platform == "win32":
+        return ""
+    target = f"gui/{os.getuid()}" + (f"/{service}" if service else "")
+    try:
+        done = subprocess.run(["launchctl", subcommand, target], capture_output=True, text=True,
+                              timeout=LAUNCHCTL_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout
+
+
+def disabled_by_user(print_disabled: str, label: str = APP_ID) -> bool:
+    """True when ``launchctl print-disabled`` lists ``label`` as disabled: what turning it off in
+    System Settings ▸ General ▸ Login Items does (the plist stays where it was). Both forms:
+    ``"label" => disabled`` (macOS 13 and later) and ``"label" => true`` (earlier)."""
+    found = re.search(r'"%s"\s*=>\s*(\w+)' % re.escape(label), print_disabled)
+    return bool(found and found.group(1).lower() in ("disabled", "true"))
+
+
 class LaunchAgentAutostart(Autostart):
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, launchctl: Callable[..., str] = _launchctl) -> None:
         self.path = Path(home) / "Library" / "LaunchAgents" / f"{APP_ID}.plist"
+        self._launchctl = launchctl
 
     @property
     def location(self) -> str:
@@ -216,7 +262,9 @@ class LaunchAgentAutostart(Autostart):
             data = plistlib.loads(self.path.read_bytes())
         except Exception:  # noqa: BLE001 - missing or damaged: launchd would not run it
             return False
-        return isinstance(data, dict) and bool(data.get("RunAtLoad")) and not data.get("Disabled")
+        if not (isinstance(data, dict) and bool(data.get("RunAtLoad")) and not data.get("Disabled")):
+            return False
+        return not disabled_by_user(self._launchctl("print-disabled"))
 
     def enable(self, command: list[str]) -> None:
         plist: dict[str, Any] = {
@@ -229,6 +277,8 @@ class LaunchAgentAutostart(Autostart):
         }
         text = plistlib.dumps(plist, fmt=plistlib.FMT_XML).decode("utf-8")
         atomic_write_text(self.path, text, mode=0o644)
+        # Turned off in Login Items before, launchd keeps it off whatever the plist says.
+        self._launchctl("enable", APP_ID)
 
     def disable(self) -> None:
         self.path.unlink(missing_ok=True)

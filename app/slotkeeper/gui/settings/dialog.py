@@ -8,6 +8,8 @@ changed them here (the settings service decides, see ``core.services.settings``)
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import Signal
@@ -34,6 +36,8 @@ from slotkeeper.gui.settings.server_tab import ServerTab
 from slotkeeper.gui.settings.sessions_tab import SessionsTab
 from slotkeeper.gui.theme import error_style, warning_style
 
+log = logging.getLogger(__name__)
+
 RESTART_NOTICE = ("The server is running with other settings: these changes take effect when it "
                   "restarts. “Save and restart server” saves changed conversations first.")
 
@@ -48,9 +52,12 @@ class SettingsDialog(QDialog):
         super().__init__(parent)
         self.bridge = bridge
         self.setWindowTitle("Settings")  # the platform adds " — Slotkeeper" (the application's display name)
-        self.base = bridge.settings
         self._autostart = autostart
         self._closing = False
+        # Start at login as it is: the person may have turned it off outside the app (Login Items,
+        # the Startup apps list) since the setting was saved.
+        saved = bridge.settings
+        self.base = replace(saved, start_at_login=self._login_switch_on(saved.start_at_login))
 
         self.server_tab = ServerTab(bridge, self.base, search_dirs)
         self.sessions_tab = SessionsTab(bridge, self.base)
@@ -201,6 +208,13 @@ class SettingsDialog(QDialog):
             self._autostart = autostart_for()
         return self._autostart
 
+    def _login_switch_on(self, saved: bool) -> bool:
+        try:
+            return bool(self.autostart().is_enabled())
+        except Exception:  # noqa: BLE001 - cannot be read here: what was saved
+            log.debug("cannot read the start-at-login switch", exc_info=True)
+            return saved
+
     def save(self, restart: bool = False) -> bool:
         try:
             settings = self.settings()
@@ -240,10 +254,11 @@ class SettingsDialog(QDialog):
         from slotkeeper.core.basics.autostart import default_command
 
         switch = self.autostart()
+        data_dir = self.bridge.paths.data_dir
 
         def apply() -> None:
-            if enable:
-                switch.enable(default_command())
+            if enable:  # on the folder this app uses (--data-dir), not the default one
+                switch.enable(default_command(data_dir=data_dir))
             else:
                 switch.disable()
 
