@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     import asyncio
 
     from slotkeeper.core import events as ev
+    from slotkeeper.core.basics import session_end
     from slotkeeper.core.engine import Engine, EngineError
     from slotkeeper.core.server.command import is_loopback
     from slotkeeper.core.server.state import ServerState
@@ -99,9 +101,11 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"ready {event.url}{where}", flush=True)
 
         def on_signal(signum: int) -> None:  # on the loop
+            stop_requested(signal.Signals(signum).name)
+
+        def stop_requested(name: str) -> None:  # on the loop
             nonlocal signals
             signals += 1
-            name = signal.Signals(signum).name
             if signals == 1:
                 log.info("received %s; saving the conversations and stopping (%s again: stop without saving)",
                          name, name)
@@ -114,6 +118,9 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         engine.events.subscribe(on_state, ev.ServerStateChanged)
         engine.events.subscribe(on_ready, ev.EngineReady)
         restore_signals = _on_signals(loop, on_signal)
+        stopped = threading.Event()  # the saves are done: a closing console may go
+        undo_console = session_end.on_console_end(lambda why: loop.call_soon_threadsafe(stop_requested, why),
+                                                  stopped)
         try:
             try:
                 await engine.start_async(resume_id=args.resume)
@@ -139,14 +146,17 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
             finally:
                 await loop.run_in_executor(None, engine.stop_server_now)
                 restore_signals()
+                stopped.set()
+                undo_console()
         return exit_code
 
     return engine.run(main())
 
 
 def _on_signals(loop, handler: Callable[[int], None]) -> Callable[[], None]:
-    """SIGINT/SIGTERM call ``handler(signum)`` on the loop; returns a function that undoes it."""
-    sigs = [signal.SIGINT, signal.SIGTERM]
+    """SIGINT/SIGTERM (and Windows' SIGBREAK, Ctrl+Break) call ``handler(signum)`` on the loop; returns
+    a function that undoes it."""
+    sigs = [signal.SIGINT, signal.SIGTERM, *([signal.SIGBREAK] if sys.platform == "win32" else [])]
     try:
         for sig in sigs:
             loop.add_signal_handler(sig, handler, sig)
