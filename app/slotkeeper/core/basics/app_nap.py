@@ -6,16 +6,18 @@ llama-server, the front door streaming a reply to a client), that means saves la
 stalled. The packaged app says so in its Info.plist (``NSAppSleepDisabled``); from a Python install
 there is no Info.plist, so the app also tells the system itself, the documented way:
 ``[[NSProcessInfo processInfo] beginActivityWithOptions:reason:]`` (through the Objective-C runtime
-with ctypes: no PyObjC needed). The activity lasts as long as the process.
+with ctypes, objc_runtime.py: no PyObjC needed). The activity lasts as long as the process.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import sys
-from typing import Any, Protocol
+from typing import Any
+
+from slotkeeper.core.basics import objc_runtime
+from slotkeeper.core.basics.objc_runtime import ObjC
 
 log = logging.getLogger(__name__)
 
@@ -25,36 +27,8 @@ NS_ACTIVITY_USER_INITIATED = 0x00FFFFFF
 NS_ACTIVITY_IDLE_SYSTEM_SLEEP_DISABLED = 1 << 20
 NS_ACTIVITY_OPTIONS = NS_ACTIVITY_USER_INITIATED & ~NS_ACTIVITY_IDLE_SYSTEM_SLEEP_DISABLED
 REASON = "Slotkeeper saves conversations and answers clients in the background"
-FOUNDATION = "/System/Library/Frameworks/Foundation.framework/Foundation"
 
 _held: list[Any] = []  # the activity token, for the life of the process
-
-
-class ObjC(Protocol):
-    def cls(self, name: str) -> Any: ...
-
-    def send(self, receiver: Any, selector: str, *args: Any) -> Any: ...
-
-
-class _Runtime:
-    """The Objective-C runtime through ctypes: each message sent with its exact argument types
-    (objc_msgSend is not variadic on Apple Silicon)."""
-
-    def __init__(self) -> None:
-        ctypes.cdll.LoadLibrary(FOUNDATION)
-        self._lib = ctypes.cdll.LoadLibrary(ctypes.util.find_library("objc") or "libobjc.dylib")
-        self._lib.objc_getClass.restype = ctypes.c_void_p
-        self._lib.objc_getClass.argtypes = [ctypes.c_char_p]
-        self._lib.sel_registerName.restype = ctypes.c_void_p
-        self._lib.sel_registerName.argtypes = [ctypes.c_char_p]
-
-    def cls(self, name: str) -> Any:
-        return self._lib.objc_getClass(name.encode())
-
-    def send(self, receiver: Any, selector: str, *args: Any) -> Any:
-        send = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                *[type(a) for a in args])(("objc_msgSend", self._lib))
-        return send(receiver, self._lib.sel_registerName(selector.encode()), *args)
 
 
 def keep_awake(objc: ObjC | None = None) -> bool:
@@ -66,7 +40,7 @@ def keep_awake(objc: ObjC | None = None) -> bool:
         if sys.platform != "darwin":
             return False
         try:
-            objc = _Runtime()
+            objc = objc_runtime.Runtime()
         except OSError:
             log.warning("cannot reach the Objective-C runtime: App Nap may delay saves with no window open")
             return False
