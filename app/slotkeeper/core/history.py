@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -168,7 +169,7 @@ class RequestHistory:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
                          PRIVATE_FILE_MODE)
-            if hasattr(os, "fchmod") and os.fstat(fd).st_mode & 0o077:
+            if sys.platform != "win32" and os.fstat(fd).st_mode & 0o077:
                 os.fchmod(fd, PRIVATE_FILE_MODE)  # a file an older version made 0644
             with os.fdopen(fd, "ab+") as fh:
                 fh.write((_separator(fh) + line).encode("utf-8"))

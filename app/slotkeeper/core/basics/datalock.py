@@ -4,6 +4,10 @@ Two engines on one folder would fight over the server state file (one would stop
 llama-server as a "leftover"), sweep each other's saves in progress and race on sidecars. A
 POSIX record lock (or msvcrt's on Windows) is released by the OS when the process dies, so a
 crashed app never leaves the folder locked.
+
+The lock file holds the pid of the process that has it, read by the next one to say who is
+running. Windows's locks are mandatory (another process cannot even read a locked byte), so there
+the lock is on one byte far past the pid (Windows lets a lock lie beyond the end of a file).
 """
 
 from __future__ import annotations
@@ -12,7 +16,13 @@ import os
 import sys
 from pathlib import Path
 
+from slotkeeper.core.basics.folder_identity import folder_key
+
 _held: dict[str, int] = {}  # lock file -> fd, kept open for the life of the process
+
+# Windows: where the locked byte is, well past the pid at the start of the file.
+WINDOWS_LOCK_OFFSET = 1 << 30
+PID_MAX_BYTES = 32
 
 
 class DataDirBusy(Exception):
@@ -24,7 +34,13 @@ def _try_lock(fd: int) -> bool:
         if sys.platform == "win32":
             import msvcrt
 
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            # msvcrt locks from the file position; the file is empty or holds a pid, and nothing
+            # is ever written there.
+            os.lseek(fd, WINDOWS_LOCK_OFFSET, os.SEEK_SET)
+            try:
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            finally:
+                os.lseek(fd, 0, os.SEEK_SET)
         else:
             import fcntl
 
@@ -62,10 +78,9 @@ def path_lock_file(data_dir: str) -> Path | None:
 
         folder = Path(platformdirs.user_runtime_dir("slotkeeper"))
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if os.name != "nt" and (folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077):
+        if sys.platform != "win32" and (folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077):
             return None  # not private to us: not a lock another user could hold for us
-        resolved = os.path.realpath(os.path.abspath(data_dir))
-        digest = hashlib.sha256(resolved.encode("utf-8", "surrogateescape"))
+        digest = hashlib.sha256(folder_key(data_dir).encode("utf-8", "surrogateescape"))
         return folder / f"data-{digest.hexdigest()[:24]}.lock"
     except OSError:
         return None
@@ -76,7 +91,9 @@ def _lock(lock_file: Path, what: str) -> None:
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)
     if not _try_lock(fd):
         try:
-            other = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            other = os.read(fd, PID_MAX_BYTES).decode(errors="replace").strip() or "?"
+        except OSError:  # e.g. a lock file an older version locked at byte 0, on Windows
+            other = "?"
         finally:
             os.close(fd)
         raise DataDirBusy(

@@ -1,13 +1,21 @@
 """Durable file writes shared by settings, sidecars and state files, safe reads of files in a
 folder other people's programs also write to (the sessions folder: llama-server writes there), and
-the stamp that tells one version of a file from another."""
+the stamp that tells one version of a file from another.
+
+The platform rules for writing files live here, one place each: ``sync_fd`` (macOS's fsync does
+not reach the disk), ``replace_file`` / ``remove_file`` (on Windows a file another program holds
+open cannot be replaced or deleted for a moment).
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 import stat
+import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,6 +37,8 @@ class UnsafeFolder(OSError):
 
 
 def _owner(uid: int) -> str:
+    if sys.platform == "win32":  # no pwd module (and no uids to name: only POSIX calls this)
+        return f"uid {uid}"
     try:
         import pwd
 
@@ -159,13 +169,77 @@ def _not_regular(path: Path, mode: int) -> NotARegularFile:
     return NotARegularFile(errno.EINVAL, f"{path.name} is a {what}{note}, not a regular file")
 
 
+# -- durable writes ----------------------------------------------------------------------------
+# Windows: a file another program holds open without FILE_SHARE_DELETE (a virus scanner, the search
+# indexer, `slotkeeper sessions verify` hashing it: Python opens files that way) cannot be replaced
+# or deleted while it does (PermissionError, a sharing violation). Those programs let go within a
+# moment, so the replace or delete is tried again a few times before it counts as failed.
+BUSY_RETRIES = 6  # tries after the first
+BUSY_FIRST_WAIT_SECONDS = 0.02  # doubled after each try: about 1.3 s in all
+
+
+class FileInUse(PermissionError):
+    """Windows: a file could not be replaced or deleted because another program kept it open."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def replace_file(src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """``os.replace(src, dst)``; on Windows tried again while another program holds ``dst`` (or
+    ``src``) open, then FileInUse."""
+    _while_in_use(lambda: os.replace(src, dst), f"replace {os.fspath(dst)}", sleep)
+
+
+def remove_file(path: str | os.PathLike[str], sleep: Callable[[float], None] = time.sleep) -> None:
+    """``os.unlink(path)``; on Windows tried again while another program holds it open, then
+    FileInUse. FileNotFoundError as os.unlink raises it."""
+    _while_in_use(lambda: os.unlink(path), f"remove {os.fspath(path)}", sleep)
+
+
+def _while_in_use(op: Callable[[], None], what: str, sleep: Callable[[float], None]) -> None:
+    if sys.platform != "win32":
+        op()
+        return
+    wait = BUSY_FIRST_WAIT_SECONDS
+    waited = 0.0
+    for tries_left in range(BUSY_RETRIES, -1, -1):
+        try:
+            op()
+            return
+        except PermissionError as exc:
+            if tries_left == 0:
+                raise FileInUse(exc.errno, (
+                    f"could not {what}: another program keeps it open ({exc.strerror or exc}); tried "
+                    f"{BUSY_RETRIES + 1} times over {waited:.1f} s"), exc.filename) from exc
+        sleep(wait)
+        waited += wait
+        wait *= 2
+
+
+def sync_fd(fd: int) -> None:
+    """Make what was written to ``fd`` durable. macOS's fsync only hands the data to the drive,
+    whose cache can still lose it on power loss; F_FULLFSYNC asks the drive to write it out (as
+    SQLite's fullfsync does). A file system without it (some network ones) gets fsync."""
+    if sys.platform == "darwin":
+        import fcntl
+
+        try:
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+            return
+        except OSError:
+            pass
+    os.fsync(fd)
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename durable (POSIX); Windows cannot open directories, so it is a no-op there."""
-    if os.name == "nt":
+    if sys.platform == "win32":
         return
     fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        sync_fd(fd)
     finally:
         os.close(fd)
 
@@ -178,9 +252,9 @@ def fsync_private(path: Path, mode: int = PRIVATE_FILE_MODE) -> None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(Path(path), st.st_mode)
-        if hasattr(os, "fchmod") and stat.S_IMODE(st.st_mode) != mode:
+        if sys.platform != "win32" and stat.S_IMODE(st.st_mode) != mode:
             os.fchmod(fd, mode)
-        os.fsync(fd)
+        sync_fd(fd)
     finally:
         os.close(fd)
 
@@ -192,21 +266,22 @@ def atomic_write_text(path: Path, text: str, mode: int = PRIVATE_FILE_MODE) -> N
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
     """``path`` ends up as the old file or the whole new one: temp file, fsync, rename, fsync dir.
-    Private (0600) unless told otherwise; a missing folder is created 0700."""
+    Private (0600) unless told otherwise; a missing folder is created 0700. A rename that fails
+    (FileInUse on Windows after its tries) leaves the old file and no temp file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            if hasattr(os, "fchmod"):
+            if sys.platform != "win32":
                 os.fchmod(fh.fileno(), mode)
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+            sync_fd(fh.fileno())
+        replace_file(tmp, path)
     except BaseException:
         try:
-            os.unlink(tmp)
+            remove_file(tmp)  # (a virus scanner may be reading it too)
         except OSError:
             pass
         raise

@@ -24,12 +24,13 @@ import os
 import re
 import sqlite3
 import stat
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slotkeeper.core.basics.fsutil import PRIVATE_FILE_MODE
+from slotkeeper.core.basics.fsutil import PRIVATE_FILE_MODE, remove_file
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +154,12 @@ class SearchIndex:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise SearchUnavailable(f"the search index {self.path} is not a regular file; remove it")
-            if hasattr(os, "getuid") and st.st_uid != os.getuid():
-                raise SearchUnavailable(f"the search index {self.path} belongs to another user; remove it")
-            if os.name == "posix" and stat.S_IMODE(st.st_mode) != PRIVATE_FILE_MODE:
-                os.fchmod(fd, PRIVATE_FILE_MODE)
+            if sys.platform != "win32":  # Windows has neither uids nor modes to check
+                if st.st_uid != os.getuid():
+                    raise SearchUnavailable(f"the search index {self.path} belongs to another user; "
+                                            "remove it")
+                if stat.S_IMODE(st.st_mode) != PRIVATE_FILE_MODE:
+                    os.fchmod(fd, PRIVATE_FILE_MODE)
         finally:
             os.close(fd)
 
@@ -189,7 +192,7 @@ class SearchIndex:
     def _remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm", "-journal"):
             try:
-                os.unlink(f"{self.path}{suffix}")
+                remove_file(f"{self.path}{suffix}")
             except FileNotFoundError:
                 pass
 

@@ -30,6 +30,8 @@ from slotkeeper.core.basics.fsutil import (
     ensure_private_folder,
     file_kind,
     fsync_dir,
+    remove_file,
+    replace_file,
 )
 from slotkeeper.core.basics.tokens import TYPECODE, TokenArray
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
@@ -79,10 +81,26 @@ class SessionNotFound(KeyError):
 
 
 def unlink_quietly(path: Path) -> None:
+    """Remove ``path`` if it is there (``remove_file``: on Windows, tried again while another
+    program holds it open)."""
     try:
-        path.unlink()
+        remove_file(path)
     except FileNotFoundError:
         pass
+
+
+def remove_superseded(path: Path) -> bool:
+    """Remove a file a written sidecar no longer names (the previous version, a dropped restore
+    point): the change is made already, so a file that will not go (Windows: another program
+    keeps it open) is only a leftover for ``sweep`` at the next start, not a failed save. False
+    then."""
+    try:
+        unlink_quietly(path)
+    except OSError as exc:
+        log.warning("could not remove %s from the sessions folder (%s); it is removed at the next start",
+                    path.name, exc)
+        return False
+    return True
 
 
 
@@ -335,7 +353,7 @@ class SessionStore:
             raise ValueError(f"{sidecar.kv_file!r} is not a KV file name of session {sidecar.id}")
         final = self.dir / sidecar.kv_file
         with self.exclusive():
-            os.replace(incoming, final)
+            replace_file(incoming, final)
             chat = transcript_name(sidecar.kv_file)
             if transcript is not None and chat is not None:
                 atomic_write_bytes(self.dir / chat, transcript)  # 0600, fsynced, renamed into place
@@ -349,10 +367,9 @@ class SessionStore:
             gone = None
             if replaces is not None and replaces != sidecar.kv_file:
                 gone = replaces
-                unlink_quietly(self.dir / gone)
+                remove_superseded(self.dir / gone)
                 old_chat = transcript_name(gone)
-                if old_chat is not None:
-                    unlink_quietly(self.dir / old_chat)
+                if old_chat is not None and remove_superseded(self.dir / old_chat):
                     self.index.note_files({old_chat: None})
                 self.token_lists.forget(gone)
             self._remove_points(sidecar.id, drops)
@@ -381,7 +398,7 @@ class SessionStore:
                 return None
             name = new_kv_name(session_id)
             final = self.dir / name
-            os.replace(incoming, final)
+            replace_file(incoming, final)
             fsync_dir(self.dir)
             st = os.lstat(final)
             point = replace(point, kv_file=name, verified=carried_over(hashed, st, point.content_hash))
@@ -408,8 +425,7 @@ class SessionStore:
     def _remove_points(self, session_id: str, names: Sequence[str]) -> None:
         for name in names:
             m = OWN_KV_RE.match(name)
-            if m and m.group(1) == session_id:  # only this session's own files
-                unlink_quietly(self.dir / name)
+            if m and m.group(1) == session_id and remove_superseded(self.dir / name):  # only its own files
                 self.index.note_files({name: None})
 
     def _record_saved(self, sidecar: Sidecar, kv_st: Stamp, tokens: Sequence[int] | None,
@@ -503,10 +519,10 @@ class SessionStore:
             index = self.index
             index.forget(session_id)
             index.note_files({sidecar_name(session_id): None})
-            for name in kv_names:
-                unlink_quietly(self.dir / name)
+            for name in kv_names:  # the session is gone already: what will not go is a leftover
                 self.token_lists.forget(name)
-                index.note_files({name: None})
+                if remove_superseded(self.dir / name):
+                    index.note_files({name: None})
 
     def transcript(self, entry: SessionEntry) -> Transcript | None:
         """The conversation a saved session holds, in words (None: saved without one);
