@@ -213,3 +213,31 @@ def test_macos_reopen_shows_the_window_of_the_app_in_the_menu_bar(qtbot, paths, 
     with qtbot.waitSignal(app.finished, timeout=10_000):
         app.request_quit()
     app.deleteLater()
+
+
+def test_windows_logoff_shows_why_the_app_waits_while_it_saves(qtbot, paths):
+    """Windows asks first (Qt's commitDataRequest): the reason is shown on the logoff screen until the
+    app has saved and let go (the recorded user32 stands in for Windows')."""
+    from slotkeeper.core.basics.session_end import SAVING_REASON, ShutdownBlock
+
+    calls: list[tuple] = []
+
+    class User32:
+        def ShutdownBlockReasonCreate(self, hwnd, reason):  # noqa: N802 - the Win32 name
+            calls.append(("create", hwnd, reason))
+            return 1
+
+        def ShutdownBlockReasonDestroy(self, hwnd):  # noqa: N802
+            calls.append(("destroy", hwnd))
+            return 1
+
+    app = SlotkeeperApp(paths, shell_settings(), tray_available=False)
+    qtbot.addWidget(app.window)
+    app.shutdown_block = ShutdownBlock(user32=User32())
+    app.on_session_ending()
+    [(what, hwnd, reason)] = calls
+    assert what == "create" and hwnd and reason == SAVING_REASON
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.request_quit()
+    assert calls[-1] == ("destroy", hwnd)
+    app.deleteLater()

@@ -58,3 +58,18 @@ def test_nothing_to_do_elsewhere_and_a_refusal_is_no_error(monkeypatch):
 def test_the_packaged_app_says_so_in_its_info_plist():
     spec = (ROOT / "packaging" / "slotkeeper.spec").read_text(encoding="utf-8")
     assert re.search(r'"NSAppSleepDisabled":\s*True', spec)
+
+
+def test_run_from_source_the_dock_icon_is_hidden_without_pyobjc(monkeypatch):
+    pytest.importorskip("PySide6")
+    from slotkeeper.gui.application import NS_ACTIVATION_POLICY_ACCESSORY, hide_dock_icon
+
+    objc = RecordedObjC()
+    objc.send = lambda receiver, selector, *args: (objc.sent.append((receiver, selector, *args)),  # type: ignore
+                                                   {"sharedApplication": 5}.get(selector, 1))[1]
+    assert hide_dock_icon(objc)
+    assert [s[:2] for s in objc.sent] == [("class NSApplication", "sharedApplication"),
+                                           (5, "setActivationPolicy:")]
+    assert objc.sent[1][2].value == NS_ACTIVATION_POLICY_ACCESSORY == 1
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert hide_dock_icon() is False

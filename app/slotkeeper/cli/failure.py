@@ -52,7 +52,8 @@ def native_dialog(message: str, platform: str = sys.platform) -> bool:
             import ctypes
 
             MB_ICONERROR = 0x10
-            ctypes.windll.user32.MessageBoxW(None, message, TITLE, MB_ICONERROR)  # type: ignore[attr-defined]
+            windll = getattr(ctypes, "windll")  # Windows only  # noqa: B009
+            windll.user32.MessageBoxW(None, message, TITLE, MB_ICONERROR)
             return True
         if platform == "darwin":
             alert = f"display alert {applescript_text(TITLE)} message {applescript_text(message)}"

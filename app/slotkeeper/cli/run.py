@@ -119,8 +119,11 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
         engine.events.subscribe(on_ready, ev.EngineReady)
         restore_signals = _on_signals(loop, on_signal)
         stopped = threading.Event()  # the saves are done: a closing console may go
-        undo_console = session_end.on_console_end(lambda why: loop.call_soon_threadsafe(stop_requested, why),
-                                                  stopped)
+
+        def on_console_end(why: str) -> None:  # Windows' handler thread
+            loop.call_soon_threadsafe(stop_requested, why)
+
+        undo_console = session_end.on_console_end(on_console_end, stopped)
         try:
             try:
                 await engine.start_async(resume_id=args.resume)
@@ -156,7 +159,9 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
 def _on_signals(loop, handler: Callable[[int], None]) -> Callable[[], None]:
     """SIGINT/SIGTERM (and Windows' SIGBREAK, Ctrl+Break) call ``handler(signum)`` on the loop; returns
     a function that undoes it."""
-    sigs = [signal.SIGINT, signal.SIGTERM, *([signal.SIGBREAK] if sys.platform == "win32" else [])]
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    if sys.platform == "win32":
+        sigs.append(signal.SIGBREAK)
     try:
         for sig in sigs:
             loop.add_signal_handler(sig, handler, sig)

@@ -8,6 +8,7 @@ background job while a progress dialog shows what is being saved, then leaves th
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import getpass
 import hashlib
@@ -19,9 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
-from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSystemTrayIcon
+from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog, QSystemTrayIcon, QWidget
 
+from slotkeeper.core.basics import app_nap, objc_runtime
+from slotkeeper.core.basics.objc_runtime import ObjC
 from slotkeeper.core.basics.paths import AppPaths
+from slotkeeper.core.basics.session_end import ShutdownBlock
 from slotkeeper.core.engine import Engine, EngineError
 from slotkeeper.core.events import ActivityChanged, EngineReady
 from slotkeeper.core.services.settings import SettingsService
@@ -48,17 +52,22 @@ APP_DISPLAY_NAME = "Slotkeeper"
 SHOW_MESSAGE = b"show\n"
 CONNECT_TIMEOUT_MS = 1000
 SIGNAL_TICK_MS = 200  # lets Python run its signal handlers while Qt's loop is in C++
+NS_ACTIVATION_POLICY_ACCESSORY = 1  # NSApplicationActivationPolicyAccessory: no Dock icon, no menu bar
 UNSAVED_NOTICE_MS = 30_000  # how long the "could not be saved" notice waits before Quit goes on
 
 
 # -- one instance per data folder -----------------------------------------------------------
 def instance_key(paths: AppPaths) -> str:
-    """A local-socket name unique to this user and data folder (a test's temp home is its own)."""
+    """A local-socket name unique to this user and data folder (a test's temp home is its own),
+    the folder's however it is spelt (``folder_key``: the data folder's lock goes by it too)."""
+    from slotkeeper.core.basics.folder_identity import folder_key
+
     try:
         user = getpass.getuser()
     except Exception:  # no login name in some containers
         user = "user"
-    digest = hashlib.sha256(f"{user}\0{paths.data_dir}".encode()).hexdigest()[:16]
+    folder = folder_key(paths.data_dir)
+    digest = hashlib.sha256(f"{user}\0{folder}".encode("utf-8", "surrogateescape")).hexdigest()[:16]
     return f"slotkeeper-{digest}"
 
 
@@ -124,19 +133,20 @@ class SingleInstance(QObject):
             self.server = None
 
 
-def hide_dock_icon() -> None:
-    """macOS: a menu-bar-only app. The packaged app says so in Info.plist (LSUIElement);
-    this covers running from a Python install, when PyObjC is there."""
-    if sys.platform != "darwin":
-        return
-    try:
-        import AppKit  # type: ignore[import-not-found]
-
-        AppKit.NSApplication.sharedApplication().setActivationPolicy_(
-            AppKit.NSApplicationActivationPolicyAccessory
-        )
-    except Exception:
-        log.debug("could not hide the Dock icon", exc_info=True)
+def hide_dock_icon(objc: ObjC | None = None) -> bool:
+    """macOS: a menu-bar-only app. The packaged app says so in Info.plist (LSUIElement); run from a
+    Python install it tells AppKit itself (NSApplicationActivationPolicyAccessory), through the
+    Objective-C runtime (no PyObjC needed). True when it was told."""
+    if objc is None:
+        if sys.platform != "darwin":
+            return False
+        try:
+            objc = objc_runtime.Runtime()
+        except OSError:
+            log.debug("could not hide the Dock icon", exc_info=True)
+            return False
+    shared = objc.send(objc.cls("NSApplication"), "sharedApplication")
+    return bool(objc.send(shared, "setActivationPolicy:", ctypes.c_long(NS_ACTIVATION_POLICY_ACCESSORY)))
 
 
 # -- the app ---------------------------------------------------------------------------------
@@ -177,6 +187,8 @@ class SlotkeeperApp(QObject):
         self.done = False
         self.exit_code = 0  # 1 when conversations could not be saved at Quit
         self.unsaved_box: QMessageBox | None = None
+        self.shutdown_block = ShutdownBlock()
+        self._session_anchor: QWidget | None = None
         if tray_available is None:
             tray_available = QSystemTrayIcon.isSystemTrayAvailable()
         if tray_available:
@@ -396,8 +408,19 @@ class SlotkeeperApp(QObject):
         self.dispose()
         self.finished.emit()
 
+    def on_session_ending(self) -> None:
+        """Windows is ending the session (logoff, shutdown): while the app saves on its way out, the
+        logoff screen says why it waits."""
+        if self._session_anchor is None:  # a window of ours that is never shown: its handle will do
+            self._session_anchor = QWidget()
+        self.shutdown_block.begin(int(self._session_anchor.winId()))
+
     def dispose(self) -> None:
         """Release everything that holds a thread, a timer or a socket."""
+        self.shutdown_block.end()
+        if self._session_anchor is not None:
+            self._session_anchor.deleteLater()
+            self._session_anchor = None
         self.switcher.dispose()
         if self._chats is not None:
             self._chats.dispose()
@@ -485,6 +508,7 @@ def _run(app: QApplication, args: argparse.Namespace | None, paths: AppPaths, se
         return 0
     instance.listen()
     hide_dock_icon()
+    app_nap.keep_awake()  # macOS: idle saves and streamed replies on time with no window open
 
     try:
         sk = SlotkeeperApp(paths, settings, service, resume_id=getattr(args, "resume", None),
@@ -509,6 +533,8 @@ def _run(app: QApplication, args: argparse.Namespace | None, paths: AppPaths, se
             sk.done = True
 
     app.aboutToQuit.connect(on_about_to_quit)
+    if sys.platform == "win32":  # logoff or shutdown asked first (WM_QUERYENDSESSION)
+        app.commitDataRequest.connect(lambda _manager: sk.on_session_ending())
     if on_started is not None:
         on_started(sk)
     restore_signals = _install_signal_handlers(sk.request_quit)

@@ -12,6 +12,7 @@ writing to the file it has, and tries again at the next limit, instead of losing
 
 from __future__ import annotations
 
+import io
 import logging
 import logging.handlers
 import os
@@ -26,11 +27,11 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     """A RotatingFileHandler whose files are created 0600 and whose failed rollover is not an error."""
 
-    def _open(self):  # type: ignore[no-untyped-def]
+    def _open(self) -> io.TextIOWrapper:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         if sys.platform != "win32":
             os.fchmod(fd, 0o600)  # made by an earlier run with the umask's mode
-        return os.fdopen(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
+        return open(fd, "a", encoding=self.encoding or "utf-8", errors=self.errors)
 
     def doRollover(self) -> None:
         try:
@@ -40,7 +41,7 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
                 self.stream = self._open()
 
 
-def attach(path: Path, level: int = logging.DEBUG) -> logging.Handler | None:
+def attach(path: Path, level: int = logging.DEBUG) -> PrivateRotatingFileHandler | None:
     """Log every record of the root logger at ``level`` or above to ``path`` as well. None (and
     nothing changed) when the file cannot be opened: the run goes on with the log it has."""
     try:
