@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -128,13 +129,59 @@ def needs_flash_attention(profile: ServerProfile) -> bool:
 
 
 def split_args(text: str) -> tuple[str, ...]:
-    """Extra llama-server arguments as typed in one line (shell quoting; ValueError if unbalanced)."""
-    return tuple(shlex.split(text, posix=os.name != "nt"))
+    """Extra llama-server arguments as typed in one line, quoted as this platform's command lines are:
+    a POSIX shell's words (ValueError if a quote is unbalanced), or on Windows as a program's C
+    runtime splits its command line (``_split_windows``)."""
+    if sys.platform == "win32":
+        return tuple(_split_windows(text))
+    return tuple(shlex.split(text))
 
 
 def join_args(args: tuple[str, ...]) -> str:
-    """The one-line form of extra arguments that ``split_args`` reads back."""
-    return shlex.join(args) if os.name != "nt" else " ".join(args)
+    """The one-line form of extra arguments that ``split_args`` reads back as they were."""
+    if sys.platform == "win32":
+        return subprocess.list2cmdline(args)  # what Popen writes: the C runtime's quoting
+    return shlex.join(args)
+
+
+def _split_windows(text: str) -> list[str]:
+    """``text`` split as the Microsoft C runtime splits a program's command line into argv ("Parsing
+    C++ command-line arguments"), the rules ``subprocess.list2cmdline`` quotes for: spaces and tabs
+    part arguments outside double quotes; 2n backslashes and a quote are n backslashes and a quote
+    that opens or closes, 2n+1 backslashes and a quote are n backslashes and a literal quote;
+    backslashes before anything else are themselves; inside quotes, two quotes are one literal quote.
+    ``C:\\My Models`` keeps its backslashes, and an unclosed quote runs to the end (as it does for
+    the program). shlex's posix=False keeps the quotes in the words and knows none of this."""
+    args: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in " \t":
+            i += 1
+        if i >= n:
+            return args
+        arg: list[str] = []
+        quoted = False
+        while True:
+            slashes = 0
+            while i < n and text[i] == "\\":
+                i += 1
+                slashes += 1
+            literal = True
+            if i < n and text[i] == '"':
+                if slashes % 2 == 0:
+                    if quoted and i + 1 < n and text[i + 1] == '"':
+                        i += 1  # "" inside quotes: one literal quote, still quoted
+                    else:
+                        literal = False
+                        quoted = not quoted
+                slashes //= 2
+            arg.append("\\" * slashes)
+            if i >= n or (not quoted and text[i] in " \t"):
+                break
+            if literal:
+                arg.append(text[i])
+            i += 1
+        args.append("".join(arg))
 
 
 # Hosts that mean "listen on every interface": a client connects to them over loopback.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QLabel,
@@ -14,6 +12,8 @@ from PySide6.QtWidgets import (
     QTreeWidgetItem,
     QWidget,
 )
+
+from slotkeeper.core.settings import join_args
 
 # A progress bar counts in ints: a 12 GB file in bytes does not fit, so it counts KiB.
 _BAR_UNIT = 1024
@@ -99,5 +99,5 @@ def describe_profile(profile, flash_attn: bool | None = None) -> str:
     if profile.swa_full:
         parts.append("--swa-full")
     if profile.extra_args:
-        parts.append(shlex.join(profile.extra_args))
+        parts.append(join_args(profile.extra_args))  # as the platform's command line writes them
     return ", ".join(parts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import select
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -121,7 +122,7 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     sock = conn.sock
     if sock is None:
         return True
-    if hasattr(select, "poll"):  # select.select() fails on descriptors past FD_SETSIZE
+    if sys.platform != "win32":  # select.select() fails on descriptors past FD_SETSIZE; Windows has no poll
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         return bool(poller.poll(0))

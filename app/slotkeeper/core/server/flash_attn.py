@@ -30,10 +30,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from slotkeeper.core.basics.child_env import child_environment
 from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.server.private import free_port
-from slotkeeper.core.server.spawn import launch_environment, own_group
+from slotkeeper.core.server.spawn import launch_environment, start
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +110,8 @@ def _ask(argv: list[str], timeout: float) -> bool | None:
     # A key nobody knows: the probe listens on loopback for the moment it runs, and answers no one.
     env = launch_environment(secrets.token_hex(16))
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=child_environment(env), **own_group())
+        proc = start(argv, env, True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT)
     except OSError as exc:
         log.warning("could not ask llama-server about flash attention: %s", exc)
         return None

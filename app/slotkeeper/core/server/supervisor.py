@@ -8,13 +8,12 @@ recorded in the state file.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import signal
-import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from slotkeeper.core.basics.ports import port_in_use
 from slotkeeper.core.events import EventBus, ServerAdopted, ServerLoading, ServerStateChanged
 from slotkeeper.core.server import logfile
 from slotkeeper.core.server.restart import RestartPolicy
@@ -113,18 +113,11 @@ def describe_exit(code: int | None) -> str:
 
 def port_user(host: str, port: int) -> str | None:
     """None when ``host:port`` is free; else a description of who holds it (best effort)."""
-    bind_host = "127.0.0.1" if host in ("", "localhost") else host
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        if os.name != "nt":
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((bind_host, port))
-        except OSError as exc:
-            if exc.errno not in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1), errno.EACCES):
-                return f"cannot use {bind_host}:{port}: {exc.strerror}"
-        else:
+    try:
+        if not port_in_use(host, port):  # the strict rule, whatever this platform's bind allows
             return None
+    except OSError as exc:  # not the port: the address (not this machine's, say)
+        return f"cannot use {host or '0.0.0.0'}:{port}: {exc.strerror or exc}"
     who = "another program"
     try:
         for conn in psutil.net_connections(kind="inet"):
@@ -171,7 +164,7 @@ class _Child:
             return EXIT_NOT_KNOWN
 
     def signal_group(self, sig: int) -> None:
-        if os.name == "nt":
+        if sys.platform == "win32":
             procs = [self.proc, *self._children()]
             for p in procs:
                 try:

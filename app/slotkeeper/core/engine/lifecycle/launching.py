@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from slotkeeper.core.basics import datalock
+from slotkeeper.core.basics import datalock, ports
 from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.engine.errors import EngineError
@@ -261,24 +261,11 @@ def _no_spec() -> LaunchSpec:
 
 
 def claim_address(host: str, port: int) -> socket.socket | None:
-    """A listening socket on the front door's address (as aiohttp would open it), or None."""
+    """A listening socket on the front door's address (as the door would open it), or None."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = ports.addresses(host, port)
         if len(infos) != 1:
             return None  # several addresses (a name such as localhost): the engine opens them all
-        family, kind, proto, _, address = infos[0]
-        sock = socket.socket(family, kind, proto)
+        return ports.listening_socket(*infos[0])
     except OSError:
         return None
-    try:
-        if sys.platform != "win32":  # as aiohttp's reuse_address (on Windows it would share a busy port)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(address)
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        return None
-    return sock
