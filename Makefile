@@ -36,6 +36,8 @@ lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports
 	$(BIN)/ruff check app tests bench
 	$(BIN)/mypy
+	$(BIN)/mypy --platform win32
+	$(BIN)/mypy --platform darwin
 
 test: export SLOTKEEPER_REQUIRE_SERVER = 1
 test: $(VENV)/.installed-test $(STARTER)
@@ -43,6 +45,8 @@ test: $(VENV)/.installed-test $(STARTER)
 	$(BIN)/lint-imports
 	$(BIN)/ruff check app tests bench
 	$(BIN)/mypy
+	$(BIN)/mypy --platform win32
+	$(BIN)/mypy --platform darwin
 	$(BIN)/python -m pytest
 
 # Opt-in: the desktop scenario 20 times in a row; every launch and quit must exit cleanly.

@@ -38,3 +38,14 @@ def test_the_readme_says_where_the_command_is():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "server" in data["project"]["optional-dependencies"]
     assert data["project"]["scripts"]["slotkeeper"]
+
+
+def test_make_test_type_checks_the_app_as_windows_and_macos_read_it():
+    """Code that runs only on Windows or macOS is checked there by mypy's platform switch: `make test`
+    runs it for both (and for this machine)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    out = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    words = [line.split() for line in out.splitlines() if line.split()]
+    runs = [w[1:] for w in words if w[0].endswith("bin/mypy")]
+    assert [] in runs and ["--platform", "win32"] in runs and ["--platform", "darwin"] in runs, runs
