@@ -47,24 +47,68 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
+# Windows: what lstat calls a directory can be a reparse point. Those whose tag Microsoft marks a
+# "name surrogate" stand for another path: an NTFS junction (which any user who can write the parent
+# can make, no privilege needed), a directory symbolic link, a mount point; os.path.islink says False
+# for a junction (Path.is_junction is 3.12+). They count as links here. Other reparse points (OneDrive
+# and other cloud files' placeholders, deduplicated files) are the folder itself, kept elsewhere by a
+# driver: refusing them would refuse every folder under OneDrive.
+_IO_REPARSE_TAG_MOUNT_POINT = 0xA0000003  # a junction (stat.IO_REPARSE_TAG_* exists only on Windows)
+_IO_REPARSE_TAG_SYMLINK = 0xA000000C
+_REPARSE_TAG_NAME_SURROGATE = 0x20000000  # IsReparseTagNameSurrogate
+
+
+def link_kind(st: os.stat_result) -> str | None:
+    """What kind of link an ``os.lstat`` result is ("symbolic link", "junction" ...), or None for
+    none: a symbolic link anywhere; on Windows also a junction or another reparse point that stands
+    for another path."""
+    if stat.S_ISLNK(st.st_mode):
+        return "symbolic link"
+    if sys.platform == "win32" and st.st_file_attributes & stat.FILE_ATTRIBUTE_REPARSE_POINT:
+        tag = getattr(st, "st_reparse_tag", 0)  # 0: a reparse point of unknown kind counts as a link
+        if tag == _IO_REPARSE_TAG_MOUNT_POINT:
+            return "junction"
+        if tag == _IO_REPARSE_TAG_SYMLINK:
+            return "symbolic link"
+        if not tag or tag & _REPARSE_TAG_NAME_SURROGATE:
+            return f"reparse point (tag {tag:#010x}, a link)"
+    return None
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return f" (to {os.readlink(path)})"
+    except (OSError, ValueError):  # not a kind readlink reads
+        return ""
+
+
 def check_private_folder(path: Path, what: str, *, follow_symlink: bool) -> os.stat_result:
     """Refuse a folder other users could have put files in, with what to do about it.
 
-    A symbolic link is refused unless ``follow_symlink`` (then its target is checked). On POSIX
-    the folder must belong to this user and not be writable by group or others; Windows has no
-    such modes, so there only the link and the folder itself are checked.
+    A link (``link_kind``: on Windows a junction too) is refused unless ``follow_symlink`` (then its
+    target is checked). On POSIX the folder must belong to this user and not be writable by group
+    or others; a disk whose format has no permissions (exFAT, FAT) is named as the reason, since
+    chmod cannot help there. Windows has no such modes, so there only the link and the folder
+    itself are checked.
     """
     path = Path(path)
     st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
+    kind = link_kind(st)
+    if kind is not None:
         if not follow_symlink:
             raise UnsafeFolder(errno.ELOOP, (
-                f"the {what} {path} is a symbolic link (to {os.readlink(path)}); Slotkeeper only uses a "
-                f"real folder there: remove the link, or choose another folder with --data-dir"))
+                f"the {what} {path} is a {kind}{_link_target(path)}; Slotkeeper only uses a real "
+                f"folder there: remove the link, or choose another folder with --data-dir"))
         st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeFolder(errno.ENOTDIR, f"the {what} {path} is a {file_kind(st.st_mode)}, not a folder")
     if not hasattr(os, "geteuid"):
+        # Windows: no owner check, deliberately. Who may add files is the folder's ACL, not its owner:
+        # the default data folder (%LOCALAPPDATA%) inherits the profile's ACL (you, SYSTEM and
+        # Administrators), while a folder made under C:\ can be writable by every signed-in user
+        # whoever owns it. And an owner check would refuse good folders: what an elevated process
+        # makes is owned by the Administrators group, not by you. Checking the ACL takes the Win32
+        # security API and a machine to test it on; --data-dir is trusted to be a folder of your own.
         return st
     me = os.geteuid()
     if st.st_uid != me:
@@ -74,14 +118,48 @@ def check_private_folder(path: Path, what: str, *, follow_symlink: bool) -> os.s
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         who = " and ".join(w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "other users"))
                            if st.st_mode & bit)
+        open_mode = f"{stat.S_IMODE(st.st_mode):04o}"
+        if not _modes_can_be_set(path, st, follow_symlink):
+            raise UnsafeFolder(errno.EPERM, (
+                f"the {what} {path} can be written by {who} (mode {open_mode}), and the disk it is on "
+                f"cannot keep it from them: its format has no permissions (exFAT or FAT, as USB disks "
+                f"and SD cards often are, or a disk mounted without them), so chmod leaves it at "
+                f"{open_mode}. Choose a data folder on a disk formatted APFS (macOS) or ext4 (Linux) "
+                f"with --data-dir"))
         raise UnsafeFolder(errno.EPERM, (
-            f"the {what} {path} can be written by {who} (mode {stat.S_IMODE(st.st_mode):04o}), who could "
+            f"the {what} {path} can be written by {who} (mode {open_mode}), who could "
             f"have put files there. Fix: chmod 700 '{path}', or choose another folder with --data-dir"))
     return st
 
 
+def _modes_can_be_set(path: Path, st: os.stat_result, follow_symlink: bool) -> bool:
+    """Whether chmod can take write access away from group and others on ``path`` (this user's
+    folder, ``st`` its stat): False on a disk without permissions, where chmod succeeds and changes
+    nothing (macOS, Linux's vfat with ``quiet``) or fails with EPERM (Linux's vfat, exfat). Only a
+    question: the folder is left as it was found. Were it kept 0700, the refusal would be gone on
+    the next run, yet files may have been put there while it was open: removing them is the user's
+    call."""
+    old = stat.S_IMODE(st.st_mode)
+    no_follow = {} if follow_symlink else _no_follow()  # the link was refused when not followed
+    try:
+        os.chmod(path, PRIVATE_DIR_MODE, **no_follow)
+    except OSError as exc:
+        return exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP)  # else: e.g. read-only
+    try:
+        now = stat.S_IMODE((os.stat(path) if follow_symlink else os.lstat(path)).st_mode)
+    except OSError:
+        return True
+    if now & (stat.S_IWGRP | stat.S_IWOTH):
+        return False
+    try:
+        os.chmod(path, old, **no_follow)
+    except OSError:
+        pass  # then it stays 0700: safer, and still refused this time
+    return True
+
+
 def ensure_private_folder(path: Path, what: str) -> None:
-    """Create ``path`` 0700 if it is missing, then check it (never a symbolic link, see
+    """Create ``path`` 0700 if it is missing, then check it (never a link, see
     ``check_private_folder``); read and search bits for group and others are taken away."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)

