@@ -21,6 +21,6 @@ def test_the_reason_is_shown_and_closing_the_box_returns(qtbot):
         box.accept()
 
     QTimer.singleShot(0, read_and_close)
-    assert failure.show_dialog("cannot use the data folder D:\\Data: it is a file, not a folder")
-    assert seen == ["startupFailure|Slotkeeper|cannot use the data folder D:\\Data: it is a file, not a folder"
-                    "|Critical"]
+    reason = "cannot use the data folder D:\\Data: it is a file, not a folder"
+    assert failure.show_dialog(reason)
+    assert seen == [f"startupFailure|Slotkeeper|{reason}|Critical"]
