@@ -64,7 +64,8 @@ def link_kind(st: os.stat_result) -> str | None:
     for another path."""
     if stat.S_ISLNK(st.st_mode):
         return "symbolic link"
-    if sys.platform == "win32" and st.st_file_attributes & stat.FILE_ATTRIBUTE_REPARSE_POINT:
+    # getattr: a stat made elsewhere (a test that fakes Windows) has no attributes: no reparse point
+    if sys.platform == "win32" and getattr(st, "st_file_attributes", 0) & stat.FILE_ATTRIBUTE_REPARSE_POINT:
         tag = getattr(st, "st_reparse_tag", 0)  # 0: a reparse point of unknown kind counts as a link
         if tag == _IO_REPARSE_TAG_MOUNT_POINT:
             return "junction"
