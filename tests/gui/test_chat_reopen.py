@@ -127,6 +127,10 @@ def test_a_conversation_an_outside_client_had_is_continued_in_the_window(api, qt
         qtbot.waitUntil(saved, timeout=60_000)  # its idle save
         w = open_found(qtbot, bridge, "lighthouses")
         assert [m.content for m in w.transcript.messages] == [m["content"] for m in messages]
+        # A reply of some length, as the outside turns had: unbounded, a 135M model can talk to the end of
+        # its context (~60 s here alone, past the limit with another suite beside it).
+        w.show_transcript(replace(w.transcript, options={**w.transcript.options, "max_tokens": 80,
+                                                         "temperature": 0}))
         result = send(qtbot, w, "Still lit today?")
         assert result.figures.cache_n >= 0.9 * result.figures.prompt_tokens, result.figures
         assert english(result.message.content)
