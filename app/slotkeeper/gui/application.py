@@ -137,14 +137,9 @@ def hide_dock_icon(objc: ObjC | None = None) -> bool:
     """macOS: a menu-bar-only app. The packaged app says so in Info.plist (LSUIElement); run from a
     Python install it tells AppKit itself (NSApplicationActivationPolicyAccessory), through the
     Objective-C runtime (no PyObjC needed). True when it was told."""
+    objc = objc or objc_runtime.runtime()
     if objc is None:
-        if sys.platform != "darwin":
-            return False
-        try:
-            objc = objc_runtime.Runtime()
-        except OSError:
-            log.debug("could not hide the Dock icon", exc_info=True)
-            return False
+        return False
     shared = objc.send(objc.cls("NSApplication"), "sharedApplication")
     return bool(objc.send(shared, "setActivationPolicy:", ctypes.c_long(NS_ACTIVATION_POLICY_ACCESSORY)))
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import sys
 from typing import Any
 
 from slotkeeper.core.basics import objc_runtime
@@ -36,14 +35,9 @@ def keep_awake(objc: ObjC | None = None) -> bool:
     begin (not macOS) or it could not be begun (logged)."""
     if _held:
         return True
+    objc = objc or objc_runtime.runtime()
     if objc is None:
-        if sys.platform != "darwin":
-            return False
-        try:
-            objc = objc_runtime.Runtime()
-        except OSError:
-            log.warning("cannot reach the Objective-C runtime: App Nap may delay saves with no window open")
-            return False
+        return False
     info = objc.send(objc.cls("NSProcessInfo"), "processInfo")
     reason = objc.send(objc.cls("NSString"), "stringWithUTF8String:", ctypes.c_char_p(REASON.encode()))
     activity = objc.send(info, "beginActivityWithOptions:reason:", ctypes.c_uint64(NS_ACTIVITY_OPTIONS),

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+import logging
+import sys
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 FOUNDATION = "/System/Library/Frameworks/Foundation.framework/Foundation"
 APPKIT = "/System/Library/Frameworks/AppKit.framework/AppKit"
@@ -37,3 +42,16 @@ class Runtime:
         send = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                 *[type(a) for a in args])(("objc_msgSend", self._lib))
         return send(receiver, self._lib.sel_registerName(selector.encode()), *args)
+
+
+@functools.cache
+def runtime() -> Runtime | None:
+    """This process's runtime (loaded once), or None: not macOS, or it cannot be reached (logged)."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        return Runtime()
+    except OSError:
+        log.warning("cannot reach the Objective-C runtime (App Nap stays on, the Dock icon shows)",
+                    exc_info=True)
+        return None
