@@ -9,13 +9,19 @@ import pytest
 from slotkeeper.core.server import logfile
 
 
-def test_lines_survive_rotation(tmp_path, monkeypatch):
+def tailed_log(tmp_path, monkeypatch):
+    """An empty server log, rotated past 200 bytes, tailed from its start: (path, tailer, lines seen)."""
     monkeypatch.setattr(logfile, "LOG_MAX_BYTES", 200)
     path = tmp_path / "llama-server.log"
     path.touch()
-    seen = []
+    seen: list[str] = []
     tailer = logfile.LogTailer(path, start_at_end=False)
     tailer.add_listener(seen.append)
+    return path, tailer, seen
+
+
+def test_lines_survive_rotation(tmp_path, monkeypatch):
+    path, tailer, seen = tailed_log(tmp_path, monkeypatch)
     with open(path, "ab", buffering=0) as child:  # the child's O_APPEND handle
         for i in range(40):
             child.write(f"line {i:03d} some text to make it longer\n".encode())
@@ -42,12 +48,7 @@ def windows(monkeypatch):
 
 
 def test_on_windows_a_running_servers_log_is_never_truncated_under_it(tmp_path, monkeypatch, windows):
-    monkeypatch.setattr(logfile, "LOG_MAX_BYTES", 200)
-    path = tmp_path / "llama-server.log"
-    path.touch()
-    seen = []
-    tailer = logfile.LogTailer(path, start_at_end=False)
-    tailer.add_listener(seen.append)
+    path, tailer, seen = tailed_log(tmp_path, monkeypatch)
     lines = [f"line {i:03d} some text to make it longer" for i in range(40)]
     with open(path, "r+b", buffering=0) as child:  # writes where it left off, as a Windows child does
         for i, line in enumerate(lines):
