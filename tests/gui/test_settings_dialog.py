@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -27,8 +28,13 @@ GIB = 1024**3
 class FakeAutostart:
     def __init__(self) -> None:
         self.calls: list = []
+        self.read_on: list[threading.Thread] = []
+        self.may_answer = threading.Event()
+        self.may_answer.set()
 
     def is_enabled(self) -> bool:
+        self.read_on.append(threading.current_thread())
+        assert self.may_answer.wait(30)
         return bool(self.calls and self.calls[-1][0] == "enable")
 
     def enable(self, command) -> None:
@@ -336,10 +342,56 @@ def test_start_at_login_shows_the_switch_as_it_is_and_keeps_the_data_folder(qtbo
         bridge.apply_settings(replace(bridge.settings, start_at_login=True))
     assert bridge.settings.start_at_login
     d = make_dialog()
-    assert not d.sessions_tab.start_at_login.isChecked()
+    qtbot.waitUntil(lambda: not d.sessions_tab.start_at_login.isChecked())
+    assert autostart.read_on and threading.main_thread() not in autostart.read_on, "read off the GUI thread"
     d.sessions_tab.start_at_login.setChecked(True)
     with qtbot.waitSignal(bridge.settingsChanged):
         assert d.save()
     qtbot.waitUntil(lambda: bool(autostart.calls))
     [(what, command)] = autostart.calls
     assert what == "enable" and command[-2:] == ["--data-dir", str(engine.paths.data_dir)], command
+
+
+def test_a_slow_login_switch_read_holds_nothing(qtbot, bridge, make_dialog, autostart):
+    """launchctl or the registry slow to answer: the dialog opens at once with what was saved, then
+    shows the switch as it is."""
+    with qtbot.waitSignal(bridge.settingsChanged):
+        bridge.apply_settings(replace(bridge.settings, start_at_login=True))
+    autostart.may_answer.clear()
+    d = make_dialog()
+    box = d.sessions_tab.start_at_login
+    qtbot.waitUntil(lambda: bool(autostart.read_on))
+    assert box.isChecked() and d.base.start_at_login, "what was saved, until the switch answers"
+    autostart.may_answer.set()  # it says off
+    qtbot.waitUntil(lambda: not d.base.start_at_login)
+    assert not box.isChecked()
+
+
+def test_a_box_the_person_changed_before_the_switch_answered_is_kept(qtbot, bridge, make_dialog, autostart):
+    with qtbot.waitSignal(bridge.settingsChanged):
+        bridge.apply_settings(replace(bridge.settings, start_at_login=True))
+    autostart.calls.append(("enable", ["slotkeeper"]))  # the switch is on, as saved
+    autostart.may_answer.clear()
+    d = make_dialog()
+    box = d.sessions_tab.start_at_login
+    qtbot.waitUntil(lambda: bool(autostart.read_on))
+    box.setChecked(False)
+    autostart.may_answer.set()
+    qtbot.waitUntil(lambda: not bridge.jobs.busy)
+    assert not box.isChecked() and d.base.start_at_login
+    with qtbot.waitSignal(bridge.settingsChanged):
+        assert d.save()
+    qtbot.waitUntil(lambda: autostart.calls[-1] == ("disable",))
+
+
+def test_the_login_switch_answering_after_the_dialog_closed_touches_nothing(qtbot, bridge, make_dialog,
+                                                                            autostart):
+    with qtbot.waitSignal(bridge.settingsChanged):
+        bridge.apply_settings(replace(bridge.settings, start_at_login=True))
+    autostart.may_answer.clear()
+    d = make_dialog()
+    qtbot.waitUntil(lambda: bool(autostart.read_on))
+    d.reject()
+    autostart.may_answer.set()
+    qtbot.waitUntil(lambda: not bridge.jobs.busy)
+    assert d.base.start_at_login and d.sessions_tab.start_at_login.isChecked()

@@ -36,9 +36,11 @@ def has_screen() -> bool:
 
 
 def show_dialog(message: str) -> bool:
-    """Show ``message`` in a dialog and wait for it to be closed; False when none could be shown."""
+    """Show ``message`` in a dialog and wait for it to be closed; False when none could be shown.
+    In a dialog it reads as a sentence (on stderr it follows "slotkeeper: ", in lower case)."""
     if not has_screen():
         return False
+    message = message[:1].upper() + message[1:]
     try:
         from slotkeeper.gui.failure_dialog import show_failure
     except ImportError:  # Qt's libraries missing: the system's own dialog

@@ -54,10 +54,9 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Settings")  # the platform adds " — Slotkeeper" (the application's display name)
         self._autostart = autostart
         self._closing = False
-        # Start at login as it is: the person may have turned it off outside the app (Login Items,
-        # the Startup apps list) since the setting was saved.
-        saved = bridge.settings
-        self.base = replace(saved, start_at_login=self._login_switch_on(saved.start_at_login))
+        # Start at login shows what was saved until _read_login_switch (a job: launchctl, the
+        # registry) says how the switch is now.
+        self.base = bridge.settings
 
         self.server_tab = ServerTab(bridge, self.base, search_dirs)
         self.sessions_tab = SessionsTab(bridge, self.base)
@@ -107,6 +106,7 @@ class SettingsDialog(QDialog):
         bridge.sessionsListed.connect(self._changed)
         self.server_tab.modelRead.connect(self._changed)
         self._read_current_model()
+        self._read_login_switch()
         self._changed()
         self.setMinimumWidth(640)
         self.resize(max(760, self.sizeHint().width()), max(640, self.sizeHint().height()))
@@ -208,12 +208,26 @@ class SettingsDialog(QDialog):
             self._autostart = autostart_for()
         return self._autostart
 
-    def _login_switch_on(self, saved: bool) -> bool:
-        try:
-            return bool(self.autostart().is_enabled())
-        except Exception:  # noqa: BLE001 - cannot be read here: what was saved
-            log.debug("cannot read the start-at-login switch", exc_info=True)
-            return saved
+    def _read_login_switch(self) -> None:
+        """Start at login as it is (a job): the person may have turned it off outside the app
+        (Login Items, the Startup apps list) since the setting was saved. The box follows unless
+        the person has already ticked it differently; the read failing leaves what was saved."""
+        saved = self.base.start_at_login
+        box = self.sessions_tab.start_at_login
+        switch = self.autostart()
+
+        def done(on: bool) -> None:
+            if self._closing or on == saved:
+                return
+            self.base = replace(self.base, start_at_login=on)
+            if box.isChecked() == saved:
+                box.setChecked(on)
+
+        def failed(exc: BaseException) -> None:
+            log.debug("cannot read the start-at-login switch: %s", exc)
+
+        self.bridge.jobs.run(lambda: bool(switch.is_enabled()), on_success=done, on_failure=failed,
+                             description="Reading the start-at-login switch")
 
     def save(self, restart: bool = False) -> bool:
         try:
