@@ -1,5 +1,5 @@
-"""The log tailer: every line reaches the listeners, across rotation; on Windows no rotation ever
-truncates the file under a running server."""
+"""The log tailer: every line reaches the listeners, across rotation; on Windows the child's log
+handle appends only, so rotating under a running server leaves no zeros."""
 
 import os
 import sys
@@ -37,28 +37,103 @@ def test_lines_survive_rotation(tmp_path, monkeypatch):
     assert seen[-1].endswith("ne, then the rest")
 
 
-# -- Windows: the child does not append ------------------------------------------------------------
-# Windows gives a child no append-mode writes: it writes through its inherited handle at that
-# handle's own offset. Faked here with a file opened "r+b" (its own offset, no O_APPEND) and the
-# platform faked to Windows.
+# -- Windows: the child appends only through an append-only handle ----------------------------------
+# Windows gives a child no O_APPEND: it writes through its inherited handle at that handle's own
+# offset, unless the handle has FILE_APPEND_DATA without FILE_WRITE_DATA (writes to the end only).
+# The platform is faked to Windows; CreateFileW and open_osfhandle are recorded, and the fd they
+# give is what the system's is: one whose writes always land at the end.
 
 @pytest.fixture
 def windows(monkeypatch):
     monkeypatch.setattr(sys, "platform", "win32")  # (not os.name: pytest's own reporting reads it)
 
 
-def test_on_windows_a_running_servers_log_is_never_truncated_under_it(tmp_path, monkeypatch, windows):
+class FakeWindowsFiles:
+    """CreateFileW and open_osfhandle, recorded; the handle number stands for the file it opened."""
+
+    def __init__(self, fail_with: int | None = None) -> None:
+        self.created: list[tuple] = []
+        self.wrapped: list[tuple] = []
+        self.fail_with = fail_with
+        self._paths: dict[int, str] = {}
+
+    # kernel32
+    def CreateFileW(self, *args):  # noqa: N802 - the system's name
+        self.created.append(args)
+        if self.fail_with is not None:
+            return 2**64 - 1  # INVALID_HANDLE_VALUE through a c_void_p restype
+        handle = 4 * (len(self.created) + 100)
+        self._paths[handle] = args[0]
+        return handle
+
+    def last_error(self) -> int:
+        return self.fail_with or 0
+
+    # msvcrt
+    def open_osfhandle(self, handle, flags):
+        self.wrapped.append((handle, flags))
+        access = self.created[-1][1]
+        assert access & logfile.FILE_APPEND_DATA and not access & logfile.FILE_WRITE_DATA
+        return os.open(self._paths[handle], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+
+def test_on_windows_the_childs_log_handle_can_only_append(tmp_path, monkeypatch, windows):
+    files = FakeWindowsFiles()
+    monkeypatch.setattr(logfile, "_windows_kernel32", lambda: files)
+    monkeypatch.setitem(sys.modules, "msvcrt", files)
+    path = tmp_path / "logs" / "llama-server.log"
+    with logfile.open_for_child(path) as out:
+        out.write(b"started\n")
+    [(name, access, share, security, disposition, attributes, template)] = files.created
+    assert name == str(path) and disposition == logfile.OPEN_ALWAYS
+    assert access == logfile.FILE_APPEND_DATA | logfile.SYNCHRONIZE, "no FILE_WRITE_DATA, no GENERIC_WRITE"
+    assert share == 0x7, "the tailer reads it, a rotation before the next start renames it"
+    assert files.wrapped == [(4 * 101, os.O_WRONLY | os.O_APPEND)]
+    assert path.read_bytes() == b"started\n"
+
+
+def test_on_windows_a_log_that_cannot_be_opened_is_an_oserror_that_says_so(tmp_path, monkeypatch, windows):
+    files = FakeWindowsFiles(fail_with=5)  # ERROR_ACCESS_DENIED
+    monkeypatch.setattr(logfile, "_windows_kernel32", lambda: files)
+    monkeypatch.setitem(sys.modules, "msvcrt", files)
+    path = tmp_path / "llama-server.log"
+    with pytest.raises(OSError) as raised:
+        logfile.open_for_child(path)
+    assert raised.value.errno == 5 and raised.value.filename == str(path)
+    assert "Windows error 5" in str(raised.value)
+
+
+def test_on_windows_a_running_servers_log_is_rotated_under_it_without_zeros(tmp_path, monkeypatch, windows):
+    """The tailer copies and truncates the live log (never renames it: the child keeps writing to
+    its file), and the child's append-only handle writes on at the new end."""
+    files = FakeWindowsFiles()
+    monkeypatch.setattr(logfile, "_windows_kernel32", lambda: files)
+    monkeypatch.setitem(sys.modules, "msvcrt", files)
     path, tailer, seen = tailed_log(tmp_path, monkeypatch)
     lines = [f"line {i:03d} some text to make it longer" for i in range(40)]
-    with open(path, "r+b", buffering=0) as child:  # writes where it left off, as a Windows child does
+    with logfile.open_for_child(path) as child:
         for i, line in enumerate(lines):
             child.write(f"{line}\n".encode())
             if i % 7 == 0:
                 tailer._rotate_if_big()
             tailer.poll()
-    assert b"\0" not in path.read_bytes()
-    assert path.read_bytes().decode().splitlines() == lines == seen
-    assert not path.with_name("llama-server.log.1").exists()  # rotated at the next start instead
+    assert seen == lines
+    assert path.with_name("llama-server.log.1").exists(), "rotated while it ran"
+    kept = b"".join(path.with_name(f"llama-server.log{suffix}").read_bytes()
+                    for suffix in (".3", ".2", ".1", "") if path.with_name(f"llama-server.log{suffix}").exists())
+    assert b"\0" not in kept and path.stat().st_size < 200 + 64
+
+
+def test_an_append_only_handle_is_what_makes_truncating_safe(tmp_path, monkeypatch):
+    """Why the handle matters: a child writing at its own offset (a Windows handle with
+    FILE_WRITE_DATA, faked with "r+b") leaves zeros before its next line after a truncate."""
+    path, tailer, _seen = tailed_log(tmp_path, monkeypatch)
+    with open(path, "r+b", buffering=0) as child:
+        for i in range(10):
+            child.write(f"line {i:03d} some text to make it longer\n".encode())
+        tailer._rotate_if_big()
+        child.write(b"next\n")
+    assert path.read_bytes().startswith(b"\0")
 
 
 def test_on_windows_the_log_is_rotated_by_renaming_it_before_the_child_opens_it(tmp_path, windows):

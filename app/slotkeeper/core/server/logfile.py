@@ -3,17 +3,17 @@
 The child appends to the file itself (never to a pipe), so a server that outlives a crashed app
 keeps running instead of dying on a broken pipe, and the log survives either way.
 
-Rotation on POSIX is copy-then-truncate, also while the child runs (the tailer rotates a log grown
-past LOG_MAX_BYTES): safe because the child's file is opened with O_APPEND, so its next write
-lands at the new end, offset 0. Windows gives a child no append-mode writes: O_APPEND is the
-parent's C runtime seeking to the end before each of its own writes, and the child writes through
-the inherited HANDLE at that handle's own offset. Truncating the file under it would make its next
-write land at the old offset, the bytes before it zeros. So on Windows the live file is never
-truncated: it is rotated by renaming it, only before a child opens it (``rotate``, which
-``spawn.spawn_server`` calls first), and a running server's log grows until the next start
-(``rotate_live`` does nothing there).
+Rotation is copy-then-truncate, also while the child runs (the tailer rotates a log grown past
+LOG_MAX_BYTES): safe because the child's writes always land at the file's end, so its next write
+after a truncate lands at offset 0. On POSIX that is O_APPEND. On Windows O_APPEND is only the C
+runtime seeking to the end before its own writes; a child writes through the inherited HANDLE at
+that handle's offset, and after a truncate its next write would land at the old offset, the bytes
+before it zeros. So there the child's handle is opened with FILE_APPEND_DATA and not
+FILE_WRITE_DATA (``_append_only_fd``), which the system documents as writes to the end only, any
+offset ignored: the kernel's own append, as Git for Windows opens its append-mode files. Before a
+child opens it the log is rotated by renaming on Windows (``rotate``): a server left running by a
+crashed app may hold it with a handle of its own.
 """
-
 from __future__ import annotations
 
 import logging
@@ -24,6 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 LOG_MAX_BYTES = 5 * 1024 * 1024
 LOG_BACKUPS = 3
@@ -35,17 +36,18 @@ log = logging.getLogger(__name__)
 
 
 def rotate(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS,
-           force: bool = False) -> None:
-    """llama-server.log -> .1 -> .2 ..., before a child opens it. On POSIX the file is truncated,
-    not replaced (a server left running by a crashed app may still append to it); on Windows it is
-    renamed (see the module's docstring), and left as it is while another program holds it open."""
+           force: bool = False, live: bool = False) -> None:
+    """llama-server.log -> .1 -> .2 ..., before a child opens it or (``live``) under our running
+    child. On POSIX, and live everywhere, the file is copied and truncated, not replaced (a server
+    appends to it); before a start on Windows it is renamed (see the module's docstring), and left as
+    it is while another program holds it open."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return
     if not force and size < max_bytes:
         return
-    if sys.platform == "win32":
+    if sys.platform == "win32" and not live:
         try:
             _shift_backups(path, backups)
             os.replace(path, path.with_name(f"{path.name}.1"))
@@ -68,25 +70,63 @@ def _shift_backups(path: Path, backups: int) -> None:
             os.replace(src, path.with_name(f"{path.name}.{i + 1}"))
 
 
-def rotate_live(path: Path) -> bool:
-    """Rotate the log of a running child (``rotate``, forced) where that is safe: True when
-    rotated. Never on Windows (see the module's docstring)."""
-    if sys.platform == "win32":
-        return False
-    rotate(path, force=True)
-    return True
-
-
 def open_for_child(path: Path):
-    """A binary append-mode handle to pass as the child's stdout/stderr (0600: a log can quote
-    conversations)."""
+    """A binary append-only handle to pass as the child's stdout/stderr (0600: a log can quote
+    conversations; on Windows the kernel's append, see the module's docstring)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    if sys.platform != "win32":
+    if sys.platform == "win32":
+        fd = _append_only_fd(path)
+    else:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.fchmod(fd, 0o600)  # a log an earlier version wrote with the umask's mode
-    # "ab" puts the handle at the end: a Windows child writes at its handle's offset (see the
-    # module's docstring), so a log left unrotated is written after, not over.
+    # "ab" puts the handle at the end as well.
     return os.fdopen(fd, "ab", buffering=0)
+
+
+# CreateFileW's values (winnt.h, fileapi.h)
+FILE_APPEND_DATA = 0x0004
+FILE_WRITE_DATA = 0x0002
+SYNCHRONIZE = 0x0010_0000
+FILE_SHARE_ALL = 0x1 | 0x2 | 0x4  # read, write, delete: the tailer reads, rotation renames
+OPEN_ALWAYS = 4
+FILE_ATTRIBUTE_NORMAL = 0x80
+# INVALID_HANDLE_VALUE is (HANDLE)-1: a HANDLE restype (c_void_p) gives it back unsigned.
+INVALID_HANDLE_VALUES = frozenset({-1, 2**32 - 1, 2**64 - 1})
+
+
+def _append_only_fd(path: Path, kernel32: Any = None, msvcrt: Any = None) -> int:
+    """Windows: a C runtime fd over a handle with FILE_APPEND_DATA and not FILE_WRITE_DATA, made
+    if missing. Popen duplicates the handle into the child with its access, so every write of the
+    child goes to the end. ``kernel32`` and ``msvcrt`` are for tests; by default the system's."""
+    if kernel32 is None:
+        kernel32, msvcrt = _windows_kernel32(), __import__("msvcrt")
+    handle = kernel32.CreateFileW(str(path), FILE_APPEND_DATA | SYNCHRONIZE, FILE_SHARE_ALL, None,
+                                  OPEN_ALWAYS, FILE_ATTRIBUTE_NORMAL, None)
+    if handle is None or handle in INVALID_HANDLE_VALUES:  # (NULL never comes back; None is safe)
+        code = kernel32.last_error()
+        raise OSError(code, f"cannot open the server log for appending (Windows error {code})", str(path))
+    return int(msvcrt.open_osfhandle(handle, os.O_WRONLY | os.O_APPEND))
+
+
+def _windows_kernel32() -> Any:
+    """CreateFileW typed for 64-bit handles, and the error of the last call (``last_error``)."""
+    import ctypes
+    from ctypes import wintypes
+
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined,unused-ignore]
+    create = kernel32.CreateFileW
+    create.restype = wintypes.HANDLE
+    create.argtypes = (wintypes.LPCWSTR, wintypes.DWORD, wintypes.DWORD, wintypes.LPVOID,
+                       wintypes.DWORD, wintypes.DWORD, wintypes.HANDLE)
+
+    class Kernel32:
+        CreateFileW = create
+
+        @staticmethod
+        def last_error() -> int:
+            return int(ctypes.get_last_error())  # type: ignore[attr-defined,unused-ignore]
+
+    return Kernel32()
 
 
 class LogTailer:
@@ -135,8 +175,7 @@ class LogTailer:
 
     def _rotate_if_big(self) -> None:
         """Rotate under the lock right after reading everything, so listeners miss (almost) nothing:
-        only lines the server writes between the copy and the truncate are lost to them. Never on
-        Windows (``rotate_live``)."""
+        only lines the server writes between the copy and the truncate are lost to them."""
         with self._lock:
             try:
                 if self.path.stat().st_size <= LOG_MAX_BYTES:
@@ -146,8 +185,7 @@ class LogTailer:
         self.poll()
         with self._lock:
             try:
-                if not rotate_live(self.path):
-                    return
+                rotate(self.path, force=True, live=True)
             except OSError:
                 return
             self._pos = 0
