@@ -119,8 +119,8 @@ def test_on_windows_a_running_servers_log_is_rotated_under_it_without_zeros(tmp_
             tailer.poll()
     assert seen == lines
     assert path.with_name("llama-server.log.1").exists(), "rotated while it ran"
-    kept = b"".join(path.with_name(f"llama-server.log{suffix}").read_bytes()
-                    for suffix in (".3", ".2", ".1", "") if path.with_name(f"llama-server.log{suffix}").exists())
+    logs = [path.with_name(f"llama-server.log{suffix}") for suffix in (".3", ".2", ".1", "")]
+    kept = b"".join(log.read_bytes() for log in logs if log.exists())
     assert b"\0" not in kept and path.stat().st_size < 200 + 64
 
 
