@@ -1,7 +1,8 @@
 """Cold prefill and decode: Slotkeeper's defaults against llama-server's own, side by side in one run.
 
     .venv/bin/python bench/bench_cold.py [--model starter|bench|PATH ...] [--rounds 6] [--words 900]
-                                         [--decode 64] [--ctx 8192] [--pause S] [--busy N] [--flags]
+                                         [--decode 64] [--ctx 8192] [--pause S] [--busy N]
+                                         [--flags | --write-beside MB]
 
 For each model, `slotkeeper serve` with its defaults (in its own process, as a user runs it) and
 raw llama-server with its defaults (the same model, context and one slot: `-c CTX -np 1`) run at
@@ -17,6 +18,11 @@ runs beside the new prompt's prefill); --pause S waits S seconds before each req
 --flags: raw llama-server with its defaults against raw llama-server with each flag Slotkeeper
 passes (and the old `--flash-attn off`), one at a time, then all of them: cold prefill and decode
 rates and the server's resident memory after the rounds. The table in docs/MEASUREMENTS.md.
+
+--write-beside MB: two raw llama-servers with the same defaults; as each request to the second is
+sent, another process writes MB megabytes to a file in --work's folder and fsyncs it (what a
+save's commit does to the disk beside a new prefill, without Slotkeeper). What that writing alone
+costs llama-server on this machine.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -56,9 +64,11 @@ def ask(url: str, words: str, decode: int) -> tuple[float, dict]:
 
 
 def rounds(sides: dict[str, str], n: int, words: int, decode: int, seed: int,
-           pause: float = 0.0) -> dict[str, dict[str, list]]:
+           pause: float = 0.0,
+           beside: dict[str, Callable[[], Any]] | None = None) -> dict[str, dict[str, list]]:
     """``n`` rounds over ``sides`` (name -> URL), each side a new prompt every round, the order
-    turned every round, ``pause`` seconds before each request."""
+    turned every round, ``pause`` seconds before each request; ``beside[name]()`` is called as a
+    request to that side is sent, and what it returns waited for (``.wait()``) after the answer."""
     got: dict[str, dict[str, list]] = {name: {"pp": [], "tg": [], "wall": [], "n": []} for name in sides}
     names = list(sides)
     for rnd in range(n):
@@ -66,7 +76,11 @@ def rounds(sides: dict[str, str], n: int, words: int, decode: int, seed: int,
         line = []
         for i, name in enumerate(order):
             time.sleep(pause)
+            other = (beside or {}).get(name)
+            running = other() if other else None
             wall, t = ask(sides[name], text(seed + 1000 * rnd + i * 7 + hash(name) % 997, words), decode)
+            if running is not None:
+                running.wait()
             g = got[name]
             g["pp"].append(t["prompt_per_second"])
             g["tg"].append(t["predicted_per_second"])
@@ -141,6 +155,43 @@ def flag_sweep(model: Path, args, work: Path, server_bin) -> None:
               f"{rss['default'] / 1e6:7.0f} MB   (of the default's)", flush=True)
 
 
+WRITER = """
+import os, sys
+path, size = sys.argv[1], int(sys.argv[2])
+block = os.urandom(1 << 20)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+for _ in range(size):
+    os.write(fd, block)
+os.fsync(fd)
+os.close(fd)
+"""
+
+
+def write_beside(model: Path, args, work: Path, server_bin) -> None:
+    print(f"\n{model.name}: raw llama-server against raw llama-server with {args.write_beside} MB "
+          "written and fsynced beside each request")
+    base = [*server_bin.argv_prefix, "-m", str(model), "-c", str(args.ctx), "-np", "1"]
+    sides = {"alone": LlamaServer(base), "writing": LlamaServer(base)}
+    for side in sides.values():
+        side.start()
+    target = work / "written-beside.bin"
+
+    def writer() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(args.write_beside)])
+
+    try:
+        got = rounds({k: v.url for k, v in sides.items()}, args.rounds, args.words, args.decode, args.seed,
+                     beside={"writing": writer})
+    finally:
+        for side in sides.values():
+            side.stop()
+        target.unlink(missing_ok=True)
+    a, w = got["alone"], got["writing"]
+    print(f"  prefill with the writing {100 * med(w['pp']) / med(a['pp']):6.1f}% of alone   decode "
+          f"{100 * med(w['tg']) / med(a['tg']):6.1f}%   "
+          f"whole answer {100 * med(a['wall']) / med(w['wall']):6.1f}%", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append",
@@ -151,6 +202,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--flags", action="store_true", help="the flag-by-flag table instead")
+    ap.add_argument("--write-beside", type=int, default=0, metavar="MB",
+                    help="raw against raw with MB megabytes written and fsynced beside each request instead")
     ap.add_argument("--work", help="folder to work in (kept; reuses the generated model)")
     ap.add_argument("--pause", type=float, default=0.0,
                     help="seconds between requests (Slotkeeper's save of the conversation before is then "
@@ -174,6 +227,8 @@ def run(args, server_bin) -> int:
                      if which == "bench" else Path(which))
             if args.flags:
                 flag_sweep(model, args, work, server_bin)
+            elif args.write_beside:
+                write_beside(model, args, work, server_bin)
             else:
                 compare(model, args, work, server_bin)
     return 0
