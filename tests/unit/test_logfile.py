@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+from windows_fakes import fake_windows_files
 
 from slotkeeper.core.server import logfile
 
@@ -40,47 +41,16 @@ def test_lines_survive_rotation(tmp_path, monkeypatch):
 # -- Windows: the child appends only through an append-only handle ----------------------------------
 # Windows gives a child no O_APPEND: it writes through its inherited handle at that handle's own
 # offset, unless the handle has FILE_APPEND_DATA without FILE_WRITE_DATA (writes to the end only).
-# The platform is faked to Windows; CreateFileW and open_osfhandle are recorded, and the fd they
-# give is what the system's is: one whose writes always land at the end.
+# The platform is faked to Windows; CreateFileW and open_osfhandle are recorded (windows_fakes), and
+# the fd they give is what the system's is: one whose writes always land at the end.
 
 @pytest.fixture
 def windows(monkeypatch):
     monkeypatch.setattr(sys, "platform", "win32")  # (not os.name: pytest's own reporting reads it)
 
 
-class FakeWindowsFiles:
-    """CreateFileW and open_osfhandle, recorded; the handle number stands for the file it opened."""
-
-    def __init__(self, fail_with: int | None = None) -> None:
-        self.created: list[tuple] = []
-        self.wrapped: list[tuple] = []
-        self.fail_with = fail_with
-        self._paths: dict[int, str] = {}
-
-    # kernel32
-    def CreateFileW(self, *args):  # noqa: N802 - the system's name
-        self.created.append(args)
-        if self.fail_with is not None:
-            return 2**64 - 1  # INVALID_HANDLE_VALUE through a c_void_p restype
-        handle = 4 * (len(self.created) + 100)
-        self._paths[handle] = args[0]
-        return handle
-
-    def last_error(self) -> int:
-        return self.fail_with or 0
-
-    # msvcrt
-    def open_osfhandle(self, handle, flags):
-        self.wrapped.append((handle, flags))
-        access = self.created[-1][1]
-        assert access & logfile.FILE_APPEND_DATA and not access & logfile.FILE_WRITE_DATA
-        return os.open(self._paths[handle], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-
-
 def test_on_windows_the_childs_log_handle_can_only_append(tmp_path, monkeypatch, windows):
-    files = FakeWindowsFiles()
-    monkeypatch.setattr(logfile, "_windows_kernel32", lambda: files)
-    monkeypatch.setitem(sys.modules, "msvcrt", files)
+    files = fake_windows_files(monkeypatch)
     path = tmp_path / "logs" / "llama-server.log"
     with logfile.open_for_child(path) as out:
         out.write(b"started\n")
@@ -93,9 +63,7 @@ def test_on_windows_the_childs_log_handle_can_only_append(tmp_path, monkeypatch,
 
 
 def test_on_windows_a_log_that_cannot_be_opened_is_an_oserror_that_says_so(tmp_path, monkeypatch, windows):
-    files = FakeWindowsFiles(fail_with=5)  # ERROR_ACCESS_DENIED
-    monkeypatch.setattr(logfile, "_windows_kernel32", lambda: files)
-    monkeypatch.setitem(sys.modules, "msvcrt", files)
+    fake_windows_files(monkeypatch, fail_with=5)  # ERROR_ACCESS_DENIED
     path = tmp_path / "llama-server.log"
     with pytest.raises(OSError) as raised:
         logfile.open_for_child(path)
@@ -106,9 +74,7 @@ def test_on_windows_a_log_that_cannot_be_opened_is_an_oserror_that_says_so(tmp_p
 def test_on_windows_a_running_servers_log_is_rotated_under_it_without_zeros(tmp_path, monkeypatch, windows):
     """The tailer copies and truncates the live log (never renames it: the child keeps writing to
     its file), and the child's append-only handle writes on at the new end."""
-    files = FakeWindowsFiles()
-    monkeypatch.setattr(logfile, "_windows_kernel32", lambda: files)
-    monkeypatch.setitem(sys.modules, "msvcrt", files)
+    fake_windows_files(monkeypatch)
     path, tailer, seen = tailed_log(tmp_path, monkeypatch)
     lines = [f"line {i:03d} some text to make it longer" for i in range(40)]
     with logfile.open_for_child(path) as child:

@@ -13,8 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from windows_fakes import fake_windows_files
 
-from slotkeeper.core.server import flash_attn, locate, spawn
+from slotkeeper.core.server import flash_attn, locate, logfile, spawn
 from slotkeeper.core.server.locate import ServerBinary, probe_flags
 
 BUNDLE = "C:\\Program Files\\Slotkeeper\\_internal"
@@ -46,6 +47,7 @@ def events(monkeypatch) -> list:
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     monkeypatch.setattr(locate, "_flag_cache", {})
+    fake_windows_files(monkeypatch)  # the server log's handle, on a faked Windows
     return happened
 
 
@@ -181,3 +183,16 @@ def test_help_that_hangs_is_stopped(monkeypatch, binary):
     monkeypatch.setattr(locate, "_flag_cache", {})
     assert probe_flags(binary, timeout=0.1) == frozenset()
     assert killed == [True]
+
+
+def test_on_windows_the_server_writes_its_log_through_an_append_only_handle(monkeypatch, events, binary,
+                                                                            tmp_path):
+    monkeypatch.setattr(sys, "platform", "win32")
+    files = fake_windows_files(monkeypatch)
+    log_path = tmp_path / "logs" / "llama-server.log"
+    spawn.spawn_server([binary.path, "--port", "1"], None, log_path)
+    [(name, access, *_rest)] = files.created
+    assert name == str(log_path)
+    assert access & logfile.FILE_APPEND_DATA and not access & logfile.FILE_WRITE_DATA
+    [(_popen, _argv, options)] = popens(events)
+    assert options["stdout"].name == files.fds[-1] and options["stderr"] == subprocess.STDOUT
