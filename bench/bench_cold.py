@@ -98,7 +98,7 @@ def med(values: list[float]) -> float:
 
 def compare(model: Path, args, work: Path, server_bin) -> None:
     print(f"\n{model.name} ({model.stat().st_size / 1e6:.0f} MB), context {args.ctx}, one slot:")
-    raw = LlamaServer([*server_bin.argv_prefix, "-m", str(model), "-c", str(args.ctx), "-np", "1"])
+    raw = LlamaServer(raw_argv(model, args, server_bin))
     raw.start()
     proc, url, _private, _key = serve(model, args.ctx, work / f"home-{model.stem}")
     try:
@@ -131,24 +131,37 @@ FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+def raw_argv(model: Path, args, server_bin) -> list[str]:
+    """Raw llama-server with its own defaults: the model, the context and one slot."""
+    return [*server_bin.argv_prefix, "-m", str(model), "-c", str(args.ctx), "-np", "1"]
+
+
+def raw_sides(argvs: dict[str, list[str]], args,
+              beside: dict[str, Callable[[], Any]] | None = None) -> tuple[dict, dict[str, int]]:
+    """Raw llama-servers (name -> argv) started side by side, ``rounds`` over them, then stopped:
+    the rounds' figures and each server's resident memory after them."""
+    servers = {name: LlamaServer(argv) for name, argv in argvs.items()}
+    for server in servers.values():
+        server.start()
+    try:
+        got = rounds({k: v.url for k, v in servers.items()}, args.rounds, args.words, args.decode, args.seed,
+                     beside=beside)
+        rss = {k: psutil.Process(v.proc.pid).memory_info().rss for k, v in servers.items()}
+    finally:
+        for server in servers.values():
+            server.stop()
+    return got, rss
+
+
 def flag_sweep(model: Path, args, work: Path, server_bin) -> None:
     print(f"\nflags, {model.name}, context {args.ctx}, one slot: raw llama-server's defaults against each")
-    base = [*server_bin.argv_prefix, "-m", str(model), "-c", str(args.ctx), "-np", "1"]
+    base = raw_argv(model, args, server_bin)
     saves = work / "saves"
     saves.mkdir(exist_ok=True)
     every = tuple(a for _n, f in FLAGS[:1] + FLAGS[2:] for a in f)
     for name, flag in (*FLAGS, ("all Slotkeeper passes", every)):
         flag = tuple(str(saves) if a == "SAVES" else a for a in flag)
-        sides = {"default": LlamaServer(base), "flag": LlamaServer([*base, *flag])}
-        for side in sides.values():
-            side.start()
-        try:
-            got = rounds({k: v.url for k, v in sides.items()}, args.rounds, args.words, args.decode,
-                         args.seed)
-            rss = {k: psutil.Process(v.proc.pid).memory_info().rss for k, v in sides.items()}
-        finally:
-            for side in sides.values():
-                side.stop()
+        got, rss = raw_sides({"default": base, "flag": [*base, *flag]}, args)
         d, f = got["default"], got["flag"]
         print(f"  {name:<40} prefill {100 * med(f['pp']) / med(d['pp']):6.1f}%   decode "
               f"{100 * med(f['tg']) / med(d['tg']):6.1f}%   memory {rss['flag'] / 1e6:7.0f} MB vs "
@@ -170,21 +183,15 @@ os.close(fd)
 def write_beside(model: Path, args, work: Path, server_bin) -> None:
     print(f"\n{model.name}: raw llama-server against raw llama-server with {args.write_beside} MB "
           "written and fsynced beside each request")
-    base = [*server_bin.argv_prefix, "-m", str(model), "-c", str(args.ctx), "-np", "1"]
-    sides = {"alone": LlamaServer(base), "writing": LlamaServer(base)}
-    for side in sides.values():
-        side.start()
+    base = raw_argv(model, args, server_bin)
     target = work / "written-beside.bin"
 
     def writer() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(args.write_beside)])
 
     try:
-        got = rounds({k: v.url for k, v in sides.items()}, args.rounds, args.words, args.decode, args.seed,
-                     beside={"writing": writer})
+        got, _rss = raw_sides({"alone": base, "writing": base}, args, beside={"writing": writer})
     finally:
-        for side in sides.values():
-            side.stop()
         target.unlink(missing_ok=True)
     a, w = got["alone"], got["writing"]
     print(f"  prefill with the writing {100 * med(w['pp']) / med(a['pp']):6.1f}% of alone   decode "

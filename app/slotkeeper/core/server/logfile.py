@@ -14,8 +14,10 @@ offset ignored: the kernel's own append, as Git for Windows opens its append-mod
 child opens it the log is rotated by renaming on Windows (``rotate``): a server left running by a
 crashed app may hold it with a handle of its own.
 """
+
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
@@ -94,12 +96,11 @@ FILE_ATTRIBUTE_NORMAL = 0x80
 INVALID_HANDLE_VALUES = frozenset({-1, 2**32 - 1, 2**64 - 1})
 
 
-def _append_only_fd(path: Path, kernel32: Any = None, msvcrt: Any = None) -> int:
+def _append_only_fd(path: Path) -> int:
     """Windows: a C runtime fd over a handle with FILE_APPEND_DATA and not FILE_WRITE_DATA, made
     if missing. Popen duplicates the handle into the child with its access, so every write of the
-    child goes to the end. ``kernel32`` and ``msvcrt`` are for tests; by default the system's."""
-    if kernel32 is None:
-        kernel32, msvcrt = _windows_kernel32(), __import__("msvcrt")
+    child goes to the end."""
+    kernel32, msvcrt = _windows_kernel32(), importlib.import_module("msvcrt")
     handle = kernel32.CreateFileW(str(path), FILE_APPEND_DATA | SYNCHRONIZE, FILE_SHARE_ALL, None,
                                   OPEN_ALWAYS, FILE_ATTRIBUTE_NORMAL, None)
     if handle is None or handle in INVALID_HANDLE_VALUES:  # (NULL never comes back; None is safe)
