@@ -43,12 +43,11 @@ APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 
-from e2e_helpers import bare_llama_server, free_port, wait_until  # noqa: E402
+from e2e_helpers import bare_llama_server, free_port, resolve_auto_as_slotkeeper, wait_until  # noqa: E402
 
 from slotkeeper.core.basics.paths import app_paths  # noqa: E402
 from slotkeeper.core.engine import Engine  # noqa: E402
 from slotkeeper.core.server.command import build_argv  # noqa: E402
-from slotkeeper.core.server.flash_attn import pass_auto_choice  # noqa: E402
 from slotkeeper.core.server.locate import locate_server, probe_flags  # noqa: E402
 from slotkeeper.core.server.state import ServerState  # noqa: E402
 from slotkeeper.core.sessions.store import SessionStore  # noqa: E402
@@ -142,12 +141,12 @@ def slotkeeper_side(home: Path, s: Settings, history: list[dict], case: str, sit
 
 
 @contextmanager
-def never_stopped(model: Path, server_bin: str, swa_full: bool, folder: Path) -> Iterator[str]:
+def never_stopped(model: Path, server_bin: str, swa_full: bool, folder: Path, home: Path) -> Iterator[str]:
     binary = locate_server(server_bin)
     prof = ServerProfile(model_path=str(model), server_bin=server_bin, port=1, ctx=CTX, swa_full=swa_full)
     flags = probe_flags(binary)
     argv = build_argv(binary.argv_prefix, prof, model, folder, flags)
-    pass_auto_choice(binary.path, argv, model, flags)  # flash attention as Slotkeeper resolves "auto"
+    resolve_auto_as_slotkeeper(binary.path, argv, model, prof, flags, home)  # flash attention as Slotkeeper's
     for flag in ("--host", "--port"):
         if flag in argv:
             i = argv.index(flag)
@@ -201,7 +200,7 @@ def main() -> None:
             n_tokens, size, points_bytes = disk(homes[True])
             print(f"conversation: {n_tokens} tokens; its save {size / 1e6:.2f} MB, its restore points "
                   f"{points_bytes / 1e6:.2f} MB ({points_bytes / size:.2f}x the save)")
-            with never_stopped(model, server_bin, swa_full, work) as raw:
+            with never_stopped(model, server_bin, swa_full, work, homes[True]) as raw:
                 target = {case: [never_stopped_side(raw, history, case) for _ in range(args.rounds)]
                           for case in CASES}
             print(f"{'case':<11} {'situation':<11} | {'points':>16} | {'no points':>16} | "

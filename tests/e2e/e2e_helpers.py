@@ -133,6 +133,20 @@ def bare_llama_server(argv: Sequence[str], log_file: Path) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
+def resolve_auto_as_slotkeeper(binary_path: str, argv: list[str], model: Path, profile: ServerProfile,
+                               flags: frozenset[str], home: Path | None = None) -> bool:
+    """``argv`` made to pass the flash attention Slotkeeper's launch in the data folder ``home``
+    (default: this test's) resolves "auto" to (what it probed and measured there); returns it."""
+    from slotkeeper.core.engine.lifecycle.launching import binary_facts_cache, resolve_flash_attn
+    from slotkeeper.core.engine.lifecycle.model_facts import model_facts_cache, resolve_model
+
+    paths = app_paths(home).ensure()
+    model_facts = model_facts_cache(paths.model_facts_file)
+    choice = resolve_flash_attn(binary_path, argv, resolve_model(str(model), paths.models_dir, model_facts),
+                                profile, flags, binary_facts_cache(paths.binary_facts_file), model_facts)
+    return choice.value
+
+
 @contextmanager
 def llama_server_as_slotkeeper_runs_it(server_bin: str, model: Path, folder: Path,
                                        **profile) -> Iterator[str]:
@@ -147,9 +161,7 @@ def llama_server_as_slotkeeper_runs_it(server_bin: str, model: Path, folder: Pat
     flags = probe_flags(binary)
     argv = list(build_argv(binary.argv_prefix, prof, model, folder, flags))
     if prof.flash_attn is None:  # "auto": the value Slotkeeper's launch resolves it to
-        from slotkeeper.core.server.flash_attn import pass_auto_choice
-
-        pass_auto_choice(binary.path, argv, model, flags)
+        resolve_auto_as_slotkeeper(binary.path, argv, model, prof, flags)
     for flag in ("--host", "--port"):  # bare_llama_server adds its own loopback address and port
         if flag in argv:
             i = argv.index(flag)

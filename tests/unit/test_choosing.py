@@ -68,16 +68,17 @@ def test_each_setting_says_its_own_sentence_and_counts_only_what_it_breaks():
     said = left_behind(long_ones + short, before, MODEL, after, MODEL)
     assert said == [
         "2 saved conversations are longer than the 8,192 tokens each slot would have, and will not restore.",
-        "5 saved conversations were made with flash attention on and will not restore with it off.",
         "5 saved conversations were made with a V cache of q8_0 and will not restore with f16.",
     ]
+    # Flash attention leaves none behind: a restore carries a conversation over to the other choice.
+    assert left_behind(short, before, MODEL, replace(before, flash_attn=not before.flash_attn), MODEL) == []
 
 
 def test_sessions_that_already_do_not_restore_are_not_counted():
     before = expected_facts(PROFILE, MODEL)
     after = expected_facts(replace(PROFILE, parallel=1, ctx=16384), MODEL)
     other_model = sessions(4, model_sha256="e" * 64)
-    already_broken = sessions(2, flash_attn=False)
+    already_broken = sessions(2, cache_type_k="q4_0")
     damaged = [SessionEntry("x" * 12, BASE, None, ["KV file is missing"])]
     assert left_behind(other_model + already_broken + damaged, before, MODEL, after, MODEL) == []
     said = left_behind(other_model + sessions(1), before, MODEL, after, MODEL)

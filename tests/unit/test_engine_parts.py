@@ -177,8 +177,10 @@ def test_resume_rules_for_every_face():
     assert resume_verdict(e, ServerState.STARTING, None, True).why == "Wait until the server is ready"
     ok = resume_verdict(e, ServerState.READY, facts, True)
     assert ok.enabled and not ok.starts_server and f"{sc.n_tokens:,} tokens" in ok.why
-    other = resume_verdict(e, ServerState.READY, replace(facts, flash_attn=not sc.flash_attn), True)
-    assert not other.enabled and "flash attention" in other.why and other.switch_to is None
+    other = resume_verdict(e, ServerState.READY, replace(facts, cache_type_k="q4_0"), True)
+    assert not other.enabled and "cache type" in other.why and other.switch_to is None
+    carried = resume_verdict(e, ServerState.READY, replace(facts, flash_attn=not sc.flash_attn), True)
+    assert carried.enabled  # saved under the other flash-attention choice: carried over as it restores
 
 
 def test_a_session_of_another_model_is_resumed_by_switching_to_it():

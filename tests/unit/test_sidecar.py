@@ -581,16 +581,6 @@ def test_matching_server_is_compatible() -> None:
     ("sidecar_changes", "facts_changes", "reason"),
     [
         (
-            {"flash_attn": True},
-            {"flash_attn": False},
-            "saved with flash attention on; the server runs with it off",
-        ),
-        (
-            {"flash_attn": False},
-            {"flash_attn": True},
-            "saved with flash attention off; the server runs with it on",
-        ),
-        (
             {"cache_type_k": "q8_0"},
             {},
             "saved with K cache type q8_0; the server uses f16",
@@ -669,8 +659,13 @@ def test_swa_full_is_ignored_for_models_without_sliding_window() -> None:
     assert check_compatible(sidecar, make_facts(swa_full=True)) == []
 
 
+def test_flash_attention_is_no_reason_a_restore_carries_it_over() -> None:
+    for saved in (True, False):
+        assert check_compatible(make_sidecar(flash_attn=saved), make_facts(flash_attn=not saved)) == []
+
+
 def test_all_reasons_are_reported_together() -> None:
-    sidecar = make_sidecar(flash_attn=False, n_parallel=2, kv_unified=True, n_tokens=9000)
+    sidecar = make_sidecar(cache_type_k="q8_0", n_parallel=2, kv_unified=True, n_tokens=9000)
     reasons = check_compatible(sidecar, make_facts(model_sha256=SHA_B))
     assert len(reasons) == 5
     assert reasons[0].startswith("saved for a different model")

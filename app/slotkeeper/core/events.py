@@ -68,6 +68,17 @@ class ActivityChanged(Event):
 
 
 @dataclass(frozen=True)
+class FlashAttnMeasured(Event):
+    """Flash attention was measured on this machine for a model (``words`` say the figures);
+    ``value`` is passed from the next launch on, ``running`` is what the server runs with now."""
+
+    model: str
+    value: bool
+    running: bool
+    words: str
+
+
+@dataclass(frozen=True)
 class WarningRaised(Event):
     message: str
 

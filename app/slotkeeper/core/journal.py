@@ -120,6 +120,11 @@ def _describe(event: ev.Event) -> tuple[str, str, str] | None:  # noqa: C901 - o
             return "warning", WARNING, message
         case ev.NoticeRaised(message=message):
             return "notice", INFO, message
+        case ev.FlashAttnMeasured(model=model, value=value, running=running, words=words):
+            when = ("as it runs now" if value == running
+                    else "from the next start (saved conversations are carried over)")
+            return ("notice", INFO, f"measured flash attention for {model}: {'on' if value else 'off'}, "
+                                    f"{when}. {words}")
     return None
 
 

@@ -39,7 +39,6 @@ from slotkeeper.core.model.starter_model import find_starter_model
 from slotkeeper.core.services.choosing import (
     LaunchSanity,
     ModelIdentity,
-    expected_auto,
     expected_facts,
     launch_sanity,
     left_behind,
@@ -135,15 +134,14 @@ def prepare_switch(bridge: EngineBridge, model_path: str, listing: Listing | Non
         else:
             before_model = ModelIdentity(current_file or "", bridge.known_model_sha256(current_file or ""),
                                          current_info.has_swa)
-            before = expected_facts(current.profile, before_model, expected_auto(entries, before_model, None))
-    auto = expected_auto(entries, after_model, facts)
+            before = expected_facts(current.profile, before_model)
     waiting: list[str] = []
     if before is not None and before_model is not None:
-        waiting = left_behind(entries, before, before_model, expected_facts(profile, after_model, auto),
+        waiting = left_behind(entries, before, before_model, expected_facts(profile, after_model),
                               after_model)
     resumable = {}
     for v in variants:
-        after = expected_facts(replace(profile, swa_full=v), after_model, auto)
+        after = expected_facts(replace(profile, swa_full=v), after_model)
         resumable[v] = sum(
             1 for e in entries
             if e.sidecar is not None and not e.problems and after_model.owns(e.sidecar)

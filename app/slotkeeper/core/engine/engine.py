@@ -45,6 +45,7 @@ from slotkeeper.core.engine.lifecycle.model_facts import (
     swa_note,
 )
 from slotkeeper.core.engine.lifecycle.server_link import ServerLink
+from slotkeeper.core.engine.lifecycle.tuning import FlashAttnTuning
 from slotkeeper.core.engine.slots.actions import SlotActions
 from slotkeeper.core.engine.slots.board import SlotBoard
 from slotkeeper.core.engine.slots.polling import SlotPoller
@@ -140,8 +141,10 @@ class Engine(EngineFace):
         self.rates = Rates()
         self.prompts = PromptTokens(self.link)
         self.saves = SlotSaves(self.board, self.link, self.library, self.loop, self.events)
+        self.tuning = FlashAttnTuning(self.board, self.link, self.loop, self.events, self.binary_facts)
         self.launcher = Launcher(paths, settings.profile, self.supervisor, self.link, self.identity,
-                                 self.saves, self.loop, self.events, self.model_facts, self.binary_facts)
+                                 self.saves, self.loop, self.events, self.model_facts, self.binary_facts,
+                                 self.tuning)
         self.supervisor.set_planner(self.launcher.spec, self.launcher.save_leftover,
                                     self.launcher.retry_start)
         self.actions = SlotActions(self.board, self.link, self.library, self.saves, self.loop, self.events,

@@ -369,6 +369,18 @@ class LlamaClient:
         d = self._slot_action(slot, "erase", None, timeout)
         return int(d.get("n_erased", 0))
 
+    def complete(self, tokens: list[int], n_predict: int,
+                 timeout: float | None = None) -> tuple[dict, list[int]]:
+        """A greedy completion of ``tokens`` that generates exactly ``n_predict`` tokens (the end of
+        text ignored), reusing what the slot holds: llama-server's timings and the tokens generated."""
+        d = self._json("POST", "/completion", body={
+            "prompt": list(tokens), "n_predict": n_predict, "cache_prompt": True, "temperature": 0,
+            "ignore_eos": True, "return_tokens": True, "stream": False,
+        }, timeout=timeout)
+        if not isinstance(d, dict):
+            raise ServerError(200, "a completion that is not a JSON object")
+        return dict(d.get("timings") or {}), [int(t) for t in d.get("tokens") or []]
+
     def hold_prefix(self, slot: int, tokens: list[int], timeout: float | None = None) -> int:
         """Leave ``slot`` holding exactly ``tokens``, a prefix of what it holds: a completion of them
         with nothing to generate (``n_predict`` 0), which llama-server serves by rolling back

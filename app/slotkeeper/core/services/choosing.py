@@ -24,7 +24,6 @@ from slotkeeper.core.settings import ServerProfile
 __all__ = [
     "LaunchSanity",
     "ModelIdentity",
-    "expected_auto",
     "expected_facts",
     "launch_sanity",
     "left_behind",
@@ -58,8 +57,8 @@ class ModelIdentity:
 def expected_facts(profile: ServerProfile, model: ModelIdentity, auto: bool = True) -> ServerFacts:
     """The facts a server launched with ``profile`` on ``model`` will have (``sha256`` may be
     unknown: ``left_behind`` then matches sessions by path). Flash attention left to "auto" is
-    expected to be ``auto``: what the running server resolved it to when the model stays, else on
-    (what llama-server's auto chooses on most devices)."""
+    taken as ``auto``; it leaves no conversation behind either way (a restore carries one saved
+    under the other choice over)."""
     return ServerFacts(
         model_sha256=model.sha256 or "", model_path=model.path,
         flash_attn=auto if profile.flash_attn is None else profile.flash_attn,
@@ -68,16 +67,6 @@ def expected_facts(profile: ServerProfile, model: ModelIdentity, auto: bool = Tr
         swa=model.has_swa, kv_args=kv_affecting_args(profile.extra_args),
         mmproj_sha256=_projector_mark(profile.mmproj_path),
     )  # fmt: skip
-
-
-def expected_auto(entries: Iterable[SessionEntry], model: ModelIdentity, running: ServerFacts | None) -> bool:
-    """What flash attention's "auto" is expected to resolve to for ``model``: what the running
-    server has when it runs that model; else off when the model's saved conversations were all made
-    with it off (the launch keeps them restoring), else on (llama-server's auto, on most devices)."""
-    if running is not None and running.model_path == model.path:
-        return running.flash_attn
-    saved = {e.sidecar.flash_attn for e in entries if e.sidecar is not None and model.owns(e.sidecar)}
-    return saved != {False}
 
 
 def _projector_mark(mmproj_path: str | None) -> str | None:
@@ -149,9 +138,6 @@ def left_behind(entries: Iterable[SessionEntry], before: ServerFacts, before_mod
             were = "is" if len(lost) == 1 else "are"
             said.append(f"{_plural(len(lost), 'saved conversation')} {were} longer than the "
                         f"{after.n_ctx_slot:,} tokens each slot would have, and will not restore.")
-    if after.flash_attn != before.flash_attn:
-        say(lost_to(flash_attn=after.flash_attn), f"flash attention {_on_off(before.flash_attn)}",
-            f"it {_on_off(after.flash_attn)}")
     for which, attr in (("K", "cache_type_k"), ("V", "cache_type_v")):
         old, new = getattr(before, attr), getattr(after, attr)
         if old != new:

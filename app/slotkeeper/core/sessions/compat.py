@@ -8,15 +8,11 @@ sidecar (what the session was saved with) and ``ServerFacts`` (what the server r
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from slotkeeper.core.sessions.sidecar import Sidecar
 
-__all__ = ["ServerFacts", "check_compatible", "media_mismatch", "model_file_name", "saved_flash_attn",
-           "swa_mode"]
+__all__ = ["ServerFacts", "check_compatible", "media_mismatch", "model_file_name", "swa_mode"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +43,8 @@ def check_compatible(sidecar: Sidecar, facts: ServerFacts) -> list[str]:
     model = _model_mismatch(sidecar, facts)
     if model:
         reasons.append(model)
-    if sidecar.flash_attn != facts.flash_attn:
-        # Flash attention changes the V layout in the file ("incompatible V transposition").
-        reasons.append(
-            f"saved with flash attention {_on_off(sidecar.flash_attn)}; "
-            f"the server runs with it {_on_off(facts.flash_attn)}"
-        )
+    # Flash attention is no reason: a file of the other V layout is carried over when it is
+    # restored (``carry_over``), the same values laid out as the server reads them.
     for which, saved, running in (
         ("K", sidecar.cache_type_k, facts.cache_type_k),
         ("V", sidecar.cache_type_v, facts.cache_type_v),
@@ -149,29 +141,3 @@ def swa_mode(sidecar: Sidecar) -> str:
     if not sidecar.swa:
         return "full attention"
     return "sliding window + swa-full" if sidecar.swa_full else "sliding window"
-
-
-
-
-def saved_flash_attn(sessions_dir: Path, model_path: str | os.PathLike[str]) -> set[bool]:
-    """The flash attention values the saved conversations of ``model_path`` were made with (read
-    from their sidecars; an unreadable one says nothing). Asked once per model, at its first
-    launch with flash attention left to "auto"."""
-    model = os.path.realpath(model_path)
-    found: set[bool] = set()
-    try:
-        names = os.listdir(sessions_dir)
-    except OSError:
-        return found
-    for name in names:
-        if not name.endswith(".json"):
-            continue
-        try:
-            data = json.loads((sessions_dir / name).read_bytes())
-        except (OSError, ValueError):
-            continue
-        if (isinstance(data, dict) and isinstance(data.get("flash_attn"), bool)
-                and isinstance(data.get("model_path"), str)
-                and os.path.realpath(data["model_path"]) == model):
-            found.add(data["flash_attn"])
-    return found

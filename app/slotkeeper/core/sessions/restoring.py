@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from slotkeeper.core.sessions.carry_over import CarryOverFailed, carry_over_flash_attn
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.file_checks import file_integrity
@@ -27,7 +28,8 @@ from slotkeeper.core.sessions.sidecar import (
 )
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 
-__all__ = ["RestoreRefused", "check_point", "check_restorable", "record_restore", "record_reuse"]
+__all__ = ["RestoreRefused", "carried_over", "check_point", "check_restorable", "record_restore",
+           "record_reuse"]
 
 
 class RestoreRefused(Exception):
@@ -63,6 +65,28 @@ def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts,
         store.mark_corrupt(session_id, problems[0])
         raise RestoreRefused(session_id, problems)
     return entry, None
+
+
+def carried_over(store: SessionStore, entry: SessionEntry, point: RestorePoint | None,
+                 facts: ServerFacts) -> tuple[SessionEntry, RestorePoint | None]:
+    """``entry`` (and its ``point``) as a server with the facts' flash attention restores them:
+    carried over once when saved under the other choice (``carry_over``); RestoreRefused when
+    that cannot be done."""
+    assert entry.sidecar is not None
+    if entry.sidecar.flash_attn == facts.flash_attn:
+        return entry, point
+    try:
+        entry = carry_over_flash_attn(store, entry.id, facts.flash_attn)
+    except (CarryOverFailed, SessionNotFound) as exc:
+        raise RestoreRefused(entry.id, [str(exc)]) from None
+    assert entry.sidecar is not None
+    if point is None:
+        return entry, None
+    same = next((p for p in entry.sidecar.points if p.n_tokens == point.n_tokens), None)
+    if same is None:
+        raise RestoreRefused(entry.id, [f"its restore point at {point.n_tokens} tokens could not be "
+                                        "carried over"])
+    return entry, same
 
 
 def check_point(store: SessionStore, entry: SessionEntry, kv_file: str) -> RestorePoint:

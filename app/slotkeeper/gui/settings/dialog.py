@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.events import ServerStateChanged
 from slotkeeper.core.model import gguf_info
-from slotkeeper.core.services.choosing import ModelIdentity, expected_auto, expected_facts, left_behind
+from slotkeeper.core.services.choosing import ModelIdentity, expected_facts, left_behind
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.settings import Settings, SettingsError
 from slotkeeper.gui.bridge import EngineBridge, resolved_model_file
@@ -178,9 +178,7 @@ class SettingsDialog(QDialog):
             before = facts
         elif self._current_identity is not None:
             before_model = self._current_identity
-            entries = bridge.listing.sessions if bridge.listing is not None else ()
-            before = expected_facts(self.base.profile, before_model,
-                                    expected_auto(entries, before_model, None))
+            before = expected_facts(self.base.profile, before_model)
         else:
             before_model = before = None
         after_model = self.server_tab.identity
@@ -189,9 +187,8 @@ class SettingsDialog(QDialog):
         if (before is not None and before_model is not None and after_model is not None
                 and listing is not None
                 and candidate.profile.model_path == self.server_tab._model_info_for):
-            auto = expected_auto(listing.sessions, after_model, facts)
             said = left_behind(listing.sessions, before, before_model,
-                               expected_facts(candidate.profile, after_model, auto), after_model)
+                               expected_facts(candidate.profile, after_model), after_model)
         self.left_behind = said
         self.sessions_label.setText(" ".join(said))
         self.sessions_label.setVisible(bool(said))

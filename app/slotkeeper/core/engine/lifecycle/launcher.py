@@ -19,11 +19,13 @@ from slotkeeper.core.engine.lifecycle.leftover import save_leftover
 from slotkeeper.core.engine.lifecycle.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.lifecycle.model_facts import resolve_model
 from slotkeeper.core.engine.lifecycle.server_link import ServerLink
+from slotkeeper.core.engine.lifecycle.tuning import FlashAttnTuning, MeasureRequest
 from slotkeeper.core.engine.slots.saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS, SlotSaves
 from slotkeeper.core.events import ActivityChanged, EventBus, LaunchPlanned, NoticeRaised, WarningRaised
 from slotkeeper.core.model.demo_model import DEMO_NOTICE
 from slotkeeper.core.model.starter_model import StarterUnavailable
 from slotkeeper.core.server.apikey import DoorKeys
+from slotkeeper.core.server.flash_choice import calibration_key
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError
 from slotkeeper.core.settings import ServerProfile
 from slotkeeper.core.views import Activity
@@ -34,7 +36,8 @@ LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
 class Launcher:
     def __init__(self, paths: AppPaths, profile: ServerProfile, supervisor: Supervisor, link: ServerLink,
                  identity: ModelIdentity, saves: SlotSaves, loop: EngineLoop, events: EventBus,
-                 model_facts: FileFactsCache, binary_facts: FileFactsCache) -> None:
+                 model_facts: FileFactsCache, binary_facts: FileFactsCache,
+                 tuning: FlashAttnTuning) -> None:
         """``profile``: what the next launch runs (the engine replaces it when the settings change)."""
         self.paths = paths
         self.profile = profile
@@ -46,6 +49,7 @@ class Launcher:
         self.events = events
         self.model_facts = model_facts
         self.binary_facts = binary_facts
+        self.tuning = tuning
         self.binary = ""  # llama-server's file, this launch
         self.door_keys: DoorKeys | None = None  # the user's keys for the front door (per launch)
         self._fetched_at = 0.0  # when the starter model's download last got further (its thread)
@@ -126,9 +130,23 @@ class Launcher:
         self.link.launching(plan.private, plan.profile, plan.model, plan.flash_attn)
         self.door_keys = DoorKeys(plan.profile.extra_args)
         self.identity.begin(plan.model.path)
+        self.tuning.planned(measure_request(plan))
         if plan.model.is_demo and not self._demo_said:  # once, however often it is launched
             self._demo_said = True
             self.events.emit(NoticeRaised(DEMO_NOTICE))
         for note in plan.notes:
             self.events.emit(WarningRaised(note))
         self.events.emit(LaunchPlanned(plan.profile.model_path))
+
+
+def measure_request(plan: LaunchPlan) -> MeasureRequest | None:
+    """What to measure for this launch's flash attention, when its choice waits for a measurement."""
+    choice = plan.flash_choice
+    if choice is None or not choice.measure:
+        return None
+    try:
+        key = calibration_key(plan.spec.argv, plan.model.path)
+    except OSError:
+        return None
+    return MeasureRequest(plan.binary, tuple(plan.spec.argv), key, plan.profile.ctx_per_slot, choice.value,
+                          plan.flash_attn, plan.model.display_name)

@@ -43,12 +43,14 @@ from slotkeeper.core.events import EventBus
 from slotkeeper.core.model.model_choice import DEMO_MODEL
 from slotkeeper.core.server import headstart
 from slotkeeper.core.server.apikey import exposure_refusal
+from slotkeeper.core.server.calibrate import Verdict
 from slotkeeper.core.server.command import (
     CommandError,
     build_argv,
     without_api_key,
 )
-from slotkeeper.core.server.flash_attn import pass_auto_choice
+from slotkeeper.core.server.flash_attn import AutoFacts, probe
+from slotkeeper.core.server.flash_choice import FlashAttnChoice, calibration_key, choose
 from slotkeeper.core.server.locate import (
     FLAGS_VERSION,
     ServerBinary,
@@ -59,8 +61,7 @@ from slotkeeper.core.server.locate import (
 from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
 from slotkeeper.core.server.spawn import launch_environment
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
-from slotkeeper.core.sessions.compat import saved_flash_attn
-from slotkeeper.core.settings import ServerProfile, Settings, SettingsError
+from slotkeeper.core.settings import UNQUANTIZED_CACHE_TYPES, ServerProfile, Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class LaunchPlan:
     notes: tuple[str, ...]  # warnings to show once launched
     binary: str = ""  # llama-server's file (what its facts are kept under)
     flash_attn: bool = False  # what --flash-attn passes: the setting, or what "auto" resolved to
+    flash_choice: FlashAttnChoice | None = None  # how and why (None: an older plan's)
 
 
 def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsCache,
@@ -97,10 +99,8 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
         argv = build_argv(binary.argv_prefix, server_profile, model.path, paths.sessions_dir,
                           supported_flags=flags)
         argv[len(binary.argv_prefix):len(binary.argv_prefix)] = workarounds
-        flash_attn, fa_note = profile.flash_attn, None
-        if flash_attn is None:
-            flash_attn, fa_note = resolve_flash_attn(binary.path, argv, model, flags, paths.sessions_dir,
-                                                     binary_facts, model_facts)
+        fa = resolve_flash_attn(binary.path, argv, model, profile, flags, binary_facts, model_facts)
+        flash_attn = fa.value
     except (EngineError, ServerBinaryNotFound, CommandError, SettingsError, OSError) as exc:
         raise SupervisorError(str(exc)) from exc
     refusal = exposure_refusal(profile.host, profile.port, profile.extra_args)
@@ -111,42 +111,47 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
     if check.refusal:
         raise SupervisorError(check.refusal)
     notes = tuple(n for n in (swa_note(model, profile), *check.warnings, profile.small_context_note(),
-                              *exposure_notes(profile), fa_note) if n)
+                              *exposure_notes(profile)) if n)
     # The record (how a later run reads a server this one leaves) holds the value passed.
     record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args),
                                  flash_attn=flash_attn).to_json(),
               "model_path": str(model.path)}
     spec = LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)
-    return LaunchPlan(spec, model, profile, private, notes, binary.path, flash_attn)
+    return LaunchPlan(spec, model, profile, private, notes, binary.path, flash_attn, fa)
 
 
-KEPT_OFF_FACT = "flash-attn-kept-off"
+CHOICE_FACT = "flash-attn-choice"  # the last launch's choice for a model, for the faces to show
 
 
-def resolve_flash_attn(binary_path: str, argv: list[str], model: ModelChoice, flags: frozenset[str],
-                       sessions_dir: Path, binary_facts: FileFactsCache,
-                       model_facts: FileFactsCache) -> tuple[bool, str | None]:
-    """The "auto" setting as a concrete value for this launch, and a note when there is something
-    to say. What llama-server's own ``auto`` chooses here (asked of the binary, kept per binary,
-    command line and model: ``flash_attn.auto_choice``), except for a model whose saved
-    conversations were all made with flash attention off (by a version that passed off by default):
-    it stays off for that model, decided once, so they keep restoring."""
-    kept = model_facts.get(model.path, KEPT_OFF_FACT)
-    if kept is None:
-        saved = saved_flash_attn(sessions_dir, model.path)
-        kept = bool(saved) and saved == {False}
+def resolve_flash_attn(binary_path: str, argv: list[str], model: ModelChoice, profile: ServerProfile,
+                       flags: frozenset[str], binary_facts: FileFactsCache,
+                       model_facts: FileFactsCache) -> FlashAttnChoice:
+    """The value ``argv`` passes for --flash-attn (set in it), how it was chosen and why
+    (``flash_choice.choose``): the setting, or for "auto" what the probe of the binary found and a
+    measurement kept for this binary, arguments and model. The choice is kept for the model too, so
+    Settings can say it when the server does not run."""
+    facts = None
+    measured: Verdict | None = None
+    if profile.flash_attn is None:
+        facts = probe(binary_path, argv, model.path, flags, binary_facts)
         try:
-            model_facts.put(model.path, kept, KEPT_OFF_FACT)
+            measured = Verdict.from_json(binary_facts.get(binary_path, calibration_key(argv, model.path)))
         except OSError:
-            pass
-        if kept:  # argv passes off (build_argv's value for "auto" until it is resolved)
-            return False, (f"Flash attention stays off for {model.display_name}: its saved conversations "
-                           "were made with it off, and a server with it on cannot restore them. Turn it on "
-                           "in Settings (or --flash-attn on) for a faster prefill; those conversations are "
-                           "then read again from the start when resumed.")
-    if kept:
-        return False, None
-    return pass_auto_choice(binary_path, argv, model.path, flags, binary_facts), None
+            measured = None
+    choice = choose(profile.flash_attn, profile.cache_type_v not in UNQUANTIZED_CACHE_TYPES,
+                    model.info.has_swa and profile.swa_full, facts or AutoFacts(None), measured)
+    argv[argv.index("--flash-attn") + 1] = "on" if choice.value else "off"
+    try:
+        model_facts.put(model.path, choice.to_json(), CHOICE_FACT)
+    except OSError:
+        pass
+    return choice
+
+
+def remembered_choice(model_facts: FileFactsCache, model_path: str | Path) -> FlashAttnChoice | None:
+    """The flash attention the last launch of ``model_path`` passed, how and why (None: not launched
+    since it changed)."""
+    return FlashAttnChoice.from_json(model_facts.get(model_path, CHOICE_FACT))
 
 
 # Some systems report CPU instructions they do not let a program use (AMX in some virtual machines):

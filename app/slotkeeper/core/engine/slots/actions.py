@@ -36,7 +36,7 @@ from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
 from slotkeeper.core.sessions.points import prompt_point_back, wanted_points
-from slotkeeper.core.sessions.restoring import RestoreRefused, check_restorable, record_restore
+from slotkeeper.core.sessions.restoring import RestoreRefused, carried_over, check_restorable, record_restore
 from slotkeeper.core.sessions.saving import SaveError, commit_point
 from slotkeeper.core.sessions.sidecar import parse_utc
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
@@ -125,6 +125,7 @@ class SlotActions:
             except OSError as exc:
                 raise RestoreRefused(session_id, [str(exc)]) from exc
             entry, chosen = await self.loop.run_io(check_restorable, store, session_id, facts, point)
+            entry, chosen = await self.loop.run_io(carried_over, store, entry, chosen, facts)
             assert entry.sidecar is not None
             try:
                 result = await self.loop.run_io(http.restore_slot, slot,
