@@ -17,14 +17,10 @@ from e2e_helpers import LONG_FIRST_TURN, USER_TURNS, EventLog, chat, make_engine
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine.lifecycle import tuning
-from slotkeeper.core.engine.lifecycle.launching import (
-    binary_facts_cache,
-    model_facts_cache,
-    plan_launch,
-    remembered_choice,
-)
+from slotkeeper.core.engine.lifecycle.launching import binary_facts_cache, model_facts_cache, plan_launch
 from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server import calibrate, flash_attn, flash_choice
+from slotkeeper.core.server.flash_choice import remembered_choice
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.settings import ServerProfile, load_settings
 

@@ -76,14 +76,16 @@ def emit_from_thread(engine: Engine, event: Event) -> None:
     t.join()
 
 
-def keep_screenshot(widget, name: str) -> None:
-    """With SLOTKEEPER_SCREENSHOTS=DIR the widget's picture is kept there (docs/screenshots)."""
+def keep_screenshot(widget, name: str, rect=None) -> None:
+    """With SLOTKEEPER_SCREENSHOTS=DIR the widget's picture (or the part ``rect`` of it, a QRect in
+    its coordinates) is kept there (docs/screenshots)."""
     folder = os.environ.get("SLOTKEEPER_SCREENSHOTS")
     if folder and os.environ.get("SLOTKEEPER_COLOR_SCHEME", "").lower() == "dark":
         name = name.replace(".png", "-dark.png")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        assert widget.grab().save(str(Path(folder) / name))
+        picture = widget.grab() if rect is None else widget.grab(rect)
+        assert picture.save(str(Path(folder) / name))
 
 
 def make_bridge(qtbot, settings, overrides=None, found: Path | None = None):

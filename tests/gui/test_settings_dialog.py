@@ -201,6 +201,39 @@ def test_swa_full_note_for_a_sliding_window_model(qtbot, engine, make_dialog, ge
     assert server.swa_note.text() != note  # recomputed for the new context
 
 
+def test_flash_attention_says_what_auto_chose_for_the_model_and_why(qtbot, engine, make_dialog, gemma2):
+    from slotkeeper.core.model.gguf_info import facts_cache
+    from slotkeeper.core.server.calibrate import Session, Verdict
+    from slotkeeper.core.server.flash_choice import MEASURED, FlashAttnChoice, describe_verdict, remember_choice
+    from slotkeeper.gui.settings.server_tab import AUTO_UNDECIDED
+
+    engine.update_settings(engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1))
+    d = make_dialog()
+    server = d.server_tab
+    qtbot.waitUntil(lambda: server.row_shown(server.flash_note), timeout=10_000)
+    assert server.flash_note.text() == AUTO_UNDECIDED  # never launched: how it will be chosen
+    d.close()
+
+    measured = Verdict(False, Session(6400, 630, 2600, 2048, 96), Session(6900, 105, 816, 2048, 96), 40)
+    remember_choice(facts_cache(engine.paths.model_facts_file), gemma2,
+                    FlashAttnChoice(False, MEASURED, describe_verdict(measured)))
+    d = make_dialog()
+    server = d.server_tab
+    qtbot.waitUntil(lambda: server.flash_note.text().startswith("Auto chooses off: measured"), timeout=10_000)
+    words = server.flash_note.text()
+    assert "1.23x faster off" in words and "105 ms / 630 ms" in words  # the figures it came from
+    from PySide6.QtCore import QPoint, QRect
+
+    # the rows from the slots to the cache types (above them the model's path, a test folder here)
+    top = server.parallel.mapTo(d, QPoint(0, 0)).y() - 6
+    bottom = server.cache_k.mapTo(d, QPoint(0, server.cache_k.height())).y() + 6
+    keep_screenshot(d, "settings-flash-attention.png", QRect(0, top, d.width(), bottom - top))
+    server.flash_attn.set_value(True)  # the person chooses against it, seeing the figures
+    assert server.flash_note.text().startswith("Auto would choose off: measured")
+    server.flash_attn.set_value(None)
+    assert server.flash_note.text() == words
+
+
 def test_discovered_models_are_offered(qtbot, make_dialog, gemma2):
     server = make_dialog().server_tab
     qtbot.waitUntil(lambda: server.model_combo.findData(str(gemma2)) >= 0, timeout=10_000)

@@ -187,14 +187,14 @@ def test_a_launch_passes_the_measured_value_once_one_is_kept(tmp_path, probes):
                                          model_facts)
     assert (first.value, first.how, first.measure) == (True, flash_choice.PENDING, True)
     assert argv[-1] == "on" and len(probes) == 1
-    assert launching.remembered_choice(model_facts, model) == flash_choice.FlashAttnChoice(
+    assert flash_choice.remembered_choice(model_facts, model) == flash_choice.FlashAttnChoice(
         True, flash_choice.PENDING, first.why)
     binary_facts.put(binary, MEASURED.to_json(), flash_choice.calibration_key(argv, model))
     second = launching.resolve_flash_attn(str(binary), argv, Model(model), profile, frozenset(), binary_facts,
                                           model_facts)
     assert (second.value, second.how, second.measure) == (False, flash_choice.MEASURED, False)
     assert argv[-1] == "off" and "1.23x faster off" in second.why
-    assert launching.remembered_choice(model_facts, model).how == flash_choice.MEASURED
+    assert flash_choice.remembered_choice(model_facts, model).how == flash_choice.MEASURED
     # The user's setting is passed as it is, without asking the binary.
     set_on = launching.resolve_flash_attn(str(binary), argv, Model(model),
                                           ServerProfile(model_path=str(model), flash_attn=True), frozenset(),

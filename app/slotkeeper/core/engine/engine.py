@@ -141,7 +141,8 @@ class Engine(EngineFace):
         self.rates = Rates()
         self.prompts = PromptTokens(self.link)
         self.saves = SlotSaves(self.board, self.link, self.library, self.loop, self.events)
-        self.tuning = FlashAttnTuning(self.board, self.link, self.loop, self.events, self.binary_facts)
+        self.tuning = FlashAttnTuning(self.board, self.link, self.loop, self.events, self.binary_facts,
+                                      self.model_facts)
         self.launcher = Launcher(paths, settings.profile, self.supervisor, self.link, self.identity,
                                  self.saves, self.loop, self.events, self.model_facts, self.binary_facts,
                                  self.tuning)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.basics.fsutil import stat_stamp
 from slotkeeper.core.model import families, gguf_header
 
@@ -274,6 +275,12 @@ def model_info_from_json(d: object, path: str | Path) -> ModelInfo | None:
         return ModelInfo(path=Path(path), **values)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def facts_cache(cache_file: str | os.PathLike[str]) -> FileFactsCache:
+    """The facts remembered per model file across launches (``file_facts``): its GGUF facts, and
+    what the last launch chose for it."""
+    return FileFactsCache(cache_file, facts_version())
 
 
 def facts_version() -> str:

@@ -23,12 +23,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.server.calibrate import FOLLOW_UPS, REPLY_TOKENS, Verdict
 from slotkeeper.core.server.flash_attn import AutoFacts
 
-__all__ = ["FlashAttnChoice", "calibration_key", "choose"]
+__all__ = ["FlashAttnChoice", "calibration_key", "choose", "remember_choice", "remembered_choice"]
 
 MEASURE_FACT = "flash-attn-measured"
+CHOICE_FACT = "flash-attn-choice"  # what a model's last launch (or measurement) chose, for the faces
 
 SETTING, REQUIRED, EXACT, UNSUPPORTED, GPU, MEASURED, PENDING = (
     "setting", "required", "exact", "unsupported", "gpu", "measured", "pending")
@@ -125,3 +127,20 @@ def calibration_key(argv: Sequence[str], model_path: str | os.PathLike[str]) -> 
         i += 1
     st = os.stat(model_path)
     return MEASURE_FACT + "\0" + json.dumps([kept, st.st_size, st.st_mtime_ns])
+
+
+def remember_choice(model_facts: FileFactsCache, model_path: str | os.PathLike[str],
+                    choice: FlashAttnChoice) -> None:
+    """Keep ``choice`` for the model (the faces show it when no server runs it); a cache that
+    cannot be written only leaves it unsaid."""
+    try:
+        model_facts.put(model_path, choice.to_json(), CHOICE_FACT)
+    except OSError:
+        pass
+
+
+def remembered_choice(model_facts: FileFactsCache,
+                      model_path: str | os.PathLike[str]) -> FlashAttnChoice | None:
+    """What the model's last launch, or a measurement since, chose (None: nothing since the file
+    last changed)."""
+    return FlashAttnChoice.from_json(model_facts.get(model_path, CHOICE_FACT))

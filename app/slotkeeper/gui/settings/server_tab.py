@@ -35,7 +35,7 @@ from slotkeeper.core.engine.lifecycle.model_facts import swa_explanation
 from slotkeeper.core.model import gguf_info
 from slotkeeper.core.model.starter_model import STARTER_SIZE, find_starter_model
 from slotkeeper.core.services.choosing import LaunchSanity, ModelIdentity, launch_sanity
-from slotkeeper.core.services.server_checks import exposes_without_key
+from slotkeeper.core.services.server_checks import exposes_without_key, flash_attn_choice
 from slotkeeper.core.settings import (
     CACHE_TYPES,
     ServerProfile,
@@ -181,6 +181,10 @@ class ServerTab(FormTab):
         form.addRow("Slots:", self.parallel)
         self.flash_attn = FlashAttnChoice()
         form.addRow("Flash attention:", self.flash_attn)
+        self.flash_note = note()
+        self.flash_note.setObjectName("flashNote")
+        form.addRow("", self.flash_note)
+        self._flash_choice = None  # what the model's last launch or a measurement chose, and why
         self.cache_k = QComboBox()
         self.cache_v = QComboBox()
         for combo in (self.cache_k, self.cache_v):
@@ -413,6 +417,33 @@ class ServerTab(FormTab):
         self.show_row(self.exposure_note, exposes_without_key(self.host.text() or "127.0.0.1", extra))
         cache = ServerProfile(cache_type_v=self.cache_v.currentText(), flash_attn=self.flash_attn.value())
         self.show_row(self.cache_note, needs_flash_attention(cache))
+        self._update_flash_note()
+
+    def _update_flash_note(self) -> None:
+        """What flash attention's "auto" chose for this model and why, with the figures it came
+        from; under an explicit choice, a measurement's figures (to choose against them)."""
+        choice = self._flash_choice
+        setting = self.flash_attn.value()
+        if setting is None and (choice is None or choice.how == "setting"):
+            text = AUTO_UNDECIDED
+        elif setting is None:
+            text = "Auto chooses " + choice.why[0].lower() + choice.why[1:]
+            running = self._running_flash_attn()
+            if running is not None and running != choice.value:
+                text += f" The server runs with it {'on' if running else 'off'} until it restarts."
+        elif choice is not None and choice.how == "measured":
+            text = "Auto would choose " + choice.why[0].lower() + choice.why[1:]
+        else:
+            text = ""
+        self.flash_note.setText(text)
+        self.show_row(self.flash_note, bool(text))
+
+    def _running_flash_attn(self) -> bool | None:
+        """What the running server passes, when it runs the model in the fields."""
+        facts = self.bridge.facts
+        if facts is None or self.identity is None or facts.model_path != self.identity.path:
+            return None
+        return facts.flash_attn
 
     def close_down(self) -> None:
         super().close_down()
@@ -500,10 +531,11 @@ class ServerTab(FormTab):
             self._update_swa_note()
             return
         models_dir = self.bridge.paths.models_dir
+        model_facts_file = self.bridge.paths.model_facts_file
 
         bridge = self.bridge
 
-        def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int]] | None:
+        def read() -> tuple[gguf_info.ModelInfo, ModelIdentity, tuple[int, int], object] | None:
             if value == DEMO_MODEL:
                 found = find_starter_model(models_dir)
                 if found is None:
@@ -514,19 +546,21 @@ class ServerTab(FormTab):
             info = gguf_info.read_model_info(path)
             real = resolved_model_file(value, models_dir) or str(path)
             memory = psutil.virtual_memory()
-            return info, ModelIdentity(real, bridge.known_model_sha256(real), info.has_swa), (memory.total,
-                                                                                               memory.available)
+            return (info, ModelIdentity(real, bridge.known_model_sha256(real), info.has_swa),
+                    (memory.total, memory.available), flash_attn_choice(model_facts_file, real))
 
         def done(result) -> None:
             if self.closing or self._model_info_for != value:
                 return
             if result is None:
-                self._model_info = self.identity = None
+                self._model_info = self.identity = self._flash_choice = None
                 self.model_note.setStyleSheet("")
                 self.model_note.setText(STARTER_NOT_HERE)
                 self._update_swa_note()
+                self._update_flash_note()
                 return
-            info, self.identity, self._memory = result
+            info, self.identity, self._memory, self._flash_choice = result
+            self._update_flash_note()
             self._model_info = info
             self.modelRead.emit()
             self.model_note.setStyleSheet("")
@@ -587,21 +621,27 @@ class ServerTab(FormTab):
         self.show_row(self.sanity_note, True)
 
 
+AUTO_UNDECIDED = ("Auto: chosen at the model's next start, for a long conversation kept warm: off with "
+                  "--swa-full (its restores are exact only so), on for a quantized V cache, "
+                  "llama-server's own choice on a GPU; on the CPU, measured once on this machine while "
+                  "the server sits idle.")
+
+
 class FlashAttnChoice(QComboBox):
     """Flash attention: auto (llama-server's own choice for the model on this machine, resolved to
     on or off at launch), on or off."""
 
     CHOICES: tuple[tuple[str, bool | None], ...] = (
-        ("Auto (as llama-server chooses)", None), ("On", True), ("Off", False))
+        ("Auto (the faster here)", None), ("On", True), ("Off", False))
 
     def __init__(self) -> None:
         super().__init__()
         for text, value in self.CHOICES:
             self.addItem(text, value)
         self.setToolTip(
-            "llama-server -fa. Auto asks llama-server once which it would choose for this model here "
-            "(on wherever the device supports it: faster prompt reading) and passes that. Saved "
-            "conversations restore only into a server with the same choice.")
+            "llama-server -fa. Auto chooses for a long conversation kept warm, per model and machine "
+            "(measured on the CPU). Conversations saved with the other choice are carried over when "
+            "they are next restored.")
 
     def value(self) -> bool | None:
         return self.CHOICES[max(0, self.currentIndex())][1]

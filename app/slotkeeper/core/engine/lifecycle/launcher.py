@@ -149,4 +149,4 @@ def measure_request(plan: LaunchPlan) -> MeasureRequest | None:
     except OSError:
         return None
     return MeasureRequest(plan.binary, tuple(plan.spec.argv), key, plan.profile.ctx_per_slot, choice.value,
-                          plan.flash_attn, plan.model.display_name)
+                          plan.flash_attn, plan.model.display_name, str(plan.model.path))

@@ -50,7 +50,7 @@ from slotkeeper.core.server.command import (
     without_api_key,
 )
 from slotkeeper.core.server.flash_attn import AutoFacts, probe
-from slotkeeper.core.server.flash_choice import FlashAttnChoice, calibration_key, choose
+from slotkeeper.core.server.flash_choice import FlashAttnChoice, calibration_key, choose, remember_choice
 from slotkeeper.core.server.locate import (
     FLAGS_VERSION,
     ServerBinary,
@@ -120,9 +120,6 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
     return LaunchPlan(spec, model, profile, private, notes, binary.path, flash_attn, fa)
 
 
-CHOICE_FACT = "flash-attn-choice"  # the last launch's choice for a model, for the faces to show
-
-
 def resolve_flash_attn(binary_path: str, argv: list[str], model: ModelChoice, profile: ServerProfile,
                        flags: frozenset[str], binary_facts: FileFactsCache,
                        model_facts: FileFactsCache) -> FlashAttnChoice:
@@ -141,17 +138,8 @@ def resolve_flash_attn(binary_path: str, argv: list[str], model: ModelChoice, pr
     choice = choose(profile.flash_attn, profile.cache_type_v not in UNQUANTIZED_CACHE_TYPES,
                     model.info.has_swa and profile.swa_full, facts or AutoFacts(None), measured)
     argv[argv.index("--flash-attn") + 1] = "on" if choice.value else "off"
-    try:
-        model_facts.put(model.path, choice.to_json(), CHOICE_FACT)
-    except OSError:
-        pass
+    remember_choice(model_facts, model.path, choice)
     return choice
-
-
-def remembered_choice(model_facts: FileFactsCache, model_path: str | Path) -> FlashAttnChoice | None:
-    """The flash attention the last launch of ``model_path`` passed, how and why (None: not launched
-    since it changed)."""
-    return FlashAttnChoice.from_json(model_facts.get(model_path, CHOICE_FACT))
 
 
 # Some systems report CPU instructions they do not let a program use (AMX in some virtual machines):

@@ -73,7 +73,7 @@ def resolve_model(model_path: str | None, models_dir: Path, facts: FileFactsCach
 
 def model_facts_cache(cache_file: Path) -> FileFactsCache:
     """The GGUF facts remembered across launches (``file_facts``)."""
-    return FileFactsCache(cache_file, gguf_info.facts_version())
+    return gguf_info.facts_cache(cache_file)
 
 
 def resolve_projector(mmproj_path: str | None) -> Path | None:

@@ -24,7 +24,7 @@ from slotkeeper.core.engine.lifecycle.server_link import ServerLink
 from slotkeeper.core.engine.slots.board import SlotBoard
 from slotkeeper.core.events import EventBus, FlashAttnMeasured
 from slotkeeper.core.server.calibrate import Calibration, Cancelled, Verdict
-from slotkeeper.core.server.flash_choice import describe_verdict
+from slotkeeper.core.server.flash_choice import MEASURED, FlashAttnChoice, describe_verdict, remember_choice
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +42,19 @@ class MeasureRequest:
     auto: bool  # llama-server's own choice, kept on a tie
     running: bool  # the value the running server passes
     model_name: str
+    model_path: str
 
 
 class FlashAttnTuning:
     def __init__(self, board: SlotBoard, link: ServerLink, loop: EngineLoop, events: EventBus,
-                 binary_facts: FileFactsCache, idle_seconds: float | None = None) -> None:
+                 binary_facts: FileFactsCache, model_facts: FileFactsCache,
+                 idle_seconds: float | None = None) -> None:
         self.board = board
         self.link = link
         self.loop = loop
         self.events = events
         self.binary_facts = binary_facts
+        self.model_facts = model_facts
         self.idle_seconds = IDLE_SECONDS if idle_seconds is None else idle_seconds
         self._task: asyncio.Task | None = None
         self.measuring = False  # a measurement runs now (for tests and the faces' activity)
@@ -70,9 +73,11 @@ class FlashAttnTuning:
             calibration = Calibration(request.argv, request.n_ctx_slot, request.auto)
             result = await self._run(calibration)
             if isinstance(result, Verdict):
+                words = describe_verdict(result)
                 await self.loop.run_io(self.binary_facts.put, request.binary, result.to_json(), request.key)
-                self.events.emit(FlashAttnMeasured(request.model_name, result.value, request.running,
-                                                   describe_verdict(result)))
+                await self.loop.run_io(remember_choice, self.model_facts, request.model_path,
+                                       FlashAttnChoice(result.value, MEASURED, words))
+                self.events.emit(FlashAttnMeasured(request.model_name, result.value, request.running, words))
                 return
             if result is not None:  # it failed: said in the log, tried again much later
                 log.warning("could not measure flash attention for %s: %s", request.model_name, result)
