@@ -14,7 +14,10 @@ with REPLY generated tokens (`ignore_eos`, so every side generates as many), all
   requests through its front door;
 - raw fa on / raw fa off: `llama-server -m M -c CTX -np 1 --flash-attn on|off`, llama-server's own
   defaults otherwise (--raw-arg adds arguments to both raw sides).
-Printed per model: each phase's median wall time per side (cold = the first request; follow-up k),
+Slotkeeper is first started once and left idle until it has chosen flash attention for the model
+on this machine (it measures while idle, the first time a model runs), as a user's first day does;
+its rounds then start with nothing saved but what it learnt of the machine. Printed per model: its
+choice and why, each phase's median wall time per side (cold = the first request; follow-up k),
 with llama-server's own prompt and generation milliseconds, each side's total, and Slotkeeper's
 total against the better raw side (the goal: at most 1.05x).
 
@@ -143,10 +146,35 @@ class Slotkeeper(Side):
             self.proc = None
 
     def forget(self) -> None:
-        """A new data folder: the next round starts with nothing saved."""
+        """The next round starts with nothing saved: the conversations, the search index and the
+        history go; what Slotkeeper learnt of this machine (its cache folder) stays."""
         import shutil
 
-        shutil.rmtree(self.home, ignore_errors=True)
+        from slotkeeper.core.basics.paths import app_paths
+
+        paths = app_paths(self.home)
+        shutil.rmtree(paths.sessions_dir, ignore_errors=True)
+        for path in (paths.search_index_file, paths.history_file, paths.sessions_index_file):
+            path.unlink(missing_ok=True)
+
+    def settle(self, timeout: float = 3600.0) -> str:
+        """Started once as a user first starts it, left idle until flash attention has been
+        measured for this model (the first time only); the verdict in words."""
+        from slotkeeper.core.basics.paths import app_paths
+        from slotkeeper.core.model.gguf_info import facts_cache
+        from slotkeeper.core.server.flash_choice import remembered_choice
+
+        self.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                choice = remembered_choice(facts_cache(app_paths(self.home).model_facts_file), self.model)
+                if choice is not None and choice.how != "pending":
+                    return f"{choice.how}: {choice.why}"
+                time.sleep(1.0)
+            raise RuntimeError(f"flash attention was not measured within {timeout:.0f} s; see {self.log}")
+        finally:
+            self.stop()
 
 
 def session(side: Side, messages: list[dict], follow_ups: int, reply: int) -> list[tuple[float, dict]]:
@@ -173,6 +201,11 @@ def compare(model: Path, args: argparse.Namespace, work: Path, server_bin: str) 
                          Raw("raw fa off", [*raw_base, "--flash-attn", "off"])]
     print(f"\n{model.name} ({model.stat().st_size / 1e6:.0f} MB), ~{args.tokens}-token chat, "
           f"{args.follow_ups} follow-ups of {args.reply} tokens, context {args.ctx}, one slot:", flush=True)
+    print("  Slotkeeper's first start, idle until it has chosen flash attention here ...", flush=True)
+    t0 = time.perf_counter()
+    said = sk.settle()
+    print(f"  after {time.perf_counter() - t0:.0f} s: {said}", flush=True)
+    sk.forget()
     got: dict[str, list[list[tuple[float, dict]]]] = {s.name: [] for s in sides}
     relaunch: dict[str, list[float]] = {"slotkeeper": [], "cold": []}
     for rnd in range(args.rounds):
