@@ -76,6 +76,9 @@ class Parts:
     async def recompute(self, slot: int, reason: str) -> None:
         self.calls.append(("erase", slot, reason))
 
+    async def points_before_leaving(self, slot: int) -> int:
+        return 0  # a full-attention model's conversation owes none
+
     # the library
     async def saved_prefixes(self, tokens, facts, beat: int = 0):
         await asyncio.sleep(self.slow_lookup.get(int(tokens[0]), 0))

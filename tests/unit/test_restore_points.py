@@ -24,7 +24,6 @@ from slotkeeper.core.sessions.sidecar import (
     POINT_USER,
     RestorePoint,
     Sidecar,
-    SidecarError,
     load_sidecar,
     tokens_digest,
 )
@@ -44,7 +43,8 @@ def point(n: int, kind: str = POINT_USER, name: str | None = None) -> RestorePoi
 def test_the_sidecar_keeps_its_points_and_a_file_without_them_reads_and_writes_as_before():
     base = Sidecar.from_json(json.loads(FIXTURE.read_text()))
     assert base.points == () and "points" not in base.to_json()  # older files stay as they were
-    with_points = replace(base, points=(point(700, POINT_PROMPT), point(300)))
+    with_points = replace(base, points=(point(700, POINT_PROMPT, f"{base.id}.000002bc.kv"),
+                                        point(300, name=f"{base.id}.0000012c.kv")))
     data = with_points.to_json()
     assert [p["n_tokens"] for p in data["points"]] == [700, 300]
     assert Sidecar.from_json(json.loads(json.dumps(data))) == with_points
@@ -52,12 +52,30 @@ def test_the_sidecar_keeps_its_points_and_a_file_without_them_reads_and_writes_a
 
 
 @pytest.mark.parametrize("bad", [{"kind": "elsewhere"}, {"kv_file": "../x.kv"}, {"n_tokens": 0},
-                                 {"tokens_digest": "nope"}])
-def test_a_malformed_point_makes_the_sidecar_unreadable_not_a_path(bad):
-    data = replace(Sidecar.from_json(json.loads(FIXTURE.read_text())), points=(point(300),)).to_json()
-    data["points"][0].update(bad)
-    with pytest.raises(SidecarError):
-        Sidecar.from_json(data)
+                                 {"n_tokens": -5}, {"tokens_digest": "nope"}, {"content_hash": None},
+                                 {"kv_file": "SAVE"}, {"kv_file": "0123456789ab.00000001.kv"},
+                                 {"n_tokens": 10**9}])
+def test_a_malformed_or_foreign_point_drops_that_point_only_never_a_path(bad):
+    base = Sidecar.from_json(json.loads(FIXTURE.read_text()))
+    good = point(300, name=f"{base.id}.0000012c.kv")
+    data = replace(base, points=(point(200, name=f"{base.id}.000000c8.kv"), good)).to_json()
+    data["points"][0].update({k: base.kv_file if v == "SAVE" else v for k, v in bad.items()})
+    read = Sidecar.from_json(data)
+    assert read.points == (good,) and read.kv_file == base.kv_file  # the conversation itself reads
+
+
+def test_far_too_many_points_entries_keep_the_conversation_readable():
+    base = Sidecar.from_json(json.loads(FIXTURE.read_text()))
+    data = base.to_json()
+    data["points"] = [point(300, name=f"{base.id}.{i:08x}.kv").to_json() for i in range(10_000)]
+    read = Sidecar.from_json(json.loads(json.dumps(data)))
+    assert len(read.points) == 64 and read.kv_file == base.kv_file
+
+
+def test_points_that_are_not_a_list_are_none():
+    data = Sidecar.from_json(json.loads(FIXTURE.read_text())).to_json()
+    data["points"] = {"not": "a list"}
+    assert Sidecar.from_json(data).points == ()
 
 
 # -- the rules --------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LAUNCH_ATTEMPTS = 3
+POINTS_AT_STOP_SECONDS = 60.0  # at most this long for the restore points owed when the server stops
 
 
 def _not_planned_yet() -> LaunchSpec:
@@ -247,20 +248,22 @@ class Engine(EngineFace):
         if not keep_front_door:
             await self.front.stop()
         self.link.serving.clear()
+        self.actions.stopping = True  # restore points under way stop after their current step
         self.poller.stop()
         await self.saves.await_commits()  # saves finishing after a switch: before llama-server stops
         if self._after_ready is not None and not self._after_ready.done():
             self._after_ready.cancel()
         report = SavesReport()
-        if save and self.supervisor.state is ServerState.READY and self.link.facts is not None:
-            try:
+        try:
+            if save and self.supervisor.state is ServerState.READY and self.link.facts is not None:
+                began = time.monotonic()
                 report = await self.saves.save_changed(timeout, "shutdown")
-                for summary in report.saved:  # the restore points of what was saved now
-                    await self.actions.make_points(summary.slot, restore_after=False)
-            finally:
-                await self.loop.run_io(self.supervisor.stop)
-        else:
+                # The restore points every conversation still owes, in bounded time.
+                left = min(POINTS_AT_STOP_SECONDS, timeout - (time.monotonic() - began))
+                await self.actions.points_at_stop(time.monotonic() + max(0.0, left))
+        finally:
             await self.loop.run_io(self.supervisor.stop)
+            self.actions.stopping = False
         self.link.launched = None
         self.link.close_client()
         self._published_in_slots = None

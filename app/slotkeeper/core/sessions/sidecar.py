@@ -90,7 +90,9 @@ _CONTENT_HASH_RE = re.compile(re.escape(CONTENT_HASH_PREFIX) + r"[0-9a-f]{32}")
 _UTC_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z")
 _UTC_FORMAT = "%Y-%m-%dT%H:%M:%S"
 SIDECAR_FILE_MODE = 0o600
-MAX_SIDECAR_BYTES = 1 << 20  # ours are a few KiB; anything bigger is not a sidecar we wrote
+# Ours are a few KiB; a damaged or tampered one may be longer (thousands of points entries, of
+# which the first MAX_POINTS are read) and its conversation must still be read: far beyond is not ours.
+MAX_SIDECAR_BYTES = 16 << 20
 
 
 class SidecarError(ValueError):
@@ -319,11 +321,33 @@ class RestorePoint:
         )
 
 
+MAX_POINTS = 64  # llama-server keeps 32 checkpoints per slot; more entries than twice that are not ours
+
+
 def _points(d: Mapping[str, Any]) -> tuple[RestorePoint, ...]:
+    """The restore points a sidecar lists, each checked on its own: an entry that is not a point of
+    this conversation (malformed, a file of another session or the conversation's own save, a
+    second entry for one file, not shorter than the conversation, past the first ``MAX_POINTS``)
+    is left out, and only that point is lost; the conversation itself stays readable."""
     value = d.get("points", [])
     if not isinstance(value, list):
-        raise SidecarError(f"points: expected a list, got {_type_name(value)}")
-    return tuple(RestorePoint.from_json(p) for p in value)
+        return ()
+    main = d.get("kv_file")
+    sid = d.get("id")
+    n_tokens = d.get("n_tokens")
+    kept: list[RestorePoint] = []
+    seen: set[str] = set()
+    for raw in value[:MAX_POINTS]:
+        try:
+            p = RestorePoint.from_json(raw)
+        except SidecarError:
+            continue
+        if (p.kv_file == main or p.kv_file in seen or not p.kv_file.startswith(f"{sid}.")
+                or (isinstance(n_tokens, int) and p.n_tokens >= n_tokens)):
+            continue
+        seen.add(p.kv_file)
+        kept.append(p)
+    return tuple(kept)
 
 
 @dataclass

@@ -422,10 +422,20 @@ class SessionStore:
                 return
             self._remove_points(session_id, list(gone))
 
-    def _remove_points(self, session_id: str, names: Sequence[str]) -> None:
+    def _remove_points(self, session_id: str, names: Sequence[str], keep: Iterable[str] = ()) -> None:
+        """Remove restore points' files: only the session's own, and never one its sidecar still
+        names (its save, a point it keeps; ``keep``)."""
+        kept = set(keep)
+        try:
+            current = self.get(session_id).sidecar
+        except (SessionNotFound, SidecarError):
+            current = None
+        if current is not None:
+            kept |= {current.kv_file, *(p.kv_file for p in current.points)}
         for name in names:
             m = OWN_KV_RE.match(name)
-            if m and m.group(1) == session_id and remove_superseded(self.dir / name):  # only its own files
+            if (m and m.group(1) == session_id and name not in kept
+                    and remove_superseded(self.dir / name)):  # only its own files
                 self.index.note_files({name: None})
 
     def _record_saved(self, sidecar: Sidecar, kv_st: Stamp, tokens: Sequence[int] | None,

@@ -248,7 +248,12 @@ class FrontDesk:
     async def _prepare_slot(self, r: Route, tokens: TokenArray | None) -> Ticket:
         ticket = Ticket(r.slot, tokens, r.expected_prefix, "slot" if r.expected_prefix else "none")
         async with self.board.lock(r.slot):
-            if r.save_first and not await self.saves.save_before_switching(r.slot):
+            if r.save_first or r.restore or r.erase_first:
+                # The conversation it holds leaves: its restore points first, while llama-server
+                # still holds what they are made from (saved first, whole, when it changed).
+                await self.actions.points_before_leaving(r.slot)
+            unsaved = r.save_first and self.board[r.slot].watch.changed
+            if unsaved and not await self.saves.save_before_switching(r.slot):
                 raise FrontDeskError(503, f"slot {r.slot} holds a conversation that could not be saved, so "
                                           "it was not replaced (see Slotkeeper's messages)")
             if r.restore:

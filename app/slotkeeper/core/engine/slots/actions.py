@@ -20,7 +20,7 @@ from slotkeeper.core.engine.lifecycle.loop import EngineLoop
 from slotkeeper.core.engine.lifecycle.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
 from slotkeeper.core.engine.slots.board import UNKNOWN, SlotBoard
 from slotkeeper.core.engine.slots.rates import Rates
-from slotkeeper.core.engine.slots.saves import SlotSaves
+from slotkeeper.core.engine.slots.saves import SWITCH_REASON, SlotSaves
 from slotkeeper.core.engine.stored.library import Library
 from slotkeeper.core.events import (
     ActivityChanged,
@@ -63,6 +63,7 @@ class SlotActions:
         self.rates = rates
         self.prompts = prompts
         self.make_restore_points = True  # the setting (restore_points)
+        self.stopping = False  # the server stops: point-making stops after the step it is in
 
     async def restore(self, session_id: str, slot: int | None = None) -> RestoreSummary | None:
         """Restore a saved session into ``slot`` (or a free one). Returns a summary, or None when
@@ -134,6 +135,14 @@ class SlotActions:
             except ServerError as exc:
                 self.board.emptied(slot)  # a failed restore leaves the slot empty
                 raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
+            if chosen is not None and result.n_restored != chosen.n_tokens:
+                # Not the point its sidecar describes: nothing of it is used, and it is dropped.
+                await self.loop.run_io(http.erase_slot, slot)
+                self.board.emptied(slot)
+                await self.loop.run_io(store.drop_points, session_id, [chosen.kv_file])
+                raise RestoreRefused(session_id, [
+                    f"its restore point at {chosen.n_tokens} tokens gave llama-server "
+                    f"{result.n_restored} tokens; the point was dropped"])
             tokens = await self.loop.run_io(store.tokens, entry)
             transcript = await self.loop.run_io(_transcript_or_none, store, entry)
             if chosen is not None:
@@ -237,34 +246,85 @@ class SlotActions:
 
 
     # -- restore points ------------------------------------------------------------------------
-    async def make_points(self, slot: int, restore_after: bool = True) -> int:
+    async def make_points(self, slot: int, restore_after: bool = True, at_quit: bool = False,
+                          deadline: float | None = None) -> int:
         """Save restore points of the conversation ``slot`` holds, just saved (``sessions.points``),
         while it is idle: for each, llama-server is asked to hold a prefix of it (it rolls back
         through its own RAM checkpoint, evaluating a few tokens) and writes the slot, and the store
         keeps the file as a point of the session. Then the whole conversation is restored into the
         slot again (unless not ``restore_after``: the server stops). Only for models whose restored
         state cannot be rolled back; nothing when a request came meanwhile or the slot holds
-        changes. Returns how many points were made."""
-        facts = self.link.facts
-        if not self.make_restore_points or facts is None or facts.restore_mode not in EXACT_ONLY_MODES:
+        changes; when the server is stopping, no more after the step under way, unless ``at_quit``
+        (the stop's own, until the monotonic ``deadline``). Returns how many points were made."""
+        if not self._points_apply():
             return 0
         async with self.board.lock(slot):
             s = self.board[slot]
-            c = s.content
-            sid = s.session_id
-            if s.busy or s.watch.changed or sid is None or c.request is None and c.shape is None:
+            if s.busy or s.watch.changed:
                 return 0  # a request is on its way, or nothing a request left is in it
-            await self.board.learn_lagging(self.prompts.learn)
-            if (s.busy or s.watch.changed or c.held >= UNKNOWN or not len(c.tokens)
-                    or c.n_prompt != len(c.tokens)):
-                return 0
-            self.board.acting(slot, "saving")
-            try:
-                return await self._make_points_locked(slot, sid, restore_after)
-            finally:
-                self.board.acting(slot, None)
+            return await self._make_points_held(slot, restore_after, at_quit=at_quit, deadline=deadline)
 
-    async def _make_points_locked(self, slot: int, sid: str, restore_after: bool) -> int:
+    async def points_before_leaving(self, slot: int) -> int:
+        """The conversation ``slot`` holds is about to be replaced (its lock is held; the request
+        replacing it has leased the slot): its restore points are made now, while llama-server still
+        holds what they are made from (its RAM checkpoints go with the conversation). A conversation
+        with unsaved changes is saved first, whole. The slot is left holding a prefix of it."""
+        if not self._points_apply() or self.stopping:
+            return 0
+        s = self.board[slot]
+        if s.session_id is None and not s.watch.changed:
+            return 0
+        if s.watch.changed and await self.saves.save_locked(slot, SWITCH_REASON) is None:
+            return 0  # not saved: the switch's own save says why and keeps the slot
+        return await self._make_points_held(slot, restore_after=False, leaving=True)
+
+    async def points_at_stop(self, deadline: float) -> int:
+        """The server stops: the restore points each slot's conversation still owes (an idle save's
+        that a request or this stop interrupted, a shutdown save's), made before the monotonic
+        ``deadline`` (said as the "saving" activity), after the steps under way have ended."""
+        if not self._points_apply():
+            return 0
+        made = 0
+        slots = [s.id for s in self.board if s.session_id is not None]
+        try:
+            for i, slot in enumerate(slots):
+                if time.monotonic() >= deadline:
+                    log.warning("restore points not all made before the stop (%d of %d slots left)",
+                                len(slots) - i, len(slots))
+                    break
+                self.events.emit(ActivityChanged(Activity("making restore points", f"slot {slot}", i,
+                                                          len(slots))))
+                async with self.board.lock(slot):  # the step under way ends first
+                    made += await self._make_points_held(slot, restore_after=False, at_quit=True,
+                                                         deadline=deadline)
+        finally:
+            if slots:
+                self.events.emit(ActivityChanged(Activity(None, "", len(slots), len(slots))))
+        return made
+
+    def _points_apply(self) -> bool:
+        facts = self.link.facts
+        return self.make_restore_points and facts is not None and facts.restore_mode in EXACT_ONLY_MODES
+
+    async def _make_points_held(self, slot: int, restore_after: bool, leaving: bool = False,
+                                at_quit: bool = False, deadline: float | None = None) -> int:
+        s = self.board[slot]
+        c = s.content
+        sid = s.session_id
+        if sid is None or c.request is None and c.shape is None:
+            return 0
+        await self.board.learn_lagging(self.prompts.learn)
+        if (s.watch.changed or c.held >= UNKNOWN or not len(c.tokens) or c.n_prompt != len(c.tokens)
+                or (s.busy and not leaving)):
+            return 0
+        self.board.acting(slot, "saving")
+        try:
+            return await self._make_points_locked(slot, sid, restore_after, leaving, at_quit, deadline)
+        finally:
+            self.board.acting(slot, None)
+
+    async def _make_points_locked(self, slot: int, sid: str, restore_after: bool, leaving: bool = False,
+                                  at_quit: bool = False, deadline: float | None = None) -> int:
         c = self.board[slot].content
         prompt, n_prompt, request = c.tokens, c.n_prompt, c.request
         store = self.library.store
@@ -289,8 +349,12 @@ class SlotActions:
         board = self.board
         try:
             for n, kind in wanted:
-                if board[slot].wanted:
+                if board[slot].wanted and not leaving:
                     break  # a request waits for this slot: the rest can wait
+                if self.stopping and not at_quit:
+                    break  # the server stops: the stop makes what is still owed, in time
+                if deadline is not None and time.monotonic() > deadline:
+                    break
                 evaluated = await self.loop.run_io(http.hold_prefix, slot, list(prompt[:n]),
                                                    SLOT_ACTION_TIMEOUT_SECONDS)
                 held = prompt[:n]
@@ -305,8 +369,10 @@ class SlotActions:
                     break  # the session changed meanwhile
                 made += 1
                 log.info("restore point of %s at %d tokens (%s; %d evaluated)", sid, n, kind, evaluated)
-            if held is None or not restore_after:
-                return made  # nothing was done, or the server stops
+            if held is None or not restore_after or self.stopping:
+                if held is not None and not self.stopping:
+                    board.rewound(slot, as_tokens(held), restored=False)  # it holds the last point's prefix
+                return made  # nothing was done, the conversation leaves, or the server stops
             if board[slot].wanted:
                 # It holds a prefix of its conversation, live: the waiting request goes on from it.
                 board.rewound(slot, as_tokens(held), restored=False)
