@@ -241,3 +241,23 @@ def test_windows_logoff_shows_why_the_app_waits_while_it_saves(qtbot, paths):
         app.request_quit()
     assert calls[-1] == ("destroy", hwnd)
     app.deleteLater()
+
+
+def test_the_quit_progress_says_when_restore_points_are_kept(qtbot, paths):
+    from slotkeeper.core.events import ActivityChanged
+    from slotkeeper.core.views import Activity
+    from slotkeeper.gui.widgets import waiting_dialog
+
+    app = SlotkeeperApp(paths, shell_settings(), tray_available=False)
+    qtbot.addWidget(app.window)
+    app.progress = waiting_dialog("Saving conversations and stopping llama-server…", "Slotkeeper",
+                                  Qt.WindowModality.NonModal)
+    app._quit_progress(ActivityChanged(Activity("saving", "slot 0", 0, 2)))
+    assert app.progress.labelText() == "Saving conversation 1 of 2 (slot 0)…"
+    app._quit_progress(ActivityChanged(Activity("making restore points", "slot 1", 1, 2)))
+    assert app.progress.labelText().startswith("Keeping restore points of conversation 2 of 2 (slot 1)")
+    assert app.progress.value() == 1 and app.progress.maximum() == 2
+    app.progress.close()
+    app.progress = None
+    with qtbot.waitSignal(app.finished, timeout=10_000):
+        app.request_quit()

@@ -367,6 +367,12 @@ class SlotkeeperApp(QObject):
             self.progress.setValue(done)
             self.progress.setLabelText(f"Saving conversation {min(total, done + 1)} of {total} "
                                        f"({activity.detail})…")
+        elif activity.activity == "making restore points" and total:
+            self.progress.setRange(0, total)
+            self.progress.setValue(done)
+            self.progress.setLabelText(f"Keeping restore points of conversation {min(total, done + 1)} of "
+                                       f"{total} ({activity.detail}), so an edit or a dropped reply after "
+                                       "the next start is not read again…")
         elif activity.activity is None and total:
             self.progress.setValue(total)
             self.progress.setLabelText("Stopping llama-server…")
