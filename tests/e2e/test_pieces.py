@@ -1,0 +1,132 @@
+"""States kept as shared pieces, against llama-server's own save files: a state assembled from its
+pieces is llama-server's file byte for byte and restores; a state that continues another writes
+only its new cells; a damaged or missing piece is named and leaves nothing that looks valid."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_helpers import bare_llama_server
+
+from slotkeeper.core.model.modelgen import write_model
+from slotkeeper.core.sessions import pieces
+from slotkeeper.core.sessions.kvfile import read_tokens
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "The walkers went up the hill and came down again before the rain. " * 30
+KINDS = [("llama", ["--flash-attn", "on"]), ("llama", ["--flash-attn", "off"]), ("gemma3", []),
+         ("gemma3", ["--swa-full", "--flash-attn", "off"]), ("qwen35", []),
+         ("gpt-oss", ["--swa-full", "--flash-attn", "on"])]
+
+
+def model_of(models_dir: Path, kind: str) -> Path:
+    path = models_dir / f"tiny-{kind}.gguf"
+    return path if path.exists() else write_model(path, kind)
+
+
+def two_saves(server_bin: str, model: Path, folder: Path, extra: list[str]) -> list[int]:
+    """``a.kv``: a prompt and a reply; ``b.kv``: the same conversation a turn further, its reply
+    re-rendered by the client. Returns a.kv's token list."""
+    argv = [server_bin, "-m", str(model), "-c", "4096", "-np", "1", "--slot-save-path", str(folder),
+            "--cache-ram", "0", *extra]
+    with bare_llama_server(argv, folder.parent / "server.log") as base:
+        def complete(prompt):
+            r = httpx.post(f"{base}/completion", json={"prompt": prompt, "n_predict": 16, "temperature": 0,
+                                                       "cache_prompt": True}, timeout=120)
+            r.raise_for_status()
+            return r.json()["content"]
+
+        def save(name):
+            httpx.post(f"{base}/slots/0", params={"action": "save"}, json={"filename": name},
+                       timeout=120).raise_for_status()
+
+        reply = complete(PROMPT)
+        save("a.kv")
+        complete(PROMPT + reply + " And then they went home.")
+        save("b.kv")
+    return read_tokens(folder / "a.kv").tokens
+
+
+@pytest.mark.parametrize("kind, extra", KINDS, ids=[f"{k}{''.join(e)}" for k, e in KINDS])
+def test_states_assemble_to_llama_servers_own_files_and_share_their_cells(kind, extra, server_bin,
+                                                                          models_dir, tmp_path):
+    folder = tmp_path / "slots"
+    folder.mkdir()
+    two_saves(server_bin, model_of(models_dir, kind), folder, extra)
+    store = tmp_path / "pieces"
+    a = pieces.put(folder / "a.kv", store, [], tmp_path / "a.kvm")
+    b = pieces.put(folder / "b.kv", store, [tmp_path / "a.kvm"], tmp_path / "b.kvm")
+    size_a, size_b = (folder / "a.kv").stat().st_size, (folder / "b.kv").stat().st_size
+    assert a.written_bytes >= size_a * 0.9  # the first state: everything is new
+    assert b.written_bytes < 0.3 * size_b, "the second writes only the cells it does not share"
+    for name in ("a", "b"):
+        manifest = pieces.read_manifest(tmp_path / f"{name}.kvm")
+        assert read_tokens(tmp_path / f"{name}.kvm").tokens == read_tokens(folder / f"{name}.kv").tokens
+        out = tmp_path / f"{name}.out"
+        assert pieces.assemble(manifest, store, out) == manifest.state_bytes
+        assert out.read_bytes() == (folder / f"{name}.kv").read_bytes()
+
+
+def test_an_assembled_state_restores_into_llama_server(server_bin, models_dir, tmp_path):
+    model = model_of(models_dir, "qwen35")
+    folder = tmp_path / "slots"
+    folder.mkdir()
+    tokens = two_saves(server_bin, model, folder, [])
+    store = tmp_path / "pieces"
+    pieces.put(folder / "a.kv", store, [], tmp_path / "a.kvm")
+    (folder / "a.kv").unlink()
+    pieces.assemble(pieces.read_manifest(tmp_path / "a.kvm"), store, folder / "again.kv")
+    argv = [server_bin, "-m", str(model), "-c", "4096", "-np", "1", "--slot-save-path", str(folder),
+            "--cache-ram", "0"]
+    with bare_llama_server(argv, tmp_path / "restore.log") as base:
+        r = httpx.post(f"{base}/slots/0", params={"action": "restore"}, json={"filename": "again.kv"},
+                       timeout=60)
+        r.raise_for_status()
+        assert r.json()["n_restored"] == len(tokens)
+        more = httpx.post(f"{base}/completion", json={"prompt": tokens + tokens[:4], "n_predict": 1,
+                                                       "cache_prompt": True}, timeout=60).json()
+        assert more["timings"]["cache_n"] >= len(tokens) - 1  # a hybrid continues it exactly
+
+
+def test_a_damaged_or_missing_piece_is_named_and_nothing_is_left(server_bin, models_dir, tmp_path):
+    folder = tmp_path / "slots"
+    folder.mkdir()
+    two_saves(server_bin, model_of(models_dir, "llama"), folder, ["--flash-attn", "on"])
+    store = tmp_path / "pieces"
+    manifest = pieces.put(folder / "a.kv", store, [], tmp_path / "a.kvm").manifest
+    victim = pieces.piece_path(store, sorted(manifest.piece_ids())[0])
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    out = tmp_path / "out.kv"
+    with pytest.raises(pieces.PieceError, match="damaged"):
+        pieces.assemble(manifest, store, out)
+    assert not out.exists()
+    victim.unlink()
+    with pytest.raises(pieces.PieceError, match="missing"):
+        pieces.assemble(manifest, store, out)
+    assert not out.exists()
+
+
+def test_pieces_no_manifest_names_are_collected_once_old_enough(server_bin, models_dir, tmp_path):
+    folder = tmp_path / "slots"
+    folder.mkdir()
+    two_saves(server_bin, model_of(models_dir, "llama"), folder, ["--flash-attn", "on"])
+    store = tmp_path / "pieces"
+    a = pieces.put(folder / "a.kv", store, [], tmp_path / "a.kvm").manifest
+    b = pieces.put(folder / "b.kv", store, [], tmp_path / "b.kvm").manifest  # shares nothing with a
+    assert not a.piece_ids() & b.piece_ids()
+    assert pieces.collect(store, b.piece_ids(), older_than=time.time() - 3600) == (0, 0)  # too new
+    removed, freed = pieces.collect(store, b.piece_ids(), older_than=time.time() + 1)
+    assert removed == len(a.piece_ids()) and freed > 0
+    left = {p.stem for p in store.rglob("*.kvp")}
+    assert left == b.piece_ids()
+    out = tmp_path / "b.out"
+    pieces.assemble(b, store, out)
+    assert out.read_bytes() == (folder / "b.kv").read_bytes()
+    assert os.stat(out).st_mode & 0o777 == 0o600
