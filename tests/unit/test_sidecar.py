@@ -214,12 +214,13 @@ def test_v1_files_migrate_to_a_restore_mode_from_their_architecture() -> None:
         ("some-future-arch", False, False, "unknown"),
     ]:
         migrated = Sidecar.from_json({**stored, "arch": arch, "swa": swa, "swa_full": swa_full})
-        assert (arch, migrated.restore_mode, migrated.schema_version) == (arch, mode, 2)
+        assert (arch, migrated.restore_mode, migrated.schema_version) == (arch, mode, SCHEMA_VERSION)
 
 
 def test_loads_stored_v2_file() -> None:
     loaded = load_sidecar(DATA / "sidecar_v2.json")
-    assert (loaded.arch, loaded.restore_mode, loaded.schema_version) == ("qwen35", "exact", 2)
+    assert (loaded.arch, loaded.restore_mode, loaded.schema_version) == ("qwen35", "exact", SCHEMA_VERSION)
+    assert (loaded.state_bytes, loaded.pieces) == (loaded.size_bytes, {})  # a whole state, no pieces
     assert loaded.last_restore is not None and loaded.last_restore.effective is None
     assert loaded.last_restore.reason and loaded.last_restore.reason.startswith("not judged")
     assert loaded.extra == {}

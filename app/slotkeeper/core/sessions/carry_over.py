@@ -3,25 +3,28 @@
 Flash attention decides how llama-server lays out the V cache in a save file (transposed without
 it), and a server refuses a file of the other layout. When the choice changes (measured on this
 machine, or set), a conversation saved under the earlier one is rewritten once, when it is next
-restored: the same values in the other layout (``statefile.convert_v_layout``), for its save and
-each of its restore points, committed as a new version of the session like a save (the files
-written and synced first, then the sidecar, then the old files removed). Nothing is read again by
-the model, no token is lost; a file that fails its integrity check is not converted (a damaged
-point is dropped, a damaged save refused as a restore refuses it).
+restored: each of its states (its save, each restore point) is assembled, rewritten with the same
+values in the other layout (``statefile.convert_v_layout``) in the staging folder, and kept as
+pieces again; the new version is committed like a save (pieces and manifests synced, then the
+sidecar, then the old manifests removed; pieces nothing names any more are collected later).
+Nothing is read again by the model, no token is lost; a state that fails its integrity check is not
+converted (a damaged point is dropped, a damaged save refused as a restore refuses it).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
-from slotkeeper.core.basics.fsutil import open_regular
+from slotkeeper.core.basics.fsutil import open_regular, replace_file
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.file_checks import file_integrity
 from slotkeeper.core.sessions.naming import new_incoming_name, new_kv_name, transcript_name
-from slotkeeper.core.sessions.rows import stamp_of
+from slotkeeper.core.sessions.pieces import PieceError
+from slotkeeper.core.sessions.saving import Written, keep_state
 from slotkeeper.core.sessions.sidecar import RestorePoint
-from slotkeeper.core.sessions.stamps import FileStamp, hash_with_stamp
+from slotkeeper.core.sessions.stamps import FileStamp
 from slotkeeper.core.sessions.statefile import StateLayoutError, convert_v_layout
 from slotkeeper.core.sessions.store import SessionStore, unlink_quietly
 
@@ -32,9 +35,11 @@ class CarryOverFailed(Exception):
     """The conversation could not be rewritten for the other flash-attention choice (why, in words)."""
 
 
-def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool) -> SessionEntry:
+def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool,
+                          scratch: Path) -> SessionEntry:
     """The session rewritten for a server with flash attention ``flash_attn`` (the entry as it is
-    when it already is). CarryOverFailed says why it cannot be."""
+    when it already is); ``scratch``: a private folder for the states while they are rewritten (the
+    staging folder). CarryOverFailed says why it cannot be."""
     with store.exclusive():
         entry = store.get(session_id)
         sc = entry.sidecar
@@ -46,11 +51,13 @@ def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool
         if problems:
             store.mark_corrupt(session_id, problems[0])
             raise CarryOverFailed(problems[0])
-        made: list[str] = []
+        made: list[Path] = []
+        tokens = list(store.tokens(entry))
+        related = [sc.kv_file, *(p.kv_file for p in sc.points)]
         try:
-            incoming = new_incoming_name()
-            made.append(incoming)
-            main_hash, main_st = _converted(store, sc.kv_file, incoming, flash_attn)
+            main, main_size, main_hash, main_st = _converted(store, sc.kv_file, tokens, flash_attn, scratch,
+                                                             related)
+            made.append(main)
             points: list[RestorePoint] = []
             dropped: list[str] = []
             for p in sc.points:
@@ -59,11 +66,14 @@ def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool
                 if bad:
                     dropped.append(p.kv_file)
                     continue
-                name = new_kv_name(session_id)
-                made.append(name)
-                digest, st = _converted(store, p.kv_file, name, flash_attn)
-                points.append(replace(p, kv_file=name, size_bytes=st.st_size, content_hash=digest,
-                                      verified=FileStamp.of(st, digest)))
+                incoming, size, digest, st = _converted(store, p.kv_file, tokens[:p.n_tokens], flash_attn,
+                                                        scratch, related)
+                final = store.dir / new_kv_name(session_id)
+                replace_file(incoming, final)
+                made.append(final)
+                st = os.lstat(final)
+                points.append(replace(p, kv_file=final.name, size_bytes=st.st_size, content_hash=digest,
+                                      verified=FileStamp.of(st, digest), state_bytes=size))
             chat = transcript_name(sc.kv_file)
             transcript = None
             if chat is not None:
@@ -74,23 +84,34 @@ def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool
                     transcript = None
             new = replace(sc, kv_file=new_kv_name(session_id), flash_attn=flash_attn,
                           size_bytes=main_st.st_size, content_hash=main_hash, verified=None,
-                          points=tuple(points))
-            store.commit(store.dir / incoming, new, store.tokens(entry), hashed=main_st, replaces=sc.kv_file,
-                         transcript=transcript, drops=[*(p.kv_file for p in sc.points)])
+                          points=tuple(points), state_bytes=main_size)
+            store.commit(main, new, tokens, hashed=main_st, replaces=sc.kv_file, transcript=transcript,
+                         drops=[*(p.kv_file for p in sc.points)])
             made.clear()
-            store.index.note_files({p.kv_file: stamp_of(os.lstat(store.dir / p.kv_file)) for p in points})
-        except (OSError, StateLayoutError, ValueError) as exc:
+        except (OSError, StateLayoutError, PieceError, ValueError) as exc:
             raise CarryOverFailed(f"it could not be rewritten for flash attention "
                                   f"{'on' if flash_attn else 'off'}: {exc}") from exc
         finally:
-            for name in made:
-                unlink_quietly(store.dir / name)
+            for path in made:
+                unlink_quietly(path)
         return store.get(session_id)
 
 
-def _converted(store: SessionStore, kv_file: str, name: str, flash_attn: bool) -> tuple[str, os.stat_result]:
-    """``kv_file`` converted into the new file ``name``: its content hash and stat."""
-    target = store.dir / name
-    convert_v_layout(store.dir / kv_file, target, v_trans=not flash_attn)
-    digest, st = hash_with_stamp(target)
-    return digest, st if st is not None else os.lstat(target)
+def _converted(store: SessionStore, kv_file: str, tokens: list[int], flash_attn: bool, scratch: Path,
+               related: list[str]) -> tuple[Path, int, str, os.stat_result]:
+    """The state ``kv_file`` names, rewritten for the other V layout and kept as pieces: (its
+    incoming manifest, the state's size, the manifest's hash and stat)."""
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    whole = scratch / new_incoming_name()
+    other = scratch / new_incoming_name()
+    try:
+        store.states.materialize(kv_file, whole)
+        convert_v_layout(whole, other, v_trans=not flash_attn)
+        unlink_quietly(whole)
+        size = other.stat().st_size
+        inc = keep_state(store, Written(other, tokens, size, 0, -1), related)
+    finally:
+        unlink_quietly(whole)
+        unlink_quietly(other)
+    st = inc.hashed if inc.hashed is not None else os.lstat(inc.path)
+    return inc.path, size, inc.content_hash, st

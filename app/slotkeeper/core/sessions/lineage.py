@@ -15,6 +15,13 @@ Tail slack: a chat template renders the assistant's last reply back into the nex
 prompt, and that rendering can differ from the tokens that were generated (thinking
 blocks stripped, a different end-of-turn token). So a conversation that continues a
 session may leave it up to ``tail_slack`` tokens before its end and still be an update.
+
+A re-rendered reply: a client of a reasoning model resends the last reply without its
+reasoning (or otherwise rewritten), so the next turn leaves the saved conversation anywhere
+inside that reply. When both prompts are known, tokens that leave it after the saved prompt
+(inside its reply) and whose own prompt goes on past that point (the client's history, not a
+new reply) carry the conversation forward: an update, however early in the reply. A
+Regenerate leaves it where its own prompt ends (a new reply to the same prompt): a fork.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ def classify(
     tail_slack: int = DEFAULT_TAIL_SLACK,
     min_fork_prefix: int = DEFAULT_MIN_FORK_PREFIX,
     new_n_prompt: int | None = None,
+    rolls_back: bool = True,
 ) -> Match:
     """Decide whether ``new_tokens`` update, fork from, or are unrelated to a session.
 
@@ -66,11 +74,11 @@ def classify(
     session already holds everything the new tokens repeat, so no data is lost and no
     near-duplicate file is created.
 
-    "contained": the new tokens' prompt (``new_n_prompt``, given only for models whose restored
-    state may be rolled back) is part of a longer saved session, and what follows it is a reply
-    that session holds in its re-rendered form: nothing new to keep (a client that replays a
-    conversation turn by turn). Without ``new_n_prompt`` a strict prefix is a fork, so models that
-    restore only exact continuations keep an exact copy.
+    "contained": the new tokens' prompt (``new_n_prompt``) is part of a longer saved session, and
+    what follows it is a reply that session holds in its re-rendered form: nothing new to keep (a
+    client that replays a conversation turn by turn). Only where restored states may be rolled
+    back (``rolls_back``); otherwise a strict prefix is a fork, so models that restore only exact
+    continuations keep an exact copy.
     """
     if tail_slack < 0 or min_fork_prefix < 0:
         raise ValueError("tail_slack and min_fork_prefix must not be negative")
@@ -78,7 +86,7 @@ def classify(
     best_update: Match | None = None
     best_contained: Match | None = None
     best_fork: Match | None = None
-    contained_at = None if new_n_prompt is None else min(new_n_prompt, len(new))
+    contained_at = None if new_n_prompt is None or not rolls_back else min(new_n_prompt, len(new))
     longest_shared = 0
     for session_id, tokens, *rest in candidates:
         n_prompt = rest[0] if rest else None
@@ -86,7 +94,7 @@ def classify(
         shared = common_prefix_len(new, saved)
         longest_shared = max(longest_shared, shared)
         # Strict ">" keeps the earlier (more recent) candidate on ties.
-        if _is_update(shared, len(new), len(saved), tail_slack, min_fork_prefix, n_prompt):
+        if _is_update(shared, len(new), len(saved), tail_slack, min_fork_prefix, n_prompt, new_n_prompt):
             if best_update is None or shared > best_update.common_prefix:
                 best_update = Match("update", session_id, shared)
         elif (contained_at is not None and shared >= contained_at and len(saved) > shared
@@ -99,13 +107,16 @@ def classify(
 
 
 def _is_update(shared: int, n_new: int, n_saved: int, tail_slack: int, min_prefix: int,
-               n_prompt: int | None = None) -> bool:
+               n_prompt: int | None = None, new_prompt: int | None = None) -> bool:
     if shared == n_saved:
         return True  # new tokens equal or extend the saved ones
     if shared == n_new:
         return False  # strict prefix, shorter: a rollback; the saved session holds more
     if n_prompt is not None and shared < n_prompt:
         return False  # diverged inside the saved prompt: another turn, not a re-rendered reply
+    if (n_prompt is not None and new_prompt is not None and n_prompt >= min_prefix
+            and new_prompt > shared):
+        return True  # the client resent the saved reply otherwise (its reasoning dropped) and went on
     # Diverged before the end of the saved tokens: an update only if that is within the
     # re-rendered tail, and only if what matched is substantial. Without the second
     # rule, any two conversations sharing a chat header would "update" a session

@@ -5,11 +5,16 @@ A session id is a name, never a path: every public entry point of the store chec
 ``../config/settings``, ``/abs/path`` or ``./ID`` never reach the file system.
 
 - ``<id>.json``            a sidecar (written last, atomically)
-- ``<id>.<gen>.kv``        the KV file llama-server wrote; ``gen`` changes on every save, so a new
-                           version never overwrites the old one before its sidecar exists
+- ``<id>.<gen>.kvm``       a state's manifest (``pieces``): the header and token list llama-server
+                           wrote, then the runs of cells it is made of; ``gen`` changes on every
+                           save, so a new version never overwrites the old one before its sidecar
+                           exists. ``<id>.<gen>.kv``: a state as llama-server wrote it, whole (the
+                           layout before pieces; carried over once, ``migration``)
+- ``pieces/<ab>/<hash>.kvp`` the pieces states are made of, each named by the hash of its bytes
 - ``<id>.<gen>.chat``      the transcript of that version (``transcripts``), written before the
                            sidecar in the same save; the KV file's ``gen`` names it
-- ``incoming-<rand>.kv``   a save in progress (llama-server writes files in place, not atomically)
+- ``incoming-<rand>.kvm``  a manifest being written (llama-server writes its own files in the
+                           staging folder, ``staging``)
 - ``.lock``, ``.*.tmp``    the folder lock and atomic writes' temporary files (hidden)
 """
 
@@ -19,7 +24,9 @@ import re
 import secrets
 
 SIDECAR_SUFFIX = ".json"
-KV_SUFFIX = ".kv"
+KV_SUFFIX = ".kv"  # a state as llama-server writes it
+MANIFEST_SUFFIX = ".kvm"  # a state kept as pieces
+PIECES_DIR = "pieces"
 INCOMING_PREFIX = "incoming-"
 LOCK_NAME = ".lock"  # hidden: never listed as an unmanaged file
 
@@ -36,7 +43,7 @@ SESSION_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 MIN_ID_PREFIX = 4
 SESSION_ID_RE = re.compile(SESSION_ID_PATTERN)
 # \Z, not $: "$" also matches before a trailing newline, and a file name may end with one.
-OWN_KV_RE = re.compile(r"^([0-9a-f]{12})\.([0-9a-f]{8})\.kv\Z")
+OWN_KV_RE = re.compile(r"^([0-9a-f]{12})\.([0-9a-f]{8})\.kvm?\Z")
 OWN_TRANSCRIPT_RE = re.compile(r"^([0-9a-f]{12})\.([0-9a-f]{8})\.chat\Z")
 TRANSCRIPT_SUFFIX = ".chat"
 SIDECAR_NAME_RE = re.compile(rf"^({SESSION_ID_PATTERN})\.json\Z")
@@ -62,17 +69,25 @@ def sidecar_name(session_id: str) -> str:
 
 
 def new_kv_name(session_id: str) -> str:
-    """A fresh ``<id>.<gen>.kv`` name: every save of a session gets a new one."""
-    return f"{session_id}.{secrets.token_hex(4)}{KV_SUFFIX}"
+    """A fresh ``<id>.<gen>.kvm`` name: every save of a session gets a new one."""
+    return f"{session_id}.{secrets.token_hex(4)}{MANIFEST_SUFFIX}"
 
 
 def transcript_name(kv_file: str) -> str | None:
     """The transcript file of the version whose KV file is ``kv_file`` (None: not one of ours)."""
-    return kv_file[: -len(KV_SUFFIX)] + TRANSCRIPT_SUFFIX if OWN_KV_RE.match(kv_file) else None
+    if not OWN_KV_RE.match(kv_file):
+        return None
+    return kv_file.rsplit(".", 1)[0] + TRANSCRIPT_SUFFIX
 
 
-def new_incoming_name() -> str:
-    return f"{INCOMING_PREFIX}{secrets.token_hex(8)}{KV_SUFFIX}"
+def new_incoming_name(suffix: str = KV_SUFFIX) -> str:
+    """A save in progress: llama-server's file (``.kv``, in the staging folder) or a manifest
+    being written (``.kvm``, in the sessions folder)."""
+    return f"{INCOMING_PREFIX}{secrets.token_hex(8)}{suffix}"
+
+
+def is_manifest(kv_file: str) -> bool:
+    return kv_file.endswith(MANIFEST_SUFFIX)
 
 
 def is_hidden_or_in_progress(name: str) -> bool:

@@ -31,6 +31,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import xxhash
 
@@ -39,7 +40,7 @@ from slotkeeper.core.sessions.kvfile import read_tokens
 from slotkeeper.core.sessions.statefile import KvStream, StateLayoutError, parse_layout
 
 __all__ = ["MANIFEST_SUFFIX", "PIECES_DIR", "Manifest", "PieceError", "PutResult", "assemble",
-           "collect", "piece_path", "put", "read_manifest"]
+           "check_piece", "collect", "piece_path", "put", "read_manifest"]
 
 PIECES_DIR = "pieces"
 PIECE_SUFFIX = ".kvp"
@@ -235,6 +236,18 @@ class _Pieces:
         self.close()
 
 
+def check_piece(pieces_dir: Path, piece_id: str) -> str | None:
+    """What is wrong with a piece (missing, cut short, damaged: its bytes hashed whole), or None."""
+    try:
+        with _Pieces(pieces_dir) as known:
+            known.get(piece_id)
+    except PieceError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"piece {piece_id[:12]}… cannot be read: {exc}"
+    return None
+
+
 # -- reading a state ------------------------------------------------------------------------
 def _shape(buf: memoryview, stream: KvStream, n_stream: int) -> Shape:
     _v_trans, _n_layer, rot_k, rot_v = _DATA_HEAD.unpack_from(buf, stream.data_offset)
@@ -296,7 +309,7 @@ def _copy_block(dst: memoryview, dst_width: int, c0: int, src: memoryview, src_w
     or, where a row's part is only a few elements (and there are more rows than columns), one
     strided copy per column (element by element in C, which is slower per byte than a row)."""
     if m * el < 64 and m < rows:
-        code = "H" if el == 2 else "I" if el == 4 else "B"
+        code: Literal["H", "I", "B"] = "H" if el == 2 else "I" if el == 4 else "B"
         d = dst.cast(code) if code != "B" else dst
         s = src.cast("B").cast(code) if code != "B" else src
         for t in range(m):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from slotkeeper.core.sessions.carry_over import CarryOverFailed, carry_over_flash_attn
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
@@ -68,15 +69,15 @@ def check_restorable(store: SessionStore, session_id: str, facts: ServerFacts,
 
 
 def carried_over(store: SessionStore, entry: SessionEntry, point: RestorePoint | None,
-                 facts: ServerFacts) -> tuple[SessionEntry, RestorePoint | None]:
+                 facts: ServerFacts, scratch: Path) -> tuple[SessionEntry, RestorePoint | None]:
     """``entry`` (and its ``point``) as a server with the facts' flash attention restores them:
-    carried over once when saved under the other choice (``carry_over``); RestoreRefused when
-    that cannot be done."""
+    carried over once when saved under the other choice (``carry_over``, its states rewritten in
+    the private folder ``scratch``); RestoreRefused when that cannot be done."""
     assert entry.sidecar is not None
     if entry.sidecar.flash_attn == facts.flash_attn:
         return entry, point
     try:
-        entry = carry_over_flash_attn(store, entry.id, facts.flash_attn)
+        entry = carry_over_flash_attn(store, entry.id, facts.flash_attn, scratch)
     except (CarryOverFailed, SessionNotFound) as exc:
         raise RestoreRefused(entry.id, [str(exc)]) from None
     assert entry.sidecar is not None

@@ -1,8 +1,11 @@
-"""The safe save protocol, after llama-server has written a slot to ``incoming-<rand>.kv``.
+"""The safe save protocol, after llama-server has written a slot to ``incoming-<rand>.kv`` in the
+staging folder (``staging``: in memory where the system allows).
 
 1. Check ``n_written > 0`` and that it equals the file size (a failed write can answer 200 with
-   ``n_written: 0``); read the token list from the file header; hash the file, make it 0600
-   (llama-server writes with the umask) and fsync it.
+   ``n_written: 0``); read the token list from the file header. Keep the state as pieces
+   (``pieces.put``): only the cells no state of the conversation (its previous version, its
+   restore points, its parent) holds are written, synced; the manifest that names them is written
+   as ``incoming-<rand>.kvm`` in the sessions folder, synced, and hashed.
 2. Lineage against saved sessions of the same model: tokens that extend a session update it;
    tokens diverging inside one fork a new session with ``parent``; anything else is new.
    Continuing a pinned session forks it (a pin is a snapshot); the continuation takes the pin
@@ -11,12 +14,13 @@
    knows files, not HTTP), outside the folder lock.
 4. Under the folder lock: re-read the session being updated (another save or a CLI command may
    have changed it meanwhile; then decide again), and hand the file to the store
-   (``SessionStore.commit``, the one writer of the folder): it renames the file to
-   ``<id>.<gen>.kv``, fsyncs the folder, writes ``<id>.json`` atomically (only now does the new
-   version exist) and removes the previous version.
+   (``SessionStore.commit``, the one writer of the folder): it renames the manifest to
+   ``<id>.<gen>.kvm``, fsyncs the folder, writes ``<id>.json`` atomically (only now does the new
+   version exist) and removes the previous version. Pieces nothing names any more are collected
+   later (``SessionStore.collect_pieces``).
 
-The incoming file is this protocol's until then: it makes it private (0600) and removes it
-whatever happens (it is gone after a commit, renamed).
+The staged file and the incoming manifest are this protocol's until then: it removes them
+whatever happens (the manifest is gone after a commit, renamed).
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slotkeeper.core.basics.fsutil import NotARegularFile, fsync_private, regular_size
+from slotkeeper.core.basics.fsutil import NotARegularFile, regular_size
 from slotkeeper.core.basics.tokens import TokenArray
 from slotkeeper.core.basics.units import human_bytes
-from slotkeeper.core.sessions import kvfile, lineage
+from slotkeeper.core.sessions import kvfile, lineage, pieces
 from slotkeeper.core.sessions.compat import ServerFacts, media_mismatch
 from slotkeeper.core.sessions.entries import SessionEntry
-from slotkeeper.core.sessions.naming import new_kv_name
+from slotkeeper.core.sessions.naming import MANIFEST_SUFFIX, new_incoming_name, new_kv_name
 from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS
 from slotkeeper.core.sessions.sidecar import (
     RestorePoint,
@@ -86,16 +90,19 @@ class SaveOutcome:
     sidecar: Sidecar | None
     n_tokens: int = 0
     save_ms: float = 0.0
+    written_bytes: int = 0  # pieces written to disk for it
 
 
 @dataclass(frozen=True)
 class _Incoming:
-    path: Path
+    path: Path  # the manifest, in the sessions folder
     tokens: list[int]
-    size: int
-    content_hash: str
+    size: int  # the manifest's
+    content_hash: str  # the manifest's
     n_media: int = 0
     hashed: os.stat_result | None = None  # the file as it was hashed (None: it changed meanwhile)
+    state_bytes: int = 0  # the state llama-server wrote (what a restore reads)
+    written_bytes: int = 0  # pieces written for it (the rest was there)
 
 
 def space_hint(directory: Path) -> str:
@@ -125,10 +132,10 @@ class Written:
     slot: int
 
 
-def check_written(store: SessionStore, incoming_name: str, n_written: int, slot: int) -> Written | None:
-    """Step 1's quick part: llama-server wrote the whole file, and its token list reads. None: the
-    slot was empty. The file is gone unless it is returned. Raises SaveError."""
-    path = store.dir / incoming_name
+def check_written(store: SessionStore, path: Path, n_written: int, slot: int) -> Written | None:
+    """Step 1's quick part: llama-server wrote the whole file (``path``, in its save folder), and
+    its token list reads. None: the slot was empty. The file is gone unless it is returned. Raises
+    SaveError."""
     try:
         fault_point("after_server_write")
         written = _check(store, path, n_written, slot)
@@ -145,21 +152,36 @@ def check_written(store: SessionStore, incoming_name: str, n_written: int, slot:
 
 def commit_written(store: SessionStore, written: Written, ctx: SaveContext, describe: Describe,
                    current_id: str | None = None, save_ms: float = 0.0, n_prompt: int | None = None,
-                   transcript: Transcript | None = None) -> SaveOutcome:
-    """The rest of the save (step 1's hash and fsync, steps 2-4); the incoming file is gone
-    afterwards whatever happens. ``transcript``: the conversation in words, kept with the new
-    version. Raises SaveError."""
-    path = written.path
+                   transcript: Transcript | None = None, rolls_back: bool = True) -> SaveOutcome:
+    """The rest of the save (step 1's pieces, steps 2-4); the staged file is gone afterwards
+    whatever happens. ``transcript``: the conversation in words, kept with the new version.
+    ``rolls_back``: the server's restored states can be rolled back (a shorter save held in a
+    longer one is nothing new). Raises SaveError."""
     try:
-        content_hash, hashed = hash_with_stamp(path)
-        fsync_private(path)  # 0600 before it becomes a session: llama-server writes with the umask
-        fault_point("after_hash")
-        incoming = _Incoming(path, written.tokens, written.size, content_hash, written.n_media, hashed)
-        return _commit(store, incoming, ctx, describe, current_id, save_ms, n_prompt, transcript)
-    except (kvfile.KvFileError, OSError) as exc:
-        raise SaveError(f"saving slot {written.slot} failed: {exc}") from exc
+        return _commit(store, written, ctx, describe, current_id, save_ms, n_prompt, transcript, rolls_back)
+    except (kvfile.KvFileError, pieces.PieceError, OSError) as exc:
+        raise SaveError(f"saving slot {written.slot} failed: {exc}{space_hint(store.dir)}") from exc
     finally:
-        unlink_quietly(path)
+        unlink_quietly(written.path)
+
+
+def keep_state(store: SessionStore, written: Written, candidates: list[str]) -> _Incoming:
+    """The state llama-server wrote, kept as pieces: the cells the states ``candidates`` (KV files of
+    the sessions folder) do not hold are written, then the manifest (an incoming file, synced,
+    hashed; the caller commits or removes it)."""
+    manifest = store.dir / new_incoming_name(MANIFEST_SUFFIX)
+    try:
+        fault_point("after_server_write")
+        result = pieces.put(written.path, store.pieces_dir,
+                            [store.dir / c for c in candidates if c.endswith(MANIFEST_SUFFIX)], manifest)
+        fault_point("after_pieces")
+        content_hash, hashed = hash_with_stamp(manifest)
+        fault_point("after_hash")
+    except BaseException:
+        unlink_quietly(manifest)
+        raise
+    return _Incoming(manifest, written.tokens, manifest.stat().st_size, content_hash, written.n_media, hashed,
+                     written.size, result.written_bytes)
 
 
 def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> Written | None:
@@ -209,11 +231,12 @@ def _candidates(store: SessionStore, tokens: list[int], facts: ServerFacts, pref
 
 
 def _classify(store: SessionStore, tokens: list[int], facts: ServerFacts,
-              current_id: str | None, n_prompt: int | None = None) -> tuple[str, SessionEntry | None]:
+              current_id: str | None, n_prompt: int | None = None,
+              rolls_back: bool = True) -> tuple[str, SessionEntry | None]:
     candidates = _candidates(store, tokens, facts, current_id, n_prompt)
     match = lineage.classify(tokens,
                              [(e.id, t, e.sidecar.n_prompt if e.sidecar else None) for e, t in candidates],
-                             new_n_prompt=n_prompt)
+                             new_n_prompt=n_prompt, rolls_back=rolls_back)
     previous = next((e for e, _ in candidates if e.id == match.session_id), None)
     return _refine(match.kind, previous, tokens)
 
@@ -228,25 +251,65 @@ def _refine(kind: str, previous: SessionEntry | None, tokens: list[int]) -> tupl
     return kind, previous
 
 
-def _commit(store: SessionStore, inc: _Incoming, ctx: SaveContext, describe: Describe,
+def _commit(store: SessionStore, written: Written, ctx: SaveContext, describe: Describe,
             current_id: str | None, save_ms: float, n_prompt: int | None,
-            transcript: Transcript | None = None) -> SaveOutcome:
+            transcript: Transcript | None = None, rolls_back: bool = True) -> SaveOutcome:
     facts = ctx.facts
-    kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
-    described = None if kind in ("unchanged", "contained") else describe(inc.tokens)
-    while True:
-        outcome = _commit_locked(store, inc, ctx, described, kind, previous, current_id, save_ms, n_prompt,
-                                 transcript)
-        if outcome is not None:
-            return outcome
-        # Decided again under the lock, it needs a title after all: made outside the lock (describe
-        # asks llama-server), then decided once more.
-        described = describe(inc.tokens)
+    kind, previous = _classify(store, written.tokens, facts, current_id, n_prompt, rolls_back)
+    if kind in ("unchanged", "contained") and previous is not None:
+        inc = _Incoming(written.path, written.tokens, written.size, "", written.n_media)  # nothing to keep
+    else:
+        inc = keep_state(store, written, _related_states(store, previous, current_id))
+    try:
+        described = None if kind in ("unchanged", "contained") else describe(inc.tokens)
+        while True:
+            outcome = _commit_locked(store, inc, ctx, described, kind, previous, current_id, save_ms,
+                                     n_prompt, transcript, rolls_back)
+            if outcome is not None:
+                return outcome
+            # Decided again under the lock, it needs its state kept and a title after all: made
+            # outside the lock (describe asks llama-server), then decided once more.
+            if not inc.content_hash:
+                inc = keep_state(store, written, _related_states(store, previous, current_id))
+            if described is None:
+                described = describe(inc.tokens)
+    finally:
+        if inc.path != written.path:
+            unlink_quietly(inc.path)  # renamed by a commit; else removed
+
+
+def _related_states(store: SessionStore, previous: SessionEntry | None, current_id: str | None) -> list[str]:
+    """KV files of states likely to share the new one's cells: the session it continues or forks
+    from, the slot's own session, their restore points and parents."""
+    out: list[str] = []
+    seen: set[str] = set()
+    queue = [e for e in (previous,) if e is not None]
+    for sid in (current_id,):
+        if sid is not None:
+            try:
+                queue.append(store.get(sid))
+            except (SessionNotFound, ValueError, OSError):
+                pass
+    while queue and len(seen) < 8:
+        entry = queue.pop(0)
+        sc = entry.sidecar
+        if sc is None or entry.id in seen:
+            continue
+        seen.add(entry.id)
+        out.append(sc.kv_file)
+        out.extend(p.kv_file for p in sc.points)
+        if sc.parent:
+            try:
+                queue.append(store.get(sc.parent))
+            except (SessionNotFound, ValueError, OSError):
+                pass
+    return out
 
 
 def _commit_locked(store: SessionStore, inc: _Incoming, ctx: SaveContext, described: tuple[str, str] | None,
                    kind: str, previous: SessionEntry | None, current_id: str | None, save_ms: float,
-                   n_prompt: int | None, transcript: Transcript | None) -> SaveOutcome | None:
+                   n_prompt: int | None, transcript: Transcript | None,
+                   rolls_back: bool = True) -> SaveOutcome | None:
     """Step 4 under the folder lock; None when the save needs a title (``described``) it lacks."""
     facts = ctx.facts
     with store.exclusive():
@@ -257,7 +320,7 @@ def _commit_locked(store: SessionStore, inc: _Incoming, ctx: SaveContext, descri
                 fresh = None
             if fresh is None or fresh.sidecar is None or fresh.kv_path != previous.kv_path:
                 # Changed while we were away (another save, a delete): decide again, now under the lock.
-                kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt)
+                kind, previous = _classify(store, inc.tokens, facts, current_id, n_prompt, rolls_back)
             elif kind != "contained":
                 kind, previous = _refine("update" if kind in ("unchanged", "continue") else kind, fresh,
                                          inc.tokens)
@@ -266,8 +329,8 @@ def _commit_locked(store: SessionStore, inc: _Incoming, ctx: SaveContext, descri
             # Nothing new to keep: the session holds it already. It was used now.
             sc = store.update(previous.id, lambda s: replace(s, last_used_at=now))
             return SaveOutcome(kind, sc, len(inc.tokens), save_ms)
-        if described is None:
-            return None
+        if described is None or not inc.content_hash:
+            return None  # (decided again: its pieces were not kept, as nothing looked new)
         title, preview = described
         continues = False
         replaces = None  # the previous version's KV file, which the store removes (an update's)
@@ -299,6 +362,7 @@ def _commit_locked(store: SessionStore, inc: _Incoming, ctx: SaveContext, descri
             cache_type_k=facts.cache_type_k, cache_type_v=facts.cache_type_v,
             n_parallel=facts.n_parallel, kv_unified=False, n_ctx_slot=facts.n_ctx_slot,
             n_tokens=len(inc.tokens), tokens_digest=tokens_digest(inc.tokens), size_bytes=inc.size,
+            state_bytes=inc.state_bytes,
             content_hash=inc.content_hash, llama_build=ctx.llama_build, created_at=created,
             last_used_at=now, pinned=pinned, parent=parent, kv_args=list(facts.kv_args),
             n_prompt=n_prompt if n_prompt is not None and n_prompt <= len(inc.tokens) else None,
@@ -310,24 +374,32 @@ def _commit_locked(store: SessionStore, inc: _Incoming, ctx: SaveContext, descri
         sidecar = store.commit(inc.path, sidecar, inc.tokens, hashed=inc.hashed, replaces=replaces,
                                step=fault_point, transcript=transcript.to_bytes() if transcript else None,
                                drops=drops)
-    return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms)
+    return SaveOutcome("fork" if kind == "continue" else kind, sidecar, len(inc.tokens), save_ms,
+                       inc.written_bytes)
 
 
 def commit_point(store: SessionStore, written: Written, session_id: str, kind: str,
                  spacing: int = DEFAULT_POINT_SPACING_TOKENS) -> Sidecar | None:
     """A slot llama-server wrote while it held a prefix of the session's conversation becomes one
-    of its restore points (``sessions.points``): hashed, made private and fsynced like a save, then
-    committed by the store (``SessionStore.add_point``). None when the session no longer starts
-    with those tokens. The incoming file is gone afterwards whatever happens. Raises SaveError."""
-    path = written.path
+    of its restore points (``sessions.points``): kept as pieces like a save (only what the
+    conversation's states do not hold is written), then committed by the store
+    (``SessionStore.add_point``). None when the session no longer starts with those tokens. The
+    staged file is gone afterwards whatever happens. Raises SaveError."""
+    inc = None
     try:
-        content_hash, hashed = hash_with_stamp(path)
-        fsync_private(path)
-        point = RestorePoint(kv_file=path.name, n_tokens=len(written.tokens),
-                             tokens_digest=tokens_digest(written.tokens), size_bytes=written.size,
-                             content_hash=content_hash, kind=kind, made_at=format_utc(utc_now()))
-        return store.add_point(session_id, path, point, hashed, spacing)
-    except (kvfile.KvFileError, OSError) as exc:
+        try:
+            entry = store.get(session_id)
+        except (SessionNotFound, ValueError):
+            return None
+        inc = keep_state(store, written, _related_states(store, entry, None))
+        point = RestorePoint(kv_file=inc.path.name, n_tokens=len(written.tokens),
+                             tokens_digest=tokens_digest(written.tokens), size_bytes=inc.size,
+                             content_hash=inc.content_hash, kind=kind, made_at=format_utc(utc_now()),
+                             state_bytes=inc.state_bytes)
+        return store.add_point(session_id, inc.path, point, inc.hashed, spacing)
+    except (kvfile.KvFileError, pieces.PieceError, OSError) as exc:
         raise SaveError(f"saving a restore point of slot {written.slot} failed: {exc}") from exc
     finally:
-        unlink_quietly(path)
+        unlink_quietly(written.path)
+        if inc is not None:
+            unlink_quietly(inc.path)

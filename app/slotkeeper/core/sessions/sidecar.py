@@ -53,7 +53,7 @@ __all__ = [
     "write_sidecar_atomic",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
@@ -70,8 +70,26 @@ def _v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def _v2_to_v3(d: dict[str, Any]) -> dict[str, Any]:
+    """Schema 3 keeps states as manifests over shared pieces (``pieces``): the sidecar names the
+    pieces its states use (``pieces``: id -> bytes) and each state's size as llama-server reads it
+    (``state_bytes``). A schema-2 file names a whole state llama-server wrote (``<id>.<gen>.kv``):
+    its size is its state's, it uses no pieces. (An older Slotkeeper refuses schema 3 in words: it
+    would hand llama-server a manifest as a state.)"""
+    d = dict(d)
+    if isinstance(d.get("size_bytes"), int):
+        d.setdefault("state_bytes", d["size_bytes"])
+    d.setdefault("pieces", {})
+    points = d.get("points")
+    if isinstance(points, list):
+        d["points"] = [{"state_bytes": p.get("size_bytes"), **p} if isinstance(p, dict) else p
+                       for p in points]
+    d["schema_version"] = 3
+    return d
+
+
 # MIGRATIONS[n] takes a schema-n dict and returns a schema-(n + 1) dict.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 # Keys added after schema 1 without a bump, and what a file written before them means.
 OPTIONAL_DEFAULTS: dict[str, Any] = {"kv_args": [], "n_prompt": None, "n_media": 0, "mmproj_sha256": None,
@@ -289,14 +307,15 @@ class RestorePoint:
     kv_file: str
     n_tokens: int
     tokens_digest: str  # of the conversation's first n_tokens tokens
-    size_bytes: int
+    size_bytes: int  # its KV file's (a manifest's, or a whole state's)
     content_hash: str
     kind: str  # POINT_PROMPT or POINT_USER
     made_at: str
     verified: FileStamp | None = None
+    state_bytes: int = 0  # the state llama-server restores from it
 
     _KEYS = ("kv_file", "n_tokens", "tokens_digest", "size_bytes", "content_hash", "kind", "made_at",
-             "verified")
+             "verified", "state_bytes")
 
     def to_json(self) -> dict[str, Any]:
         return {key: _plain(getattr(self, key)) for key in self._KEYS}
@@ -318,7 +337,25 @@ class RestorePoint:
             kind=kind,
             made_at=_timestamp(d, "made_at", where),
             verified=FileStamp.from_json(d.get("verified")),
+            state_bytes=_int(d, "state_bytes", 0, where),
         )
+
+
+_PIECE_ID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def _pieces(d: Mapping[str, Any]) -> dict[str, int]:
+    value = _require(d, "pieces", "")
+    if not isinstance(value, dict):
+        raise SidecarError(f"pieces: expected an object, got {_type_name(value)}")
+    out = {}
+    for key, size in value.items():
+        if not isinstance(key, str) or not _PIECE_ID_RE.fullmatch(key):
+            raise SidecarError(f"pieces: {key!r} is not a piece id")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise SidecarError(f"pieces.{key}: expected a size in bytes, got {size!r}")
+        out[key] = size
+    return out
 
 
 MAX_POINTS = 64  # llama-server keeps 32 checkpoints per slot; more entries than twice that are not ours
@@ -404,6 +441,11 @@ class Sidecar:
     # Restore points (``RestorePoint``): prefixes of this conversation saved for models whose
     # restored state cannot be rolled back, longest first. Optional key: none for files before it.
     points: tuple[RestorePoint, ...] = ()
+    # The state as llama-server reads it (assembled from pieces, or the whole KV file), in bytes.
+    state_bytes: int = 0
+    # Every piece this conversation's states (its save and its restore points) are made of, with
+    # its size (``pieces``); none for a state kept whole.
+    pieces: dict[str, int] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     # Keys written by a newer Slotkeeper of the same schema; written back untouched.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -458,6 +500,8 @@ class Sidecar:
             verified=FileStamp.from_json(d.get("verified")),
             continues=_bool(d, "continues") if "continues" in d else False,
             points=_points(d),
+            state_bytes=_int(d, "state_bytes", 0),
+            pieces=_pieces(d),
             extra=_unknown_keys(d, _SIDECAR_KEY_SET),
         )
 

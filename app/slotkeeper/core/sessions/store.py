@@ -43,6 +43,7 @@ from slotkeeper.core.sessions.naming import (
     LOCK_NAME,
     OWN_KV_RE,
     OWN_TRANSCRIPT_RE,
+    PIECES_DIR,
     SIDECAR_NAME_RE,
     SIDECAR_SUFFIX,
     InvalidSessionId,
@@ -67,6 +68,7 @@ from slotkeeper.core.sessions.sidecar import (
     write_sidecar_atomic,
 )
 from slotkeeper.core.sessions.stamps import FileStamp, carried_over
+from slotkeeper.core.sessions.states import States
 from slotkeeper.core.sessions.token_lists import TokenLists
 from slotkeeper.core.sessions.transcripts import Transcript
 
@@ -115,6 +117,11 @@ class SessionStore:
         self._index: SessionsIndex | None = None
         self._index_loading = threading.Lock()
         self.token_lists = TokenLists()
+        self.states = States(self.dir)
+
+    @property
+    def pieces_dir(self) -> Path:
+        return self.states.pieces_dir
 
     def ensure_folder(self) -> None:
         """Create the folder again (0700) if it was deleted, and check that it is still private:
@@ -207,6 +214,7 @@ class SessionStore:
                     claimed.add(entry.sidecar.kv_file)
                     claimed.add(transcript_name(entry.sidecar.kv_file) or "")
                     claimed.update(p.kv_file for p in entry.sidecar.points)
+            claimed.add(PIECES_DIR)
             unmanaged = []
             for name in sorted(files):
                 if name in claimed or is_scratch(name):
@@ -361,7 +369,8 @@ class SessionStore:
             step("after_rename")
             # Verified by the save's hash: a restore trusts the file while it keeps this stamp.
             kv_st = os.lstat(final)  # the file stays as it is until the index has learnt it
-            sidecar = replace(sidecar, verified=carried_over(hashed, kv_st, sidecar.content_hash))
+            sidecar = replace(sidecar, verified=carried_over(hashed, kv_st, sidecar.content_hash),
+                              pieces=self._pieces(sidecar.kv_file, sidecar.points))
             write_sidecar_atomic(self.sidecar_path(sidecar.id), sidecar)
             step("after_sidecar")
             gone = None
@@ -403,7 +412,7 @@ class SessionStore:
             st = os.lstat(final)
             point = replace(point, kv_file=name, verified=carried_over(hashed, st, point.content_hash))
             kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing)
-            sc = replace(sc, points=kept)
+            sc = replace(sc, points=kept, pieces=self._pieces(sc.kv_file, kept))
             write_sidecar_atomic(self.sidecar_path(session_id), sc)
             self._note_sidecar(session_id, sc)
             self.index.note_files({name: stamp_of(st)})
@@ -415,12 +424,19 @@ class SessionStore:
         validate_session_id(session_id)
         gone = set(kv_files)
         with self.exclusive():
+            def drop(s: Sidecar) -> Sidecar:
+                kept = tuple(p for p in s.points if p.kv_file not in gone)
+                return replace(s, points=kept, pieces=self._pieces(s.kv_file, kept))
+
             try:
-                self.update(session_id, lambda s: replace(s, points=tuple(p for p in s.points
-                                                                          if p.kv_file not in gone)))
+                self.update(session_id, drop)
             except (SessionNotFound, SidecarError):
                 return
             self._remove_points(session_id, list(gone))
+
+    def _pieces(self, kv_file: str, points: Iterable[RestorePoint]) -> dict[str, int]:
+        """The pieces a version's states (its save and its points) are made of, with their sizes."""
+        return self.states.pieces_of([kv_file, *(p.kv_file for p in points)])
 
     def _remove_points(self, session_id: str, names: Sequence[str], keep: Iterable[str] = ()) -> None:
         """Remove restore points' files: only the session's own, and never one its sidecar still
@@ -549,12 +565,15 @@ class SessionStore:
         if entry.sidecar is None or entry.kv_path is None:
             return entry
         damaged = [p.kv_file for p in entry.sidecar.points
-                   if file_integrity(self.dir / p.kv_file, p.size_bytes, p.content_hash, None)[0]]
+                   if file_integrity(self.dir / p.kv_file, p.size_bytes, p.content_hash, None)[0]
+                   or self.states.problems(p.kv_file)]
         if damaged:  # a damaged restore point is only a point less: the conversation is whole
             log.warning("restore points of %s damaged on disk, dropped: %s", session_id, ", ".join(damaged))
             self.drop_points(session_id, damaged)
             entry = self.get(session_id)
         problems = self.integrity_problems(entry)
+        if not problems and entry.sidecar is not None:
+            problems = self.states.problems(entry.sidecar.kv_file)
         if problems:
             try:
                 self.mark_corrupt(session_id, problems[0])

@@ -127,7 +127,7 @@ class Launcher:
     def take(self, plan: LaunchPlan) -> None:
         """A launch begins (on the loop): what it runs, and what to say about it."""
         self.binary = plan.binary
-        self.link.launching(plan.private, plan.profile, plan.model, plan.flash_attn)
+        self.link.launching(plan.private, plan.profile, plan.model, plan.flash_attn, plan.staging)
         self.door_keys = DoorKeys(plan.profile.extra_args)
         self.identity.begin(plan.model.path)
         self.tuning.planned(measure_request(plan))

@@ -40,6 +40,7 @@ from slotkeeper.core.engine.lifecycle.model_facts import (
     swa_note,
 )
 from slotkeeper.core.events import EventBus
+from slotkeeper.core.model import gguf_memory
 from slotkeeper.core.model.model_choice import DEMO_MODEL
 from slotkeeper.core.server import headstart
 from slotkeeper.core.server.apikey import exposure_refusal
@@ -61,6 +62,7 @@ from slotkeeper.core.server.locate import (
 from slotkeeper.core.server.private import LOOPBACK, PrivateAddress, private_address
 from slotkeeper.core.server.spawn import launch_environment
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
+from slotkeeper.core.sessions.staging import clear_staging, staging_folder
 from slotkeeper.core.settings import UNQUANTIZED_CACHE_TYPES, ServerProfile, Settings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ class LaunchPlan:
     binary: str = ""  # llama-server's file (what its facts are kept under)
     flash_attn: bool = False  # what --flash-attn passes: the setting, or what "auto" resolved to
     flash_choice: FlashAttnChoice | None = None  # how and why (None: an older plan's)
+    staging: Path | None = None  # where it writes and reads slot files (--slot-save-path)
 
 
 def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsCache,
@@ -96,8 +99,9 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
         # llama-server listens privately; the front door has the user's host and port.
         server_profile = replace(profile, host=LOOPBACK, port=private.port,
                                  extra_args=without_api_key(profile.extra_args))
-        argv = build_argv(binary.argv_prefix, server_profile, model.path, paths.sessions_dir,
-                          supported_flags=flags)
+        staging = staging_folder(paths.data_dir, states_bytes(model, profile))
+        clear_staging(staging)
+        argv = build_argv(binary.argv_prefix, server_profile, model.path, staging, supported_flags=flags)
         argv[len(binary.argv_prefix):len(binary.argv_prefix)] = workarounds
         fa = resolve_flash_attn(binary.path, argv, model, profile, flags, binary_facts, model_facts)
         flash_attn = fa.value
@@ -117,7 +121,18 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
                                  flash_attn=flash_attn).to_json(),
               "model_path": str(model.path)}
     spec = LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)
-    return LaunchPlan(spec, model, profile, private, notes, binary.path, flash_attn, fa)
+    return LaunchPlan(spec, model, profile, private, notes, binary.path, flash_attn, fa, staging)
+
+
+def states_bytes(model: ModelChoice, profile: ServerProfile) -> int:
+    """The most the server's slot files take at once: every slot's state (its KV cache as
+    allocated; a state file holds at most that)."""
+    try:
+        est = gguf_memory.kv_estimate(model.info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
+                                      type_v=profile.cache_type_v)
+    except ValueError:
+        return 0
+    return (est.bytes_full if profile.swa_full else est.bytes_swa) + est.recurrent_bytes
 
 
 def resolve_flash_attn(binary_path: str, argv: list[str], model: ModelChoice, profile: ServerProfile,

@@ -4,6 +4,7 @@ killed): what its slots hold is saved before the supervisor stops it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from slotkeeper.core.engine.errors import EngineError
@@ -46,10 +47,25 @@ async def save_leftover(record: dict[str, Any], key: str, loop: EngineLoop, even
             return
         ctx = SaveContext(server_facts(model, sha, props, profile, mmproj_sha), model.info.arch,
                           llama_build_tag(props.build_info))
+        folder = save_folder(record)
+        if folder is None:
+            events.emit(WarningRaised("a llama-server left running by an earlier Slotkeeper is stopped "
+                                      "without saving its conversations: it has no folder to save them to"))
+            return
         for slot in used:
             try:
-                outcome = await saves.write_session(http, ctx, slot, None, SLOT_ACTION_TIMEOUT_SECONDS)
+                outcome = await saves.write_session(http, ctx, slot, None, SLOT_ACTION_TIMEOUT_SECONDS,
+                                                    folder=folder)
             except Exception as exc:
                 events.emit(SaveFailed(slot, describe_save_error(slot, exc)))
                 continue
             events.emit(SessionSaved(save_summary(slot, "left running", outcome)))
+
+
+def save_folder(record: dict[str, Any]) -> Path | None:
+    """Where the server ``record`` names writes its slot files (its --slot-save-path)."""
+    argv = record.get("argv")
+    if not isinstance(argv, list) or "--slot-save-path" not in argv:
+        return None
+    i = argv.index("--slot-save-path")
+    return Path(argv[i + 1]) if i + 1 < len(argv) and isinstance(argv[i + 1], str) else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.lifecycle.loop import EngineLoop
@@ -33,6 +34,7 @@ class ServerLink:
         self.private: PrivateAddress | None = None  # llama-server's own port and key
         self.launched: ServerProfile | None = None  # what the running server was started with
         self.flash_attn = False  # what --flash-attn passed it (the setting's "auto" resolved)
+        self.staging = Path()  # its --slot-save-path: where it writes and reads slot files
         self.model: ModelChoice | None = None
         self.facts: ServerFacts | None = None  # of the running server, once it is ready
         self.llama_build = LLAMA_BUILD_FALLBACK
@@ -64,10 +66,12 @@ class ServerLink:
             self.loop.in_background(http.close, what="closing the HTTP client")
 
     def launching(self, private: PrivateAddress, profile: ServerProfile, model: ModelChoice,
-                  flash_attn: bool) -> None:
-        """A launch begins with this address, profile, model and flash attention."""
+                  flash_attn: bool, staging: Path | None = None) -> None:
+        """A launch begins with this address, profile, model, flash attention and staging folder."""
         self.private, self.launched, self.model = private, profile, model
         self.flash_attn = flash_attn
+        if staging is not None:
+            self.staging = staging
         self.close_client()
 
     # -- serving ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 
 from slotkeeper.core.basics.tokens import TokenArray, as_tokens
@@ -31,14 +32,16 @@ from slotkeeper.core.events import (
 )
 from slotkeeper.core.model import families
 from slotkeeper.core.model.families import EXACT_ONLY_MODES
-from slotkeeper.core.server.client import ServerError, ServerUnavailable
+from slotkeeper.core.server.client import LlamaClient, RestoreResult, ServerError, ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
+from slotkeeper.core.sessions.pieces import PieceError
 from slotkeeper.core.sessions.points import prompt_point_back, wanted_points
 from slotkeeper.core.sessions.restoring import RestoreRefused, carried_over, check_restorable, record_restore
 from slotkeeper.core.sessions.saving import SaveError, commit_point
 from slotkeeper.core.sessions.sidecar import parse_utc
+from slotkeeper.core.sessions.staging import ensure_staging
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError
 from slotkeeper.core.views import Activity, RestoreSummary
@@ -93,6 +96,20 @@ class SlotActions:
                 return None
             return await self.restore_locked(session_id, slot, facts)
 
+    async def read_back(self, http: LlamaClient, slot: int, kv_file: str) -> RestoreResult:
+        """llama-server restores ``slot`` from the state ``kv_file`` names, assembled into its
+        staging folder for the time it reads it (PieceError: a piece is missing or damaged;
+        ServerError: llama-server refused it)."""
+        store = self.library.store
+        folder = self.link.staging
+        await self.loop.run_io(ensure_staging, folder)
+        name = f"restore-{secrets.token_hex(8)}.kv"
+        try:
+            await self.loop.run_io(store.states.materialize, kv_file, folder / name)
+            return await self.loop.run_io(http.restore_slot, slot, name, SLOT_ACTION_TIMEOUT_SECONDS)
+        finally:
+            await self.loop.run_io(unlink_quietly, folder / name)
+
     async def _still_holds(self, slot: int, session_id: str) -> bool:
         """Whether ``slot`` still holds the conversation of ``session_id``, the session it was last
         saved or restored as: yes unless it went on with another one since (its view is detached)
@@ -126,12 +143,18 @@ class SlotActions:
             except OSError as exc:
                 raise RestoreRefused(session_id, [str(exc)]) from exc
             entry, chosen = await self.loop.run_io(check_restorable, store, session_id, facts, point)
-            entry, chosen = await self.loop.run_io(carried_over, store, entry, chosen, facts)
+            entry, chosen = await self.loop.run_io(carried_over, store, entry, chosen, facts,
+                                                   self.link.staging)
             assert entry.sidecar is not None
             try:
-                result = await self.loop.run_io(http.restore_slot, slot,
-                                                chosen.kv_file if chosen else entry.sidecar.kv_file,
-                                                SLOT_ACTION_TIMEOUT_SECONDS)
+                result = await self.read_back(http, slot, chosen.kv_file if chosen else entry.sidecar.kv_file)
+            except PieceError as exc:  # a piece missing or damaged: what uses it cannot be restored
+                if chosen is not None:
+                    await self.loop.run_io(store.drop_points, session_id, [chosen.kv_file])
+                    why = f"its restore point at {chosen.n_tokens} tokens: {exc}; the point was dropped"
+                    raise RestoreRefused(session_id, [why]) from exc
+                await self.loop.run_io(store.mark_corrupt, session_id, str(exc))
+                raise RestoreRefused(session_id, [str(exc)]) from exc
             except ServerError as exc:
                 self.board.emptied(slot)  # a failed restore leaves the slot empty
                 raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
@@ -377,8 +400,7 @@ class SlotActions:
                 # It holds a prefix of its conversation, live: the waiting request goes on from it.
                 board.rewound(slot, as_tokens(held), restored=False)
                 return made
-            restored = await self.loop.run_io(http.restore_slot, slot, sc.kv_file,
-                                              SLOT_ACTION_TIMEOUT_SECONDS)
+            restored = await self.read_back(http, slot, sc.kv_file)
             if restored.n_restored != len(saved):
                 raise SaveError(f"restoring {sid} after its restore points gave {restored.n_restored} tokens")
             board.rewound(slot, as_tokens(saved), restored=True)

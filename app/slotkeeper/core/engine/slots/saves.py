@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from slotkeeper.core.basics.tokens import TokenArray, as_tokens
 from slotkeeper.core.engine.lifecycle.loop import EngineLoop
@@ -34,6 +35,7 @@ from slotkeeper.core.sessions.saving import (
     commit_written,
     server_refused,
 )
+from slotkeeper.core.sessions.staging import ensure_staging
 from slotkeeper.core.sessions.store import unlink_quietly
 from slotkeeper.core.sessions.transcripts import Transcript
 from slotkeeper.core.views import Activity, SavesReport, SaveSummary
@@ -94,11 +96,14 @@ class SlotSaves:
         return summary
 
     def _known_prompt(self, slot: int) -> int | None:
-        """The slot's last prompt length, when the save may trust it to find the reply (lineage)."""
+        """The slot's last prompt length, when it is known (lineage finds the reply after it)."""
         n_prompt = self.board[slot].content.n_prompt
+        return n_prompt if 0 < n_prompt < UNKNOWN else None
+
+    def _rolls_back(self) -> bool:
+        """The running server's restored states may be rolled back (lineage's "contained")."""
         facts = self.link.facts
-        known = 0 < n_prompt < UNKNOWN and facts is not None and facts.restore_mode == families.RESTORE_WORKS
-        return n_prompt if known else None
+        return facts is not None and facts.restore_mode == families.RESTORE_WORKS
 
     def never_help(self) -> bool:
         """This model and server cannot reuse a restored slot (sliding window without --swa-full)."""
@@ -113,25 +118,30 @@ class SlotSaves:
 
     async def write_session(self, http: LlamaClient, ctx: SaveContext, slot: int, current_id: str | None,
                             timeout: float, n_prompt: int | None = None,
-                            transcript: Transcript | None = None) -> SaveOutcome:
-        """llama-server writes the slot; the save protocol turns the file into a session (with
-        ``transcript``, what the slot holds in words). Raises."""
-        written, save_ms = await self.write_slot(http, slot, timeout)
+                            transcript: Transcript | None = None, folder: Path | None = None) -> SaveOutcome:
+        """llama-server writes the slot (into ``folder``, its save folder; the running server's by
+        default); the save protocol turns the file into a session (with ``transcript``, what the
+        slot holds in words). Raises."""
+        written, save_ms = await self.write_slot(http, slot, timeout, folder)
         if written is None:
             return SaveOutcome("empty", None)
         return await self._commit_written(http, ctx, written, current_id, save_ms, n_prompt, transcript)
 
-    async def write_slot(self, http: LlamaClient, slot: int, timeout: float) -> tuple[Written | None, float]:
-        """llama-server writes the slot to an incoming file, checked whole (None: the slot was empty)."""
+    async def write_slot(self, http: LlamaClient, slot: int, timeout: float,
+                         folder: Path | None = None) -> tuple[Written | None, float]:
+        """llama-server writes the slot to an incoming file in its save folder (``folder``; the
+        running server's staging folder by default), checked whole (None: the slot was empty)."""
         store = self.library.store
         await self.loop.run_io(store.ensure_folder)  # recreated if deleted; still private
+        folder = self.link.staging if folder is None else folder
+        await self.loop.run_io(ensure_staging, folder)
         name = new_incoming_name()
         try:
             result = await self.loop.run_io(http.save_slot, slot, name, timeout)
         except ServerError as exc:
-            await self.loop.run_io(unlink_quietly, store.dir / name)
+            await self.loop.run_io(unlink_quietly, folder / name)
             raise server_refused(store, slot, exc.message) from exc
-        written = await self.loop.run_io(check_written, store, name, result.n_written, slot)
+        written = await self.loop.run_io(check_written, store, folder / name, result.n_written, slot)
         return written, result.save_ms
 
     async def _commit_written(self, http: LlamaClient, ctx: SaveContext, written: Written,
@@ -139,7 +149,7 @@ class SlotSaves:
                               transcript: Transcript | None = None) -> SaveOutcome:
         described = Described(http, transcript)  # keeps the conversation's text for the search index
         outcome = await self.loop.run_io(commit_written, self.library.store, written, ctx, described,
-                                         current_id, save_ms, n_prompt, transcript)
+                                         current_id, save_ms, n_prompt, transcript, self._rolls_back())
         sc = outcome.sidecar
         if sc is not None and outcome.kind in ("new", "update", "fork"):
             self.library.text_saved(sc, described.text)

@@ -1,0 +1,103 @@
+"""The staging folder: where llama-server writes a slot's state and reads one back.
+
+llama-server saves a whole state file and restores from one (``--slot-save-path``). Slotkeeper keeps
+states as pieces (``pieces``): a save is read once from llama-server's file and only its new cells
+reach the disk; a restore assembles the file and llama-server reads it. Where that file lies decides
+what a save costs the disk:
+
+- Linux: a folder of its own in ``/dev/shm`` (tmpfs, memory): llama-server's write and the read back
+  never touch the disk, so a save writes only its new pieces. Used when the memory it would take (a
+  state per slot at once, at most) is free there and in the machine; otherwise the data folder;
+- macOS has no memory file system a program may use without an administrator (a RAM disk needs
+  one), and Windows none at all: the staging folder is in the data folder, so llama-server's own
+  write of each state reaches the disk (then removed at once; the page cache usually serves the
+  read back). What Slotkeeper keeps afterwards is still only the new pieces.
+
+The folder is private (0700, ours alone, never a link) and emptied of what an earlier run left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from slotkeeper.core.basics.folder_identity import folder_key
+from slotkeeper.core.basics.fsutil import ensure_private_folder
+from slotkeeper.core.sessions.naming import INCOMING_PREFIX
+
+__all__ = ["MEMORY_ROOT", "clear_staging", "ensure_staging", "staging_folder"]
+
+MEMORY_ROOT = Path("/dev/shm")
+DISK_NAME = "staging"
+HEADROOM = 256 << 20  # memory left beside the states, at least
+
+
+def staging_folder(data_dir: Path, needed_bytes: int, memory_root: Path = MEMORY_ROOT,
+                   platform: str = sys.platform) -> Path:
+    """The staging folder for a server whose states take up to ``needed_bytes`` at once: in memory
+    where there is room, else in the data folder (created, private)."""
+    if platform.startswith("linux"):
+        folder = _in_memory(data_dir, needed_bytes, memory_root)
+        if folder is not None:
+            return folder
+    folder = Path(data_dir) / DISK_NAME
+    ensure_staging(folder)
+    return folder
+
+
+def _in_memory(data_dir: Path, needed: int, root: Path) -> Path | None:
+    try:
+        if not root.is_dir() or not os.access(root, os.W_OK | os.X_OK):
+            return None
+        free = shutil.disk_usage(root).free
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except (OSError, ImportError):
+        return None
+    if free < needed + HEADROOM or available < needed + HEADROOM:
+        return None
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    key = folder_key(data_dir).encode()
+    import hashlib
+
+    folder = root / f"slotkeeper-{uid}" / hashlib.sha256(key).hexdigest()[:16]
+    try:
+        ensure_staging(folder.parent)
+        ensure_staging(folder)
+    except OSError:
+        return None  # another user's folder of that name, a link: not ours to use
+    return folder
+
+
+def ensure_staging(folder: Path) -> None:
+    """Create the folder (0700) if it is gone, and check it is still private (UnsafeFolder)."""
+    ensure_private_folder(Path(folder), "staging folder")
+
+
+STALE_SECONDS = 60.0  # a state file this old is no save or restore under way
+
+
+def clear_staging(folder: Path) -> int:
+    """Remove the state files an earlier run left (a save or restore cut short, not written to for a
+    minute); returns how many."""
+    import time
+
+    removed = 0
+    now = time.time()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        if name.startswith(INCOMING_PREFIX) or name.startswith("restore-"):
+            try:
+                if now - os.lstat(Path(folder) / name).st_mtime < STALE_SECONDS:
+                    continue
+                os.unlink(Path(folder) / name)
+                removed += 1
+            except OSError:
+                pass
+    return removed

@@ -1,0 +1,131 @@
+"""The states the sessions folder keeps, as the rest of Slotkeeper sees them: a KV file name
+(``<id>.<gen>.kvm``, a manifest over shared pieces; or ``<id>.<gen>.kv``, a whole state of the
+layout before pieces) becomes the file llama-server restores from (``materialize``); the pieces a
+conversation's states use, with their sizes (``pieces_of``, what its sidecar records); pieces nothing
+names any more are collected (``collect``), never younger than a save takes to commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from slotkeeper.core.sessions import pieces
+from slotkeeper.core.sessions.naming import (
+    INCOMING_PREFIX,
+    MANIFEST_SUFFIX,
+    OWN_KV_RE,
+    PIECES_DIR,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["COLLECT_GRACE_SECONDS", "States"]
+
+# A save writes its pieces, then its manifest, then commits: pieces younger than this may belong to
+# one under way (in this process or another) and are never collected.
+COLLECT_GRACE_SECONDS = 600.0
+
+
+class States:
+    def __init__(self, folder: Path) -> None:
+        self.dir = Path(folder)
+        self.pieces_dir = self.dir / PIECES_DIR
+        self._sizes: dict[str, int] = {}  # pieces never change: their sizes are kept once seen
+
+    def materialize(self, kv_file: str, out: Path) -> int:
+        """Write the state ``kv_file`` names to ``out`` (created, 0600): assembled from its pieces
+        (each checked against its name), or copied when it is a whole state. PieceError or OSError
+        says why not; nothing is left at ``out`` then. Returns its size."""
+        path = self.dir / kv_file
+        if kv_file.endswith(MANIFEST_SUFFIX):
+            return pieces.assemble(pieces.read_manifest(path), self.pieces_dir, out)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+        try:
+            with open(path, "rb") as src, os.fdopen(fd, "wb", closefd=False) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+                size = dst.tell()
+        except BaseException:
+            os.close(fd)
+            out.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        return size
+
+    def pieces_of(self, kv_files: Iterable[str]) -> dict[str, int]:
+        """Every piece the states ``kv_files`` are made of, with its size on disk (a whole state uses
+        none; a manifest that cannot be read names none)."""
+        out: dict[str, int] = {}
+        for kv_file in kv_files:
+            if not kv_file.endswith(MANIFEST_SUFFIX):
+                continue
+            try:
+                ids = pieces.read_manifest(self.dir / kv_file).piece_ids()
+            except (pieces.PieceError, OSError, ValueError):
+                continue
+            for piece_id in ids:
+                out[piece_id] = self.size_of(piece_id)
+        return out
+
+    def size_of(self, piece_id: str) -> int:
+        size = self._sizes.get(piece_id)
+        if size is None:
+            try:
+                size = os.stat(pieces.piece_path(self.pieces_dir, piece_id)).st_size
+            except OSError:
+                return 0
+            self._sizes[piece_id] = size
+        return size
+
+    def problems(self, kv_file: str) -> list[str]:
+        """What keeps the state ``kv_file`` from being assembled: a manifest that does not read, a
+        piece missing or damaged (each piece read whole and hashed)."""
+        if not kv_file.endswith(MANIFEST_SUFFIX):
+            return []
+        try:
+            manifest = pieces.read_manifest(self.dir / kv_file)
+        except (pieces.PieceError, OSError, ValueError) as exc:
+            return [str(exc)]
+        found = []
+        for piece_id in sorted(manifest.piece_ids()):
+            problem = pieces.check_piece(self.pieces_dir, piece_id)
+            if problem:
+                found.append(problem)
+        return found
+
+    def referenced(self) -> set[str]:
+        """The pieces any manifest in the folder names (the sessions', their points', a save's being
+        committed): what ``collect`` keeps, whatever the sidecars say."""
+        named: set[str] = set()
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return named
+        for name in names:
+            ours = OWN_KV_RE.match(name) or name.startswith(INCOMING_PREFIX)
+            if not name.endswith(MANIFEST_SUFFIX) or not ours:
+                continue
+            try:
+                named |= pieces.read_manifest(self.dir / name).piece_ids()
+            except (pieces.PieceError, OSError, ValueError) as exc:
+                # Unreadable: its pieces cannot be told apart, so none is collected this time.
+                log.warning("not collecting pieces: %s does not read (%s)", name, exc)
+                return {"*"}
+        return named
+
+    def collect(self, grace_seconds: float = COLLECT_GRACE_SECONDS) -> tuple[int, int]:
+        """Remove the pieces no manifest names, older than ``grace_seconds``: (pieces, bytes)."""
+        named = self.referenced()
+        if "*" in named:
+            return 0, 0
+        removed, freed = pieces.collect(self.pieces_dir, named, time.time() - grace_seconds)
+        for piece_id in list(self._sizes):
+            if piece_id not in named:
+                self._sizes.pop(piece_id, None)
+        if removed:
+            log.info("collected %d pieces no conversation uses (%d bytes)", removed, freed)
+        return removed, freed
