@@ -31,7 +31,7 @@ def save_incoming(store: SessionStore, incoming_name: str, n_written: int, slot:
                   describe: saving.Describe, current_id: str | None = None) -> saving.SaveOutcome:
     """The save protocol as the engine runs it on the file llama-server just wrote (``check_written``,
     then ``commit_written``); the incoming file is gone afterwards whatever happens. Raises SaveError."""
-    written = saving.check_written(store, incoming_name, n_written, slot)
+    written = saving.check_written(store, store.dir / incoming_name, n_written, slot)
     if written is None:
         return saving.SaveOutcome("empty", None)
     return saving.commit_written(store, written, ctx, describe, current_id)

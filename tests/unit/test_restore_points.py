@@ -140,15 +140,20 @@ def test_a_point_is_committed_beside_its_session_claimed_counted_and_deleted_wit
     assert p.verified is not None  # hashed as it was committed: a restore need not hash it again
     assert load_sidecar(folder / f"{SID}.json").points == after.points
     assert not list(folder.glob("incoming-*"))
-    # One session, its size with its point; the point is no unmanaged file and no leftover.
+    # One session, its size with its point (its manifest and the pieces only it uses); the point
+    # and its pieces are no unmanaged files and no leftovers.
     listing = store.listing()
     assert [e.id for e in listing.sessions] == [SID] and listing.unmanaged == []
-    assert listing.sessions[0].size_bytes == main_size + p.size_bytes
-    assert store.usage_bytes() == main_size + p.size_bytes
+    pieces_bytes = sum(after.pieces.values())
+    assert pieces_bytes > 0 and all(size > 0 for size in after.pieces.values())
+    assert listing.sessions[0].size_bytes == main_size + p.size_bytes + pieces_bytes
+    assert store.usage_bytes() == main_size + p.size_bytes + pieces_bytes
     assert store.sweep() == [] and (folder / p.kv_file).exists()
     assert SessionStore(folder).sweep() == []  # a new process (no index kept) claims it too
     store.delete(SID)
-    assert sorted(x.name for x in folder.iterdir() if not x.name.startswith(".")) == []
+    assert sorted(x.name for x in folder.iterdir() if not x.name.startswith(".")) == ["pieces"]
+    store.states.collect(grace_seconds=0)  # the pieces it used go with the next collection
+    assert not list((folder / "pieces").rglob("*.kvp"))
 
 
 def test_a_point_whose_tokens_the_session_no_longer_starts_with_is_not_kept(tmp_path):
@@ -215,10 +220,13 @@ def test_over_budget_the_points_of_the_least_recently_used_conversations_go_befo
     store, _ = _session(folder)  # used 2026-01-01
     newer = make_session(folder, "bbbbbbbbbbbb", tokens=CONVERSATION, used="2026-02-01T00:00:00Z")
     store.listing()
-    for sid in (SID, newer.id):
-        assert saving.commit_point(store, _incoming(folder, 900), sid, POINT_PROMPT) is not None
+    for sid, extra in ((SID, 0), (newer.id, 1000)):  # states of their own (alike, they would share a piece)
+        path = write_slot_save(folder / f"incoming-{extra:016x}.kv", CONVERSATION[:900], kv_bytes=1000 + extra)
+        written = saving.Written(path, CONVERSATION[:900], path.stat().st_size, 0, slot=0)
+        assert saving.commit_point(store, written, sid, POINT_PROMPT) is not None
     sizes = {e.id: e.size_bytes for e in store.listing().sessions}
-    old_points = sum(p.size_bytes for p in load_sidecar(folder / f"{SID}.json").points)
+    older = load_sidecar(folder / f"{SID}.json")
+    old_points = sum(p.size_bytes for p in older.points) + sum(older.pieces.values())
     service = SessionsService(store, in_slots=frozenset, budget=lambda: 10**9)
     # A budget the older conversation's points alone bring it under: only they go.
     outcome = service.prune(budget=sum(sizes.values()) - old_points)
@@ -226,9 +234,10 @@ def test_over_budget_the_points_of_the_least_recently_used_conversations_go_befo
     assert load_sidecar(folder / f"{SID}.json").points == ()
     assert len(load_sidecar(folder / f"{newer.id}.json").points) == 1
     assert sorted(e.id for e in store.sessions()) == sorted([SID, newer.id])
-    assert store.sweep() == [] and len(list(folder.glob("*.kv"))) == 3
+    assert store.sweep() == [] and len([*folder.glob("*.kv"), *folder.glob("*.kvm")]) == 3
     # Tighter: the newer one's points go too, then the least recently used conversation.
-    newer_points = sum(p.size_bytes for p in load_sidecar(folder / f"{newer.id}.json").points)
+    newest = load_sidecar(folder / f"{newer.id}.json")
+    newer_points = sum(p.size_bytes for p in newest.points) + sum(newest.pieces.values())
     outcome = service.prune(budget=sizes[newer.id] - newer_points + 1)
     assert load_sidecar(folder / f"{newer.id}.json").points == ()
     assert [c.id for c in outcome.plan.delete] == [SID]

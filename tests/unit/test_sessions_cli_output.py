@@ -304,7 +304,8 @@ def test_show_and_list_count_a_conversations_restore_points(paths, capsys):
     assert code == 0, err
     assert "restore points" in out and "897 tokens (a prompt)" in out
     code, out, err = sessions(paths, "list", capsys=capsys)
-    total = sc.size_bytes + after.points[0].size_bytes
-    assert code == 0 and out.count("Hybrid chat") == 1  # one row for the conversation and its point
+    # Its save, its point's manifest and the pieces its point is made of (only it uses them).
+    total = sc.size_bytes + after.points[0].size_bytes + sum(after.pieces.values())
+    assert after.pieces and code == 0 and out.count("Hybrid chat") == 1  # one row, its point in it
     listed = json.loads(sessions(paths, "list", "--json", capsys=capsys)[1])
     assert [row["size_bytes"] for row in listed] == [total]

@@ -227,6 +227,7 @@ class SessionsService:
         if session_id in self.in_slots():
             raise SessionInUse(session_id)
         self._delete(session_id)
+        self.store.states.collect()  # the pieces only it used
         return SessionChanges(removed=(session_id,))
 
     def transcript(self, session_id: str) -> Transcript | None:
@@ -254,8 +255,18 @@ class SessionsService:
         """Restore points go first: those of the least recently used conversations, until they fit."""
         listing = self.store.listing()
         usage = sum(e.size_bytes for e in listing.sessions)
-        for session_id, files, _ in pruner.plan_points(listing.sessions, usage, limit):
+        states = self.store.states
+
+        def pieces_only(e) -> int:
+            sc = e.sidecar
+            return states.points_only(sc.kv_file, [p.kv_file for p in sc.points]) if sc is not None else 0
+
+        dropped = False
+        for session_id, files, _ in pruner.plan_points(listing.sessions, usage, limit, pieces_only):
             self.store.drop_points(session_id, files)
+            dropped = True
+        if dropped:
+            self.store.states.collect()
 
     def prune(self, budget: int | None = None, dry_run: bool = False, quick: bool = False) -> PruneOutcome:
         """Delete the least recently used sessions until the rest fit the budget, their restore
@@ -281,7 +292,9 @@ class SessionsService:
                 raise SessionInUse(session_id)
             self._delete(session_id)
 
-        return PruneOutcome(plan, pruner.apply(plan, delete), unmanaged)
+        result = pruner.apply(plan, delete)
+        self.store.states.collect()  # the pieces only they used
+        return PruneOutcome(plan, result, unmanaged)
 
     def search(self, text: str, limit: int = 20) -> SearchResult:
         """Saved conversations by what was said in them (every word typed, as a word or its start),

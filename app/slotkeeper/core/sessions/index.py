@@ -44,7 +44,7 @@ import xxhash
 from slotkeeper.core.basics.fsutil import atomic_write_bytes
 from slotkeeper.core.sessions.entries import row_base
 from slotkeeper.core.sessions.lineage import DEFAULT_MIN_FORK_PREFIX, DEFAULT_TAIL_SLACK
-from slotkeeper.core.sessions.naming import KV_SUFFIX, SESSION_ID_RE, transcript_name
+from slotkeeper.core.sessions.naming import KV_SUFFIX, MANIFEST_SUFFIX, SESSION_ID_RE, transcript_name
 from slotkeeper.core.sessions.rows import RACY_NS, Stamp
 from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar
 
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 BLOCK = 64  # tokens per block: prefixes are found to the block, then measured exactly
 HEAD_TOKENS = DEFAULT_MIN_FORK_PREFIX  # lineage: the least a fork shares with its parent
 TAIL_SLACK = DEFAULT_TAIL_SLACK  # lineage: an update may leave a session this many tokens before its end
-INDEX_VERSION = 4  # 4: restore points among the facts (their files are claimed)
+INDEX_VERSION = 5  # 4: restore points among the facts (their files are claimed); 5: the pieces used
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
@@ -322,7 +322,25 @@ def claimed_files(facts: Mapping[str, Any]) -> frozenset[str]:
 
 
 # What a listing needs of each sidecar without decoding it (kept beside it in the index file).
-FACT_KEYS = ("id", "kv_file", "size_bytes", "corrupt", "last_used_at", "model_sha256", "points")
+FACT_KEYS = ("id", "kv_file", "size_bytes", "corrupt", "last_used_at", "model_sha256", "points", "pieces")
+
+
+def piece_shares(pieces_of: Mapping[str, Any]) -> tuple[dict[str, int], int]:
+    """What the pieces cost each session and in all: ``pieces_of`` maps a session to its sidecar's
+    ``pieces`` (id -> bytes). A piece only one session uses is all its own; one several share is
+    split between them; the total counts each piece once (what the disk holds)."""
+    users: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for pieces in pieces_of.values():
+        if isinstance(pieces, Mapping):
+            for piece_id, size in pieces.items():
+                users[piece_id] = users.get(piece_id, 0) + 1
+                sizes[piece_id] = size if isinstance(size, int) else 0
+    shares = {}
+    for sid, pieces in pieces_of.items():
+        if isinstance(pieces, Mapping):
+            shares[sid] = sum(sizes[p] // users[p] for p in pieces)
+    return shares, sum(sizes.values())
 
 
 class SidecarRecord:
@@ -600,15 +618,17 @@ class SessionsIndex(TokenIndex):
             if not self.scanned:
                 return None
             total = 0
-            for rec in self.records.values():
+            pieces_of = {}
+            for sid, rec in self.records.items():
                 facts = rec.facts()
                 if not facts:
                     continue
+                pieces_of[sid] = facts.get("pieces")
                 for name in claimed_files(facts):
                     st = self.files.get(name)
-                    if name.endswith(KV_SUFFIX) and st is not None and stat.S_ISREG(st[0]):
+                    if name.endswith((KV_SUFFIX, MANIFEST_SUFFIX)) and st is not None and stat.S_ISREG(st[0]):
                         total += st[1]
-            return total
+            return total + piece_shares(pieces_of)[1]
 
     # -- on disk --------------------------------------------------------------------------
     def to_bytes(self) -> bytes:

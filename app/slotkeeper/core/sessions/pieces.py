@@ -444,6 +444,7 @@ def _runs(buf: memoryview, s: KvStream, shape: Shape, index: _CandidateIndex, kn
         if _same(_cells_bytes(buf, s, shape, i, j), _piece_cells_bytes(piece, shape, lo, hi)):
             if pending < i:
                 yield from writer.cells(buf, s, shape, hashes, pending, i)
+            writer.reused.add(piece_id)
             yield Run(piece_id, lo, hi)
             pending = j
         i = j
@@ -463,6 +464,7 @@ class _Writer:
         self.dir = pieces_dir
         self.written = 0
         self.new: list[str] = []
+        self.reused: set[str] = set()
         self._dirs: set[Path] = set()
 
     def cells(self, buf: memoryview, s: KvStream, shape: Shape, hashes: list[int], a: int,
@@ -487,6 +489,7 @@ class _Writer:
         path = piece_path(self.dir, piece_id)
         try:
             if path.stat().st_size == len(head) + len(khash) + size:
+                self.reused.add(piece_id)
                 return piece_id  # the same bytes are there already
         except OSError:
             pass
@@ -512,10 +515,17 @@ class _Writer:
         return piece_id
 
     def sync(self) -> None:
+        """The new pieces' folders synced; the pieces used again touched, so that a collection
+        (which spares recent pieces) never takes one this state is about to name."""
         for d in self._dirs:
             fsync_dir(d)
         if self._dirs:
             fsync_dir(self.dir)
+        for piece_id in self.reused:
+            try:
+                os.utime(piece_path(self.dir, piece_id))
+            except OSError:
+                pass
 
 
 # -- manifests ------------------------------------------------------------------------------

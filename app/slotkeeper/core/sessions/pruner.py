@@ -140,18 +140,20 @@ def plan(
     )
 
 
-def plan_points(entries: Iterable[SessionEntry], usage: int,
-                budget_bytes: int) -> list[tuple[str, list[str], int]]:
+def plan_points(entries: Iterable[SessionEntry], usage: int, budget_bytes: int,
+                pieces_only: Callable[[SessionEntry], int] = lambda e: 0) -> list[tuple[str, list[str], int]]:
     """Restore points go before whole conversations: the points of the least recently used
     conversations first (pinned ones last), until ``usage`` fits the budget. Returns (session id,
-    its point files, their bytes) to drop, in order; nothing when it fits already."""
-    with_points = [(e.id, e.sidecar) for e in entries if e.sidecar is not None and e.sidecar.points]
+    its point files, their bytes) to drop, in order; nothing when it fits already.
+    ``pieces_only(entry)``: the bytes of pieces only its points use (freed with them)."""
+    e_by_id = {e.id: e for e in entries}
+    with_points = [(e.id, e.sidecar) for e in e_by_id.values() if e.sidecar is not None and e.sidecar.points]
     with_points.sort(key=lambda pair: (pair[1].pinned, parse_utc(pair[1].last_used_at), pair[0]))
     out = []
     for session_id, sc in with_points:
         if usage <= budget_bytes:
             break
-        freed = sum(p.size_bytes for p in sc.points)
+        freed = sum(p.size_bytes for p in sc.points) + pieces_only(e_by_id[session_id])
         out.append((session_id, [p.kv_file for p in sc.points], freed))
         usage -= freed
     return out

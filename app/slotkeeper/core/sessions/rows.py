@@ -29,7 +29,7 @@ Stamp = tuple[int, int, int, int, int]  # st_mode, st_size, st_mtime_ns, st_ino,
 RACY_NS = 2_000_000_000  # a file changed this recently may change again without its stat changing
 # What the rows are made of: bump it when a row changes for the same files (a new sidecar schema,
 # a new index layout, a new row shape). tests/unit/test_index.py checks it names the current ones.
-ROWS_FORMAT = "rows-1/index-4/sidecar-2"
+ROWS_FORMAT = "rows-1/index-5/sidecar-3"
 _I64 = 1 << 63
 
 

@@ -26,9 +26,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["COLLECT_GRACE_SECONDS", "States"]
 
-# A save writes its pieces, then its manifest, then commits: pieces younger than this may belong to
-# one under way (in this process or another) and are never collected.
-COLLECT_GRACE_SECONDS = 600.0
+# A save writes its new pieces and touches those it uses again, then writes its manifest, then
+# commits: pieces written or touched this recently may belong to one under way (in this process or
+# another) and are never collected.
+COLLECT_GRACE_SECONDS = 120.0
 
 
 class States:
@@ -80,6 +81,12 @@ class States:
                 return 0
             self._sizes[piece_id] = size
         return size
+
+    def points_only(self, kv_file: str, points: Iterable[str]) -> int:
+        """The bytes of the pieces the states ``points`` use and the state ``kv_file`` does not:
+        what dropping those restore points frees (their manifests aside)."""
+        main = self.pieces_of([kv_file])
+        return sum(size for piece_id, size in self.pieces_of(points).items() if piece_id not in main)
 
     def problems(self, kv_file: str) -> list[str]:
         """What keeps the state ``kv_file`` from being assembled: a manifest that does not read, a

@@ -37,7 +37,7 @@ from slotkeeper.core.basics.tokens import TYPECODE, TokenArray
 from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
 from slotkeeper.core.sessions.file_checks import StatOf, file_integrity, integrity_problems, sidecar_problems
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
-from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord
+from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord, piece_shares
 from slotkeeper.core.sessions.naming import (
     INCOMING_PREFIX,
     LOCK_NAME,
@@ -205,8 +205,12 @@ class SessionStore:
             entries: list[SessionEntry] = []
             claimed: set[str] = set()
             order: dict[str, tuple[str, float]] = {}
-            for sid, rec in self.index.items():
+            records = list(self.index.items())
+            shares, _total = piece_shares({sid: (rec.facts() or {}).get("pieces") for sid, rec in records})
+            for sid, rec in records:
                 entry = self._record_entry(sid, rec, files.get)
+                if shares.get(sid):
+                    entry = replace(entry, size_bytes=entry.size_bytes + shares[sid])
                 entries.append(entry)
                 order[entry.id] = rec.recency()
                 claimed.add(sid + SIDECAR_SUFFIX)
@@ -242,7 +246,9 @@ class SessionStore:
                     return split_rows(body)
             files = self._refresh(files)
             rows = []
-            for sid, rec in self.index.items():
+            records = list(self.index.items())
+            shares, _total = piece_shares({sid: (rec.facts() or {}).get("pieces") for sid, rec in records})
+            for sid, rec in records:
                 facts = rec.facts()
                 if facts is None:
                     row = orjson.dumps(list_row(sid, None, 0, [f"unreadable sidecar: {rec.error}"]))
@@ -250,10 +256,13 @@ class SessionStore:
                     try:
                         Sidecar.check_index_paths(facts, facts.get("id"))
                         size, problems = sidecar_problems(self.dir, sid, facts, files.get)
+                        size += shares.get(sid, 0)
                         base = rec.row()
                         assert base is not None  # facts were read, so the sidecar's JSON was
                     except (SidecarError, KeyError, TypeError):  # not what we wrote: the full way
-                        row = orjson.dumps(self._record_entry(sid, rec, files.get).to_json())
+                        entry = self._record_entry(sid, rec, files.get)
+                        entry = replace(entry, size_bytes=entry.size_bytes + shares.get(sid, 0))
+                        row = orjson.dumps(entry.to_json())
                     else:
                         row = finish_row(base, size, problems)
                 rows.append((rec.recency(), sid, row))
@@ -503,6 +512,7 @@ class SessionStore:
             self.index.note_files(dict.fromkeys(removed))
         if removed:
             log.info("removed leftovers of interrupted saves: %s", ", ".join(removed))
+        self.states.collect()  # pieces nothing names any more (superseded versions, deleted sessions)
         return removed
 
     def update(self, session_id: str, change: Callable[[Sidecar], Sidecar]) -> Sidecar:
