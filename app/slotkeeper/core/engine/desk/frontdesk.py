@@ -74,7 +74,7 @@ def session_option(hit: SavedPrefix, n_request: int, exact: bool) -> SessionOpti
     if point is None:
         return None
     return SessionOption(hit.session_id, point.n_tokens, point.n_tokens, True, point=point.kv_file,
-                         size_bytes=point.size_bytes)
+                         size_bytes=point.state_bytes or point.size_bytes)
 
 
 @dataclass

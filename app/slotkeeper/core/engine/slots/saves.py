@@ -265,7 +265,8 @@ class SlotSaves:
 def save_summary(slot: int, reason: str, outcome: SaveOutcome) -> SaveSummary:
     sc = outcome.sidecar
     return SaveSummary(slot=slot, kind=outcome.kind, id=sc.id if sc else None, reason=reason,
-                       n_tokens=outcome.n_tokens, ms=outcome.save_ms, size_bytes=sc.size_bytes if sc else 0,
+                       n_tokens=outcome.n_tokens, ms=outcome.save_ms,
+                       size_bytes=(sc.state_bytes or sc.size_bytes) if sc else 0,
                        title=sc.title if sc else "")
 
 

@@ -196,8 +196,9 @@ class Library:
             except (OSError, SessionNotFound, ValueError):
                 self.store.unroute(hit.session_id)  # gone or changed behind our back
                 continue
-            yield SavedPrefix(hit.session_id, common_prefix_len(tokens, saved), len(saved),
-                              entry.sidecar.points, entry.sidecar.size_bytes)
+            sc = entry.sidecar
+            yield SavedPrefix(hit.session_id, common_prefix_len(tokens, saved), len(saved), sc.points,
+                              sc.state_bytes or sc.size_bytes)  # what a restore reads
 
     # -- the search index ---------------------------------------------------------------------
     def complete_search(self, facts: ServerFacts | None, http: Callable[[], LlamaClient],
