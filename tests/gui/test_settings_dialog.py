@@ -204,7 +204,12 @@ def test_swa_full_note_for_a_sliding_window_model(qtbot, engine, make_dialog, ge
 def test_flash_attention_says_what_auto_chose_for_the_model_and_why(qtbot, engine, make_dialog, gemma2):
     from slotkeeper.core.model.gguf_info import facts_cache
     from slotkeeper.core.server.calibrate import Session, Verdict
-    from slotkeeper.core.server.flash_choice import MEASURED, FlashAttnChoice, describe_verdict, remember_choice
+    from slotkeeper.core.server.flash_choice import (
+        MEASURED,
+        FlashAttnChoice,
+        describe_verdict,
+        remember_choice,
+    )
     from slotkeeper.gui.settings.server_tab import AUTO_UNDECIDED
 
     engine.update_settings(engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1))

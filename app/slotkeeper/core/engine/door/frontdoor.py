@@ -362,24 +362,20 @@ class FrontDoor:
         outcome = Outcome(status=0, processed=False)
         reply = ReplyCollector()
         learn = Learn(ep.prompt, prompt_fields(body))
-        target, data, as_messages = path, with_slot(raw, body, ticket.slot), False
-        chat = None
-        if ep.prompt == endpoints.PROMPT_MESSAGES and policy.n_slots > 1:
-            chat = messages_as_chat(body)
-        if chat is not None:  # llama-server's Messages handler would drop the slot chosen: sent as a chat
-            target, as_messages = MESSAGES_AS_CHAT_PATH, True
-            data = with_slot(orjson.dumps(chat), chat, ticket.slot)
-        try:
+        try:  # from here on the slot is leased: released below whatever happens
+            target, data, as_messages = path, with_slot(raw, body, ticket.slot), False
+            chat = None
+            if ep.prompt == endpoints.PROMPT_MESSAGES and policy.n_slots > 1:
+                chat = messages_as_chat(body)
+            if chat is not None:  # llama-server's Messages handler would drop the slot chosen: sent as a chat
+                target, as_messages = MESSAGES_AS_CHAT_PATH, True
+                data = with_slot(orjson.dumps(chat), chat, ticket.slot)
             return await self._forward(request, target, query, data, ticket, outcome, reply, as_messages)
         finally:
-            # The conversation as it stands now (built after the reply went out; never sent anywhere).
             if outcome.processed and outcome.timings is not None:
                 if ep.prompt == endpoints.PROMPT_CHAT:
                     outcome.request = learn
-                text = single_prompt(body.get("prompt")) if ep.prompt == endpoints.PROMPT_TEXT else None
-                outcome.transcript = conversation(
-                    transcripts.from_request(path, ep.prompt, body, text if isinstance(text, str) else None),
-                    reply)
+                outcome.transcript = _transcript(path, ep.prompt, body, reply)
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
@@ -441,6 +437,20 @@ class FrontDoor:
 
 
 WENT_AWAY = "llama-server went away during the request (it is being restarted)"
+
+
+def _transcript(path: str, prompt: str | None, body: dict[str, Any],
+                reply: ReplyCollector) -> transcripts.Transcript | None:
+    """The conversation as it stands after a request (built after the reply went out; never sent
+    anywhere). A body it cannot be read from is logged and kept without one: the request's slot
+    is released and the door goes on serving whatever this raises."""
+    try:
+        text = single_prompt(body.get("prompt")) if prompt == endpoints.PROMPT_TEXT else None
+        given = transcripts.from_request(path, prompt, body, text if isinstance(text, str) else None)
+        return conversation(given, reply)
+    except Exception:
+        log.exception("the conversation of a request to %s could not be written down", path)
+        return None
 
 
 async def _no_server_header(_request: web.Request, response: web.StreamResponse) -> None:
