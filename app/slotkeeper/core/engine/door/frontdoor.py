@@ -68,6 +68,7 @@ MAX_BODY_BYTES_IN_FLIGHT = 512 * 1024 * 1024  # request bodies held at once
 BUSY_RETRY_SECONDS = 1
 SHUTDOWN_GRACE_SECONDS = 1.0
 TOKEN_LIMIT = 2**31  # llama-server's token ids are 32-bit
+MAX_DOUBLE = 1.7976931348623157e308  # a JSON number llama-server reads past this overflows
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailers", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
                         "x-api-key"})
@@ -228,6 +229,8 @@ class FrontDoor:
         try:
             if ep.kind == endpoints.GENERATE:
                 return await self._generate(request, path, query, ep, raw, policy)
+            if ep.json_body:
+                read_json(raw)  # BadBody: what llama-server's parser would refuse or not survive
             return await self._pass(request, path, query, raw)
         finally:
             self._bytes_in_flight -= len(raw)
@@ -472,22 +475,33 @@ def prompt_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in SAMPLING_FIELDS}
 
 
-def parse_object(raw: bytes) -> dict[str, Any]:
-    """A generation request's body: a JSON object. BadBody (400, with the reason) for anything
-    else, so nothing the front door cannot read goes to a slot it did not choose. A UTF-8 byte
-    order mark is skipped (llama-server's parser skips it too); NaN and infinities are refused,
-    as llama-server refuses them."""
+def read_json(raw: bytes) -> Any:
+    """A request body as JSON that llama-server can read. BadBody (400, with the reason) for a
+    body it would refuse or could not survive: not valid JSON or not UTF-8, a lone surrogate
+    escaped in a string, NaN, a number past a double (llama-server: "number overflow"), nesting
+    past the parser's depth (llama-server's recursive parser would overflow its stack). A UTF-8
+    byte order mark is skipped (llama-server's parser skips it too). Every body the door sends
+    on to a parser of llama-server's is read here first."""
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     try:
-        body = orjson.loads(raw)
+        return orjson.loads(raw)  # at most 1,024 levels deep; no surrogates, NaN or infinities
     except orjson.JSONDecodeError:
-        try:  # orjson refuses what JSON allows but it does not (integers past 64 bits)
-            body = json.loads(raw, parse_constant=_no_constant)
-        except RecursionError:
-            raise BadBody("the request body is nested too deeply") from None
-        except ValueError as exc:
-            raise BadBody(f"the request body is not valid JSON: {exc}") from None
+        pass
+    try:  # what JSON allows but orjson does not (integers past 64 bits); then checked as llama-server reads
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadBody("the request body is nested too deeply") from None
+    except ValueError as exc:
+        raise BadBody(f"the request body is not valid JSON: {exc}") from None
+    _check_values(body)
+    return body
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """A generation request's body: a JSON object (``read_json``). BadBody (400, with the reason)
+    for anything else, so nothing the front door cannot read goes to a slot it did not choose."""
+    body = read_json(raw)
     if not isinstance(body, dict):
         raise BadBody("the request body must be a JSON object")
     _check_token_ids(body.get("prompt"))
@@ -496,6 +510,30 @@ def parse_object(raw: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_values(body: Any) -> None:
+    """What the standard parser lets through and llama-server refuses: a lone surrogate in a string
+    or a key, a number no double holds."""
+    stack = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise BadBody("the request body is not valid JSON: a string holds a lone surrogate "
+                              f"({value[exc.start]!r}): a surrogate U+D800..U+DBFF must be followed by "
+                              "U+DC00..U+DFFF") from None
+        elif isinstance(value, float) and not math.isfinite(value) or (
+                type(value) is int and abs(value) > MAX_DOUBLE):
+            raise BadBody("the request body is not valid JSON: a number overflows a double "
+                          "(llama-server: number overflow)")
 
 
 def _check_token_ids(prompt: Any, depth: int = 0) -> None:
