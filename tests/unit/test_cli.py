@@ -112,8 +112,8 @@ def test_llama_servers_own_spellings_of_the_server_options_are_taken(where):
              "cache_type_v": ("-ctv", "--cache-type-v"), "model": ("-m", "--model"),
              "mmproj": ("-mm", "--mmproj")}
     values = {"ctx": ("8192", 8192), "parallel": ("3", 3), "flash_attn": ("off", False),
-              "cache_type_k": ("q8_0", "q8_0"), "cache_type_v": ("q4_0", "q4_0"), "model": ("m.gguf", "m.gguf"),
-              "mmproj": ("p.gguf", "p.gguf")}
+              "cache_type_k": ("q8_0", "q8_0"), "cache_type_v": ("q4_0", "q4_0"),
+              "model": ("m.gguf", "m.gguf"), "mmproj": ("p.gguf", "p.gguf")}
     for dest, spellings in given.items():
         text, value = values[dest]
         for spelling in spellings:
