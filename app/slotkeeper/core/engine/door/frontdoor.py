@@ -343,9 +343,8 @@ class FrontDoor:
     async def _generate(self, request: web.Request, path: str, query: str, ep: Endpoint, raw: bytes,
                         policy: DoorPolicy) -> web.StreamResponse:
         body = parse_object(raw)  # BadBody: never forwarded unrouted
-        pinned = body.get("id_slot")
-        pinned = pinned if isinstance(pinned, int) and not isinstance(pinned, bool) and pinned >= 0 else None
-        if policy.n_slots > 1:
+        pinned = _pinned(ep.prompt, body, policy.n_slots)
+        if policy.n_slots > 1 and ep.prompt != endpoints.PROMPT_MESSAGES:  # its conversion drops n and n_cmpl
             many = _several_slots(path, body)
             if many:
                 raise FrontDeskError(501, many)
@@ -458,6 +457,17 @@ def _transcript(path: str, prompt: str | None, body: dict[str, Any],
 
 async def _no_server_header(_request: web.Request, response: web.StreamResponse) -> None:
     response.headers.pop("Server", None)  # llama-server sends none; neither does its front door
+
+
+def _pinned(prompt: str | None, body: dict[str, Any], n_slots: int) -> int | None:
+    """The slot a request names (``id_slot``), as llama-server reads it: a Messages request's is
+    dropped by llama-server's conversion, a Responses request's is wrapped around the slots as
+    llama-server wraps it; elsewhere one beyond the slots is refused (the front desk: 400)."""
+    pinned = body.get("id_slot")
+    if prompt == endpoints.PROMPT_MESSAGES or not isinstance(pinned, int) or isinstance(pinned, bool) \
+            or pinned < 0:
+        return None
+    return pinned % n_slots if prompt == endpoints.PROMPT_RESPONSES and n_slots > 0 else pinned
 
 
 def _several_slots(path: str, body: dict[str, Any]) -> str | None:
