@@ -31,7 +31,7 @@ import json
 import logging
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,7 @@ from slotkeeper.core.engine.door.httpstack import aiohttp, web
 from slotkeeper.core.engine.door.prompts import PromptTokens, resetting_socket, single_prompt
 from slotkeeper.core.engine.door.shapes import SAMPLING_FIELDS, Learn
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
+from slotkeeper.core.server.command import SSE_PING_DEFAULT
 from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.transcripts import ReplyCollector, SseReader, conversation
 
@@ -97,6 +98,54 @@ class DoorPolicy:
     slots: bool = True
     metrics: bool = False
     n_slots: int = 0  # 0: not known yet
+    sse_ping: int = SSE_PING_DEFAULT  # llama-server's --sse-ping-interval: seconds, <= 0 none
+
+
+PING = b":\n\n"  # llama-server's SSE comment ping (a line a client's SSE parser skips)
+
+
+class SseWriter:
+    """Writes a stream's bytes to the client, and an SSE comment (``PING``) whenever ``interval``
+    seconds pass without a write, between events only: so a client that times out a silent
+    connection keeps it through a long prefill or any longer pause, as llama-server's own pings
+    would keep it (Slotkeeper's polls of /slots keep those from coming: llama-server pings only
+    after a quiet second). The events' bytes are never changed."""
+
+    def __init__(self, resp: web.StreamResponse, interval: float) -> None:
+        self.resp = resp
+        self.interval = interval
+        self.between = True  # what was written ends an event (or nothing was)
+        self.last = asyncio.get_running_loop().time()
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            await self.resp.write(data)
+            self.between = data.endswith(b"\n\n")
+            self.last = asyncio.get_running_loop().time()
+
+    async def pump(self, read: Callable[[], Awaitable[bytes]], out: Callable[[bytes], bytes]) -> None:
+        """``read`` chunks until it gives b"", writing ``out(chunk)`` of each; pinging in silences."""
+        loop = asyncio.get_running_loop()
+        pending: asyncio.Future[bytes] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(read())
+                timeout = None if self.interval <= 0 else max(0.0, self.last + self.interval - loop.time())
+                done, _ = await asyncio.wait({pending}, timeout=timeout)
+                if not done:
+                    if self.between:
+                        await self.resp.write(PING)
+                    self.last = loop.time()
+                    continue
+                chunk = pending.result()
+                pending = None
+                if not chunk:
+                    return
+                await self.write(out(chunk))
+        finally:
+            if pending is not None:
+                pending.cancel()
 
 
 class BadBody(ValueError):
@@ -296,7 +345,7 @@ class FrontDoor:
                 async with session.request(request.method, self._url(path, query), data=body or None,
                                            headers=self._headers(request)) as up:
                     answered = True
-                    return await self._relay(request, up, None)
+                    return await self._relay(request, up, None, self.policy.sse_ping)
             except aiohttp.ServerDisconnectedError:
                 if attempt == 0 and idempotent and not answered:
                     continue  # a kept connection llama-server had closed: nothing was answered yet
@@ -307,33 +356,42 @@ class FrontDoor:
                               "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
-                     on_chunk: Callable[[bytes], None] | None) -> web.StreamResponse:
+                     on_chunk: Callable[[bytes], None] | None, ping: float) -> web.StreamResponse:
+        """llama-server's answer as it comes; a stream kept alive in silences (``SseWriter``)."""
         headers = answer_headers(up)
         if up.content_type != "text/event-stream" and on_chunk is None:
             body = await up.read()
             return web.Response(body=body, status=up.status, headers=headers)
         resp = web.StreamResponse(status=up.status, headers=headers)
         await resp.prepare(request)
-        async for chunk in up.content.iter_any():
+
+        def out(chunk: bytes) -> bytes:
             if on_chunk is not None:
                 on_chunk(chunk)
-            await resp.write(chunk)
+            return chunk
+
+        sse = up.content_type == "text/event-stream"
+        await SseWriter(resp, ping if sse else 0).pump(up.content.readany, out)
         await resp.write_eof()
         return resp
 
     async def _relay_as_messages(self, request: web.Request, up: aiohttp.ClientResponse,
-                                 reply: ReplyCollector) -> web.StreamResponse:
+                                 reply: ReplyCollector, ping: float) -> web.StreamResponse:
         """A streamed chat completion, sent back as the events of llama-server's streamed Messages
-        answer (an error event ends it if llama-server goes away meanwhile)."""
+        answer (an error event ends it if llama-server goes away meanwhile); kept alive in
+        silences (``SseWriter``)."""
         resp = web.StreamResponse(status=up.status, headers=answer_headers(up))
         await resp.prepare(request)
         events, chunks = MessagesStream(), SseReader()
+
+        def out(chunk: bytes) -> bytes:
+            written = b"".join(events.feed(d) for d in chunks.feed(chunk))
+            if written:
+                reply.feed_stream(written)
+            return written
+
         try:
-            async for chunk in up.content.iter_any():
-                written = b"".join(events.feed(d) for d in chunks.feed(chunk))
-                if written:
-                    reply.feed_stream(written)
-                    await resp.write(written)
+            await SseWriter(resp, ping).pump(up.content.readany, out)
         except aiohttp.ClientError:
             await resp.write(sse_event("error", {"code": 503, "message": WENT_AWAY,
                                                  "type": "unavailable_error"}))
@@ -372,7 +430,9 @@ class FrontDoor:
             if chat is not None:  # llama-server's Messages handler would drop the slot chosen: sent as a chat
                 target, as_messages = MESSAGES_AS_CHAT_PATH, True
                 data = with_slot(orjson.dumps(chat), chat, ticket.slot)
-            return await self._forward(request, target, query, data, ticket, outcome, reply, as_messages)
+            ping = _ping_interval(ep.prompt, body, policy)
+            return await self._forward(request, target, query, data, ticket, outcome, reply, ping,
+                                       as_messages)
         finally:
             if outcome.processed and outcome.timings is not None:
                 if ep.prompt == endpoints.PROMPT_CHAT:
@@ -392,7 +452,7 @@ class FrontDoor:
         self.desk.finish(ticket, outcome)
 
     async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
-                       outcome: Outcome, reply: ReplyCollector,
+                       outcome: Outcome, reply: ReplyCollector, ping: float,
                        as_messages: bool = False) -> web.StreamResponse:
         """Send the request on and the answer back (``reply`` assembles it for the transcript); the
         client has all of it before ``finish``. ``as_messages``: a Messages request sent as its chat
@@ -410,8 +470,8 @@ class FrontDoor:
                     outcome.processed = up.status == 200
                     try:
                         if as_messages:
-                            return await self._relay_as_messages(request, up, reply)
-                        return await self._relay(request, up, reply.feed_stream)
+                            return await self._relay_as_messages(request, up, reply, ping)
+                        return await self._relay(request, up, reply.feed_stream, ping)
                     finally:
                         outcome.timings = reply.timings
                 body = await up.read()
@@ -468,6 +528,16 @@ def _pinned(prompt: str | None, body: dict[str, Any], n_slots: int) -> int | Non
             or pinned < 0:
         return None
     return pinned % n_slots if prompt == endpoints.PROMPT_RESPONSES and n_slots > 0 else pinned
+
+
+def _ping_interval(prompt: str | None, body: dict[str, Any], policy: DoorPolicy) -> float:
+    """Seconds of silence after which a streamed answer gets an SSE comment: the request's
+    ``sse_ping_interval`` as llama-server reads it (its Messages conversion drops the field), else
+    the server's."""
+    given = body.get("sse_ping_interval")
+    if prompt != endpoints.PROMPT_MESSAGES and type(given) is int:
+        return given
+    return policy.sse_ping
 
 
 def _several_slots(path: str, body: dict[str, Any]) -> str | None:
