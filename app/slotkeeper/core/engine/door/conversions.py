@@ -18,7 +18,8 @@ import copy
 from typing import Any
 
 __all__ = ["MESSAGES_AS_CHAT_PATH", "MessagesStream", "NotConvertible", "chat_to_message_answer",
-           "message_answer_bytes", "messages_as_chat", "messages_to_chat", "responses_to_chat", "sse_event"]
+           "message_answer_bytes", "messages_as_chat", "messages_to_chat", "responses_to_chat", "sse_event",
+           "without_extras"]
 
 
 class NotConvertible(ValueError):
@@ -386,6 +387,11 @@ def messages_as_chat(body: dict[str, Any]) -> dict[str, Any] | None:
     if chat.get("stream") is True:
         chat.update(STREAM_EXTRAS)
     return chat
+
+
+def without_extras(chat: dict[str, Any]) -> dict[str, Any]:
+    """A Messages request's chat completion without what the door adds to write its answer back."""
+    return {k: v for k, v in chat.items() if k not in CHAT_EXTRAS and k not in STREAM_EXTRAS}
 
 
 def message_answer_bytes(answer: bytes) -> bytes:

@@ -16,7 +16,8 @@ knows; clients talk to the front door (the host and port in the settings), which
   and tells it what the response's ``timings`` say afterwards;
 - passes everything else through as it is. Streams are forwarded chunk by chunk as they come;
   a client that goes away closes the request's upstream connection, which cancels a streamed
-  request at once (a non-streamed one runs on until llama-server notices). Bodies are bounded as
+  request at once; a non-streamed generation is asked as a stream and answered as llama-server
+  answers it unstreamed (``unstream``), so it stops too. Bodies are bounded as
   llama-server bounds them (100 MiB), read once, and the requests and bytes in flight are bounded
   too.
 
@@ -48,11 +49,13 @@ from slotkeeper.core.engine.door.conversions import (
     message_answer_bytes,
     messages_as_chat,
     sse_event,
+    without_extras,
 )
 from slotkeeper.core.engine.door.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.door.httpstack import aiohttp, web
 from slotkeeper.core.engine.door.prompts import PromptTokens, resetting_socket, single_prompt
 from slotkeeper.core.engine.door.shapes import SAMPLING_FIELDS, Learn
+from slotkeeper.core.engine.door.unstream import Unstreamed, answer_kind, streamed_request
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
 from slotkeeper.core.server.command import SSE_PING_DEFAULT
 from slotkeeper.core.sessions import transcripts
@@ -423,16 +426,23 @@ class FrontDoor:
         reply = ReplyCollector()
         learn = Learn(ep.prompt, prompt_fields(body))
         try:  # from here on the slot is leased: released below whatever happens
-            target, data, as_messages = path, with_slot(raw, body, ticket.slot), False
+            target, sent, as_messages = path, body, False
             chat = None
-            if ep.prompt == endpoints.PROMPT_MESSAGES and policy.n_slots > 1:
-                chat = messages_as_chat(body)
+            streamed = body.get("stream") is True
+            if ep.prompt == endpoints.PROMPT_MESSAGES and (policy.n_slots > 1 or not streamed):
+                chat = messages_as_chat(body)  # with two slots; or to be asked as a stream (below)
             if chat is not None:  # llama-server's Messages handler would drop the slot chosen: sent as a chat
-                target, as_messages = MESSAGES_AS_CHAT_PATH, True
-                data = with_slot(orjson.dumps(chat), chat, ticket.slot)
+                target, sent, as_messages = MESSAGES_AS_CHAT_PATH, chat, True
+            # A non-streamed answer is asked as a stream, which stops when its client leaves.
+            kind = (answer_kind(target, endpoints.PROMPT_CHAT, without_extras(sent)) if as_messages
+                    else answer_kind(target, ep.prompt, sent))
+            if kind is not None:
+                sent = streamed_request(sent, kind)
+            data = (with_slot(raw, body, ticket.slot) if sent is body
+                    else with_slot(_dumps(sent), sent, ticket.slot))
             ping = _ping_interval(ep.prompt, body, policy)
             return await self._forward(request, target, query, data, ticket, outcome, reply, ping,
-                                       as_messages)
+                                       as_messages, kind)
         finally:
             if outcome.processed and outcome.timings is not None:
                 if ep.prompt == endpoints.PROMPT_CHAT:
@@ -446,6 +456,33 @@ class FrontDoor:
                 asyncio.ensure_future(self.prompts.tokens(ep.prompt, body)).add_done_callback(
                     lambda f: self._finish_tokenized(ticket, outcome, f))
 
+    async def _unstreamed(self, request: web.Request, up: aiohttp.ClientResponse, kind: str,
+                          outcome: Outcome, reply: ReplyCollector, as_messages: bool) -> web.StreamResponse:
+        """A stream asked for a non-streamed request, answered as llama-server answers that request
+        (``unstream``); a client that leaves meanwhile closes the stream, which stops the task."""
+        gathered, events = Unstreamed(kind), SseReader()
+        async for chunk in up.content.iter_any():
+            for event in events.feed(chunk):
+                gathered.feed(event)
+        answer = gathered.answer()
+        if answer is None:
+            outcome.processed = True  # the server may have worked on it before it went
+            return error_response(503, WENT_AWAY, "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
+        status, body = answer
+        outcome.status = status
+        outcome.processed = status == 200
+        if outcome.processed:
+            if as_messages:
+                body = message_answer_bytes(body)
+            reply.feed_body(body)
+            outcome.timings = reply.timings
+        headers = answer_headers(up)
+        headers["Content-Type"] = "application/json; charset=utf-8"
+        resp = web.Response(body=body, status=status, headers=headers)
+        await resp.prepare(request)
+        await resp.write_eof()
+        return resp
+
     def _finish_tokenized(self, ticket: Ticket, outcome: Outcome,
                           f: asyncio.Future[TokenArray | None]) -> None:
         ticket.tokens = None if f.cancelled() or f.exception() is not None else f.result()
@@ -453,7 +490,7 @@ class FrontDoor:
 
     async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
                        outcome: Outcome, reply: ReplyCollector, ping: float,
-                       as_messages: bool = False) -> web.StreamResponse:
+                       as_messages: bool = False, unstream: str | None = None) -> web.StreamResponse:
         """Send the request on and the answer back (``reply`` assembles it for the transcript); the
         client has all of it before ``finish``. ``as_messages``: a Messages request sent as its chat
         completion, whose answer is written back as llama-server writes a Messages answer."""
@@ -466,6 +503,8 @@ class FrontDoor:
             async with self._fresh.post(self._url(path, query), data=data, headers=headers) as up:
                 headers_in = True
                 outcome.status = up.status
+                if up.content_type == "text/event-stream" and unstream is not None:
+                    return await self._unstreamed(request, up, unstream, outcome, reply, as_messages)
                 if up.content_type == "text/event-stream":
                     outcome.processed = up.status == 200
                     try:
@@ -634,6 +673,13 @@ def answer_headers(up: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
 
 
+def _dumps(body: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # an integer past 64 bits
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
 def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
     """The request body to send on, with ``id_slot`` set to the slot the front desk chose.
 
@@ -644,8 +690,5 @@ def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
     if "id_slot" not in body:
         start = raw.find(b"{")
         return b'{"id_slot":%d,' % slot + raw[start + 1:] if body else b'{"id_slot":%d}' % slot
-    try:
-        return orjson.dumps({**body, "id_slot": slot})
-    except TypeError:  # an integer past 64 bits
-        return json.dumps({**body, "id_slot": slot}, ensure_ascii=False).encode("utf-8")
+    return _dumps({**body, "id_slot": slot})
 
