@@ -378,3 +378,45 @@ def test_an_answer_http_forbids_is_never_a_bare_500_and_the_door_stays_open(llam
         engine.stop(save=False)
         target.shutdown()
         target.server_close()
+
+
+def test_bodies_passed_through_are_read_first_so_llama_server_survives_them(llama_model, server_bin, port):
+    """A body nested 200,000 levels deep overflows the stack of llama-server's recursive JSON parser
+    (SIGSEGV: the supervisor restarts it, and after a few such crashes gives up). The door reads
+    every body llama-server would parse, token counts included, as it reads a generation body: the
+    deep one is 400 at the door, and llama-server runs on under the same pid."""
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        pid = engine.supervisor.pid
+        deep = b"[" * 200_000 + b"]" * 200_000
+        body = (b'{"model": "local", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], '
+                b'"input": "hi", "content": "hi", "metadata": {"user_id": ' + deep + b"}}")
+        for _ in range(5):
+            for path in ("/v1/messages/count_tokens", "/v1/responses/input_tokens"):
+                status, _h, data = raw_request(port, "POST", path, body)
+                assert status == 400 and "nested too deeply" in json.loads(data)["error"]["message"], data
+        json_paths = [path for (method, path), ep in frontdoor.endpoints.ENDPOINTS.items()
+                      if method == "POST" and ep.json_body]
+        assert {"/v1/messages/count_tokens", "/v1/responses/input_tokens", "/tokenize"} <= set(json_paths)
+        for path in json_paths:
+            status, _h, data = raw_request(port, "POST", path, body)
+            assert status == 400, (path, status, data[:200])
+        for path, bad, why in [("/tokenize", b'{"content": "\\ud800"}', "lone surrogate"),
+                               ("/tokenize", b'{"content": "a", "x": 1e400}', "overflows"),
+                               ("/v1/messages/count_tokens", b'{"messages": [}', "not valid JSON"),
+                               ("/tokenize", b'{"content": "\xff"}', "not valid JSON")]:
+            status, _h, data = raw_request(port, "POST", path, bad)
+            assert status == 400 and why in json.loads(data)["error"]["message"], (path, data)
+        assert engine.supervisor.pid == pid and engine.state is ServerState.READY
+        r = httpx.post(f"{engine.base_url}/v1/messages/count_tokens", timeout=60, json={
+            "model": "local", "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {"user_id": [[1]]}})
+        assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
+        r = httpx.post(f"{engine.base_url}/tokenize", json={"content": "hi"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert_it_answers(engine.base_url)
+        assert engine.supervisor.pid == pid
+    finally:
+        engine.stop(save=False)

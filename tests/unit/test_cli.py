@@ -103,3 +103,46 @@ def test_every_command_of_the_table_is_parsed_and_dispatched(monkeypatch, tmp_pa
     for command in table:
         assert main([command.name, *argv[command.name], "--data-dir", str(tmp_path)]) == 0
     assert ran == [c.name for c in table]
+
+
+@pytest.mark.parametrize("where", [["serve"], []], ids=["serve", "desktop"])
+def test_llama_servers_own_spellings_of_the_server_options_are_taken(where):
+    given = {"ctx": ("-c", "--ctx-size", "--ctx"), "parallel": ("-np", "--parallel"),
+             "flash_attn": ("-fa", "--flash-attn"), "cache_type_k": ("-ctk", "--cache-type-k"),
+             "cache_type_v": ("-ctv", "--cache-type-v"), "model": ("-m", "--model"),
+             "mmproj": ("-mm", "--mmproj")}
+    values = {"ctx": ("8192", 8192), "parallel": ("3", 3), "flash_attn": ("off", False),
+              "cache_type_k": ("q8_0", "q8_0"), "cache_type_v": ("q4_0", "q4_0"),
+              "model": ("m.gguf", "m.gguf"), "mmproj": ("p.gguf", "p.gguf")}
+    for dest, spellings in given.items():
+        text, value = values[dest]
+        for spelling in spellings:
+            assert getattr(parse(*where, spelling, text), dest) == value, spelling
+            if spelling.startswith("--"):
+                assert getattr(parse(*where, f"{spelling}={text}"), dest) == value, spelling
+    a = parse(*where, "-m", "m.gguf", "-c", "4096", "-np", "2", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0",
+              "--host", "0.0.0.0", "--port", "9000", "--swa-full")
+    assert (a.model, a.ctx, a.parallel, a.flash_attn, a.cache_type_k, a.cache_type_v, a.host, a.port,
+            a.swa_full) == ("m.gguf", 4096, 2, True, "q8_0", "q8_0", "0.0.0.0", 9000, True)
+    assert parse(*where, "-c4096").ctx == 4096
+
+
+def test_llama_servers_spellings_leave_the_double_dash_pass_through_alone(monkeypatch):
+    """After `--` every argument goes to llama-server as it is, whatever it is called; one that
+    overrides what Slotkeeper manages is still refused there (command.OWNED_FLAGS)."""
+    from slotkeeper.cli.options import command_word
+
+    argv = ["serve", "-c", "4096", "-np", "2", "--", "--threads", "2", "-c", "9"]
+    assert command_word(build_parser(), argv) == "serve"
+    assert command_word(build_parser(), ["-np", "2", "-ctk", "q8_0", "serve"]) == "serve"
+    mine, extra = _split_extra(argv)
+    assert extra == ["--threads", "2", "-c", "9"] and parse(*mine).ctx == 4096
+
+
+@pytest.mark.parametrize("argv", [["serve", "-c", "0"], ["serve", "-np", "x"], ["serve", "-fa", "maybe"],
+                                  ["serve", "-m", "a", "--demo"], ["serve", "--ctx-size"]])
+def test_llama_servers_spellings_get_the_same_clear_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err

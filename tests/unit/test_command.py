@@ -122,3 +122,14 @@ def test_the_projector_setting_becomes_mmproj_and_extra_args_cannot_name_another
     assert "--mmproj" not in build_argv(["llama-server"], ServerProfile(), "m.gguf", tmp_path)
     with pytest.raises(CommandError, match="--mmproj"):
         build_argv(["llama-server"], ServerProfile(extra_args=("--mmproj", "p.gguf")), "m.gguf", tmp_path)
+
+
+def test_the_sse_ping_interval_is_read_as_llama_server_reads_it():
+    from slotkeeper.core.server.command import SSE_PING_DEFAULT, sse_ping_interval
+
+    assert sse_ping_interval((), {}) == SSE_PING_DEFAULT == 30
+    assert sse_ping_interval(("--threads", "2", "--sse-ping-interval", "5"), {}) == 5
+    assert sse_ping_interval(("--sse-ping-interval=7", "--sse-ping-interval", "-1"), {}) == -1
+    assert sse_ping_interval((), {"LLAMA_ARG_SSE_PING_INTERVAL": "4"}) == 4
+    assert sse_ping_interval(("--sse-ping-interval", "3"), {"LLAMA_ARG_SSE_PING_INTERVAL": "4"}) == 3
+    assert sse_ping_interval(("--sse-ping-interval", "soon"), {}) == SSE_PING_DEFAULT

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slotkeeper.core.engine.door.conversions import NotConvertible, responses_to_chat
+from slotkeeper.core.engine.door.conversions import NotConvertible, messages_to_chat, responses_to_chat
 
 
 def test_text_input_instructions_and_renamed_fields():
@@ -92,3 +92,24 @@ def test_an_anthropic_body_without_messages_is_not_converted():
 
     with pytest.raises(NotConvertible):
         messages_to_chat({"model": "m", "max_tokens": 1})
+
+
+def test_the_billing_stamp_is_counted_in_bytes_as_llama_server_counts_it():
+    header = "x-anthropic-billing-header: cch="
+    # five bytes before the ";", not five characters: blanked as llama-server blanks it
+    assert messages_to_chat({"system": header + "éé1;rest", "messages": []})["messages"][0]["content"] == (
+        header + "fffff;rest")
+    # five characters but seven bytes: left alone, as by llama-server
+    assert messages_to_chat({"system": header + "éé123;x", "messages": []})["messages"][0]["content"] == (
+        header + "éé123;x")
+    assert messages_to_chat({"system": header + "ab€;xx", "messages": []})["messages"][0]["content"] == (
+        header + "fffff;xx")
+
+
+@pytest.mark.parametrize("given, written", [("abc", '"abc"'), (5, "5"), ([1, {"a": "é"}], '[1,{"a":"é"}]'),
+                                            (None, "{}"), (True, "true")])
+def test_a_tool_uses_input_is_written_as_given_as_llama_server_writes_it(given, written):
+    body = {"messages": [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": given}]}]}
+    [message] = messages_to_chat(body)["messages"]
+    assert message["tool_calls"][0]["function"]["arguments"] == written

@@ -14,6 +14,7 @@ import pytest
 from slotkeeper.core.engine.door.frontdoor import (
     BadBody,
     parse_object,
+    read_json,
     single_prompt,
     with_slot,
 )
@@ -54,6 +55,21 @@ def test_only_json_objects_are_routed_and_anything_else_is_refused_not_passed_on
     assert parse_object(b'{"seed": 123456789012345678901234567890}').keys() == {"seed"}  # past 64 bits
     # a byte order mark, as llama-server
     assert parse_object(b'\xef\xbb\xbf{"prompt": "x"}') == {"prompt": "x"}
+
+
+def test_what_llama_server_would_refuse_or_not_survive_is_refused_for_every_body_it_parses():
+    for raw, why in [(b'{"content": "a \\ud800 b"}', "lone surrogate"),
+                     (b'{"\\udfff": 1}', "lone surrogate"),
+                     (b'{"t": 1e400}', "overflows a double"), (b'[-1e400]', "overflows a double"),
+                     (b'{"t": 1' + b"0" * 400 + b"}", "overflows a double"),
+                     (b'{"a": "\xff"}', "not valid JSON"), (b"", "not valid JSON"),
+                     (b'{"m": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", "nested too deeply")]:
+        with pytest.raises(BadBody, match=why):
+            read_json(raw)
+    # what llama-server reads: a surrogate pair, a large finite number, any JSON value
+    read = read_json(b'{"c": "\\ud83d\\ude00", "t": 1e300, "s": 123456789012345678901234567890}')
+    assert read["c"] == "\U0001f600" and read["t"] == 1e300 and read["s"] == pytest.approx(1.2345678901e29)
+    assert read_json(b"[1, 2]") == [1, 2]
 
 
 def test_a_body_rewritten_with_a_huge_integer_stays_valid():

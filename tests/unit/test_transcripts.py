@@ -182,3 +182,40 @@ def test_agent_apis_answers_give_the_requests_figures_from_their_usage():
                           "input_tokens": 35, "output_tokens": 4,
                           "input_tokens_details": {"cached_tokens": 30}}}}))
     assert r.timings == {"cache_n": 30, "prompt_n": 5, "predicted_n": 4} and r.content == ["Hey"]
+
+
+ODD_VALUES = [5, None, ["a", 1], {"text": "a"}, 1.5, True, [[[[[[[[{"deep": [1]}]]]]]]]]]
+
+
+@pytest.mark.parametrize("odd", ODD_VALUES, ids=repr)
+def test_the_builder_never_raises_on_bodies_llama_server_accepts(odd):
+    """Non-string texts, inputs, results and fields wherever a client can put them: a transcript
+    (or None) comes out, and it can be written to its file."""
+    from slotkeeper.core.sessions.transcripts import from_request
+
+    bodies = [
+        ("/v1/messages", None, {"system": [{"type": "text", "text": odd}, odd], "messages": [
+            {"role": "user", "content": [{"type": "text", "text": odd}, {"type": "image", "source": odd},
+                                         odd]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": odd},
+                                              {"type": "tool_use", "id": odd, "name": odd, "input": odd}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": odd, "content": odd},
+                                         {"type": "tool_result",
+                                          "content": [odd, {"type": "text", "text": odd}]}]},
+            {"role": odd, "content": odd}], "tools": odd}),
+        ("/v1/responses", None, {"instructions": odd, "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": odd}], "name": odd},
+            {"role": odd, "content": "x"}, odd,
+            {"role": "assistant", "content": odd,
+             "tool_calls": [odd, {"function": odd}, {"function": {"name": odd, "arguments": odd}}],
+             "reasoning_content": odd}]}),
+        ("/v1/chat/completions", "chat", {"messages": [{"role": odd, "content": odd}, odd,
+                                                       {"role": "user", "content": [odd, {"type": odd}]}],
+                                          "tools": odd, "chat_template_kwargs": odd}),
+    ]
+    for source, kind, body in bodies:
+        t = from_request(source, kind, body)
+        assert t is not None
+        assert Transcript.from_bytes(t.to_bytes()) == Transcript.from_bytes(t.to_bytes())
+        t.to_markdown()
+        t.search_text()

@@ -63,27 +63,28 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
 
     defaults = ServerProfile()  # what the settings hold until changed
     g = p.add_argument_group("server", "Each option overrides the saved setting for this run; the defaults "
-                             "are what the settings start with.")
+                             "are what the settings start with. llama-server's own spellings work too "
+                             "(-m, -c/--ctx-size, -np, -fa, -ctk, -ctv, -mm).")
     m = g.add_mutually_exclusive_group()
-    m.add_argument("--model", metavar="PATH", help="GGUF model to serve")
+    m.add_argument("-m", "--model", metavar="PATH", help="GGUF model to serve")
     m.add_argument("--demo", action="store_true",
                    help="serve the starter model, SmolLM2 135M Instruct (98 MB; fetched once if this "
                         "installation lacks it)")
-    g.add_argument("--mmproj", metavar="PATH",
+    g.add_argument("-mm", "--mmproj", metavar="PATH",
                    help="multimodal projector (mmproj GGUF) for a model that reads images")
     g.add_argument("--server-bin", metavar="PATH",
                    help="llama-server binary to run (default: found automatically)")
     g.add_argument("--host", help=f"address to bind (default {defaults.host})")
     g.add_argument("--port", type=port, help=f"port to listen on (default {defaults.port})")
-    g.add_argument("--ctx", type=positive_int, metavar="N",
+    g.add_argument("-c", "--ctx", "--ctx-size", dest="ctx", type=positive_int, metavar="N",
                    help=f"total context size, split between slots (default {defaults.ctx})")
-    g.add_argument("--parallel", type=positive_int, metavar="N",
-                   help=f"number of slots, -np (default {defaults.parallel})")
-    g.add_argument("--flash-attn", type=on_off_auto, metavar="on|off|auto",
+    g.add_argument("-np", "--parallel", type=positive_int, metavar="N",
+                   help=f"number of slots (default {defaults.parallel})")
+    g.add_argument("-fa", "--flash-attn", type=on_off_auto, metavar="on|off|auto",
                    help="flash attention (default auto: what llama-server's auto chooses for the model on "
                         "this machine, passed as on or off)")
-    g.add_argument("--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
-    g.add_argument("--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
+    g.add_argument("-ctk", "--cache-type-k", metavar="T", help="K cache type (f16, q8_0, ...)")
+    g.add_argument("-ctv", "--cache-type-v", metavar="T", help="V cache type (f16, q8_0, ...)")
     g.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=None,
                    help="full-size cache for sliding-window layers (needed to restore conversations of SWA "
                         "models)")

@@ -70,7 +70,7 @@ from slotkeeper.core.history import LaunchRecord, RequestHistory
 from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.apikey import DoorKeys, exposure_refusal
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
-from slotkeeper.core.server.command import user_wants
+from slotkeeper.core.server.command import sse_ping_interval, user_wants
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
 from slotkeeper.core.services.transcript_check import TranscriptCheck, check_saved
@@ -323,7 +323,8 @@ class Engine(EngineFace):
         facts = self.link.facts
         return DoorPolicy(keys, slots=user_wants(profile.extra_args, "slots"),
                           metrics=user_wants(profile.extra_args, "metrics"),
-                          n_slots=facts.n_parallel if facts is not None else profile.parallel)
+                          n_slots=facts.n_parallel if facts is not None else profile.parallel,
+                          sse_ping=sse_ping_interval(profile.extra_args))
 
     def _on_server_state(self, event: ServerStateChanged) -> None:
         self._server_state = event.state

@@ -175,6 +175,26 @@ def user_wants(extra_args: Sequence[str], endpoint: str, environ: Mapping[str, s
     return wanted
 
 
+SSE_PING_DEFAULT = 30  # llama-server's --sse-ping-interval default, in seconds
+
+
+def sse_ping_interval(extra_args: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
+    """The seconds between SSE comment pings that llama-server sends in a silent stream, as the
+    user's arguments (``--sse-ping-interval N``, the last one winning) or its environment
+    (``LLAMA_ARG_SSE_PING_INTERVAL``) set it; -1 (or 0): none."""
+    env = os.environ if environ is None else environ
+    value: str | None = env.get("LLAMA_ARG_SSE_PING_INTERVAL")
+    for i, arg in enumerate(extra_args):
+        if arg == "--sse-ping-interval" and i + 1 < len(extra_args):
+            value = extra_args[i + 1]
+        elif arg.startswith("--sse-ping-interval="):
+            value = arg.split("=", 1)[1]
+    try:
+        return int(value) if value is not None else SSE_PING_DEFAULT
+    except ValueError:
+        return SSE_PING_DEFAULT
+
+
 def for_llama_server(extra_args: tuple[str, ...]) -> tuple[str, ...]:
     """The user's extra arguments as llama-server gets them: without the key (the front door's)
     and without the flags that only say what the front door offers clients."""

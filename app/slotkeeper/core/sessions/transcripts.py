@@ -264,12 +264,40 @@ def from_request(source: str, prompt_kind: str | None, body: Mapping[str, Any],
 
 
 def _options(body: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: body[k] for k in RENDER_FIELDS if k in body}
+    """The fields that shape the rendering, those that can be written down (not nested past what
+    JSON is written to)."""
+    return {k: body[k] for k in RENDER_FIELDS if k in body and _dumped(body[k], "") != ""}
+
+
+def _text(value: Any) -> str:
+    """A text field as llama-server reads it (``json_value(j, key, std::string())``): the value
+    when it is a string, else nothing (a number, null, a list or an object is no text)."""
+    return value if isinstance(value, str) else ""
+
+
+def _dumped(value: Any, default: str = "") -> str:
+    """``value`` as compact JSON, or ``default`` when it cannot be written (nested too deeply)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return default
 
 
 def _media_name(kind: str, value: Any) -> str:
-    raw = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    raw = value if isinstance(value, str) else _dumped(value, repr(type(value)))
     return f"{kind}:{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+
+def _tool_call(call: Any) -> dict[str, Any] | None:
+    """An OpenAI tool call in the one shape a transcript keeps (name and arguments as strings)."""
+    if not isinstance(call, dict):
+        return None
+    fn = call.get("function")
+    fn = fn if isinstance(fn, dict) else {}
+    arguments = fn.get("arguments")
+    return {"id": _text(call.get("id")), "type": "function",
+            "function": {"name": _text(fn.get("name")),
+                         "arguments": arguments if isinstance(arguments, str) else _dumped(arguments)}}
 
 
 def _parts(content: Any) -> tuple[str, tuple[str, ...]]:
@@ -297,11 +325,11 @@ def _parts(content: Any) -> tuple[str, tuple[str, ...]]:
 
 
 def _openai_message(x: Any) -> Message | None:
-    if not isinstance(x, dict) or x.get("role") not in ROLES:
+    if not isinstance(x, dict) or not isinstance(x.get("role"), str) or x["role"] not in ROLES:
         return None
     text, media = _parts(x.get("content"))
-    calls = x.get("tool_calls")
-    calls = tuple(c for c in calls if isinstance(c, dict)) if isinstance(calls, list) else ()
+    given = x.get("tool_calls")
+    calls = tuple(c for c in map(_tool_call, given) if c is not None) if isinstance(given, list) else ()
     reasoning = x.get("reasoning_content") or x.get("reasoning") or ""
     return Message(x["role"], text, reasoning if isinstance(reasoning, str) else "", calls,
                    _str(x, "tool_call_id"), _str(x, "name"), media)
@@ -316,7 +344,7 @@ def _anthropic(body: Mapping[str, Any], source: str) -> Transcript | None:
     if isinstance(system, str) and system:
         out.append(Message("system", system))
     elif isinstance(system, list):
-        out.append(Message("system", "\n".join(b.get("text", "") for b in system if isinstance(b, dict))))
+        out.append(Message("system", "\n".join(_text(b.get("text")) for b in system if isinstance(b, dict))))
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             continue
@@ -331,17 +359,16 @@ def _anthropic(body: Mapping[str, Any], source: str) -> Transcript | None:
                 continue
             kind = block.get("type")
             if kind == "text":
-                texts.append(str(block.get("text", "")))
+                texts.append(_text(block.get("text")))
             elif kind == "thinking":
-                thinking.append(str(block.get("thinking", "")))
-            elif kind == "tool_use":
-                calls.append({"id": block.get("id", ""), "type": "function",
-                              "function": {"name": block.get("name", ""),
-                                           "arguments": json.dumps(block.get("input", {}))}})
+                thinking.append(_text(block.get("thinking")))
+            elif kind == "tool_use":  # the input as llama-server writes it: as given, an object when absent
+                calls.append({"id": _text(block.get("id")), "type": "function",
+                              "function": {"name": _text(block.get("name")),
+                                           "arguments": _dumped(block.get("input", {}), "{}")}})
             elif kind == "tool_result":
-                text, _ = _parts(block.get("content")) if isinstance(block.get("content"), list) else (
-                    str(block.get("content", "")), ())
-                results.append(Message("tool", text, tool_call_id=str(block.get("tool_use_id", ""))))
+                text, _ = _parts(block.get("content"))
+                results.append(Message("tool", text, tool_call_id=_text(block.get("tool_use_id"))))
             elif kind == "image":
                 media.append(_media_name("image", block.get("source")))
         out.extend(results)

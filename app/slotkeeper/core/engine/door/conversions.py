@@ -18,7 +18,8 @@ import copy
 from typing import Any
 
 __all__ = ["MESSAGES_AS_CHAT_PATH", "MessagesStream", "NotConvertible", "chat_to_message_answer",
-           "message_answer_bytes", "messages_as_chat", "messages_to_chat", "responses_to_chat", "sse_event"]
+           "message_answer_bytes", "messages_as_chat", "messages_to_chat", "responses_to_chat", "sse_event",
+           "without_extras"]
 
 
 class NotConvertible(ValueError):
@@ -199,15 +200,18 @@ CCH_LENGTH = 5
 
 def _normalize_billing_header(text: str) -> str:
     """llama-server blanks the changing ``cch=`` stamp of Claude Code's billing header (it would stop
-    prefix caching at the first line): ``normalize_anthropic_billing_header``."""
+    prefix caching at the first line): ``normalize_anthropic_billing_header``, which counts and
+    replaces bytes of UTF-8, not characters (whole characters all the same: the five bytes lie
+    between "cch=" and a ";")."""
     if not text.startswith(BILLING_HEADER):
         return text
-    at = text.find("cch=", len(BILLING_HEADER))
+    raw = text.encode("utf-8")
+    at = raw.find(b"cch=", len(BILLING_HEADER))
     if at < 0:
         return text
     start = at + 4
-    if start + CCH_LENGTH < len(text) and text[start + CCH_LENGTH] == ";":
-        return text[:start] + "f" * CCH_LENGTH + text[start + CCH_LENGTH:]
+    if start + CCH_LENGTH < len(raw) and raw[start + CCH_LENGTH] == ord(";"):
+        return (raw[:start] + b"f" * CCH_LENGTH + raw[start + CCH_LENGTH:]).decode("utf-8")
     return text
 
 
@@ -290,10 +294,11 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
                     image = _image(_value(block, "source", {}))
                     if image is not None:
                         converted.append(image)
-                elif kind == "tool_use":
+                elif kind == "tool_use":  # json_value<json>: as given (an object when absent or null)
+                    given = block.get("input")
                     tool_calls.append({"id": _value(block, "id", ""), "type": "function",
                                        "function": {"name": _value(block, "name", ""),
-                                                    "arguments": _dump(_value(block, "input", {}))}})
+                                                    "arguments": _dump({} if given is None else given)}})
                     has_tool_calls = True
                 elif kind == "tool_result":
                     tool_use_id = _value(block, "tool_use_id", "")
@@ -382,6 +387,11 @@ def messages_as_chat(body: dict[str, Any]) -> dict[str, Any] | None:
     if chat.get("stream") is True:
         chat.update(STREAM_EXTRAS)
     return chat
+
+
+def without_extras(chat: dict[str, Any]) -> dict[str, Any]:
+    """A Messages request's chat completion without what the door adds to write its answer back."""
+    return {k: v for k, v in chat.items() if k not in CHAT_EXTRAS and k not in STREAM_EXTRAS}
 
 
 def message_answer_bytes(answer: bytes) -> bytes:

@@ -42,6 +42,7 @@ class Endpoint:
     prompt: str | None = None  # GENERATE: chat, text, responses, messages; None: not known to the door
     status: int = 403  # REFUSED: the answer's status
     reason: str = ""  # REFUSED: the answer's words
+    json_body: bool = False  # PASS: llama-server parses the body as JSON (the door reads it first)
 
 
 SLOT_FILES = ("slot files are managed by Slotkeeper: its sessions save and restore every conversation "
@@ -58,32 +59,36 @@ _responses = Endpoint(GENERATE, PROMPT_RESPONSES)
 _messages = Endpoint(GENERATE, PROMPT_MESSAGES)
 _other = Endpoint(GENERATE)
 _pass = Endpoint(PASS)
+_pass_json = Endpoint(PASS, json_body=True)  # its body is parsed by llama-server: checked at the door first
 
 # (method, canonical path) -> what happens. HEAD is answered as GET (as llama-server does).
 ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/health"): Endpoint(PUBLIC), ("GET", "/v1/health"): Endpoint(PUBLIC),
     ("GET", "/metrics"): Endpoint(METRICS),
-    ("GET", "/props"): _pass, ("POST", "/props"): _pass,
+    ("GET", "/props"): _pass, ("POST", "/props"): _pass_json,
     ("GET", "/models"): _pass, ("GET", "/v1/models"): _pass,
     ("POST", "/completion"): _text, ("POST", "/completions"): _text, ("POST", "/v1/completions"): _text,
     ("POST", "/chat/completions"): _chat, ("POST", "/v1/chat/completions"): _chat,
-    ("POST", "/v1/chat/completions/control"): _pass,
+    ("POST", "/v1/chat/completions/control"): _pass_json,
     ("POST", "/v1/responses"): _responses, ("POST", "/responses"): _responses,
     ("POST", "/v1/messages"): _messages, ("POST", "/infill"): _other,
     # Embeddings and reranking need a server started for them (--embeddings, --rerank), which
     # holds no conversations; llama-server refuses them otherwise.
-    ("POST", "/embedding"): _pass, ("POST", "/embeddings"): _pass, ("POST", "/v1/embeddings"): _pass,
-    ("POST", "/rerank"): _pass, ("POST", "/reranking"): _pass, ("POST", "/v1/rerank"): _pass,
-    ("POST", "/v1/reranking"): _pass,
-    ("POST", "/tokenize"): _pass, ("POST", "/detokenize"): _pass, ("POST", "/apply-template"): _pass,
-    ("POST", "/chat/completions/input_tokens"): _pass, ("POST", "/v1/chat/completions/input_tokens"): _pass,
-    ("POST", "/responses/input_tokens"): _pass, ("POST", "/v1/responses/input_tokens"): _pass,
-    ("POST", "/v1/messages/count_tokens"): _pass,
+    ("POST", "/embedding"): _pass_json, ("POST", "/embeddings"): _pass_json,
+    ("POST", "/v1/embeddings"): _pass_json,
+    ("POST", "/rerank"): _pass_json, ("POST", "/reranking"): _pass_json, ("POST", "/v1/rerank"): _pass_json,
+    ("POST", "/v1/reranking"): _pass_json,
+    ("POST", "/tokenize"): _pass_json, ("POST", "/detokenize"): _pass_json,
+    ("POST", "/apply-template"): _pass_json,
+    ("POST", "/chat/completions/input_tokens"): _pass_json,
+    ("POST", "/v1/chat/completions/input_tokens"): _pass_json,
+    ("POST", "/responses/input_tokens"): _pass_json, ("POST", "/v1/responses/input_tokens"): _pass_json,
+    ("POST", "/v1/messages/count_tokens"): _pass_json,
     ("GET", "/lora-adapters"): _pass, ("POST", "/lora-adapters"): Endpoint(REFUSED, reason=LORA),
     ("GET", "/slots"): Endpoint(SLOTS), ("POST", "/slots"): Endpoint(REFUSED, reason=SLOT_FILES),
-    ("GET", "/v1/stream"): _pass, ("DELETE", "/v1/stream"): _pass, ("POST", "/v1/streams/lookup"): _pass,
+    ("GET", "/v1/stream"): _pass, ("DELETE", "/v1/stream"): _pass, ("POST", "/v1/streams/lookup"): _pass_json,
     ("GET", "/cors-proxy"): _pass, ("POST", "/cors-proxy"): _pass,
-    ("GET", "/tools"): _pass, ("POST", "/tools"): _pass,
+    ("GET", "/tools"): _pass, ("POST", "/tools"): _pass_json,
     # Designed refusals: each would take a slot Slotkeeper cannot choose (no id_slot in a form
     # upload; decision tasks pick their own slot).
     ("POST", "/v1/audio/transcriptions"): Endpoint(REFUSED, status=501,

@@ -16,7 +16,8 @@ knows; clients talk to the front door (the host and port in the settings), which
   and tells it what the response's ``timings`` say afterwards;
 - passes everything else through as it is. Streams are forwarded chunk by chunk as they come;
   a client that goes away closes the request's upstream connection, which cancels a streamed
-  request at once (a non-streamed one runs on until llama-server notices). Bodies are bounded as
+  request at once; a non-streamed generation is asked as a stream and answered as llama-server
+  answers it unstreamed (``unstream``), so it stops too. Bodies are bounded as
   llama-server bounds them (100 MiB), read once, and the requests and bytes in flight are bounded
   too.
 
@@ -31,7 +32,7 @@ import json
 import logging
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,12 +49,15 @@ from slotkeeper.core.engine.door.conversions import (
     message_answer_bytes,
     messages_as_chat,
     sse_event,
+    without_extras,
 )
 from slotkeeper.core.engine.door.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.door.httpstack import aiohttp, web
 from slotkeeper.core.engine.door.prompts import PromptTokens, resetting_socket, single_prompt
 from slotkeeper.core.engine.door.shapes import SAMPLING_FIELDS, Learn
+from slotkeeper.core.engine.door.unstream import Unstreamed, answer_kind, streamed_request
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
+from slotkeeper.core.server.command import SSE_PING_DEFAULT
 from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.transcripts import ReplyCollector, SseReader, conversation
 
@@ -68,6 +72,7 @@ MAX_BODY_BYTES_IN_FLIGHT = 512 * 1024 * 1024  # request bodies held at once
 BUSY_RETRY_SECONDS = 1
 SHUTDOWN_GRACE_SECONDS = 1.0
 TOKEN_LIMIT = 2**31  # llama-server's token ids are 32-bit
+MAX_DOUBLE = 1.7976931348623157e308  # a JSON number llama-server reads past this overflows
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailers", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
                         "x-api-key"})
@@ -96,6 +101,54 @@ class DoorPolicy:
     slots: bool = True
     metrics: bool = False
     n_slots: int = 0  # 0: not known yet
+    sse_ping: int = SSE_PING_DEFAULT  # llama-server's --sse-ping-interval: seconds, <= 0 none
+
+
+PING = b":\n\n"  # llama-server's SSE comment ping (a line a client's SSE parser skips)
+
+
+class SseWriter:
+    """Writes a stream's bytes to the client, and an SSE comment (``PING``) whenever ``interval``
+    seconds pass without a write, between events only: so a client that times out a silent
+    connection keeps it through a long prefill or any longer pause, as llama-server's own pings
+    would keep it (Slotkeeper's polls of /slots keep those from coming: llama-server pings only
+    after a quiet second). The events' bytes are never changed."""
+
+    def __init__(self, resp: web.StreamResponse, interval: float) -> None:
+        self.resp = resp
+        self.interval = interval
+        self.between = True  # what was written ends an event (or nothing was)
+        self.last = asyncio.get_running_loop().time()
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            await self.resp.write(data)
+            self.between = data.endswith(b"\n\n")
+            self.last = asyncio.get_running_loop().time()
+
+    async def pump(self, read: Callable[[], Awaitable[bytes]], out: Callable[[bytes], bytes]) -> None:
+        """``read`` chunks until it gives b"", writing ``out(chunk)`` of each; pinging in silences."""
+        loop = asyncio.get_running_loop()
+        pending: asyncio.Future[bytes] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(read())
+                timeout = None if self.interval <= 0 else max(0.0, self.last + self.interval - loop.time())
+                done, _ = await asyncio.wait({pending}, timeout=timeout)
+                if not done:
+                    if self.between:
+                        await self.resp.write(PING)
+                    self.last = loop.time()
+                    continue
+                chunk = pending.result()
+                pending = None
+                if not chunk:
+                    return
+                await self.write(out(chunk))
+        finally:
+            if pending is not None:
+                pending.cancel()
 
 
 class BadBody(ValueError):
@@ -228,6 +281,8 @@ class FrontDoor:
         try:
             if ep.kind == endpoints.GENERATE:
                 return await self._generate(request, path, query, ep, raw, policy)
+            if ep.json_body:
+                read_json(raw)  # BadBody: what llama-server's parser would refuse or not survive
             return await self._pass(request, path, query, raw)
         finally:
             self._bytes_in_flight -= len(raw)
@@ -293,7 +348,7 @@ class FrontDoor:
                 async with session.request(request.method, self._url(path, query), data=body or None,
                                            headers=self._headers(request)) as up:
                     answered = True
-                    return await self._relay(request, up, None)
+                    return await self._relay(request, up, None, self.policy.sse_ping)
             except aiohttp.ServerDisconnectedError:
                 if attempt == 0 and idempotent and not answered:
                     continue  # a kept connection llama-server had closed: nothing was answered yet
@@ -304,33 +359,42 @@ class FrontDoor:
                               "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
 
     async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
-                     on_chunk: Callable[[bytes], None] | None) -> web.StreamResponse:
+                     on_chunk: Callable[[bytes], None] | None, ping: float) -> web.StreamResponse:
+        """llama-server's answer as it comes; a stream kept alive in silences (``SseWriter``)."""
         headers = answer_headers(up)
         if up.content_type != "text/event-stream" and on_chunk is None:
             body = await up.read()
             return web.Response(body=body, status=up.status, headers=headers)
         resp = web.StreamResponse(status=up.status, headers=headers)
         await resp.prepare(request)
-        async for chunk in up.content.iter_any():
+
+        def out(chunk: bytes) -> bytes:
             if on_chunk is not None:
                 on_chunk(chunk)
-            await resp.write(chunk)
+            return chunk
+
+        sse = up.content_type == "text/event-stream"
+        await SseWriter(resp, ping if sse else 0).pump(up.content.readany, out)
         await resp.write_eof()
         return resp
 
     async def _relay_as_messages(self, request: web.Request, up: aiohttp.ClientResponse,
-                                 reply: ReplyCollector) -> web.StreamResponse:
+                                 reply: ReplyCollector, ping: float) -> web.StreamResponse:
         """A streamed chat completion, sent back as the events of llama-server's streamed Messages
-        answer (an error event ends it if llama-server goes away meanwhile)."""
+        answer (an error event ends it if llama-server goes away meanwhile); kept alive in
+        silences (``SseWriter``)."""
         resp = web.StreamResponse(status=up.status, headers=answer_headers(up))
         await resp.prepare(request)
         events, chunks = MessagesStream(), SseReader()
+
+        def out(chunk: bytes) -> bytes:
+            written = b"".join(events.feed(d) for d in chunks.feed(chunk))
+            if written:
+                reply.feed_stream(written)
+            return written
+
         try:
-            async for chunk in up.content.iter_any():
-                written = b"".join(events.feed(d) for d in chunks.feed(chunk))
-                if written:
-                    reply.feed_stream(written)
-                    await resp.write(written)
+            await SseWriter(resp, ping).pump(up.content.readany, out)
         except aiohttp.ClientError:
             await resp.write(sse_event("error", {"code": 503, "message": WENT_AWAY,
                                                  "type": "unavailable_error"}))
@@ -340,9 +404,8 @@ class FrontDoor:
     async def _generate(self, request: web.Request, path: str, query: str, ep: Endpoint, raw: bytes,
                         policy: DoorPolicy) -> web.StreamResponse:
         body = parse_object(raw)  # BadBody: never forwarded unrouted
-        pinned = body.get("id_slot")
-        pinned = pinned if isinstance(pinned, int) and not isinstance(pinned, bool) and pinned >= 0 else None
-        if policy.n_slots > 1:
+        pinned = _pinned(ep.prompt, body, policy.n_slots)
+        if policy.n_slots > 1 and ep.prompt != endpoints.PROMPT_MESSAGES:  # its conversion drops n and n_cmpl
             many = _several_slots(path, body)
             if many:
                 raise FrontDeskError(501, many)
@@ -362,24 +425,29 @@ class FrontDoor:
         outcome = Outcome(status=0, processed=False)
         reply = ReplyCollector()
         learn = Learn(ep.prompt, prompt_fields(body))
-        target, data, as_messages = path, with_slot(raw, body, ticket.slot), False
-        chat = None
-        if ep.prompt == endpoints.PROMPT_MESSAGES and policy.n_slots > 1:
-            chat = messages_as_chat(body)
-        if chat is not None:  # llama-server's Messages handler would drop the slot chosen: sent as a chat
-            target, as_messages = MESSAGES_AS_CHAT_PATH, True
-            data = with_slot(orjson.dumps(chat), chat, ticket.slot)
-        try:
-            return await self._forward(request, target, query, data, ticket, outcome, reply, as_messages)
+        try:  # from here on the slot is leased: released below whatever happens
+            target, sent, as_messages = path, body, False
+            chat = None
+            streamed = body.get("stream") is True
+            if ep.prompt == endpoints.PROMPT_MESSAGES and (policy.n_slots > 1 or not streamed):
+                chat = messages_as_chat(body)  # with two slots; or to be asked as a stream (below)
+            if chat is not None:  # llama-server's Messages handler would drop the slot chosen: sent as a chat
+                target, sent, as_messages = MESSAGES_AS_CHAT_PATH, chat, True
+            # A non-streamed answer is asked as a stream, which stops when its client leaves.
+            kind = (answer_kind(target, endpoints.PROMPT_CHAT, without_extras(sent)) if as_messages
+                    else answer_kind(target, ep.prompt, sent))
+            if kind is not None:
+                sent = streamed_request(sent, kind)
+            data = (with_slot(raw, body, ticket.slot) if sent is body
+                    else with_slot(_dumps(sent), sent, ticket.slot))
+            ping = _ping_interval(ep.prompt, body, policy)
+            return await self._forward(request, target, query, data, ticket, outcome, reply, ping,
+                                       as_messages, kind)
         finally:
-            # The conversation as it stands now (built after the reply went out; never sent anywhere).
             if outcome.processed and outcome.timings is not None:
                 if ep.prompt == endpoints.PROMPT_CHAT:
                     outcome.request = learn
-                text = single_prompt(body.get("prompt")) if ep.prompt == endpoints.PROMPT_TEXT else None
-                outcome.transcript = conversation(
-                    transcripts.from_request(path, ep.prompt, body, text if isinstance(text, str) else None),
-                    reply)
+                outcome.transcript = _transcript(path, ep.prompt, body, reply)
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
@@ -388,14 +456,41 @@ class FrontDoor:
                 asyncio.ensure_future(self.prompts.tokens(ep.prompt, body)).add_done_callback(
                     lambda f: self._finish_tokenized(ticket, outcome, f))
 
+    async def _unstreamed(self, request: web.Request, up: aiohttp.ClientResponse, kind: str,
+                          outcome: Outcome, reply: ReplyCollector, as_messages: bool) -> web.StreamResponse:
+        """A stream asked for a non-streamed request, answered as llama-server answers that request
+        (``unstream``); a client that leaves meanwhile closes the stream, which stops the task."""
+        gathered, events = Unstreamed(kind), SseReader()
+        async for chunk in up.content.iter_any():
+            for event in events.feed(chunk):
+                gathered.feed(event)
+        answer = gathered.answer()
+        if answer is None:
+            outcome.processed = True  # the server may have worked on it before it went
+            return error_response(503, WENT_AWAY, "unavailable_error", retry_after=BUSY_RETRY_SECONDS)
+        status, body = answer
+        outcome.status = status
+        outcome.processed = status == 200
+        if outcome.processed:
+            if as_messages:
+                body = message_answer_bytes(body)
+            reply.feed_body(body)
+            outcome.timings = reply.timings
+        headers = answer_headers(up)
+        headers["Content-Type"] = "application/json; charset=utf-8"
+        resp = web.Response(body=body, status=status, headers=headers)
+        await resp.prepare(request)
+        await resp.write_eof()
+        return resp
+
     def _finish_tokenized(self, ticket: Ticket, outcome: Outcome,
                           f: asyncio.Future[TokenArray | None]) -> None:
         ticket.tokens = None if f.cancelled() or f.exception() is not None else f.result()
         self.desk.finish(ticket, outcome)
 
     async def _forward(self, request: web.Request, path: str, query: str, data: bytes, ticket: Ticket,
-                       outcome: Outcome, reply: ReplyCollector,
-                       as_messages: bool = False) -> web.StreamResponse:
+                       outcome: Outcome, reply: ReplyCollector, ping: float,
+                       as_messages: bool = False, unstream: str | None = None) -> web.StreamResponse:
         """Send the request on and the answer back (``reply`` assembles it for the transcript); the
         client has all of it before ``finish``. ``as_messages``: a Messages request sent as its chat
         completion, whose answer is written back as llama-server writes a Messages answer."""
@@ -408,12 +503,14 @@ class FrontDoor:
             async with self._fresh.post(self._url(path, query), data=data, headers=headers) as up:
                 headers_in = True
                 outcome.status = up.status
+                if up.content_type == "text/event-stream" and unstream is not None:
+                    return await self._unstreamed(request, up, unstream, outcome, reply, as_messages)
                 if up.content_type == "text/event-stream":
                     outcome.processed = up.status == 200
                     try:
                         if as_messages:
-                            return await self._relay_as_messages(request, up, reply)
-                        return await self._relay(request, up, reply.feed_stream)
+                            return await self._relay_as_messages(request, up, reply, ping)
+                        return await self._relay(request, up, reply.feed_stream, ping)
                     finally:
                         outcome.timings = reply.timings
                 body = await up.read()
@@ -443,8 +540,43 @@ class FrontDoor:
 WENT_AWAY = "llama-server went away during the request (it is being restarted)"
 
 
+def _transcript(path: str, prompt: str | None, body: dict[str, Any],
+                reply: ReplyCollector) -> transcripts.Transcript | None:
+    """The conversation as it stands after a request (built after the reply went out; never sent
+    anywhere). A body it cannot be read from is logged and kept without one: the request's slot
+    is released and the door goes on serving whatever this raises."""
+    try:
+        text = single_prompt(body.get("prompt")) if prompt == endpoints.PROMPT_TEXT else None
+        given = transcripts.from_request(path, prompt, body, text if isinstance(text, str) else None)
+        return conversation(given, reply)
+    except Exception:
+        log.exception("the conversation of a request to %s could not be written down", path)
+        return None
+
+
 async def _no_server_header(_request: web.Request, response: web.StreamResponse) -> None:
     response.headers.pop("Server", None)  # llama-server sends none; neither does its front door
+
+
+def _pinned(prompt: str | None, body: dict[str, Any], n_slots: int) -> int | None:
+    """The slot a request names (``id_slot``), as llama-server reads it: a Messages request's is
+    dropped by llama-server's conversion, a Responses request's is wrapped around the slots as
+    llama-server wraps it; elsewhere one beyond the slots is refused (the front desk: 400)."""
+    pinned = body.get("id_slot")
+    if prompt == endpoints.PROMPT_MESSAGES or not isinstance(pinned, int) or isinstance(pinned, bool) \
+            or pinned < 0:
+        return None
+    return pinned % n_slots if prompt == endpoints.PROMPT_RESPONSES and n_slots > 0 else pinned
+
+
+def _ping_interval(prompt: str | None, body: dict[str, Any], policy: DoorPolicy) -> float:
+    """Seconds of silence after which a streamed answer gets an SSE comment: the request's
+    ``sse_ping_interval`` as llama-server reads it (its Messages conversion drops the field), else
+    the server's."""
+    given = body.get("sse_ping_interval")
+    if prompt != endpoints.PROMPT_MESSAGES and type(given) is int:
+        return given
+    return policy.sse_ping
 
 
 def _several_slots(path: str, body: dict[str, Any]) -> str | None:
@@ -462,22 +594,33 @@ def prompt_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in SAMPLING_FIELDS}
 
 
-def parse_object(raw: bytes) -> dict[str, Any]:
-    """A generation request's body: a JSON object. BadBody (400, with the reason) for anything
-    else, so nothing the front door cannot read goes to a slot it did not choose. A UTF-8 byte
-    order mark is skipped (llama-server's parser skips it too); NaN and infinities are refused,
-    as llama-server refuses them."""
+def read_json(raw: bytes) -> Any:
+    """A request body as JSON that llama-server can read. BadBody (400, with the reason) for a
+    body it would refuse or could not survive: not valid JSON or not UTF-8, a lone surrogate
+    escaped in a string, NaN, a number past a double (llama-server: "number overflow"), nesting
+    past the parser's depth (llama-server's recursive parser would overflow its stack). A UTF-8
+    byte order mark is skipped (llama-server's parser skips it too). Every body the door sends
+    on to a parser of llama-server's is read here first."""
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     try:
-        body = orjson.loads(raw)
+        return orjson.loads(raw)  # at most 1,024 levels deep; no surrogates, NaN or infinities
     except orjson.JSONDecodeError:
-        try:  # orjson refuses what JSON allows but it does not (integers past 64 bits)
-            body = json.loads(raw, parse_constant=_no_constant)
-        except RecursionError:
-            raise BadBody("the request body is nested too deeply") from None
-        except ValueError as exc:
-            raise BadBody(f"the request body is not valid JSON: {exc}") from None
+        pass
+    try:  # what JSON allows but orjson does not (integers past 64 bits); then checked as llama-server reads
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadBody("the request body is nested too deeply") from None
+    except ValueError as exc:
+        raise BadBody(f"the request body is not valid JSON: {exc}") from None
+    _check_values(body)
+    return body
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """A generation request's body: a JSON object (``read_json``). BadBody (400, with the reason)
+    for anything else, so nothing the front door cannot read goes to a slot it did not choose."""
+    body = read_json(raw)
     if not isinstance(body, dict):
         raise BadBody("the request body must be a JSON object")
     _check_token_ids(body.get("prompt"))
@@ -486,6 +629,30 @@ def parse_object(raw: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_values(body: Any) -> None:
+    """What the standard parser lets through and llama-server refuses: a lone surrogate in a string
+    or a key, a number no double holds."""
+    stack = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise BadBody("the request body is not valid JSON: a string holds a lone surrogate "
+                              f"({value[exc.start]!r}): a surrogate U+D800..U+DBFF must be followed by "
+                              "U+DC00..U+DFFF") from None
+        elif isinstance(value, float) and not math.isfinite(value) or (
+                type(value) is int and abs(value) > MAX_DOUBLE):
+            raise BadBody("the request body is not valid JSON: a number overflows a double "
+                          "(llama-server: number overflow)")
 
 
 def _check_token_ids(prompt: Any, depth: int = 0) -> None:
@@ -506,6 +673,13 @@ def answer_headers(up: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
 
 
+def _dumps(body: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # an integer past 64 bits
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
 def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
     """The request body to send on, with ``id_slot`` set to the slot the front desk chose.
 
@@ -516,8 +690,5 @@ def with_slot(raw: bytes, body: dict[str, Any], slot: int | None) -> bytes:
     if "id_slot" not in body:
         start = raw.find(b"{")
         return b'{"id_slot":%d,' % slot + raw[start + 1:] if body else b'{"id_slot":%d}' % slot
-    try:
-        return orjson.dumps({**body, "id_slot": slot})
-    except TypeError:  # an integer past 64 bits
-        return json.dumps({**body, "id_slot": slot}, ensure_ascii=False).encode("utf-8")
+    return _dumps({**body, "id_slot": slot})
 
