@@ -55,7 +55,6 @@ def _launch_and_try(model, server_bin, port, session_id, **profile):
 @pytest.mark.parametrize(
     "profile, reason",
     [
-        (dict(flash_attn=True), "saved with flash attention off; the server runs with it on"),
         (dict(cache_type_k="q8_0"), "saved with K cache type f16; the server uses q8_0"),
         (dict(parallel=2, ctx=4096), "saved with 1 slots (-np 1); the server runs 2"),
         (dict(ctx=256), "tokens of context per slot; the server's slots have 256"),
@@ -116,7 +115,7 @@ def _flip_in_place(p):
 
 def _cut_and_refill(p):
     size = os.path.getsize(p)
-    os.truncate(p, size - 4096)
+    os.truncate(p, size - min(4096, size // 2))
     os.truncate(p, size)  # the same size again, zeros at the end
 
 
@@ -156,6 +155,39 @@ def test_damaged_files_are_refused_marked_and_the_server_survives(saved_session,
     assert entry.kv_path.exists()
 
 
+def _piece(entry):
+    """One of the pieces the saved conversation is made of."""
+    from slotkeeper.core.sessions.pieces import piece_path
+
+    return piece_path(entry.kv_path.parent / "pieces", sorted(entry.sidecar.pieces)[-1])
+
+
+@pytest.mark.parametrize("damage", [_damage_truncate, _damage_flip, _damage_append, os.unlink],
+                         ids=["truncated-1-byte", "flipped-byte", "trailing-garbage", "missing"])
+@pytest.mark.parametrize("flash_attn", [False, None], ids=["as-saved", "carried-over"])
+def test_a_damaged_or_missing_piece_is_refused_marked_and_the_server_survives(saved_session, llama_model,
+                                                                             server_bin, port, damage,
+                                                                             flash_attn):
+    assert saved_session.sidecar.pieces, "kept as pieces"
+    damage(_piece(saved_session))
+    engine = make_engine(llama_model, server_bin, port, flash_attn=flash_attn)
+    events = EventLog(engine)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        assert not events.of(ev.SessionRestored)
+        assert engine.restore(saved_session.id, 0) is None
+        refused = " ".join(r for e in events.of(ev.SessionRefused) for r in e.reasons)
+        assert "piece" in refused and ("damaged" in refused or "missing" in refused or "short" in refused)
+        with engine.client() as c:
+            assert c.health().ok
+        assert engine.supervisor.state is ServerState.READY and engine.supervisor.last_exit_code is None
+    finally:
+        engine.stop()
+    entry = engine.store.get(saved_session.id)
+    assert entry.status == "corrupt" and "piece" in entry.sidecar.corrupt["reason"]
+
+
 @pytest.mark.parametrize("mutate", [
     lambda d: d.update(n_tokens="many"),
     lambda d: d.update(schema_version=42),
@@ -188,7 +220,9 @@ def test_a_good_save_of_the_same_conversation_replaces_a_corrupt_one(llama_model
         history, _ = converse(engine.base_url, USER_TURNS[:2], max_tokens=16)
         first = engine.save_slot(0)
         entry = engine.store.get(first.id)
-        _damage_flip(entry.kv_path)
+        data = bytearray(entry.kv_path.read_bytes())
+        data[-10] ^= 0xFF  # past its token list (which lineage still reads): what the state is made of
+        entry.kv_path.write_bytes(bytes(data))
         assert engine.store.verify(first.id).status == "corrupt"
         converse(engine.base_url, USER_TURNS[:3], max_tokens=16)
         again = engine.save_slot(0)
@@ -212,7 +246,7 @@ def test_a_saved_session_is_restored_without_hashing_it_again_until_it_is_touche
             time.sleep(0.02)
             os.utime(saved_session.kv_path)  # a new mtime and ctime: hashed once, then trusted again
         hashed.clear()
-        engine = make_engine(llama_model, server_bin, port)
+        engine = make_engine(llama_model, server_bin, port, flash_attn=False)  # as it was saved
         events = EventLog(engine)
         engine.start()
         try:

@@ -220,8 +220,9 @@ def test_over_budget_the_points_of_the_least_recently_used_conversations_go_befo
     store, _ = _session(folder)  # used 2026-01-01
     newer = make_session(folder, "bbbbbbbbbbbb", tokens=CONVERSATION, used="2026-02-01T00:00:00Z")
     store.listing()
-    for sid, extra in ((SID, 0), (newer.id, 1000)):  # states of their own (alike, they would share a piece)
-        path = write_slot_save(folder / f"incoming-{extra:016x}.kv", CONVERSATION[:900], kv_bytes=1000 + extra)
+    for sid, extra in ((SID, 0), (newer.id, 1000)):  # states of their own (alike, they would share pieces)
+        path = write_slot_save(folder / f"incoming-{extra:016x}.kv", CONVERSATION[:900],
+                               kv_bytes=1000 + extra)
         written = saving.Written(path, CONVERSATION[:900], path.stat().st_size, 0, slot=0)
         assert saving.commit_point(store, written, sid, POINT_PROMPT) is not None
     sizes = {e.id: e.size_bytes for e in store.listing().sessions}

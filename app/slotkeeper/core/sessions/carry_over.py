@@ -88,7 +88,11 @@ def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool
             store.commit(main, new, tokens, hashed=main_st, replaces=sc.kv_file, transcript=transcript,
                          drops=[*(p.kv_file for p in sc.points)])
             made.clear()
-        except (OSError, StateLayoutError, PieceError, ValueError) as exc:
+        except PieceError as exc:  # a piece of its save missing or damaged: it cannot be restored
+            if not made:
+                store.mark_corrupt(session_id, str(exc))
+            raise CarryOverFailed(str(exc)) from exc
+        except (OSError, StateLayoutError, ValueError) as exc:
             raise CarryOverFailed(f"it could not be rewritten for flash attention "
                                   f"{'on' if flash_attn else 'off'}: {exc}") from exc
         finally:
