@@ -259,7 +259,7 @@ def _commit(store: SessionStore, written: Written, ctx: SaveContext, describe: D
     if kind in ("unchanged", "contained") and previous is not None:
         inc = _Incoming(written.path, written.tokens, written.size, "", written.n_media)  # nothing to keep
     else:
-        inc = keep_state(store, written, _related_states(store, previous, current_id))
+        inc = keep_state(store, written, related_states(store, previous, current_id))
     try:
         described = None if kind in ("unchanged", "contained") else describe(inc.tokens)
         while True:
@@ -270,7 +270,7 @@ def _commit(store: SessionStore, written: Written, ctx: SaveContext, describe: D
             # Decided again under the lock, it needs its state kept and a title after all: made
             # outside the lock (describe asks llama-server), then decided once more.
             if not inc.content_hash:
-                inc = keep_state(store, written, _related_states(store, previous, current_id))
+                inc = keep_state(store, written, related_states(store, previous, current_id))
             if described is None:
                 described = describe(inc.tokens)
     finally:
@@ -278,7 +278,7 @@ def _commit(store: SessionStore, written: Written, ctx: SaveContext, describe: D
             unlink_quietly(inc.path)  # renamed by a commit; else removed
 
 
-def _related_states(store: SessionStore, previous: SessionEntry | None, current_id: str | None) -> list[str]:
+def related_states(store: SessionStore, previous: SessionEntry | None, current_id: str | None) -> list[str]:
     """KV files of states likely to share the new one's cells: the session it continues or forks
     from, the slot's own session, their restore points and parents."""
     out: list[str] = []
@@ -391,7 +391,7 @@ def commit_point(store: SessionStore, written: Written, session_id: str, kind: s
             entry = store.get(session_id)
         except (SessionNotFound, ValueError):
             return None
-        inc = keep_state(store, written, _related_states(store, entry, None))
+        inc = keep_state(store, written, related_states(store, entry, None))
         point = RestorePoint(kv_file=inc.path.name, n_tokens=len(written.tokens),
                              tokens_digest=tokens_digest(written.tokens), size_bytes=inc.size,
                              content_hash=inc.content_hash, kind=kind, made_at=format_utc(utc_now()),

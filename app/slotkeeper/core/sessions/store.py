@@ -379,7 +379,7 @@ class SessionStore:
             # Verified by the save's hash: a restore trusts the file while it keeps this stamp.
             kv_st = os.lstat(final)  # the file stays as it is until the index has learnt it
             sidecar = replace(sidecar, verified=carried_over(hashed, kv_st, sidecar.content_hash),
-                              pieces=self._pieces(sidecar.kv_file, sidecar.points))
+                              pieces=self.pieces_for(sidecar.kv_file, sidecar.points))
             write_sidecar_atomic(self.sidecar_path(sidecar.id), sidecar)
             step("after_sidecar")
             gone = None
@@ -421,7 +421,7 @@ class SessionStore:
             st = os.lstat(final)
             point = replace(point, kv_file=name, verified=carried_over(hashed, st, point.content_hash))
             kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing)
-            sc = replace(sc, points=kept, pieces=self._pieces(sc.kv_file, kept))
+            sc = replace(sc, points=kept, pieces=self.pieces_for(sc.kv_file, kept))
             write_sidecar_atomic(self.sidecar_path(session_id), sc)
             self._note_sidecar(session_id, sc)
             self.index.note_files({name: stamp_of(st)})
@@ -435,7 +435,7 @@ class SessionStore:
         with self.exclusive():
             def drop(s: Sidecar) -> Sidecar:
                 kept = tuple(p for p in s.points if p.kv_file not in gone)
-                return replace(s, points=kept, pieces=self._pieces(s.kv_file, kept))
+                return replace(s, points=kept, pieces=self.pieces_for(s.kv_file, kept))
 
             try:
                 self.update(session_id, drop)
@@ -443,9 +443,14 @@ class SessionStore:
                 return
             self._remove_points(session_id, list(gone))
 
-    def _pieces(self, kv_file: str, points: Iterable[RestorePoint]) -> dict[str, int]:
+    def pieces_for(self, kv_file: str, points: Iterable[RestorePoint]) -> dict[str, int]:
         """The pieces a version's states (its save and its points) are made of, with their sizes."""
         return self.states.pieces_of([kv_file, *(p.kv_file for p in points)])
+
+    def remove_files_of(self, session_id: str, names: Sequence[str]) -> None:
+        """Remove states of the session its sidecar no longer names (under the folder lock)."""
+        with self.exclusive():
+            self._remove_points(session_id, names)
 
     def _remove_points(self, session_id: str, names: Sequence[str], keep: Iterable[str] = ()) -> None:
         """Remove restore points' files: only the session's own, and never one its sidecar still

@@ -17,12 +17,15 @@ from typing import Any
 
 from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.basics.tokens import TokenArray
+from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine.lifecycle.loop import EngineLoop
 from slotkeeper.core.engine.slots.board import PendingReuse
 from slotkeeper.core.engine.stored.searching import complete_partial
 from slotkeeper.core.events import (
+    ActivityChanged,
     EventBus,
     FolderTidied,
+    NoticeRaised,
     RestoreReused,
     SearchIndexRepaired,
     SessionsPruned,
@@ -33,12 +36,14 @@ from slotkeeper.core.services.sessions import SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import common_prefix_len
+from slotkeeper.core.sessions.migration import carry_over_folder, needs_carrying_over
 from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS
 from slotkeeper.core.sessions.restoring import record_reuse
 from slotkeeper.core.sessions.saving import SaveOutcome
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import RestorePoint, Sidecar
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+from slotkeeper.core.views import Activity
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +113,7 @@ class Library:
         removed = self.store.sweep()  # brings the sessions index up to the folder (by stat) as it goes
         if removed:
             self.loop.call_soon(self.events.emit, FolderTidied(tuple(removed)))
+        self._carry_over()
         self.store.index_tokens()  # token lists of sessions new or changed since it was kept
         self.store.save_index()
         try:
@@ -117,6 +123,26 @@ class Library:
         except (sqlite3.Error, SearchUnavailable) as exc:
             self.loop.call_soon(self.events.emit, WarningRaised(
                 f"searching saved conversations by content is not available: {exc}"))
+
+    def _carry_over(self) -> None:  # an I/O thread
+        """Conversations saved whole (the layout before pieces) kept as pieces, once, with progress."""
+        if not any(needs_carrying_over(e) for e in self.store.sessions()):
+            return
+
+        def progress(done: int, total: int, what: str) -> None:
+            activity = Activity("carrying over", what, done, total) if done < total else Activity()
+            self.loop.call_soon(self.events.emit, ActivityChanged(activity))
+
+        result = carry_over_folder(self.store, progress)
+        if result.done:
+            n = result.done
+            before, after = human_bytes(result.bytes_before), human_bytes(result.bytes_written)
+            self.loop.call_soon(self.events.emit, NoticeRaised(
+                f"kept {n} saved conversation{'s' if n != 1 else ''} as shared pieces ({before} of whole "
+                f"files now take {after})"))
+        for session_id, why in result.skipped or ():
+            self.loop.call_soon(self.events.emit, WarningRaised(
+                f"saved conversation {session_id} stays as it was saved: {why}"))
 
     async def tidy(self) -> None:
         """Remove what an interrupted save left (the caller holds every slot's lock)."""
