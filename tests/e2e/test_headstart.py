@@ -85,12 +85,21 @@ def assert_next_turn_restored(url: str) -> None:
     assert t["cache_n"] > 0.8 * (t["cache_n"] + t["prompt_n"]), t
 
 
+def staging_of(home) -> set[str]:
+    """Where the llama-servers of ``home``'s data folder write their slot files (their
+    --slot-save-path): its staging folder in memory, or in the data folder."""
+    from slotkeeper.core.sessions.staging import staging_folder
+
+    return {str(staging_folder(home, 0)), str(home / "staging")}
+
+
 def servers_of(home) -> list[psutil.Process]:
-    """The llama-servers running on ``home``'s sessions folder."""
+    """The llama-servers running for ``home``'s data folder."""
     found = []
+    folders = staging_of(home)
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if str(home / "sessions") in cmd:
+        if folders & set(cmd):
             found.append(p)
     return found
 
@@ -189,7 +198,7 @@ def test_the_head_start_imports_nothing_heavy_and_a_stop_before_the_take_over_st
         out = json.loads(proc.stdout.readline())
         assert out["pid"] is not None and out["heavy"] == []
         early = psutil.Process(out["pid"])
-        assert str(isolated_home / "sessions") in early.cmdline()
+        assert staging_of(isolated_home) & set(early.cmdline())
         proc.send_signal(signal.SIGTERM)  # e.g. a logout while the app starts
         proc.wait(30)
         wait_until(lambda: not early.is_running() or early.status() == psutil.STATUS_ZOMBIE, 30,

@@ -37,7 +37,7 @@ import xxhash
 
 from slotkeeper.core.basics.fsutil import fsync_dir, open_regular, sync_fd
 from slotkeeper.core.sessions.kvfile import read_tokens
-from slotkeeper.core.sessions.statefile import KvStream, StateLayoutError, parse_layout
+from slotkeeper.core.sessions.statefile import KvStream, StateLayoutError, mapped, parse_layout
 
 __all__ = ["MANIFEST_SUFFIX", "PIECES_DIR", "Manifest", "PieceError", "PutResult", "assemble",
            "check_piece", "collect", "piece_path", "put", "read_manifest"]
@@ -346,34 +346,29 @@ def put(staged: Path, pieces_dir: Path, candidates: Iterable[Path] = (),
     (synced), and the manifest is returned (and written, synced, to ``manifest_out`` if given)."""
     header = read_tokens(staged)
     pieces_dir.mkdir(mode=0o700, exist_ok=True)
-    with open_regular(staged) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, \
-            _Pieces(pieces_dir) as known:
-        buf = memoryview(mm)
+    with mapped(staged) as buf, _Pieces(pieces_dir) as known:
+        writer = _Writer(pieces_dir)
         try:
-            writer = _Writer(pieces_dir)
-            try:
-                layout = parse_layout(buf, header.header_bytes)
-            except StateLayoutError:
-                layout = None
-            caches: list[CacheRuns] = []
-            tail_from = header.header_bytes if layout is None else layout.tail_offset
-            if layout is not None:
-                index = _CandidateIndex(known, candidates)
-                for cache in layout.caches:
-                    if not cache.streams:
-                        caches.append(CacheRuns(Shape(cache.n_stream, False, 0, 0, 0, 12, (), ()), ()))
-                        continue
-                    s = cache.streams[0]
-                    shape = _shape(buf, s, cache.n_stream)
-                    caches.append(CacheRuns(shape, tuple(_runs(buf, s, shape, index, known, writer))))
-            tail = None
-            tail_bytes = len(buf) - tail_from
-            if tail_bytes:
-                tail = writer.piece(0, b"\0" * 16, [], [buf[tail_from:]])
-            writer.sync()
-            manifest = Manifest(bytes(buf[:header.header_bytes]), len(buf), tuple(caches), tail, tail_bytes)
-        finally:
-            buf.release()
+            layout = parse_layout(buf, header.header_bytes)
+        except StateLayoutError:
+            layout = None
+        caches: list[CacheRuns] = []
+        tail_from = header.header_bytes if layout is None else layout.tail_offset
+        if layout is not None:
+            index = _CandidateIndex(known, candidates)
+            for cache in layout.caches:
+                if not cache.streams:
+                    caches.append(CacheRuns(Shape(cache.n_stream, False, 0, 0, 0, 12, (), ()), ()))
+                    continue
+                s = cache.streams[0]
+                shape = _shape(buf, s, cache.n_stream)
+                caches.append(CacheRuns(shape, tuple(_runs(buf, s, shape, index, known, writer))))
+        tail = None
+        tail_bytes = len(buf) - tail_from
+        if tail_bytes:
+            tail = writer.piece(0, b"\0" * 16, [], [buf[tail_from:]])
+        writer.sync()
+        manifest = Manifest(bytes(buf[:header.header_bytes]), len(buf), tuple(caches), tail, tail_bytes)
     if manifest_out is not None:
         _write_synced(manifest_out, manifest_bytes(manifest))
     return PutResult(manifest, writer.written, tuple(writer.new))

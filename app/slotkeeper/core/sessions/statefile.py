@@ -27,9 +27,11 @@ this code does not understand is never half-read as something else: ``StateLayou
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,7 +40,7 @@ from slotkeeper.core.basics.fsutil import open_regular, sync_fd
 from slotkeeper.core.sessions.kvfile import read_tokens
 
 __all__ = ["KvCache", "KvStream", "LayerRows", "StateLayout", "StateLayoutError", "convert_v_layout",
-           "read_layout", "v_layout_convertible"]
+           "mapped", "read_layout", "v_layout_convertible"]
 
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
@@ -115,15 +117,33 @@ class StateLayout:
         return found.pop() if len(found) == 1 else None
 
 
+@contextlib.contextmanager
+def mapped(path: str | os.PathLike[str]) -> Iterator[memoryview]:
+    """The file at ``path`` mapped read-only, as a memoryview. Unmapped on leaving, unless a slice
+    of it is still held somewhere (a traceback's frame): then when that goes."""
+    with open_regular(Path(path)) as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield memoryview(b"")
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        view = memoryview(mm)
+        try:
+            yield view
+        finally:
+            try:
+                view.release()
+                mm.close()
+            except BufferError:
+                pass
+
+
 def read_layout(path: str | os.PathLike[str]) -> StateLayout:
     """The layout of the slot save file at ``path`` (StateLayoutError, KvFileError, OSError)."""
     header = read_tokens(path)
-    with open_regular(Path(path)) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
+    with mapped(path) as buf:
+        if not len(buf):
             raise StateLayoutError("empty file")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return parse_layout(memoryview(mm), header.header_bytes)
+        return parse_layout(buf, header.header_bytes)
 
 
 def parse_layout(buf: memoryview | bytes, header_bytes: int) -> StateLayout:
@@ -265,27 +285,23 @@ def convert_v_layout(src: str | os.PathLike[str], dst: str | os.PathLike[str], v
     """Write to ``dst`` (created, synced) the file ``src`` with its V cache laid out as a server
     with flash attention off (``v_trans``) or on reads it: the same values, transposed; every other
     byte as it was. Returns the bytes written. StateLayoutError when the file cannot be converted."""
-    with open_regular(Path(src)) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        buf = memoryview(mm)
+    with mapped(src) as buf:
+        layout = parse_layout(buf, read_tokens(src).header_bytes)
+        if not v_layout_convertible(layout):
+            raise StateLayoutError("its V cache is quantized: it has one layout only")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+        fd = os.open(dst, flags, 0o600)
         try:
-            layout = parse_layout(buf, read_tokens(src).header_bytes)
-            if not v_layout_convertible(layout):
-                raise StateLayoutError("its V cache is quantized: it has one layout only")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-            fd = os.open(dst, flags, 0o600)
-            try:
-                with os.fdopen(fd, "wb", closefd=False) as out:
-                    _write_converted(buf, layout, v_trans, out)
-                    out.flush()
-                    sync_fd(fd)
-                    written = out.tell()
-            except BaseException:
-                os.close(fd)
-                os.unlink(dst)  # never a half-written file left behind
-                raise
+            with os.fdopen(fd, "wb", closefd=False) as out:
+                _write_converted(buf, layout, v_trans, out)
+                out.flush()
+                sync_fd(fd)
+                written = out.tell()
+        except BaseException:
             os.close(fd)
-        finally:
-            buf.release()
+            os.unlink(dst)  # never a half-written file left behind
+            raise
+        os.close(fd)
     return written
 
 
