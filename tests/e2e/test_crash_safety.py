@@ -38,7 +38,8 @@ def _stop(proc):
     assert proc.wait(60) == 0
 
 
-@pytest.mark.parametrize("step", ["after_server_write", "after_hash", "after_rename", "after_sidecar"])
+@pytest.mark.parametrize("step", ["after_server_write", "after_pieces", "after_hash", "after_rename",
+                                  "after_sidecar"])
 def test_engine_killed_at_each_save_step_leaves_a_whole_session(llama_model, server_bin, port, isolated_home,
                                                                 step):
     cmd = _serve_cmd(isolated_home, llama_model, server_bin, port)
@@ -70,7 +71,7 @@ def test_engine_killed_at_each_save_step_leaves_a_whole_session(llama_model, ser
     try:
         names = os.listdir(isolated_home / "sessions")
         assert not [n for n in names if n.startswith("incoming-")]
-        assert len([n for n in names if n.endswith(".kv")]) == 1, names
+        assert len([n for n in names if n.endswith(".kvm")]) == 1, names
         r = chat(url, history + [{"role": "user", "content": "one more"}])
         assert r["timings"]["cache_n"] > 0.9 * v1.sidecar.n_tokens - 30
     finally:
@@ -95,12 +96,13 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
         converse(engine.base_url, [long_text, "and again " + long_text], max_tokens=4)
 
         sessions_dir = engine.paths.sessions_dir
+        staging = engine.link.staging  # where llama-server writes its slot files
         killed = threading.Event()
 
         def killer():
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not killed.is_set():
-                if any(n.startswith("incoming-") for n in os.listdir(sessions_dir)):
+                if any(n.startswith("incoming-") for n in os.listdir(staging)):
                     os.kill(engine.supervisor.pid, signal.SIGKILL)
                     killed.set()
                     return
@@ -119,11 +121,14 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
         wait_until(lambda: len(events.of(ev.SessionRestored)) >= 1, timeout=120,
                    what="restore after the crash")
         # The file llama-server was writing when it died is gone now, not at the next start.
+        assert not [n for n in os.listdir(staging) if n.startswith("incoming-")]
         assert not [n for n in os.listdir(sessions_dir) if n.startswith("incoming-")]
-        assert any(n.startswith("incoming-") for e in events.of(ev.FolderTidied) for n in e.removed)
         # What llama-server writes is private, like everything Slotkeeper writes (its umask).
         for name in os.listdir(sessions_dir):
             assert os.stat(sessions_dir / name).st_mode & 0o077 == 0, name
+        for piece in (sessions_dir / "pieces").rglob("*"):
+            assert piece.stat().st_mode & 0o077 == 0, piece.name
+        assert staging.stat().st_mode & 0o077 == 0
         for log in engine.paths.server_log.parent.iterdir():
             assert log.stat().st_mode & 0o077 == 0, log.name
     finally:

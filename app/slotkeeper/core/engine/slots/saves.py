@@ -141,6 +141,9 @@ class SlotSaves:
         except ServerError as exc:
             await self.loop.run_io(unlink_quietly, folder / name)
             raise server_refused(store, slot, exc.message) from exc
+        except BaseException:  # llama-server gone mid-write: what it wrote is no save
+            await self.loop.run_io(unlink_quietly, folder / name)
+            raise
         written = await self.loop.run_io(check_written, store, folder / name, result.n_written, slot)
         return written, result.save_ms
 
