@@ -191,8 +191,8 @@ def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_serve
         url, key = engine._upstream()
         raw = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
         entry = engine.sessions.listing().sessions[0]
-        assert raw.post("/slots/0", params={"action": "restore"},
-                        json={"filename": entry.sidecar.kv_file}).is_success
+        engine.store.states.materialize(entry.sidecar.kv_file, engine.link.staging / "by-hand.kv")
+        assert raw.post("/slots/0", params={"action": "restore"}, json={"filename": "by-hand.kv"}).is_success
         r = raw.post("/completion", json={"prompt": rollback, "n_predict": 1, "n_probs": 8, "temperature": 0,
                                          "id_slot": 0})
         unguarded = [p["logprob"] for p in r.json()["completion_probabilities"][0]["top_logprobs"]]
