@@ -171,7 +171,7 @@ def test_a_point_that_restores_another_count_is_refused_and_dropped(saved_with_p
     # The longer point's entry now names a copy of the shorter point's file (its size and hash match
     # that file, so only the count llama-server reports tells them apart).
     folder = path.parent
-    copy = f"{data['id']}.0badc0de.kv"
+    copy = f"{data['id']}.0badc0de.kvm"
     (folder / copy).write_bytes((folder / a["kv_file"]).read_bytes())
     (folder / copy).chmod(0o600)
     swapped = {**b, "kv_file": copy, "size_bytes": a["size_bytes"], "content_hash": a["content_hash"],

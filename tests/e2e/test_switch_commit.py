@@ -14,7 +14,7 @@ from test_front_door import long_message, reused, turn
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine.slots import saves as engine_module
 from slotkeeper.core.server.state import ServerState
-from slotkeeper.core.sessions import saving
+from slotkeeper.core.sessions import pieces
 
 pytestmark = pytest.mark.e2e
 
@@ -28,10 +28,10 @@ class HeldCommits:
         self.entered = threading.Event()
         real = engine_module.commit_written
         if fail:
-            def broken_fsync(path, *args, **kwargs):
+            def broken_fsync(fd, *args, **kwargs):
                 raise OSError(5, "Input/output error")
 
-            monkeypatch.setattr(saving, "fsync_private", broken_fsync)
+            monkeypatch.setattr(pieces, "sync_fd", broken_fsync)  # the new pieces cannot be made durable
 
         def held(*args, **kwargs):  # on an engine I/O thread
             self.entered.set()

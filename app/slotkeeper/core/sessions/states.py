@@ -15,12 +15,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from slotkeeper.core.sessions import pieces
+from slotkeeper.core.sessions.kvfile import KvFileError
 from slotkeeper.core.sessions.naming import (
     INCOMING_PREFIX,
     MANIFEST_SUFFIX,
     OWN_KV_RE,
     PIECES_DIR,
 )
+from slotkeeper.core.sessions.statefile import StateLayoutError, read_layout
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,10 @@ class States:
         path = self.dir / kv_file
         if kv_file.endswith(MANIFEST_SUFFIX):
             return pieces.assemble(pieces.read_manifest(path), self.pieces_dir, out)
+        try:  # a whole state (the layout before pieces): only one that reads as a state reaches llama-server
+            read_layout(path)
+        except (StateLayoutError, KvFileError) as exc:
+            raise pieces.PieceError(f"{kv_file} is not a state llama-server wrote: {exc}") from None
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
         try:
             with open(path, "rb") as src, os.fdopen(fd, "wb", closefd=False) as dst:

@@ -461,9 +461,12 @@ class FrontDoor:
         """A stream asked for a non-streamed request, answered as llama-server answers that request
         (``unstream``); a client that leaves meanwhile closes the stream, which stops the task."""
         gathered, events = Unstreamed(kind), SseReader()
-        async for chunk in up.content.iter_any():
-            for event in events.feed(chunk):
-                gathered.feed(event)
+        try:
+            async for chunk in up.content.iter_any():
+                for event in events.feed(chunk):
+                    gathered.feed(event)
+        except aiohttp.ClientPayloadError:  # cut off mid-stream: llama-server went away
+            gathered = Unstreamed(kind)
         answer = gathered.answer()
         if answer is None:
             outcome.processed = True  # the server may have worked on it before it went
