@@ -91,16 +91,32 @@ def test_the_points_wanted_are_near_the_prompts_end_and_at_the_last_user_message
     assert prompt_point_back(swa=False) == 3
 
 
-def test_the_last_turns_points_stay_and_earlier_user_points_are_kept_spaced():
+def test_the_last_turns_points_stay_then_earlier_ones_newest_first_with_user_points_spaced():
     points = [point(990, POINT_PROMPT), point(900), point(880, POINT_PROMPT), point(850), point(600),
-              point(400), point(100)]
+              point(400), point(100), point(300, POINT_PROMPT)]
     kept, dropped = keep_points(points, n_tokens=1000, spacing=300)
-    # the longest of each kind; then user points at least 300 below the last kept one
-    assert [p.n_tokens for p in kept] == [990, 900, 600, 100]
-    assert sorted(p.n_tokens for p in dropped) == [400, 850, 880]
+    # the longest of each kind; earlier prompt points (llama-server's checkpoints); earlier user
+    # points at least 300 below the shortest kept so far
+    assert [p.n_tokens for p in kept] == [990, 900, 880, 400, 300]
+    assert sorted(p.n_tokens for p in dropped) == [100, 600, 850]
     # A point the conversation no longer strictly extends is dropped; so is one past the limit.
     kept, dropped = keep_points(points, n_tokens=900, spacing=1, limit=3)
     assert [p.n_tokens for p in kept] == [880, 850, 600]
+
+
+def test_points_are_kept_within_what_they_may_add_to_the_save_the_last_prompt_point_always():
+    points = [point(990, POINT_PROMPT), point(900), point(880, POINT_PROMPT), point(300, POINT_PROMPT)]
+    price = {990: 50, 900: 20, 880: 40, 300: 10}  # what each adds beyond the save (shared bytes aside)
+
+    def cost(kept):
+        return sum(price[p.n_tokens] for p in kept)
+
+    kept, _ = keep_points(points, n_tokens=1000, allowance=75, cost=cost)
+    assert [p.n_tokens for p in kept] == [990, 900]  # 880 would take it to 110; 300 fits after it: 80
+    kept, _ = keep_points(points, n_tokens=1000, allowance=80, cost=cost)
+    assert [p.n_tokens for p in kept] == [990, 900, 300]
+    kept, _ = keep_points(points, n_tokens=1000, allowance=10, cost=cost)
+    assert [p.n_tokens for p in kept] == [990]  # over it alone: kept all the same (a reasoning client's)
 
 
 def test_the_point_chosen_is_the_longest_the_request_strictly_extends():
@@ -117,6 +133,15 @@ def test_the_point_chosen_is_the_longest_the_request_strictly_extends():
 
 
 # -- the store ----------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def points_unbounded(monkeypatch):
+    """The files here are stand-ins, not states: each a piece of its own, as big as the "save". What
+    points may add is tested with real states (tests/e2e); here every point fits."""
+    from slotkeeper.core.sessions import store as store_module
+
+    monkeypatch.setattr(store_module, "POINTS_SHARE", 1000.0)
+
+
 def _session(folder: Path) -> tuple[SessionStore, Sidecar]:
     sc = make_session(folder, SID, tokens=CONVERSATION)
     store = SessionStore(folder)
@@ -203,13 +228,13 @@ def test_an_update_keeps_the_points_the_new_version_starts_with_and_removes_the_
     assert all((folder / f).exists() for f in files)
     # An update that re-renders the end (inside the tail slack) drops the points past the change.
     late = saving.commit_point(store, _incoming(folder, 1046, longer), SID, POINT_PROMPT)
-    assert late is not None and [p.n_tokens for p in late.points] == [1046, 400]
+    assert late is not None and [p.n_tokens for p in late.points] == [1046, 899, 400]  # earlier ones stay
     gone = late.points[0].kv_file
     changed_end = longer[:1044] + [8] * 10
     incoming = write_slot_save(folder / "incoming-00000000000000cc.kv", changed_end)
     out = saving.commit_written(store, saving.Written(incoming, changed_end, incoming.stat().st_size, 0, 0),
                                 ctx, lambda t: ("t", "p"), current_id=SID)
-    assert out.kind == "update" and [p.n_tokens for p in out.sidecar.points] == [400]
+    assert out.kind == "update" and [p.n_tokens for p in out.sidecar.points] == [899, 400]
     assert not (folder / gone).exists() and store.sweep() == []
 
 

@@ -16,23 +16,32 @@ saved as its own KV file of the conversation (``Sidecar.points``):
   checkpoint with one token, leaves 3). A batch of one token takes another path through the
   kernels than a batch of several: measured log-probs ~1e-4 apart.
 - ``user``: the start of the last user message (the prompt rendered without that message): an
-  edited last message extends it. The ``user`` points of earlier turns stay, spaced at least
-  ``spacing`` tokens apart, so an edit further back re-reads from the nearest one before it.
+  edited last message extends it.
+
+Earlier turns' points stay, as llama-server keeps a checkpoint near each request's prompt end (up
+to 32 per slot): an agent that rewrites its history further back after a restart (Claude Code's
+``--resume`` drops messages it had added) goes on from the nearest one before it. States share their
+bytes (``pieces``), so a point costs what differs from the conversation's save and the points kept
+before it: for a hybrid model its recurrent state, for sliding-window layers with --swa-full the
+part of their window the save does not hold. They are kept within ``POINTS_SHARE`` of the save's
+own bytes: the last prompt point always, then the last user point, then earlier points newest
+first (earlier ``user`` points at least ``spacing`` tokens apart).
 
 Everything here is pure: the engine makes the points while the slot is idle, the store keeps them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from slotkeeper.core.sessions.sidecar import POINT_PROMPT, POINT_USER, RestorePoint
 from slotkeeper.core.settings import DEFAULT_POINT_SPACING_TOKENS
 
-__all__ = ["DEFAULT_POINT_SPACING_TOKENS", "MAX_POINTS", "MIN_POINT_TOKENS", "best_point", "keep_points",
-           "prompt_point_back", "wanted_points"]
+__all__ = ["DEFAULT_POINT_SPACING_TOKENS", "MAX_POINTS", "MIN_POINT_TOKENS", "POINTS_SHARE", "best_point",
+           "keep_points", "prompt_point_back", "wanted_points"]
 
-MAX_POINTS = 8  # per conversation, the newest two included
+MAX_POINTS = 32  # per conversation, as llama-server keeps 32 checkpoints per slot (--ctx-checkpoints)
+POINTS_SHARE = 0.25  # what a conversation's points may add to its save's bytes
 # A prefix shorter than this is re-read in less time than a restore takes: no point is made there.
 MIN_POINT_TOKENS = 64
 PROMPT_POINT_BACK = 3  # the prompt point of a hybrid or recurrent model: this many tokens before the end
@@ -60,21 +69,30 @@ def wanted_points(n_prompt: int, user_start: int | None, n_held: int, have: Iter
 
 
 def keep_points(points: Sequence[RestorePoint], n_tokens: int, spacing: int = DEFAULT_POINT_SPACING_TOKENS,
-                limit: int = MAX_POINTS) -> tuple[tuple[RestorePoint, ...], tuple[RestorePoint, ...]]:
+                limit: int = MAX_POINTS, allowance: int | None = None,
+                cost: Callable[[Sequence[RestorePoint]], int] = lambda kept: 0,
+                ) -> tuple[tuple[RestorePoint, ...], tuple[RestorePoint, ...]]:
     """(kept, dropped) of a conversation's points once it holds ``n_tokens`` tokens: only strict
-    prefixes of it, one per length; the longest ``prompt`` and the longest ``user`` point (the last
-    turn's) always; earlier ``user`` points, longest first, while at least ``spacing`` tokens below
-    the last one kept; ``limit`` in all. Kept longest first."""
-    usable = sorted((p for p in points if p.n_tokens < n_tokens), key=lambda p: -p.n_tokens)
+    prefixes of it, one per length; the longest ``prompt`` point (the last turn's) always; then the
+    longest ``user`` point, then earlier points longest first (earlier ``user`` points at least
+    ``spacing`` tokens below the shortest kept), each while ``cost(kept)`` (the bytes the points
+    kept add to the save) stays within ``allowance`` (None: no limit); ``limit`` in all. Kept
+    longest first."""
+    one_each = {p.n_tokens: p for p in reversed(points) if p.n_tokens < n_tokens}  # the first of a length
+    usable = sorted(one_each.values(), key=lambda p: -p.n_tokens)
     latest = {kind: next((p for p in usable if p.kind == kind), None) for kind in (POINT_PROMPT, POINT_USER)}
-    kept = [p for p in latest.values() if p is not None]
-    for p in usable:
-        if len(kept) >= limit or p in kept or p.kind != POINT_USER:
+    order = [p for p in (latest[POINT_PROMPT], latest[POINT_USER]) if p is not None]
+    order += [p for p in usable if p not in order]
+    kept: list[RestorePoint] = []
+    for p in order:
+        if len(kept) >= limit:
+            break
+        if p.kind == POINT_USER and p is not latest[POINT_USER] and kept and \
+                p.n_tokens > min(k.n_tokens for k in kept) - spacing:
             continue
-        if any(k.n_tokens == p.n_tokens for k in kept):
+        if kept and allowance is not None and cost([*kept, p]) > allowance:
             continue
-        if p.n_tokens <= min(k.n_tokens for k in kept) - spacing:
-            kept.append(p)
+        kept.append(p)
     kept.sort(key=lambda p: -p.n_tokens)
     dropped = tuple(p for p in points if p not in kept)
     return tuple(kept), dropped

@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from slotkeeper.core.sessions import pieces
@@ -22,6 +22,7 @@ from slotkeeper.core.sessions.naming import (
     OWN_KV_RE,
     PIECES_DIR,
 )
+from slotkeeper.core.sessions.sidecar import RestorePoint
 from slotkeeper.core.sessions.statefile import StateLayoutError, read_layout
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,22 @@ class States:
                 return 0
             self._sizes[piece_id] = size
         return size
+
+    def cost_of_points(self, kv_file: str) -> Callable[[Sequence[RestorePoint]], int]:
+        """For ``points.keep_points``: the bytes a set of the state ``kv_file``'s restore points adds
+        to it (their manifests, and the pieces they use that it does not), each manifest read once."""
+        main = set(self.pieces_of([kv_file]))
+        named: dict[str, set[str]] = {}
+
+        def cost(points: Sequence[RestorePoint]) -> int:
+            extra: set[str] = set()
+            for p in points:
+                if p.kv_file not in named:
+                    named[p.kv_file] = set(self.pieces_of([p.kv_file]))
+                extra |= named[p.kv_file]
+            return sum(p.size_bytes for p in points) + sum(self.size_of(i) for i in extra - main)
+
+        return cost
 
     def points_only(self, kv_file: str, points: Iterable[str]) -> int:
         """The bytes of the pieces the states ``points`` use and the state ``kv_file`` does not:

@@ -54,7 +54,7 @@ from slotkeeper.core.sessions.naming import (
     transcript_name,
     validate_session_id,
 )
-from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS, keep_points
+from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS, POINTS_SHARE, keep_points
 from slotkeeper.core.sessions.rows import Stamp, kept, rows_file, scan, split_rows, stamp_of, write_rows
 from slotkeeper.core.sessions.sidecar import (
     RestorePoint,
@@ -420,7 +420,9 @@ class SessionStore:
             fsync_dir(self.dir)
             st = os.lstat(final)
             point = replace(point, kv_file=name, verified=carried_over(hashed, st, point.content_hash))
-            kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing)
+            kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing,
+                                        allowance=int(POINTS_SHARE * (sc.state_bytes or sc.size_bytes)),
+                                        cost=self.states.cost_of_points(sc.kv_file))
             sc = replace(sc, points=kept, pieces=self.pieces_for(sc.kv_file, kept))
             write_sidecar_atomic(self.sidecar_path(session_id), sc)
             self._note_sidecar(session_id, sc)
