@@ -72,10 +72,15 @@ def test_engine_killed_at_each_save_step_leaves_a_whole_session(llama_model, ser
         names = os.listdir(isolated_home / "sessions")
         assert not [n for n in names if n.startswith("incoming-")]
         assert len([n for n in names if n.endswith(".kvm")]) == 1, names
-        r = chat(url, history + [{"role": "user", "content": "one more"}])
+        try:
+            r = chat(url, history + [{"role": "user", "content": "one more"}])
+        except Exception as exc:  # what serve said is the diagnosis
+            proc.kill()
+            raise AssertionError(f"{exc}\n{proc.stderr.read()[-6000:]}") from exc
         assert r["timings"]["cache_n"] > 0.9 * v1.sidecar.n_tokens - 30
     finally:
-        _stop(proc)
+        if proc.poll() is None:
+            _stop(proc)
 
 
 def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, models_dir):

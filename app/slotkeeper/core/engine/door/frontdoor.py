@@ -48,6 +48,8 @@ from slotkeeper.core.engine.door.conversions import (
     MessagesStream,
     message_answer_bytes,
     messages_as_chat,
+    messages_to_chat,
+    responses_to_chat,
     sse_event,
     without_extras,
 )
@@ -445,8 +447,7 @@ class FrontDoor:
                                        as_messages, kind)
         finally:
             if outcome.processed and outcome.timings is not None:
-                if ep.prompt == endpoints.PROMPT_CHAT:
-                    outcome.request = learn
+                outcome.request = _as_chat(learn)
                 outcome.transcript = _transcript(path, ep.prompt, body, reply)
             if not fast:
                 self.desk.finish(ticket, outcome)
@@ -588,6 +589,22 @@ def _several_slots(path: str, body: dict[str, Any]) -> str | None:
     if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 1:
         return ("Slotkeeper gives each request one slot; several completions at once (n > 1) would take "
                 "other slots it did not choose: send them as separate requests")
+    return None
+
+
+def _as_chat(learn: Learn) -> Learn | None:
+    """The request as the chat completion llama-server rendered its prompt from (a Messages or
+    Responses body converted as llama-server converts it): what restore points find its last user
+    message in. None for a request that is no chat."""
+    try:
+        if learn.prompt_kind == endpoints.PROMPT_CHAT:
+            return learn
+        if learn.prompt_kind == endpoints.PROMPT_MESSAGES:
+            return Learn(endpoints.PROMPT_CHAT, prompt_fields(without_extras(messages_to_chat(learn.body))))
+        if learn.prompt_kind == endpoints.PROMPT_RESPONSES:
+            return Learn(endpoints.PROMPT_CHAT, prompt_fields(responses_to_chat(learn.body)))
+    except Exception:  # noqa: BLE001 - a body llama-server takes but the conversion cannot: no points
+        log.debug("no chat form of this request", exc_info=True)
     return None
 
 
