@@ -54,10 +54,18 @@ def io_written(pid: int) -> int:
 
 
 def children(pid: int) -> list[int]:
+    """The live children of ``pid`` (any thread's; llama-server is started from a worker thread)."""
+    out: list[int] = []
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return []
+        return out
+    for tid in tasks:
+        try:
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            pass
+    return out
 
 
 def folder_bytes(folder: Path) -> int:
@@ -98,9 +106,10 @@ class Side:
         env = {**os.environ, "PYTHONPATH": str(self.app)}
         log = (self.home.parent / f"{self.home.name}.log").open("a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "slotkeeper", "--data-dir", str(self.home), "serve", "--model", str(self.model),
-             "--port", str(port), "--ctx", str(self.ctx), "--parallel", "1", "--idle-save", "1",
-             *self.argv_extra], stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
+            [sys.executable, "-m", "slotkeeper", "--data-dir", str(self.home), "serve",
+             "--model", str(self.model), "--port", str(port), "--ctx", str(self.ctx), "--parallel", "1",
+             "--idle-save", "1", *self.argv_extra],
+            stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith("ready"):
@@ -114,9 +123,13 @@ class Side:
         return self.written + sum(io_written(p) for p in pids)
 
     def stop(self) -> None:
+        """Quit (saving on the way out); what it wrote is read once it has exited and before it is
+        reaped: a process's count includes the children it reaped (llama-server)."""
         if self.proc is not None:
-            self.written = self.io()
+            pid = self.proc.pid
             self.proc.send_signal(signal.SIGINT)
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            self.written += io_written(pid)
             self.proc.wait(600)
             self.proc = None
 
@@ -196,8 +209,8 @@ def relaunch_first_token(side: Side, history: list[dict], reply: int) -> float:
     try:
         nxt = history + [{"role": "user", "content": "And one more question, please: " + text(99, 20)}]
         _answer, timings, ttft = chat(side.url, nxt, 8)
-        print(f"  {side.name}: relaunch's first token {ttft * 1000:.0f} ms (prompt_n {timings.get('prompt_n')}, "
-              f"cache_n {timings.get('cache_n')})", flush=True)
+        print(f"  {side.name}: relaunch's first token {ttft * 1000:.0f} ms "
+              f"(prompt_n {timings.get('prompt_n')}, cache_n {timings.get('cache_n')})", flush=True)
         return ttft
     finally:
         side.stop()
@@ -284,7 +297,8 @@ def main() -> int:
                                  f"{r['state'] / 1e6:>9.1f}")
                 print(f"  {now['turn']:>4} | " + " | ".join(cells))
             final_now, final_before = results["now"][1][-1], results["before"][1][-1]
-            print(f"  llama-server's own save of the final conversation: {reference / 1e6:.1f} MB; on disk now "
+            print(f"  llama-server's own save of the final conversation: {reference / 1e6:.1f} MB; "
+                  f"on disk now "
                   f"{final_now['disk'] / reference:.2f}x it (goal: at most 1.3x), before "
                   f"{final_before['disk'] / reference:.2f}x")
             a, b = results["now"][2], results["before"][2]

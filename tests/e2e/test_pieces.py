@@ -133,3 +133,69 @@ def test_pieces_no_manifest_names_are_collected_once_old_enough(server_bin, mode
     pieces.assemble(b, store, out)
     assert out.read_bytes() == (folder / "b.kv").read_bytes()
     assert os.stat(out).st_mode & 0o777 == 0o600
+
+
+def test_a_version_a_save_supersedes_takes_its_own_pieces_with_it_at_once(server_bin, models_dir, tmp_path):
+    """A conversation saved again (its reasoning dropped, its tail edited) leaves on disk the pieces
+    its sidecar names and no more: the superseded version's own pieces go with the commit, not at a
+    later sweep; a piece a state being kept claims, or another conversation names, stays."""
+    from dataclasses import replace
+
+    from slotkeeper.core.sessions import saving
+    from slotkeeper.core.sessions.compat import ServerFacts
+    from slotkeeper.core.sessions.naming import new_kv_name
+    from slotkeeper.core.sessions.sidecar import tokens_digest
+    from slotkeeper.core.sessions.store import SessionStore
+
+    model = model_of(models_dir, "llama")
+    folder = tmp_path / "slots"
+    folder.mkdir()
+    argv = [server_bin, "-m", str(model), "-c", "4096", "-np", "1", "--slot-save-path", str(folder),
+            "--cache-ram", "0", "--flash-attn", "on"]
+    with bare_llama_server(argv, tmp_path / "server.log") as base:
+        for name, prompt in (("a.kv", PROMPT), ("b.kv", PROMPT[:len(PROMPT) // 2] + " Then it rained.")):
+            httpx.post(f"{base}/completion", json={"prompt": prompt, "n_predict": 8, "temperature": 0,
+                                                   "cache_prompt": False}, timeout=120).raise_for_status()
+            httpx.post(f"{base}/slots/0", params={"action": "save"}, json={"filename": name},
+                       timeout=120).raise_for_status()
+    store = SessionStore(tmp_path / "sessions")
+    store.ensure_folder()
+    store.listing()
+    facts = ServerFacts(model_sha256="a" * 64, model_path=str(model), flash_attn=True, cache_type_k="f16",
+                        cache_type_v="f16", swa_full=False, n_parallel=1, n_ctx_slot=4096, swa=False)
+    a_tokens = read_tokens(folder / "a.kv").tokens
+    written = saving.Written(folder / "a.kv", a_tokens, (folder / "a.kv").stat().st_size, 0, 0)
+    out = saving.commit_written(store, written, saving.SaveContext(facts, "llama", "b1"),
+                                lambda t: ("walk", "walk"))
+    first = out.sidecar
+    assert first is not None and first.pieces
+
+    def on_disk() -> set[str]:
+        return {p.stem for p in store.pieces_dir.rglob("*.kvp")}
+
+    assert on_disk() == set(first.pieces)
+    b_tokens = read_tokens(folder / "b.kv").tokens
+    inc = saving.keep_state(store, saving.Written(folder / "b.kv", b_tokens, (folder / "b.kv").stat().st_size,
+                                                  0, 0), [first.kv_file])
+    try:
+        only_a = sorted(set(first.pieces) - set(pieces.read_manifest(inc.path).piece_ids()))
+        assert len(only_a) >= 2, "the edit leaves pieces of the first version that the second does not use"
+        store.states.claim(only_a[0])  # a state being kept elsewhere names it
+        second = store.commit(inc.path, replace(first, kv_file=new_kv_name(first.id), size_bytes=inc.size,
+                                                content_hash=inc.content_hash, n_tokens=len(b_tokens),
+                                                tokens_digest=tokens_digest(b_tokens),
+                                                state_bytes=inc.state_bytes),
+                              b_tokens, hashed=inc.hashed, replaces=first.kv_file)
+    finally:
+        store.states.release(inc.claimed)
+    assert on_disk() == set(second.pieces) | {only_a[0]}, "the first version's own pieces went at once"
+    store.states.release([only_a[0]])
+    assembled = tmp_path / "b.out"
+    store.states.materialize(second.kv_file, assembled)
+    assert assembled.read_bytes() == (folder / "b.kv").read_bytes()
+    store.delete(second.id)
+    assert on_disk() == {only_a[0]}  # a deleted conversation's pieces go with it; the claimed one waits
+    store.sweep()
+    assert on_disk() == {only_a[0]}  # too young for a collection: a save may be about to name it
+    store.states.collect(grace_seconds=-1)
+    assert on_disk() == set()

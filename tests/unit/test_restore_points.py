@@ -104,7 +104,7 @@ def test_the_last_turns_points_stay_then_earlier_ones_newest_first_with_user_poi
     assert [p.n_tokens for p in kept] == [880, 850, 600]
 
 
-def test_points_are_kept_within_what_they_may_add_to_the_save_the_last_prompt_point_always():
+def test_points_are_kept_within_what_they_may_add_to_the_save_the_last_two_always():
     points = [point(990, POINT_PROMPT), point(900), point(880, POINT_PROMPT), point(300, POINT_PROMPT)]
     price = {990: 50, 900: 20, 880: 40, 300: 10}  # what each adds beyond the save (shared bytes aside)
 
@@ -116,7 +116,9 @@ def test_points_are_kept_within_what_they_may_add_to_the_save_the_last_prompt_po
     kept, _ = keep_points(points, n_tokens=1000, allowance=80, cost=cost)
     assert [p.n_tokens for p in kept] == [990, 900, 300]
     kept, _ = keep_points(points, n_tokens=1000, allowance=10, cost=cost)
-    assert [p.n_tokens for p in kept] == [990]  # over it alone: kept all the same (a reasoning client's)
+    # over it alone: the last prompt point and the last user point are kept all the same (a
+    # Regenerate's and an edit's)
+    assert [p.n_tokens for p in kept] == [990, 900]
 
 
 def test_the_point_chosen_is_the_longest_the_request_strictly_extends():

@@ -52,11 +52,12 @@ def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool
             store.mark_corrupt(session_id, problems[0])
             raise CarryOverFailed(problems[0])
         made: list[Path] = []
+        claimed: list[str] = []  # the pieces the rewritten states name (spared until committed)
         tokens = list(store.tokens(entry))
         related = [sc.kv_file, *(p.kv_file for p in sc.points)]
         try:
             main, main_size, main_hash, main_st = _converted(store, sc.kv_file, tokens, flash_attn, scratch,
-                                                             related)
+                                                             related, claimed)
             made.append(main)
             points: list[RestorePoint] = []
             dropped: list[str] = []
@@ -67,7 +68,7 @@ def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool
                     dropped.append(p.kv_file)
                     continue
                 incoming, size, digest, st = _converted(store, p.kv_file, tokens[:p.n_tokens], flash_attn,
-                                                        scratch, related)
+                                                        scratch, related, claimed)
                 final = store.dir / new_kv_name(session_id)
                 replace_file(incoming, final)
                 made.append(final)
@@ -98,13 +99,15 @@ def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool
         finally:
             for path in made:
                 unlink_quietly(path)
+            store.states.release(claimed)
         return store.get(session_id)
 
 
 def _converted(store: SessionStore, kv_file: str, tokens: list[int], flash_attn: bool, scratch: Path,
-               related: list[str]) -> tuple[Path, int, str, os.stat_result]:
+               related: list[str], claimed: list[str]) -> tuple[Path, int, str, os.stat_result]:
     """The state ``kv_file`` names, rewritten for the other V layout and kept as pieces: (its
-    incoming manifest, the state's size, the manifest's hash and stat)."""
+    incoming manifest, the state's size, the manifest's hash and stat). The pieces it names are
+    added to ``claimed`` (the caller releases them)."""
     scratch.mkdir(mode=0o700, exist_ok=True)
     whole = scratch / new_incoming_name()
     other = scratch / new_incoming_name()
@@ -114,6 +117,7 @@ def _converted(store: SessionStore, kv_file: str, tokens: list[int], flash_attn:
         unlink_quietly(whole)
         size = other.stat().st_size
         inc = keep_state(store, Written(other, tokens, size, 0, -1), related)
+        claimed.extend(inc.claimed)
     finally:
         unlink_quietly(whole)
         unlink_quietly(other)

@@ -512,6 +512,20 @@ class SessionsIndex(TokenIndex):
             return {sid: (claimed_files(facts) if (facts := rec.facts()) and rec.error is None else None)
                     for sid, rec in self.records.items()}
 
+    def pieces_named(self) -> set[str] | None:
+        """The pieces every session's sidecar names (its save's and its points'); None when that is
+        not known of every sidecar (the folder not looked at yet, one that does not read)."""
+        with self.lock:
+            if not self.scanned:
+                return None
+            named: set[str] = set()
+            for rec in self.records.values():
+                facts = rec.facts()
+                if not facts or rec.error is not None or not isinstance(facts.get("pieces"), Mapping):
+                    return None
+                named.update(facts["pieces"])
+            return named
+
     def forget(self, session_id: str) -> None:
         with self.lock:
             if self.records.pop(session_id, None) is not None:

@@ -84,6 +84,7 @@ def _carry_over(store: SessionStore, session_id: str) -> tuple[int, int]:
         if entry.problems or store.integrity_problems(entry, trust_stamp=True):
             raise ValueError("; ".join(entry.problems) or "its file does not match its hash")
         made: list[str] = []
+        claimed: list[str] = []  # the pieces the new states name (spared until committed)
         before = written = 0
         related = related_states(store, entry, None)
         try:
@@ -92,6 +93,7 @@ def _carry_over(store: SessionStore, session_id: str) -> tuple[int, int]:
             if not main.endswith(MANIFEST_SUFFIX):
                 whole = Written(store.dir / main, tokens, sc.size_bytes, sc.n_media, -1)
                 inc = keep_state(store, whole, related)
+                claimed.extend(inc.claimed)
                 made.append(inc.path.name)
                 before += sc.size_bytes
                 written += inc.written_bytes + inc.size
@@ -106,6 +108,7 @@ def _carry_over(store: SessionStore, session_id: str) -> tuple[int, int]:
                     continue  # a damaged point is only a point less
                 point_tokens = read_tokens(path).tokens
                 pin = keep_state(store, Written(path, point_tokens, p.size_bytes, 0, -1), related)
+                claimed.extend(pin.claimed)
                 final = new_kv_name(session_id)
                 replace_file(pin.path, store.dir / final)
                 made.append(final)
@@ -137,4 +140,5 @@ def _carry_over(store: SessionStore, session_id: str) -> tuple[int, int]:
         finally:
             for name in made:
                 unlink_quietly(store.dir / name)
+            store.states.release(claimed)
         return before, written

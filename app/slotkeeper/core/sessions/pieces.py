@@ -28,7 +28,7 @@ import mmap
 import os
 import secrets
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -45,7 +45,10 @@ __all__ = ["MANIFEST_SUFFIX", "PIECES_DIR", "Manifest", "PieceError", "PutResult
 PIECES_DIR = "pieces"
 PIECE_SUFFIX = ".kvp"
 MANIFEST_SUFFIX = ".kvm"
-PIECE_CELLS = 256  # cells per piece at most
+# New cells are cut into pieces at positions that are multiples of this (and never longer): a run that
+# two states hold alike becomes the same pieces, and a state that uses part of an older piece keeps
+# at most this many cells more alive than it needs.
+PIECE_CELLS = 32
 PIECE_MAGIC = b"SKVP"
 MANIFEST_MAGIC = b"SKVM"
 VERSION = 1
@@ -308,7 +311,7 @@ def _copy_block(dst: memoryview, dst_width: int, c0: int, src: memoryview, src_w
     """dst[:, c0:c0+m] = src[:, lo:lo+m] for matrices of ``el``-byte elements: one copy per row,
     or, where a row's part is only a few elements (and there are more rows than columns), one
     strided copy per column (element by element in C, which is slower per byte than a row)."""
-    if m * el < 64 and m < rows:
+    if m * el <= 64 and m < rows:
         code: Literal["H", "I", "B"] = "H" if el == 2 else "I" if el == 4 else "B"
         d = dst.cast(code) if code != "B" else dst
         s = src.cast("B").cast(code) if code != "B" else src
@@ -340,14 +343,16 @@ def _piece_cells_bytes(piece: _Piece, shape: Shape, lo: int, hi: int) -> list[me
 
 # -- put ------------------------------------------------------------------------------------
 def put(staged: Path, pieces_dir: Path, candidates: Iterable[Path] = (),
-        manifest_out: Path | None = None) -> PutResult:
+        manifest_out: Path | None = None, claim: Callable[[str], None] = lambda piece_id: None) -> PutResult:
     """Keep the state llama-server wrote to ``staged``: the pieces no candidate state (manifests of
     states likely to share cells: the conversation's own, its parent's) already holds are written
-    (synced), and the manifest is returned (and written, synced, to ``manifest_out`` if given)."""
+    (synced), and the manifest is returned (and written, synced, to ``manifest_out`` if given).
+    ``claim(piece_id)`` is told of each piece the state names before it is written or used (so that a
+    collection spares it until the state is committed)."""
     header = read_tokens(staged)
     pieces_dir.mkdir(mode=0o700, exist_ok=True)
     with mapped(staged) as buf, _Pieces(pieces_dir) as known:
-        writer = _Writer(pieces_dir)
+        writer = _Writer(pieces_dir, claim)
         try:
             layout = parse_layout(buf, header.header_bytes)
         except StateLayoutError:
@@ -439,6 +444,7 @@ def _runs(buf: memoryview, s: KvStream, shape: Shape, index: _CandidateIndex, kn
         if _same(_cells_bytes(buf, s, shape, i, j), _piece_cells_bytes(piece, shape, lo, hi)):
             if pending < i:
                 yield from writer.cells(buf, s, shape, hashes, pending, i)
+            writer.claim(piece_id)
             writer.reused.add(piece_id)
             yield Run(piece_id, lo, hi)
             pending = j
@@ -455,8 +461,9 @@ class _Writer:
     """New pieces, written under a temporary name, synced, renamed into place; folders synced at
     the end (``sync``). A piece already there (the same bytes) is not written again."""
 
-    def __init__(self, pieces_dir: Path) -> None:
+    def __init__(self, pieces_dir: Path, claim: Callable[[str], None] = lambda piece_id: None) -> None:
         self.dir = pieces_dir
+        self.claim = claim  # told of every piece this state will name, before it is written or used
         self.written = 0
         self.new: list[str] = []
         self.reused: set[str] = set()
@@ -465,10 +472,15 @@ class _Writer:
     def cells(self, buf: memoryview, s: KvStream, shape: Shape, hashes: list[int], a: int,
               b: int) -> Iterator[Run]:
         key = shape.key
-        for start in range(a, b, PIECE_CELLS):
-            end = min(b, start + PIECE_CELLS)
+        positions = s.positions
+        start = a
+        while start < b:
+            end = start + 1  # up to the next position that is a multiple of PIECE_CELLS
+            while end < b and end - start < PIECE_CELLS and positions[end] % PIECE_CELLS != 0:
+                end += 1
             piece = self.piece(end - start, key, hashes[start:end], _cells_bytes(buf, s, shape, start, end))
             yield Run(piece, 0, end - start)
+            start = end
 
     def piece(self, n_cells: int, shape_key: bytes, hashes: Sequence[int],
               parts: Sequence[memoryview | bytes]) -> str:
@@ -481,6 +493,7 @@ class _Writer:
         h.update(khash)
         h.update(data)
         piece_id = h.hexdigest()
+        self.claim(piece_id)
         path = piece_path(self.dir, piece_id)
         try:
             if path.stat().st_size == len(head) + len(khash) + size:
@@ -648,13 +661,15 @@ def _assemble_cache(f, c: CacheRuns, pieces: _Pieces) -> None:
     for layer, (typ, size, n_embd) in enumerate(shape.v):
         if n_embd:
             f.write(_TRANS_HEAD.pack(typ, size, n_embd))
-            spans = [(piece.data, v_at[layer] + lo * size, piece.n_cells * size, (hi - lo) * size)
-                     for (piece, lo, hi), (_m, _k, v_at) in zip(runs, offsets)]
-            write = f.write
-            for j in range(n_embd):  # each element's row: every run's part of it, in order
-                for data, at, width, part in spans:
-                    start = at + j * width
-                    write(data[start:start + part])
+            block = bytearray(n_embd * n * size)  # each element's row: every run's part of it, in order
+            view = memoryview(block)
+            c0 = 0
+            for (piece, lo, hi), (_m, _k, v_at) in zip(runs, offsets):
+                at = v_at[layer]
+                _copy_block(view, n, c0, piece.data[at:at + n_embd * piece.n_cells * size], piece.n_cells, lo,
+                            hi - lo, n_embd, size)
+                c0 += hi - lo
+            f.write(block)
         else:
             f.write(_ROWS_HEAD.pack(typ, size))
             for (piece, lo, hi), (_m, _k, v_at) in zip(runs, offsets):

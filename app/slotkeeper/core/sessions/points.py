@@ -73,16 +73,16 @@ def keep_points(points: Sequence[RestorePoint], n_tokens: int, spacing: int = DE
                 cost: Callable[[Sequence[RestorePoint]], int] = lambda kept: 0,
                 ) -> tuple[tuple[RestorePoint, ...], tuple[RestorePoint, ...]]:
     """(kept, dropped) of a conversation's points once it holds ``n_tokens`` tokens: only strict
-    prefixes of it, one per length; the longest ``prompt`` point (the last turn's) always; then the
-    longest ``user`` point, then earlier points longest first (earlier ``user`` points at least
-    ``spacing`` tokens below the shortest kept), each while ``cost(kept)`` (the bytes the points
-    kept add to the save) stays within ``allowance`` (None: no limit); ``limit`` in all. Kept
-    longest first."""
+    prefixes of it, one per length; the longest ``prompt`` point (the last turn's) and the longest
+    ``user`` point always (what a Regenerate and an edit of the last message go back to); then
+    earlier points longest first (earlier ``user`` points at least ``spacing`` tokens below the
+    shortest kept), each while ``cost(kept)`` (the bytes the points kept add to the save) stays
+    within ``allowance`` (None: no limit); ``limit`` in all. Kept longest first."""
     one_each = {p.n_tokens: p for p in reversed(points) if p.n_tokens < n_tokens}  # the first of a length
     usable = sorted(one_each.values(), key=lambda p: -p.n_tokens)
     latest = {kind: next((p for p in usable if p.kind == kind), None) for kind in (POINT_PROMPT, POINT_USER)}
-    order = [p for p in (latest[POINT_PROMPT], latest[POINT_USER]) if p is not None]
-    order += [p for p in usable if p not in order]
+    first = [p for p in (latest[POINT_PROMPT], latest[POINT_USER]) if p is not None]
+    order = first + [p for p in usable if p not in first]
     kept: list[RestorePoint] = []
     for p in order:
         if len(kept) >= limit:
@@ -90,7 +90,7 @@ def keep_points(points: Sequence[RestorePoint], n_tokens: int, spacing: int = DE
         if p.kind == POINT_USER and p is not latest[POINT_USER] and kept and \
                 p.n_tokens > min(k.n_tokens for k in kept) - spacing:
             continue
-        if kept and allowance is not None and cost([*kept, p]) > allowance:
+        if p not in first and allowance is not None and cost([*kept, p]) > allowance:
             continue
         kept.append(p)
     kept.sort(key=lambda p: -p.n_tokens)

@@ -103,6 +103,7 @@ class _Incoming:
     hashed: os.stat_result | None = None  # the file as it was hashed (None: it changed meanwhile)
     state_bytes: int = 0  # the state llama-server wrote (what a restore reads)
     written_bytes: int = 0  # pieces written for it (the rest was there)
+    claimed: tuple[str, ...] = ()  # the pieces it names, spared by collections until it is committed
 
 
 def space_hint(directory: Path) -> str:
@@ -170,18 +171,26 @@ def keep_state(store: SessionStore, written: Written, candidates: list[str]) -> 
     the sessions folder) do not hold are written, then the manifest (an incoming file, synced,
     hashed; the caller commits or removes it)."""
     manifest = store.dir / new_incoming_name(MANIFEST_SUFFIX)
+    claimed: list[str] = []
+
+    def claim(piece_id: str) -> None:
+        store.states.claim(piece_id)
+        claimed.append(piece_id)
+
     try:
         fault_point("after_server_write")
         result = pieces.put(written.path, store.pieces_dir,
-                            [store.dir / c for c in candidates if c.endswith(MANIFEST_SUFFIX)], manifest)
+                            [store.dir / c for c in candidates if c.endswith(MANIFEST_SUFFIX)], manifest,
+                            claim)
         fault_point("after_pieces")
         content_hash, hashed = hash_with_stamp(manifest)
         fault_point("after_hash")
     except BaseException:
         unlink_quietly(manifest)
+        store.states.release(claimed)
         raise
     return _Incoming(manifest, written.tokens, manifest.stat().st_size, content_hash, written.n_media, hashed,
-                     written.size, result.written_bytes)
+                     written.size, result.written_bytes, tuple(claimed))
 
 
 def _check(store: SessionStore, path: Path, n_written: int, slot: int) -> Written | None:
@@ -276,6 +285,7 @@ def _commit(store: SessionStore, written: Written, ctx: SaveContext, describe: D
     finally:
         if inc.path != written.path:
             unlink_quietly(inc.path)  # renamed by a commit; else removed
+        store.states.release(inc.claimed)
 
 
 def related_states(store: SessionStore, previous: SessionEntry | None, current_id: str | None) -> list[str]:
@@ -403,3 +413,4 @@ def commit_point(store: SessionStore, written: Written, session_id: str, kind: s
         unlink_quietly(written.path)
         if inc is not None:
             unlink_quietly(inc.path)
+            store.states.release(inc.claimed)

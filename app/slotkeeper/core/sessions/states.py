@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -40,6 +42,42 @@ class States:
         self.dir = Path(folder)
         self.pieces_dir = self.dir / PIECES_DIR
         self._sizes: dict[str, int] = {}  # pieces never change: their sizes are kept once seen
+        self._claimed: Counter[str] = Counter()  # pieces states not committed yet name (this process)
+        self._lock = threading.Lock()
+
+    # -- the pieces of states being kept ----------------------------------------------------------
+    def claim(self, piece_id: str) -> None:
+        """A state being kept names ``piece_id``: no collection here takes it until ``release``."""
+        with self._lock:
+            self._claimed[piece_id] += 1
+
+    def release(self, piece_ids: Iterable[str]) -> None:
+        with self._lock:
+            for piece_id in piece_ids:
+                left = self._claimed[piece_id] - 1
+                if left > 0:
+                    self._claimed[piece_id] = left
+                else:
+                    self._claimed.pop(piece_id, None)
+
+    def drop_unused(self, candidates: Iterable[str], named: set[str]) -> tuple[int, int]:
+        """Remove the pieces of ``candidates`` (ones a state no longer names) that no sidecar names
+        (``named``) and no state being kept here claims: (pieces, bytes)."""
+        removed = freed = 0
+        for piece_id in candidates:
+            with self._lock:
+                if piece_id in named or self._claimed.get(piece_id):
+                    continue
+                path = pieces.piece_path(self.pieces_dir, piece_id)
+                try:
+                    size = os.lstat(path).st_size
+                    os.unlink(path)
+                except OSError:
+                    continue
+            removed += 1
+            freed += size
+            self._sizes.pop(piece_id, None)
+        return removed, freed
 
     def materialize(self, kv_file: str, out: Path) -> int:
         """Write the state ``kv_file`` names to ``out`` (created, 0600): assembled from its pieces
@@ -47,7 +85,17 @@ class States:
         says why not; nothing is left at ``out`` then. Returns its size."""
         path = self.dir / kv_file
         if kv_file.endswith(MANIFEST_SUFFIX):
-            return pieces.assemble(pieces.read_manifest(path), self.pieces_dir, out)
+            manifest = pieces.read_manifest(path)
+            ids = manifest.piece_ids()
+            for piece_id in ids:  # a save that stops naming them meanwhile leaves them until this is done
+                self.claim(piece_id)
+            try:
+                # A save removes a state it supersedes before its pieces: while the manifest is
+                # there, every piece it names is (FileNotFoundError: superseded meanwhile).
+                os.stat(path)
+                return pieces.assemble(manifest, self.pieces_dir, out)
+            finally:
+                self.release(ids)
         try:  # a whole state (the layout before pieces): only one that reads as a state reaches llama-server
             read_layout(path)
         except (StateLayoutError, KvFileError) as exc:
@@ -152,6 +200,8 @@ class States:
         named = self.referenced()
         if "*" in named:
             return 0, 0
+        with self._lock:
+            named |= set(self._claimed)
         removed, freed = pieces.collect(self.pieces_dir, named, time.time() - grace_seconds)
         for piece_id in list(self._sizes):
             if piece_id not in named:

@@ -370,6 +370,7 @@ class SessionStore:
             raise ValueError(f"{sidecar.kv_file!r} is not a KV file name of session {sidecar.id}")
         final = self.dir / sidecar.kv_file
         with self.exclusive():
+            before = self._pieces_now(sidecar.id)
             replace_file(incoming, final)
             chat = transcript_name(sidecar.kv_file)
             if transcript is not None and chat is not None:
@@ -392,6 +393,7 @@ class SessionStore:
                 self.token_lists.forget(gone)
             self._remove_points(sidecar.id, drops)
             self._record_saved(sidecar, stamp_of(kv_st), tokens, gone)
+            self._drop_pieces(before - set(sidecar.pieces))
         return sidecar
 
     def add_point(self, session_id: str, incoming: Path, point: RestorePoint, hashed: os.stat_result | None,
@@ -423,11 +425,13 @@ class SessionStore:
             kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing,
                                         allowance=int(POINTS_SHARE * (sc.state_bytes or sc.size_bytes)),
                                         cost=self.states.cost_of_points(sc.kv_file))
+            before = set(sc.pieces)
             sc = replace(sc, points=kept, pieces=self.pieces_for(sc.kv_file, kept))
             write_sidecar_atomic(self.sidecar_path(session_id), sc)
             self._note_sidecar(session_id, sc)
             self.index.note_files({name: stamp_of(st)})
             self._remove_points(session_id, [p.kv_file for p in dropped])
+            self._drop_pieces(before - set(sc.pieces))
             return sc
 
     def drop_points(self, session_id: str, kv_files: Sequence[str]) -> None:
@@ -435,19 +439,44 @@ class SessionStore:
         validate_session_id(session_id)
         gone = set(kv_files)
         with self.exclusive():
+            before = self._pieces_now(session_id)
+
             def drop(s: Sidecar) -> Sidecar:
                 kept = tuple(p for p in s.points if p.kv_file not in gone)
                 return replace(s, points=kept, pieces=self.pieces_for(s.kv_file, kept))
 
             try:
-                self.update(session_id, drop)
+                after = self.update(session_id, drop)
             except (SessionNotFound, SidecarError):
                 return
             self._remove_points(session_id, list(gone))
+            self._drop_pieces(before - set(after.pieces))
 
     def pieces_for(self, kv_file: str, points: Iterable[RestorePoint]) -> dict[str, int]:
         """The pieces a version's states (its save and its points) are made of, with their sizes."""
         return self.states.pieces_of([kv_file, *(p.kv_file for p in points)])
+
+    def _pieces_now(self, session_id: str) -> set[str]:
+        """The pieces the session's sidecar names now (none when it has none that reads)."""
+        try:
+            sc = self.get(session_id).sidecar
+        except (SessionNotFound, SidecarError, ValueError):
+            return set()
+        return set(sc.pieces) if sc is not None else set()
+
+    def _drop_pieces(self, candidates: set[str]) -> None:
+        """Remove at once the pieces of ``candidates`` (ones a sidecar just stopped naming) that no
+        sidecar names now and no state being kept claims, so that a conversation saved turn after
+        turn takes its own size on disk, not one per turn; ``sweep`` collects whatever this leaves
+        (when some sidecar does not read, nothing is removed here)."""
+        if not candidates:
+            return
+        named = self.index.pieces_named()
+        if named is None:
+            return
+        removed, freed = self.states.drop_unused(candidates, named)
+        if removed:
+            log.debug("removed %d pieces no conversation uses any more (%d bytes)", removed, freed)
 
     def remove_files_of(self, session_id: str, names: Sequence[str]) -> None:
         """Remove states of the session its sidecar no longer names (under the folder lock)."""
@@ -566,6 +595,7 @@ class SessionStore:
                 self.token_lists.forget(name)
                 if remove_superseded(self.dir / name):
                     index.note_files({name: None})
+            self._drop_pieces(set(sc.pieces) if sc is not None else set())
 
     def transcript(self, entry: SessionEntry) -> Transcript | None:
         """The conversation a saved session holds, in words (None: saved without one);

@@ -35,6 +35,7 @@ from slotkeeper.core.model.families import EXACT_ONLY_MODES
 from slotkeeper.core.server.client import LlamaClient, RestoreResult, ServerError, ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
+from slotkeeper.core.sessions.kvfile import read_tokens
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
 from slotkeeper.core.sessions.pieces import PieceError
 from slotkeeper.core.sessions.points import prompt_point_back, wanted_points
@@ -96,17 +97,19 @@ class SlotActions:
                 return None
             return await self.restore_locked(session_id, slot, facts)
 
-    async def read_back(self, http: LlamaClient, slot: int, kv_file: str) -> RestoreResult:
+    async def read_back(self, http: LlamaClient, slot: int, kv_file: str) -> tuple[RestoreResult, list[int]]:
         """llama-server restores ``slot`` from the state ``kv_file`` names, assembled into its
-        staging folder for the time it reads it (PieceError: a piece is missing or damaged;
-        ServerError: llama-server refused it)."""
+        staging folder for the time it reads it: what it said, and the tokens of the state it read
+        (PieceError: a piece is missing or damaged; FileNotFoundError: ``kv_file`` is gone, a save
+        superseded it; ServerError: llama-server refused it)."""
         store = self.library.store
         folder = self.link.staging
         await self.loop.run_io(ensure_staging, folder)
         name = f"restore-{secrets.token_hex(8)}.kv"
         try:
             await self.loop.run_io(store.states.materialize, kv_file, folder / name)
-            return await self.loop.run_io(http.restore_slot, slot, name, SLOT_ACTION_TIMEOUT_SECONDS)
+            tokens = (await self.loop.run_io(read_tokens, folder / name)).tokens
+            return await self.loop.run_io(http.restore_slot, slot, name, SLOT_ACTION_TIMEOUT_SECONDS), tokens
         finally:
             await self.loop.run_io(unlink_quietly, folder / name)
 
@@ -142,22 +145,33 @@ class SlotActions:
                 await self.loop.run_io(store.ensure_folder)
             except OSError as exc:
                 raise RestoreRefused(session_id, [str(exc)]) from exc
-            entry, chosen = await self.loop.run_io(check_restorable, store, session_id, facts, point)
-            entry, chosen = await self.loop.run_io(carried_over, store, entry, chosen, facts,
-                                                   self.link.staging)
-            assert entry.sidecar is not None
-            try:
-                result = await self.read_back(http, slot, chosen.kv_file if chosen else entry.sidecar.kv_file)
-            except PieceError as exc:  # a piece missing or damaged: what uses it cannot be restored
-                if chosen is not None:
-                    await self.loop.run_io(store.drop_points, session_id, [chosen.kv_file])
-                    why = f"its restore point at {chosen.n_tokens} tokens: {exc}; the point was dropped"
-                    raise RestoreRefused(session_id, [why]) from exc
-                await self.loop.run_io(store.mark_corrupt, session_id, str(exc))
-                raise RestoreRefused(session_id, [str(exc)]) from exc
-            except ServerError as exc:
-                self.board.emptied(slot)  # a failed restore leaves the slot empty
-                raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
+            for attempt in (1, 2):
+                entry, chosen = await self.loop.run_io(check_restorable, store, session_id, facts, point)
+                entry, chosen = await self.loop.run_io(carried_over, store, entry, chosen, facts,
+                                                       self.link.staging)
+                assert entry.sidecar is not None
+                try:
+                    result, tokens = await self.read_back(http, slot,
+                                                          chosen.kv_file if chosen else entry.sidecar.kv_file)
+                    break
+                except FileNotFoundError as exc:
+                    # A save committing meanwhile (the conversation this slot held before the
+                    # switch, found to be a newer version of this one) superseded the state: once
+                    # it is committed, the session is looked at again.
+                    if attempt == 2:
+                        raise RestoreRefused(session_id,
+                                             [f"its state changed while it was read: {exc}"]) from exc
+                    await self.saves.await_commits()
+                except PieceError as exc:  # a piece missing or damaged: what uses it cannot be restored
+                    if chosen is not None:
+                        await self.loop.run_io(store.drop_points, session_id, [chosen.kv_file])
+                        why = f"its restore point at {chosen.n_tokens} tokens: {exc}; the point was dropped"
+                        raise RestoreRefused(session_id, [why]) from exc
+                    await self.loop.run_io(store.mark_corrupt, session_id, str(exc))
+                    raise RestoreRefused(session_id, [str(exc)]) from exc
+                except ServerError as exc:
+                    self.board.emptied(slot)  # a failed restore leaves the slot empty
+                    raise RestoreRefused(session_id, [f"llama-server refused it: {exc.message}"]) from exc
             if chosen is not None and result.n_restored != chosen.n_tokens:
                 # Not the point its sidecar describes: nothing of it is used, and it is dropped.
                 await self.loop.run_io(http.erase_slot, slot)
@@ -166,10 +180,9 @@ class SlotActions:
                 raise RestoreRefused(session_id, [
                     f"its restore point at {chosen.n_tokens} tokens gave llama-server "
                     f"{result.n_restored} tokens; the point was dropped"])
-            tokens = await self.loop.run_io(store.tokens, entry)
+            assert entry.sidecar is not None
             transcript = await self.loop.run_io(_transcript_or_none, store, entry)
             if chosen is not None:
-                tokens = tokens[:chosen.n_tokens]  # a prefix of its conversation (the store checked)
                 transcript = None  # the transcript is the whole conversation's, not the point's
         except RestoreRefused as exc:
             self.events.emit(SessionRefused(session_id, slot, tuple(exc.reasons)))
@@ -400,7 +413,7 @@ class SlotActions:
                 # It holds a prefix of its conversation, live: the waiting request goes on from it.
                 board.rewound(slot, as_tokens(held), restored=False)
                 return made
-            restored = await self.read_back(http, slot, sc.kv_file)
+            restored, _tokens = await self.read_back(http, slot, sc.kv_file)
             if restored.n_restored != len(saved):
                 raise SaveError(f"restoring {sid} after its restore points gave {restored.n_restored} tokens")
             board.rewound(slot, as_tokens(saved), restored=True)
