@@ -21,7 +21,8 @@ pytestmark = pytest.mark.e2e
 PROMPT = "The walkers went up the hill and came down again before the rain. " * 30
 KINDS = [("llama", ["--flash-attn", "on"]), ("llama", ["--flash-attn", "off"]), ("gemma3", []),
          ("gemma3", ["--swa-full", "--flash-attn", "off"]), ("qwen35", []),
-         ("gpt-oss", ["--swa-full", "--flash-attn", "on"])]
+         ("gpt-oss", ["--swa-full", "--flash-attn", "on"]),
+         ("llama", ["--flash-attn", "on", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0"])]
 
 
 def model_of(models_dir: Path, kind: str) -> Path:
@@ -60,10 +61,15 @@ def test_states_assemble_to_llama_servers_own_files_and_share_their_cells(kind, 
     two_saves(server_bin, model_of(models_dir, kind), folder, extra)
     store = tmp_path / "pieces"
     a = pieces.put(folder / "a.kv", store, [], tmp_path / "a.kvm")
-    b = pieces.put(folder / "b.kv", store, [tmp_path / "a.kvm"], tmp_path / "b.kvm")
     size_a, size_b = (folder / "a.kv").stat().st_size, (folder / "b.kv").stat().st_size
-    assert a.written_bytes >= size_a * 0.9  # the first state: everything is new
+    # the first state: everything is new (16-bit K and V: their high bytes compressed)
+    assert a.written_bytes == sum(p.stat().st_size for p in store.rglob("*.kvp")) >= size_a * 0.5
+    b = pieces.put(folder / "b.kv", store, [tmp_path / "a.kvm"], tmp_path / "b.kvm")
     assert b.written_bytes < 0.3 * size_b, "the second writes only the cells it does not share"
+    # 16-bit K and V keep their high bytes compressed; other types (q8_0) are kept as they are
+    codecs = {pieces._PIECE_HEAD.unpack_from(p.read_bytes())[5] for p in store.rglob("*.kvp")
+              if pieces._PIECE_HEAD.unpack_from(p.read_bytes())[2]}  # cells' pieces, not a recurrent tail
+    assert codecs == ({pieces.CODEC_RAW} if "q8_0" in extra else {pieces.CODEC_HIGH_BYTES})
     for name in ("a", "b"):
         manifest = pieces.read_manifest(tmp_path / f"{name}.kvm")
         assert read_tokens(tmp_path / f"{name}.kvm").tokens == read_tokens(folder / f"{name}.kv").tokens

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 import xxhash
+import zstandard
 
 from slotkeeper.core.basics.fsutil import fsync_dir, open_regular, sync_fd
 from slotkeeper.core.sessions.kvfile import read_tokens
@@ -51,9 +52,20 @@ MANIFEST_SUFFIX = ".kvm"
 PIECE_CELLS = 32
 PIECE_MAGIC = b"SKVP"
 MANIFEST_MAGIC = b"SKVM"
-VERSION = 1
-_PIECE_HEAD = struct.Struct("<4sIII16s")  # magic, version, n_cells, data bytes (low 32), shape key
+VERSION = 1  # of manifests
+PIECE_VERSION = 2  # 2: a piece of 16-bit K and V keeps their high bytes compressed
+# magic, version, n_cells, data bytes (as a state holds them), shape key, codec
+_PIECE_HEAD = struct.Struct("<4sIIQ16sI")
 _MANIFEST_HEAD = struct.Struct("<4sIQI")  # magic, version, state bytes, caches
+# How a piece keeps its data after the cells' meta: as it is, or (16-bit K and V: f16, bf16) their
+# low bytes as they are (as good as random) and their high bytes (sign, exponent, the top of the
+# mantissa: a few values) compressed with zstd: 12% less on disk and written, read back at over
+# 1 GB/s a core (bench_disk.py, docs/MEASUREMENTS.md).
+CODEC_RAW = 0
+CODEC_HIGH_BYTES = 1
+_TWO_BYTE_TYPES = frozenset({1, 30})  # GGML_TYPE_F16, GGML_TYPE_BF16
+_ZSTD_LEVEL = 1
+_DECODED_KEPT = 16  # pieces a reader keeps decoded (put reads a candidate's pieces in order)
 _RUN = struct.Struct("<16sII")  # piece id (raw), first cell, end cell
 _U32 = struct.Struct("<I")
 _DATA_HEAD = struct.Struct("<IIII")
@@ -149,14 +161,19 @@ def piece_path(pieces_dir: Path, piece_id: str) -> Path:
 # -- pieces ---------------------------------------------------------------------------------
 @dataclass
 class _Piece:
-    """A piece as read: its cells' K hashes, positions, and its data (a memory map)."""
+    """A piece as read: its cells' K hashes, positions, and its data (meta, then each layer's K,
+    then each layer's V: a memory map, or decoded when first asked for, ``_Pieces.data``)."""
 
     id: str
     n_cells: int
     shape_key: bytes
     khash: Sequence[int]
-    data: memoryview  # after the header
+    meta: memoryview  # the cells' meta (positions), as stored
+    body: memoryview  # the rest as stored (codec)
+    codec: int
+    data_bytes: int
     positions: Sequence[int]
+    decoded: memoryview | None = None
 
     def offsets(self, shape: Shape) -> tuple[int, list[int], list[int]]:
         """Where meta, each K layer and each V layer begin in ``data``."""
@@ -182,6 +199,29 @@ class _Pieces:
         self.verify = verify
         self._open: dict[str, _Piece] = {}
         self._maps: list[tuple[object, mmap.mmap]] = []
+        self._decoded: dict[str, None] = {}  # pieces kept decoded, oldest first
+
+    def data(self, piece: _Piece) -> memoryview:
+        """The piece's data as a state holds it (decoded once; the last few kept)."""
+        if piece.decoded is not None:
+            self._decoded.pop(piece.id, None)
+            self._decoded[piece.id] = None
+            return piece.decoded
+        if piece.codec == CODEC_RAW:
+            return piece.body  # the map itself: meta and body are one run of bytes
+        try:
+            out = _decode_high_bytes(piece.meta, piece.body, piece.data_bytes)
+        except (zstandard.ZstdError, ValueError) as exc:
+            raise PieceError(f"piece {piece.id[:12]}… does not decode: {exc}") from None
+        piece.decoded = out
+        self._decoded[piece.id] = None
+        while len(self._decoded) > _DECODED_KEPT:
+            oldest = next(iter(self._decoded))
+            del self._decoded[oldest]
+            gone = self._open.get(oldest)
+            if gone is not None:
+                gone.decoded = None
+        return out
 
     def get(self, piece_id: str) -> _Piece:
         got = self._open.get(piece_id)
@@ -204,26 +244,37 @@ class _Pieces:
         view = memoryview(mm)
         if self.verify and xxhash.xxh3_128_hexdigest(view) != piece_id:
             raise PieceError(f"piece {piece_id[:12]}… is damaged (its bytes do not match its name)")
-        magic, version, n_cells, _low, shape_key = _PIECE_HEAD.unpack_from(view, 0)
-        if magic != PIECE_MAGIC or version != VERSION:
+        magic, version, n_cells, data_bytes, shape_key, codec = _PIECE_HEAD.unpack_from(view, 0)
+        if magic != PIECE_MAGIC or version != PIECE_VERSION or codec not in (CODEC_RAW, CODEC_HIGH_BYTES):
             raise PieceError(f"piece {piece_id[:12]}… is not one this version reads")
         at = _PIECE_HEAD.size
         khash = view[at:at + 8 * n_cells].cast("Q") if n_cells else ()
         at += 8 * n_cells
-        data = view[at:]
-        piece = _Piece(piece_id, n_cells, shape_key, khash, data, ())
+        if codec == CODEC_RAW:
+            data = view[at:]
+            if len(data) != data_bytes:
+                raise PieceError(f"piece {piece_id[:12]}… is cut short")
+            piece = _Piece(piece_id, n_cells, shape_key, khash, data, data, codec, len(data), ())
+        else:
+            meta_bytes = _META_LEN.unpack_from(view, at)[0]
+            at += _META_LEN.size
+            meta, body = view[at:at + meta_bytes], view[at + meta_bytes:]
+            piece = _Piece(piece_id, n_cells, shape_key, khash, meta, body, codec, data_bytes, ())
         self._open[piece_id] = piece
         return piece
 
     def positions(self, piece: _Piece, shape: Shape) -> Sequence[int]:
         if not piece.positions and piece.n_cells:
             mb = shape.meta_bytes
-            piece.positions = [struct.unpack_from("<i", piece.data, i * mb)[0] for i in range(piece.n_cells)]
+            piece.positions = [struct.unpack_from("<i", piece.meta, i * mb)[0] for i in range(piece.n_cells)]
         return piece.positions
 
     def close(self) -> None:
         """Unmap the pieces; a map still viewed by a caller's slice is unmapped when that goes."""
+        for piece in self._open.values():
+            piece.decoded = None
         self._open.clear()
+        self._decoded.clear()
         for f, mm in self._maps:
             try:
                 mm.close()
@@ -249,6 +300,42 @@ def check_piece(pieces_dir: Path, piece_id: str) -> str | None:
     except OSError as exc:
         return f"piece {piece_id[:12]}… cannot be read: {exc}"
     return None
+
+
+_META_LEN = struct.Struct("<Q")  # codec 1: the bytes of meta kept as they are
+
+
+def _codec_of(shape: Shape | None) -> int:
+    """High bytes compressed where every K and V layer holds 16-bit floats (their rows then have an
+    even number of bytes, and meta is whole 4-byte fields)."""
+    if shape is None or not shape.k:
+        return CODEC_RAW
+    types = [t for t, _row in shape.k] + [t for t, _size, _n in shape.v]
+    if all(t in _TWO_BYTE_TYPES for t in types):
+        return CODEC_HIGH_BYTES
+    return CODEC_RAW
+
+
+def _encode_high_bytes(meta: bytes | memoryview, rest: bytes) -> bytes:
+    """Meta's length, meta, the low bytes of ``rest``, then its high bytes compressed."""
+    low, high = rest[0::2], rest[1::2]
+    packed = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True).compress(high)
+    return b"".join((_META_LEN.pack(len(meta)), meta, low, packed))
+
+
+def _decode_high_bytes(meta: memoryview, body: memoryview, data_bytes: int) -> memoryview:
+    m = len(meta)
+    n = data_bytes - m
+    if n < 0 or n % 2 or len(body) < n // 2:
+        raise ValueError("its sizes do not add up")
+    out = bytearray(data_bytes)
+    out[:m] = meta
+    out[m::2] = body[:n // 2]
+    high = zstandard.ZstdDecompressor().decompress(body[n // 2:], max_output_size=n // 2)
+    if len(high) != n // 2:
+        raise ValueError("its high bytes came out short")
+    out[m + 1::2] = high
+    return memoryview(out)
 
 
 # -- reading a state ------------------------------------------------------------------------
@@ -324,10 +411,10 @@ def _copy_block(dst: memoryview, dst_width: int, c0: int, src: memoryview, src_w
         dst[j * dw + c:j * dw + c + w] = s[j * sw + a:j * sw + a + w]
 
 
-def _piece_cells_bytes(piece: _Piece, shape: Shape, lo: int, hi: int) -> list[memoryview]:
+def _piece_cells_bytes(known: _Pieces, piece: _Piece, shape: Shape, lo: int, hi: int) -> list[memoryview]:
     """Cells ``lo``..``hi`` of a piece, in the order ``_cells_bytes`` gives them."""
     n = piece.n_cells
-    data = piece.data
+    data = known.data(piece)
     mb = shape.meta_bytes
     _m, k_at, v_at = piece.offsets(shape)
     parts = [data[lo * mb:hi * mb]]
@@ -441,7 +528,10 @@ def _runs(buf: memoryview, s: KvStream, shape: Shape, index: _CandidateIndex, kn
                and known.positions(piece, shape)[hi] == positions[j]):
             j += 1
             hi += 1
-        if _same(_cells_bytes(buf, s, shape, i, j), _piece_cells_bytes(piece, shape, lo, hi)):
+        # A run that uses less than half of a piece keeps more alive than it uses: its cells are
+        # written again (a few), so that the piece goes with the states that use it whole.
+        if 2 * (hi - lo) >= piece.n_cells and _same(_cells_bytes(buf, s, shape, i, j),
+                                                    _piece_cells_bytes(known, piece, shape, lo, hi)):
             if pending < i:
                 yield from writer.cells(buf, s, shape, hashes, pending, i)
             writer.claim(piece_id)
@@ -478,15 +568,24 @@ class _Writer:
             end = start + 1  # up to the next position that is a multiple of PIECE_CELLS
             while end < b and end - start < PIECE_CELLS and positions[end] % PIECE_CELLS != 0:
                 end += 1
-            piece = self.piece(end - start, key, hashes[start:end], _cells_bytes(buf, s, shape, start, end))
+            piece = self.piece(end - start, key, hashes[start:end], _cells_bytes(buf, s, shape, start, end),
+                               _codec_of(shape))
             yield Run(piece, 0, end - start)
             start = end
 
     def piece(self, n_cells: int, shape_key: bytes, hashes: Sequence[int],
-              parts: Sequence[memoryview | bytes]) -> str:
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
+              parts: Sequence[memoryview | bytes], codec: int = CODEC_RAW) -> str:
+        """The piece of these cells (``parts``: meta, then each layer's K and V), written unless
+        the same bytes are there: its id."""
+        if codec == CODEC_HIGH_BYTES:
+            rest = b"".join(parts[1:])
+            data_bytes = len(parts[0]) + len(rest)
+            data: bytes | memoryview = _encode_high_bytes(parts[0], rest)
+        else:
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            data_bytes = len(data)
         size = len(data)
-        head = _PIECE_HEAD.pack(PIECE_MAGIC, VERSION, n_cells, size & 0xFFFFFFFF, shape_key)
+        head = _PIECE_HEAD.pack(PIECE_MAGIC, PIECE_VERSION, n_cells, data_bytes, shape_key, codec)
         khash = struct.pack(f"<{len(hashes)}Q", *hashes)
         h = xxhash.xxh3_128()
         h.update(head)
@@ -614,20 +713,28 @@ def _write_synced(path: Path, data: bytes) -> None:
 def assemble(manifest: Manifest, pieces_dir: Path, out: Path) -> int:
     """Write the state file the manifest describes to ``out`` (created, 0600), each piece checked
     against its name; returns its size. PieceError when a piece is missing or damaged (nothing is
-    left at ``out`` then)."""
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+    left at ``out`` then). The file is laid out first, then each piece is read (and decoded) once
+    and its cells go where they belong (a transposed V layer takes a column of every run)."""
+    size = manifest.state_bytes
+    fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
     try:
-        with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f, _Pieces(pieces_dir) as pieces:
-            f.write(manifest.header)
-            for c in manifest.caches:
-                _assemble_cache(f, c, pieces)
-            if manifest.tail:
-                tail = pieces.get(manifest.tail)
-                f.write(tail.data)
-            f.flush()
-            size = f.tell()
-        if size != manifest.state_bytes:
-            raise PieceError(f"the state came out {size} bytes, {manifest.state_bytes} expected")
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mm, _Pieces(pieces_dir) as pieces:
+            view = memoryview(mm)
+            try:
+                at = _put_bytes(view, 0, manifest.header)
+                for c in manifest.caches:
+                    at = _assemble_cache(view, at, c, pieces)
+                if manifest.tail:
+                    at = _put_bytes(view, at, pieces.data(pieces.get(manifest.tail)))
+                if at != size:
+                    raise PieceError(f"the state came out {at} bytes, {size} expected")
+            finally:
+                view.release()
+    except (ValueError, IndexError, struct.error) as exc:  # a manifest whose sizes do not add up
+        os.close(fd)
+        out.unlink(missing_ok=True)
+        raise PieceError(f"the state does not assemble: {exc}") from None
     except BaseException:
         os.close(fd)
         out.unlink(missing_ok=True)
@@ -636,46 +743,58 @@ def assemble(manifest: Manifest, pieces_dir: Path, out: Path) -> int:
     return size
 
 
-def _assemble_cache(f, c: CacheRuns, pieces: _Pieces) -> None:
+def _put_bytes(view: memoryview, at: int, data: bytes | memoryview) -> int:
+    end = at + len(data)
+    if end > len(view):
+        raise PieceError(f"the state would come out longer than its {len(view)} bytes")
+    view[at:end] = data
+    return end
+
+
+def _assemble_cache(view: memoryview, at: int, c: CacheRuns, pieces: _Pieces) -> int:
+    """One attention cache of the state, written into ``view`` from ``at``: returns where it ends."""
     shape = c.shape
-    f.write(_U32.pack(shape.n_stream))
+    at = _put_bytes(view, at, _U32.pack(shape.n_stream))
     n = c.n_cells
     if n == 0:
-        f.write(bytes(4 * shape.n_stream))
-        return
-    f.write(_U32.pack(n))
-    runs = [(pieces.get(r.piece), r.lo, r.hi) for r in c.runs]
-    for piece, _lo, _hi in runs:
+        return _put_bytes(view, at, bytes(4 * shape.n_stream))
+    at = _put_bytes(view, at, _U32.pack(n))
+    mb = shape.meta_bytes
+    meta_at, at = at, at + n * mb
+    at = _put_bytes(view, at, _DATA_HEAD.pack(int(shape.v_trans), shape.n_layer, shape.rot_k, shape.rot_v))
+    k_at = []
+    for typ, row in shape.k:
+        at = _put_bytes(view, at, _ROWS_HEAD.pack(typ, row))
+        k_at.append(at)
+        at += n * row
+    v_at = []
+    for typ, size, n_embd in shape.v:
+        head = _TRANS_HEAD.pack(typ, size, n_embd) if n_embd else _ROWS_HEAD.pack(typ, size)
+        at = _put_bytes(view, at, head)
+        v_at.append(at)
+        at += (n_embd or 1) * n * size
+    end = _put_bytes(view, at, bytes(4 * (shape.n_stream - 1)))
+    c0 = 0  # the first cell of the run being placed
+    for r in c.runs:
+        piece = pieces.get(r.piece)
         if piece.shape_key != shape.key:
             raise PieceError(f"piece {piece.id[:12]}… is of another cache")
-    offsets = [p.offsets(shape) for p, _lo, _hi in runs]
-    mb = shape.meta_bytes
-    for piece, lo, hi in runs:
-        f.write(piece.data[lo * mb:hi * mb])
-    f.write(_DATA_HEAD.pack(int(shape.v_trans), shape.n_layer, shape.rot_k, shape.rot_v))
-    for layer, (typ, row) in enumerate(shape.k):
-        f.write(_ROWS_HEAD.pack(typ, row))
-        for (piece, lo, hi), (_m, k_at, _v) in zip(runs, offsets):
-            at = k_at[layer]
-            f.write(piece.data[at + lo * row:at + hi * row])
-    for layer, (typ, size, n_embd) in enumerate(shape.v):
-        if n_embd:
-            f.write(_TRANS_HEAD.pack(typ, size, n_embd))
-            block = bytearray(n_embd * n * size)  # each element's row: every run's part of it, in order
-            view = memoryview(block)
-            c0 = 0
-            for (piece, lo, hi), (_m, _k, v_at) in zip(runs, offsets):
-                at = v_at[layer]
-                _copy_block(view, n, c0, piece.data[at:at + n_embd * piece.n_cells * size], piece.n_cells, lo,
-                            hi - lo, n_embd, size)
-                c0 += hi - lo
-            f.write(block)
-        else:
-            f.write(_ROWS_HEAD.pack(typ, size))
-            for (piece, lo, hi), (_m, _k, v_at) in zip(runs, offsets):
-                at = v_at[layer]
-                f.write(piece.data[at + lo * size:at + hi * size])
-    f.write(bytes(4 * (shape.n_stream - 1)))
+        if not 0 <= r.lo < r.hi <= piece.n_cells:
+            raise PieceError(f"piece {piece.id[:12]}… has no cells {r.lo}-{r.hi}")
+        data = pieces.data(piece)
+        pn, lo, hi, m = piece.n_cells, r.lo, r.hi, r.hi - r.lo
+        _m, pk, pv = piece.offsets(shape)
+        view[meta_at + c0 * mb:meta_at + (c0 + m) * mb] = data[lo * mb:hi * mb]
+        for (_t, row), src, dst in zip(shape.k, pk, k_at):
+            view[dst + c0 * row:dst + (c0 + m) * row] = data[src + lo * row:src + hi * row]
+        for (_t, size, n_embd), src, dst in zip(shape.v, pv, v_at):
+            if n_embd:
+                _copy_block(view[dst:dst + n_embd * n * size], n, c0, data[src:src + n_embd * pn * size], pn,
+                            lo, m, n_embd, size)
+            else:
+                view[dst + c0 * size:dst + (c0 + m) * size] = data[src + lo * size:src + hi * size]
+        c0 += m
+    return end
 
 
 # -- collecting -----------------------------------------------------------------------------
