@@ -1,9 +1,12 @@
 """An agent that rewrites its history further back after a restart, against the real llama-server:
-Claude Code's ``--resume`` drops the messages it had added itself, so the history it sends after a
-relaunch leaves the saved conversation at ``messages[3]``. llama-server that never stopped rolls back
-there (from its RAM checkpoints, or its whole cache with --swa-full); Slotkeeper, relaunched, goes on
-from the restore point kept near that request's prompt end, re-reading at most 64 tokens more, with
-the same answer."""
+Claude Code's ``--resume`` drops what it had added to its history itself, so the history it sends
+after a relaunch leaves the saved conversation at ``messages[3]`` (here: the reply it kept then
+resent without its first part). llama-server that never stopped rolls back there (from its RAM
+checkpoints, or its whole cache with --swa-full); Slotkeeper, relaunched, goes on from the restore
+point kept at that request's prompt end, re-reading at most 64 tokens more, with the same answer.
+An agent's system prompt carries its tools, thousands of tokens: earlier requests' points then cost
+little beside the conversation's save, and are kept.
+"""
 
 from __future__ import annotations
 
@@ -19,14 +22,16 @@ from slotkeeper.core.server.state import ServerState
 pytestmark = pytest.mark.e2e
 
 SLACK = 64
-SYSTEM = "You are a coding agent. Use the tools you are given to read and change files. " * 6
+TOOLS = [f"Tool {i}: reads or changes the files of the project as its arguments say, and reports back "
+         f"what it did in a few plain lines." for i in range(12)]
+SYSTEM = "You are a coding agent. Use the tools you are given to read and change files.\n" + "\n".join(TOOLS)
 REMINDER = "<system-reminder>The user opened the file main.py in the IDE.</system-reminder>"
 
 
 def ask(base: str, messages: list[dict], max_tokens: int = 12) -> dict:
     body = {"model": "m", "system": SYSTEM, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
     r = httpx.post(f"{base}/v1/messages", json=body, timeout=120)
-    r.raise_for_status()
+    assert r.status_code == 200, r.text
     return r.json()
 
 
@@ -46,10 +51,12 @@ def session(base: str, settle) -> list[dict]:
 
 
 def resumed(history: list[dict]) -> list[dict]:
-    """What the agent sends after a restart: the message it had added itself gone from messages[2]
-    (so the conversation leaves the saved one at messages[3]'s start), and a new turn."""
+    """What the agent sends after a restart: messages[3], the reply to its second request, without
+    what it had added to it (its first part), so the conversation leaves the saved one at
+    messages[3]'s start; then a new turn."""
     out = [dict(m) for m in history]
-    out[2] = {"role": "user", "content": USER_TURNS[1]}
+    words = out[3]["content"].split()
+    out[3] = {"role": "assistant", "content": " ".join(words[len(words) // 2:]) or "Done."}
     return out + [{"role": "user", "content": "Now run the tests, please."}]
 
 
@@ -60,7 +67,7 @@ def test_a_history_rewritten_early_after_a_relaunch_rereads_no_more_than_a_serve
     model = models_dir / f"tiny-{kind}.gguf"
     if not model.exists():
         write_model(model, kind)
-    engine = make_engine(model, server_bin, port, idle_save=0.2, **profile)
+    engine = make_engine(model, server_bin, port, idle_save=0.2, ctx=8192, **profile)
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
@@ -81,7 +88,7 @@ def test_a_history_rewritten_early_after_a_relaunch_rereads_no_more_than_a_serve
         engine.stop()
 
     request = resumed(history)
-    engine = make_engine(model, server_bin, port, idle_save=3600, **profile)
+    engine = make_engine(model, server_bin, port, idle_save=3600, ctx=8192, **profile)
     events = EventLog(engine)
     engine.start()
     try:
@@ -91,7 +98,7 @@ def test_a_history_rewritten_early_after_a_relaunch_rereads_no_more_than_a_serve
         engine.stop(save=False)
     assert not events.of(ev.SlotRecomputed), "served from a restore point"
 
-    with never_stopped(server_bin, model, tmp_path, profile) as raw:
+    with never_stopped(server_bin, model, tmp_path, {**profile, "ctx": 8192}) as raw:
         for i in range(1, len(history), 2):
             ask(raw, history[:i])
         want = ask(raw, request, max_tokens=4)
