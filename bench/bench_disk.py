@@ -345,12 +345,13 @@ def main() -> int:
                   f"{final_before['disk'] / reference:.2f}x")
             new_tokens = (final_now["prompt_n"] or 0) + args.reply
             allowed = 3 * new_tokens * per_token + 1_000_000
-            print(f"  turn {final_now['turn']} wrote {final_now['written'] / 1e6:.1f} MB for {new_tokens} new "
-                  f"tokens ({new_tokens * per_token / 1e6:.1f} MB of KV at {per_token} bytes a token); goal: "
-                  f"at most 3x that plus 1 MB, {allowed / 1e6:.1f} MB ({final_now['written'] / allowed:.2f} of it)")
+            written = final_now["written"]
+            print(f"  turn {final_now['turn']} wrote {written / 1e6:.1f} MB for {new_tokens} new tokens "
+                  f"({new_tokens * per_token / 1e6:.1f} MB of KV, {per_token} bytes a token); goal: at most "
+                  f"3x that plus 1 MB, {allowed / 1e6:.1f} MB ({written / allowed:.2f} of it)")
             a, b = ttfts["now"], ttfts["before"]
-            print(f"  relaunch's first token (median of {args.relaunches}, alternating): "
-                  f"now {a * 1000:.0f} ms, before {b * 1000:.0f} ms ({a / b:.2f}x; goal: within 10%)", flush=True)
+            print(f"  relaunch's first token (median of {args.relaunches}, alternating): now {a * 1000:.0f} "
+                  f"ms, before {b * 1000:.0f} ms ({a / b:.2f}x; goal: within 10%)", flush=True)
     return 0
 
 
