@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 SLACK = 64
 TOOLS = [f"Tool {i}: reads or changes the files of the project as its arguments say, and reports back "
-         f"what it did in a few plain lines." for i in range(12)]
+         f"what it did in a few plain lines." for i in range(10)]
 SYSTEM = "You are a coding agent. Use the tools you are given to read and change files.\n" + "\n".join(TOOLS)
 REMINDER = "<system-reminder>The user opened the file main.py in the IDE.</system-reminder>"
 

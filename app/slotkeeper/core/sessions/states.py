@@ -137,6 +137,14 @@ class States:
             self._sizes[piece_id] = size
         return size
 
+    def stored_bytes(self, kv_file: str) -> int:
+        """What the state ``kv_file`` keeps on disk: its manifest and its pieces (or its whole file)."""
+        try:
+            own = os.stat(self.dir / kv_file).st_size
+        except OSError:
+            return 0
+        return own + sum(self.pieces_of([kv_file]).values())
+
     def cost_of_points(self, kv_file: str) -> Callable[[Sequence[RestorePoint]], int]:
         """For ``points.keep_points``: the bytes a set of the state ``kv_file``'s restore points adds
         to it (their manifests, and the pieces they use that it does not), each manifest read once."""
