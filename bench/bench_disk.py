@@ -15,7 +15,9 @@ newest state's size, and for the last turn what it wrote against 3x the KV of th
 plus 1 MB (the goal). After the last turn each side is relaunched RELAUNCHES times, alternating
 with the other, each time from a copy of the data folder its last turn left, and the median time
 from the request to the first token of the next turn is printed (the conversation restored at
-launch; goal: within 10% of the layout before).
+launch; goal: within 10% of the layout before). Then, on Slotkeeper as it is, from the same copy, a
+Regenerate (the last reply sampled again) and an edit of the last user message: what each adds to
+the folder against the KV of its new tokens plus 1 MB (the goal).
 Then llama-server's own slot save of the final conversation (saved by hand from a raw server that
 replays it) gives the reference size: the goal is at most 1.3x it on disk, restore points included.
 
@@ -161,10 +163,11 @@ class Side:
         return out
 
 
-def chat(url: str, messages: list[dict], reply: int) -> tuple[str, dict, float]:
+def chat(url: str, messages: list[dict], reply: int, temperature: float = 0.0,
+         seed: int = 1) -> tuple[str, dict, float]:
     """A streamed answer: its text, llama-server's timings and the seconds to the first token."""
-    body = {"messages": messages, "max_tokens": reply, "temperature": 0, "seed": 1, "stream": True,
-            "ignore_eos": True}
+    body = {"messages": messages, "max_tokens": reply, "temperature": temperature, "seed": seed,
+            "stream": True, "ignore_eos": True}
     t0 = time.perf_counter()
     first = None
     parts: list[str] = []
@@ -242,6 +245,31 @@ def relaunch_rounds(runs: list[tuple[Side, list[dict]]], rounds: int, reply: int
             shutil.copytree(snapshots[side.name], side.home, symlinks=True)
             times[side.name].append(relaunch_first_token(side, history, reply))
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def branches(side: Side, history: list[dict], reply: int, work: Path) -> list[tuple[str, int, int, int]]:
+    """A Regenerate (the last reply again, sampled) and an edit (the last user message changed),
+    each on the data folder the last turn left: (what, new tokens, bytes the folder grew by, bytes
+    written)."""
+    snap = work / f"{side.home.name}-snapshot"
+    shutil.rmtree(side.home)
+    shutil.copytree(snap, side.home, symlinks=True)
+    side.written = 0
+    out = []
+    side.start()
+    try:
+        side.settle()
+        edited = {"role": "user", "content": "The last turn, put another way: " + text(77, 30)}
+        asks = [("regenerate", history[:-1], 0.9), ("edit", history[:-2] + [edited], 0.0)]
+        for what, messages, temperature in asks:
+            disk, written = folder_bytes(side.home / "sessions"), side.io()
+            _answer, timings, _ttft = chat(side.url, messages, reply, temperature=temperature, seed=7)
+            side.settle()
+            out.append((what, (timings.get("prompt_n") or 0) + reply,
+                        folder_bytes(side.home / "sessions") - disk, side.io() - written))
+    finally:
+        side.stop()
+    return out
 
 
 def kv_bytes_per_token(state: Path) -> int:
@@ -349,6 +377,11 @@ def main() -> int:
             print(f"  turn {final_now['turn']} wrote {written / 1e6:.1f} MB for {new_tokens} new tokens "
                   f"({new_tokens * per_token / 1e6:.1f} MB of KV, {per_token} bytes a token); goal: at most "
                   f"3x that plus 1 MB, {allowed / 1e6:.1f} MB ({written / allowed:.2f} of it)")
+            for what, new_tokens, grew, wrote in branches(runs[0][0], results["now"][0], args.reply, work):
+                goal = new_tokens * per_token + 1_000_000
+                print(f"  now, a {what}: {new_tokens} new tokens; the folder grew {grew / 1e6:.1f} MB, "
+                      f"{wrote / 1e6:.1f} MB written (goal: grows at most their KV plus 1 MB, "
+                      f"{goal / 1e6:.1f} MB; {grew / goal:.2f} of it)")
             a, b = ttfts["now"], ttfts["before"]
             print(f"  relaunch's first token (median of {args.relaunches}, alternating): now {a * 1000:.0f} "
                   f"ms, before {b * 1000:.0f} ms ({a / b:.2f}x; goal: within 10%)", flush=True)

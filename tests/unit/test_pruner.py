@@ -306,3 +306,16 @@ def test_plan_invariants(case: tuple[list[PruneCandidate], set[str], int, int]) 
         for s in sessions:
             if s.id not in deleted and not s.pinned and s.id not in protected:
                 assert s.last_used_at >= newest_deleted
+
+
+def test_pieces_two_conversations_share_count_once_and_are_freed_with_the_last_of_them() -> None:
+    # a and b start alike (a 6 MB system prompt's pieces); each has 2 MB of its own and a 1 KB manifest.
+    shared, own_a, own_b = {"s": 6 * MB}, {"a": 2 * MB}, {"b": 2 * MB}
+    a = dataclasses.replace(session("a", size=1000 + 2 * MB + 3 * MB, day=1), pieces={**shared, **own_a})
+    b = dataclasses.replace(session("b", size=1000 + 2 * MB + 3 * MB, day=2), pieces={**shared, **own_b})
+    first = plan([a, b], budget_bytes=9 * MB)
+    assert first.bytes_before == 2000 + 10 * MB  # the disk holds the shared pieces once
+    assert [s.id for s in first.delete] == ["a"]
+    assert first.bytes_freed == 1000 + 2 * MB  # its own: the shared pieces stay with b
+    both = plan([a, b], budget_bytes=1 * MB)
+    assert [s.id for s in both.delete] == ["a", "b"] and both.bytes_after == 0

@@ -5,8 +5,9 @@ before anything is touched, and ``apply`` deletes exactly that plan.
 
 Rules: least recently used first; never a pinned session; never a protected one (the
 caller passes the sessions currently loaded in a slot, whose files may be rewritten at
-any moment). Sizes are the KV files' sizes on disk (``SessionEntry.size_bytes``), never
-what a sidecar claims. Only saved sessions count towards the budget: files Slotkeeper did
+any moment). Sizes are the files' sizes on disk (``SessionEntry.size_bytes``), never
+what a sidecar claims; pieces several conversations share count once and are freed with the last
+of them. Only saved sessions count towards the budget: files Slotkeeper did
 not write (``unmanaged_bytes``, e.g. junk a local user made llama-server write into the
 folder) are reported on the plan but never cause a session to be pruned, and are never
 deleted.
@@ -14,7 +15,7 @@ deleted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,6 +43,9 @@ class PruneCandidate:
     created_at: str = ""  # tie-break between equal last_used_at; "" sorts first
     kv_file: str = ""  # the KV file it names ("": its own, not shared)
     owns_kv_file: bool = True  # deleting it deletes that file (a copied sidecar does not own it)
+    # The pieces its states use (id -> bytes; ``size_bytes`` holds its share of them): a piece is
+    # freed once every conversation using it is deleted.
+    pieces: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_entry(cls, entry: SessionEntry) -> PruneCandidate:
@@ -58,6 +62,7 @@ class PruneCandidate:
             created_at=sidecar.created_at,
             kv_file=sidecar.kv_file,
             owns_kv_file=owns_kv_file(entry.id, sidecar.kv_file),
+            pieces=dict(sidecar.pieces),
         )
 
 
@@ -113,10 +118,18 @@ def plan(
     """
     sessions = list(sessions)
     _check_inputs(sessions, budget_bytes, unmanaged_bytes)
+    # Pieces several conversations share count once, and are freed with the last of them: each
+    # session's size is its own files plus its share of its pieces (as a listing counts it).
+    users: dict[str, int] = {}
+    piece_bytes: dict[str, int] = {}
+    for s in sessions:
+        for piece_id, size in s.pieces.items():
+            users[piece_id] = users.get(piece_id, 0) + 1
+            piece_bytes[piece_id] = size
     # A KV file counts once, however many sidecars name it (a sidecar copied by hand), and only
     # deleting the session that owns it frees it.
-    sizes = {_file_key(s): s.size_bytes for s in sessions}
-    bytes_before = sum(sizes.values())
+    sizes = {_file_key(s): s.size_bytes - sum(piece_bytes[p] // users[p] for p in s.pieces) for s in sessions}
+    bytes_before = sum(sizes.values()) + sum(piece_bytes.values())
     deletable = sorted(
         (s for s in sessions if not s.pinned and s.id not in protected_ids),
         key=_least_recently_used_first,
@@ -129,6 +142,10 @@ def plan(
         chosen.append(session)
         if session.owns_kv_file:
             usage -= sizes.pop(_file_key(session), 0)
+        for piece_id in session.pieces:
+            users[piece_id] -= 1
+            if users[piece_id] == 0:
+                usage -= piece_bytes[piece_id]
     return PrunePlan(
         delete=chosen,
         bytes_freed=bytes_before - usage,
