@@ -175,3 +175,80 @@ def test_full_disk_gives_a_clear_error_and_keeps_the_previous_version(llama_mode
             engine.stop(save=False)
     finally:
         subprocess.run(["umount", "-l", str(small)])
+
+
+def _relaunch_answers_from_the_cache(cmd, history, home, n_saved):
+    """Relaunched: nothing an interrupted step left looks valid, and the conversation is served from
+    its save (or a point of it)."""
+    proc, url = _start(cmd)
+    try:
+        names = os.listdir(home / "sessions")
+        assert not [n for n in names if n.startswith("incoming-")]
+        store = SessionStore(home / "sessions")
+        for entry in store.sessions():
+            claimed = {entry.sidecar.kv_file, *(p.kv_file for p in entry.sidecar.points)}
+            assert {n for n in names if n.startswith(entry.id) and n.endswith(".kvm")} == claimed, names
+            assert store.verify(entry.id).status == "ok"
+        try:
+            r = chat(url, history + [{"role": "user", "content": "one more"}])
+        except Exception as exc:  # what serve said is the diagnosis
+            proc.kill()
+            raise AssertionError(f"{exc}\n{proc.stderr.read()[-6000:]}") from exc
+        assert r["timings"]["cache_n"] > 0.9 * n_saved - 30
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+
+
+@pytest.mark.parametrize("step", ["point_after_server_write", "point_after_pieces", "point_after_hash",
+                                  "point_after_rename", "point_after_sidecar"])
+def test_engine_killed_at_each_step_of_a_restore_point_keeps_the_conversation(models_dir, server_bin, port,
+                                                                               isolated_home, step):
+    """A hybrid's conversation gets restore points after its save; the engine dies at each step of
+    making the first one: the save stays whole, the point is there whole or not at all."""
+    from slotkeeper.core.model.modelgen import write_model
+
+    model = models_dir / "tiny-qwen35.gguf"
+    if not model.exists():
+        write_model(model, "qwen35")
+    cmd = _serve_cmd(isolated_home, model, server_bin, port)
+    store = SessionStore(isolated_home / "sessions")
+    proc, url = _start(cmd, env={FAULT_ENV: step})
+    try:
+        history, _ = converse(url, USER_TURNS[:2])
+        assert proc.wait(60) == 86, "the engine died making the point"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    [saved] = store.sessions()
+    assert saved.status == "ok"
+    if step == "point_after_sidecar":
+        assert saved.sidecar.points, "the point was committed before the engine died"
+    else:
+        assert not saved.sidecar.points
+    _relaunch_answers_from_the_cache(cmd, history, isolated_home, saved.sidecar.n_tokens)
+
+
+@pytest.mark.parametrize("step", ["delete_after_sidecar", "delete_after_files"])
+def test_engine_killed_while_a_prune_deletes_leaves_no_half_conversation(llama_model, server_bin, port,
+                                                                         isolated_home, step):
+    """Over a tiny budget, the conversation a second one pushed out of the slot is pruned after the
+    second one's save; the engine dies in the middle of deleting it: after a relaunch it is gone
+    (nothing of it lists), the other is whole and served from its save."""
+    cmd = [*_serve_cmd(isolated_home, llama_model, server_bin, port), "--budget", "1K"]
+    store = SessionStore(isolated_home / "sessions")
+    proc, url = _start(cmd, env={FAULT_ENV: step})
+    try:
+        converse(url, USER_TURNS[:2])
+        wait_until(lambda: store.sessions(), what="the first conversation's save")
+        [first] = store.sessions()
+        other, _ = converse(url, ["A different matter: " + t for t in USER_TURNS[2:4]])
+        assert proc.wait(60) == 86, "the engine died deleting the first conversation"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = store.sessions()
+    assert first.id not in [e.id for e in left]  # its sidecar went first: it no longer exists
+    assert [e.status for e in left] == ["ok"]
+    _relaunch_answers_from_the_cache(cmd, other, isolated_home, left[0].sidecar.n_tokens)
+    assert not [n for n in os.listdir(isolated_home / "sessions") if n.startswith(first.id)]

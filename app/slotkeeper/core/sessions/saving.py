@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from slotkeeper.core.basics.faults import FAULT_ENV, fault_point
 from slotkeeper.core.basics.fsutil import NotARegularFile, regular_size
 from slotkeeper.core.basics.tokens import TokenArray
 from slotkeeper.core.basics.units import human_bytes
@@ -57,18 +58,9 @@ log = logging.getLogger(__name__)
 __all__ = ["FAULT_ENV", "SaveContext", "SaveError", "SaveOutcome", "Written", "check_written",
            "commit_point", "commit_written", "server_refused"]
 
-# Test-only fault injection: SLOTKEEPER_FAULT=<step> ends the process at that step of a save,
-# as a power cut or kill -9 would, so the crash-safety tests exercise the real code path.
-FAULT_ENV = "SLOTKEEPER_FAULT"
 LOW_DISK_BYTES = 256 * 1024 * 1024  # below this, a failed save is explained as a full disk
 
 Describe = Callable[[list[int]], tuple[str, str]]  # tokens -> (title, preview)
-
-
-def fault_point(step: str) -> None:
-    if os.environ.get(FAULT_ENV) == step:
-        log.error("fault injection: dying at %s", step)
-        os._exit(86)
 
 
 class SaveError(Exception):
@@ -166,7 +158,7 @@ def commit_written(store: SessionStore, written: Written, ctx: SaveContext, desc
         unlink_quietly(written.path)
 
 
-def keep_state(store: SessionStore, written: Written, candidates: list[str]) -> _Incoming:
+def keep_state(store: SessionStore, written: Written, candidates: list[str], what: str = "") -> _Incoming:
     """The state llama-server wrote, kept as pieces: the cells the states ``candidates`` (KV files of
     the sessions folder) do not hold are written, then the manifest (an incoming file, synced,
     hashed; the caller commits or removes it)."""
@@ -178,13 +170,13 @@ def keep_state(store: SessionStore, written: Written, candidates: list[str]) -> 
         claimed.append(piece_id)
 
     try:
-        fault_point("after_server_write")
+        fault_point(f"{what}after_server_write")
         result = pieces.put(written.path, store.pieces_dir,
                             [store.dir / c for c in candidates if c.endswith(MANIFEST_SUFFIX)], manifest,
                             claim)
-        fault_point("after_pieces")
+        fault_point(f"{what}after_pieces")
         content_hash, hashed = hash_with_stamp(manifest)
-        fault_point("after_hash")
+        fault_point(f"{what}after_hash")
     except BaseException:
         unlink_quietly(manifest)
         store.states.release(claimed)
@@ -401,12 +393,13 @@ def commit_point(store: SessionStore, written: Written, session_id: str, kind: s
             entry = store.get(session_id)
         except (SessionNotFound, ValueError):
             return None
-        inc = keep_state(store, written, related_states(store, entry, None))
+        inc = keep_state(store, written, related_states(store, entry, None), what="point_")
         point = RestorePoint(kv_file=inc.path.name, n_tokens=len(written.tokens),
                              tokens_digest=tokens_digest(written.tokens), size_bytes=inc.size,
                              content_hash=inc.content_hash, kind=kind, made_at=format_utc(utc_now()),
                              state_bytes=inc.state_bytes)
-        return store.add_point(session_id, inc.path, point, inc.hashed, spacing)
+        return store.add_point(session_id, inc.path, point, inc.hashed, spacing,
+                               step=lambda name: fault_point(f"point_{name}"))
     except (kvfile.KvFileError, pieces.PieceError, OSError) as exc:
         raise SaveError(f"saving a restore point of slot {written.slot} failed: {exc}") from exc
     finally:

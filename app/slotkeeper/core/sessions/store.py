@@ -25,6 +25,7 @@ from pathlib import Path
 
 import orjson
 
+from slotkeeper.core.basics.faults import fault_point
 from slotkeeper.core.basics.fsutil import (
     atomic_write_bytes,
     ensure_private_folder,
@@ -397,7 +398,8 @@ class SessionStore:
         return sidecar
 
     def add_point(self, session_id: str, incoming: Path, point: RestorePoint, hashed: os.stat_result | None,
-                  spacing: int = DEFAULT_POINT_SPACING_TOKENS) -> Sidecar | None:
+                  spacing: int = DEFAULT_POINT_SPACING_TOKENS,
+                  step: Callable[[str], None] = lambda step: None) -> Sidecar | None:
         """Make ``incoming`` (a slot llama-server wrote, holding ``point.n_tokens`` tokens) a restore
         point of the session (``sessions.points``), as a save commits a version: under the folder
         lock, renamed to a new ``<id>.<gen>.kv``, the folder fsynced, then the sidecar written with
@@ -420,6 +422,7 @@ class SessionStore:
             final = self.dir / name
             replace_file(incoming, final)
             fsync_dir(self.dir)
+            step("after_rename")
             st = os.lstat(final)
             point = replace(point, kv_file=name, verified=carried_over(hashed, st, point.content_hash))
             kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing,
@@ -428,6 +431,7 @@ class SessionStore:
             before = set(sc.pieces)
             sc = replace(sc, points=kept, pieces=self.pieces_for(sc.kv_file, kept))
             write_sidecar_atomic(self.sidecar_path(session_id), sc)
+            step("after_sidecar")
             self._note_sidecar(session_id, sc)
             self.index.note_files({name: stamp_of(st)})
             self._remove_points(session_id, [p.kv_file for p in dropped])
@@ -588,6 +592,7 @@ class SessionStore:
             # sidecar first: a half-deleted session is a leftover
             unlink_quietly(self.sidecar_path(session_id))
             fsync_dir(self.dir)
+            fault_point("delete_after_sidecar")
             index = self.index
             index.forget(session_id)
             index.note_files({sidecar_name(session_id): None})
@@ -595,6 +600,7 @@ class SessionStore:
                 self.token_lists.forget(name)
                 if remove_superseded(self.dir / name):
                     index.note_files({name: None})
+            fault_point("delete_after_files")
             self._drop_pieces(set(sc.pieces) if sc is not None else set())
 
     def transcript(self, entry: SessionEntry) -> Transcript | None:
