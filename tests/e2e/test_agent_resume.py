@@ -4,8 +4,8 @@ after a relaunch leaves the saved conversation at ``messages[3]`` (here: the rep
 resent without its first part). llama-server that never stopped rolls back there (from its RAM
 checkpoints, or its whole cache with --swa-full); Slotkeeper, relaunched, goes on from the restore
 point kept at that request's prompt end, re-reading at most 64 tokens more, with the same answer.
-An agent's system prompt carries its tools, thousands of tokens: earlier requests' points then cost
-little beside the conversation's save, and are kept.
+An agent's requests carry its tools (thousands of tokens of prompt): its earlier requests' points are
+kept within its whole save's bytes.
 """
 
 from __future__ import annotations
@@ -22,14 +22,17 @@ from slotkeeper.core.server.state import ServerState
 pytestmark = pytest.mark.e2e
 
 SLACK = 64
-TOOLS = [f"Tool {i}: reads or changes the files of the project as its arguments say, and reports back "
-         f"what it did in a few plain lines." for i in range(10)]
-SYSTEM = "You are a coding agent. Use the tools you are given to read and change files.\n" + "\n".join(TOOLS)
+PATH_ONLY = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+TOOLS = [{"name": f"tool_{i}", "input_schema": PATH_ONLY,
+          "description": f"Tool {i}: reads or changes the files of the project as its arguments say, and "
+                         "reports back what it did in a few plain lines."} for i in range(10)]
+SYSTEM = "You are a coding agent. Use the tools you are given to read and change files. " * 4
 REMINDER = "<system-reminder>The user opened the file main.py in the IDE.</system-reminder>"
 
 
 def ask(base: str, messages: list[dict], max_tokens: int = 12) -> dict:
-    body = {"model": "m", "system": SYSTEM, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    body = {"model": "m", "system": SYSTEM, "tools": TOOLS, "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0}
     r = httpx.post(f"{base}/v1/messages", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()

@@ -26,12 +26,14 @@ before it: for a hybrid model its recurrent state, for sliding-window layers wit
 part of their window the save does not hold. The last prompt point and the last user point are
 always kept (what the next turn of a reasoning client, a Regenerate and an edit go back to); earlier
 points newest first (earlier ``user`` points at least ``spacing`` tokens apart) while all the points
-add at most ``POINTS_SHARE`` of the bytes the save itself keeps. Half: on Gemma 3 270M with
---swa-full (a 512-token window in 15 of its 18 layers) the last turn's two points add about 0.3 of a
-1,500-token save and an earlier turn's point 0.25 more, which would take a reasoning client's
-conversation (that never goes back further) past 1.3x its save; an agent's prompt of thousands of
-tokens makes a point cost less beside its save, and earlier requests' points are kept
-(bench_disk.py, tests/e2e/test_agent_resume.py).
+add at most a share of the bytes the save itself keeps: ``POINTS_SHARE`` for a chat, which seldom
+goes back more than a turn (on Gemma 3 270M with --swa-full, a 512-token window in 15 of its 18
+layers, the last turn's two points add 0.33 of a 1,500-token save and an earlier turn's point 0.17
+more: 0.4 keeps a reasoning client's conversation within 1.3x its save, bench_disk.py);
+``AGENT_POINTS_SHARE`` for an agent (its requests carry tools), which rewrites its history further
+back after a restart (Claude Code's --resume leaves it at ``messages[3]``): its earlier requests'
+points, each a recurrent state or a window beside a save of thousands of tokens of tools, are what
+its next request goes on from (tests/e2e/test_agent_resume.py needs 0.5-0.6 of the save).
 
 Everything here is pure: the engine makes the points while the slot is idle, the store keeps them.
 """
@@ -43,11 +45,12 @@ from collections.abc import Callable, Iterable, Sequence
 from slotkeeper.core.sessions.sidecar import POINT_PROMPT, POINT_USER, RestorePoint
 from slotkeeper.core.settings import DEFAULT_POINT_SPACING_TOKENS
 
-__all__ = ["DEFAULT_POINT_SPACING_TOKENS", "MAX_POINTS", "MIN_POINT_TOKENS", "POINTS_SHARE", "best_point",
-           "keep_points", "prompt_point_back", "wanted_points"]
+__all__ = ["AGENT_POINTS_SHARE", "DEFAULT_POINT_SPACING_TOKENS", "MAX_POINTS", "MIN_POINT_TOKENS",
+           "POINTS_SHARE", "best_point", "keep_points", "prompt_point_back", "wanted_points"]
 
 MAX_POINTS = 32  # per conversation, as llama-server keeps 32 checkpoints per slot (--ctx-checkpoints)
-POINTS_SHARE = 0.5  # what a conversation's points may add to the bytes its save keeps
+POINTS_SHARE = 0.4  # what a conversation's points may add to the bytes its save keeps
+AGENT_POINTS_SHARE = 1.0  # the same for an agent's (its requests carry tools)
 # A prefix shorter than this is re-read in less time than a restore takes: no point is made there.
 MIN_POINT_TOKENS = 64
 PROMPT_POINT_BACK = 3  # the prompt point of a hybrid or recurrent model: this many tokens before the end

@@ -381,7 +381,7 @@ def _commit_locked(store: SessionStore, inc: _Incoming, ctx: SaveContext, descri
 
 
 def commit_point(store: SessionStore, written: Written, session_id: str, kind: str,
-                 spacing: int = DEFAULT_POINT_SPACING_TOKENS) -> Sidecar | None:
+                 spacing: int = DEFAULT_POINT_SPACING_TOKENS, share: float | None = None) -> Sidecar | None:
     """A slot llama-server wrote while it held a prefix of the session's conversation becomes one
     of its restore points (``sessions.points``): kept as pieces like a save (only what the
     conversation's states do not hold is written), then committed by the store
@@ -399,7 +399,7 @@ def commit_point(store: SessionStore, written: Written, session_id: str, kind: s
                              content_hash=inc.content_hash, kind=kind, made_at=format_utc(utc_now()),
                              state_bytes=inc.state_bytes)
         return store.add_point(session_id, inc.path, point, inc.hashed, spacing,
-                               step=lambda name: fault_point(f"point_{name}"))
+                               step=lambda name: fault_point(f"point_{name}"), share=share)
     except (kvfile.KvFileError, pieces.PieceError, OSError) as exc:
         raise SaveError(f"saving a restore point of slot {written.slot} failed: {exc}") from exc
     finally:

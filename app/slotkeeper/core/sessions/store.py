@@ -83,6 +83,10 @@ class SessionNotFound(KeyError):
         return f"no saved session with id {self.args[0]!r}"
 
 
+def _no_step(name: str) -> None:
+    """A step of a store change, for the test-only fault hook (``core.basics.faults``)."""
+
+
 def unlink_quietly(path: Path) -> None:
     """Remove ``path`` if it is there (``remove_file``: on Windows, tried again while another
     program holds it open)."""
@@ -398,8 +402,8 @@ class SessionStore:
         return sidecar
 
     def add_point(self, session_id: str, incoming: Path, point: RestorePoint, hashed: os.stat_result | None,
-                  spacing: int = DEFAULT_POINT_SPACING_TOKENS,
-                  step: Callable[[str], None] = lambda step: None) -> Sidecar | None:
+                  spacing: int = DEFAULT_POINT_SPACING_TOKENS, step: Callable[[str], None] = _no_step,
+                  share: float | None = None) -> Sidecar | None:
         """Make ``incoming`` (a slot llama-server wrote, holding ``point.n_tokens`` tokens) a restore
         point of the session (``sessions.points``), as a save commits a version: under the folder
         lock, renamed to a new ``<id>.<gen>.kv``, the folder fsynced, then the sidecar written with
@@ -426,7 +430,8 @@ class SessionStore:
             st = os.lstat(final)
             point = replace(point, kv_file=name, verified=carried_over(hashed, st, point.content_hash))
             kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing,
-                                        allowance=int(POINTS_SHARE * (sc.state_bytes or sc.size_bytes)),
+                                        allowance=int((POINTS_SHARE if share is None else share)
+                                                      * self.states.stored_bytes(sc.kv_file)),
                                         cost=self.states.cost_of_points(sc.kv_file))
             before = set(sc.pieces)
             sc = replace(sc, points=kept, pieces=self.pieces_for(sc.kv_file, kept))

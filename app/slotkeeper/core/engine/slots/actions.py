@@ -38,7 +38,7 @@ from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.kvfile import read_tokens
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
 from slotkeeper.core.sessions.pieces import PieceError
-from slotkeeper.core.sessions.points import prompt_point_back, wanted_points
+from slotkeeper.core.sessions.points import AGENT_POINTS_SHARE, POINTS_SHARE, prompt_point_back, wanted_points
 from slotkeeper.core.sessions.restoring import RestoreRefused, carried_over, check_restorable, record_restore
 from slotkeeper.core.sessions.saving import SaveError, commit_point
 from slotkeeper.core.sessions.sidecar import parse_utc
@@ -373,6 +373,8 @@ class SlotActions:
         if sc is None or entry.problems or common_prefix_len(saved, prompt) < n_prompt:
             return 0  # the save is not this prompt's conversation
         user_start = await self._user_start(request, prompt) if request is not None else None
+        # An agent (its requests carry tools) goes back further after a restart: more points kept.
+        share = AGENT_POINTS_SHARE if request is not None and request.body.get("tools") else POINTS_SHARE
         back = prompt_point_back(sc.swa)
         wanted = [(n, kind) for n, kind in wanted_points(n_prompt, user_start, len(saved),
                                                          have=[p.n_tokens for p in sc.points], back=back)
@@ -400,7 +402,7 @@ class SlotActions:
                         await self.loop.run_io(unlink_quietly, written.path)
                     raise SaveError(f"slot {slot} did not hold the {n} tokens asked for")
                 point = await self.loop.run_io(commit_point, store, written, sid, kind,
-                                               self.library.point_spacing)
+                                               self.library.point_spacing, share)
                 if point is None:
                     break  # the session changed meanwhile
                 made += 1
