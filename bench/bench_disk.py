@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import free_port, generated_model, pypi_gemma3_270m, text, work_folder
+from benchlib import child_pids, free_port, generated_model, pypi_gemma3_270m, text, work_folder
 
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
@@ -58,21 +58,6 @@ def io_written(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def children(pid: int) -> list[int]:
-    """The live children of ``pid`` (any thread's; llama-server is started from a worker thread)."""
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 def folder_bytes(folder: Path) -> int:
@@ -126,7 +111,7 @@ class Side:
     def io(self) -> int:
         if self.proc is None:
             return self.written
-        pids = [self.proc.pid, *children(self.proc.pid)]
+        pids = [self.proc.pid, *child_pids(self.proc.pid)]
         return self.written + sum(io_written(p) for p in pids)
 
     def stop(self) -> None:

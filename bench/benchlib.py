@@ -24,11 +24,19 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def child_pids(pid: int) -> list[int]:
-    """The direct children of ``pid`` (Linux's /proc; empty elsewhere)."""
+    """The live children of ``pid``, whichever of its threads started them (Slotkeeper starts
+    llama-server from a worker thread; Linux's /proc; empty elsewhere)."""
+    out: list[int] = []
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def free_port() -> int:
