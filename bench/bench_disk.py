@@ -320,17 +320,20 @@ def main() -> int:
     with work_folder(args.work) as work:
         before_app = unpack_before(args.before, work)
         for which in args.model or ["gemma3", "hybrid", "starter"]:
+            reply = args.reply
             if which == "gemma3":
                 model, swa_full = pypi_gemma3_270m(Path(args.models)), True
             elif which == "hybrid":
+                # its context is 2,048 tokens: the turns' replies are shorter
                 model, swa_full = generated_model(work, "qwen35"), False
+                reply = min(args.reply, 100)
             elif which == "starter":
                 from slotkeeper.core.model.starter_model import ensure_starter_model
 
                 model, swa_full = Path(ensure_starter_model(work / "models")), False
             else:
                 model, swa_full = Path(which), False
-            print(f"\n{model.name}{' --swa-full' if swa_full else ''}, {args.turns} turns of {args.reply} "
+            print(f"\n{model.name}{' --swa-full' if swa_full else ''}, {args.turns} turns of {reply} "
                   f"tokens, the client dropping each reply's first half:", flush=True)
             results = {}
             runs = []
@@ -338,10 +341,10 @@ def main() -> int:
                 home = work / f"{model.stem}-{name}"
                 shutil.rmtree(home, ignore_errors=True)
                 side = Side(name, app, home, model, swa_full, args.ctx)
-                history, rows = run_side(side, args.turns, args.reply)
+                history, rows = run_side(side, args.turns, reply)
                 runs.append((side, history))
                 results[name] = (history, rows)
-            ttfts = relaunch_rounds(runs, args.relaunches, args.reply, work)
+            ttfts = relaunch_rounds(runs, args.relaunches, reply, work)
             reference, per_token = llama_servers_own_save(model, results["now"][0], swa_full, args.ctx, work)
             print(f"  {'turn':>4} | {'sessions':>8} {'on disk':>10} {'written':>10} {'newest':>9} | "
                   f"{'sessions':>8} {'on disk':>10} {'written':>10} {'newest':>9}   (now | before; MB)")
@@ -356,17 +359,18 @@ def main() -> int:
                   f"on disk now "
                   f"{final_now['disk'] / reference:.2f}x it (goal: at most 1.3x), before "
                   f"{final_before['disk'] / reference:.2f}x")
-            new_tokens = (final_now["prompt_n"] or 0) + args.reply
+            new_tokens = (final_now["prompt_n"] or 0) + reply
             allowed = 3 * new_tokens * per_token + 1_000_000
             written = final_now["written"]
             print(f"  turn {final_now['turn']} wrote {written / 1e6:.1f} MB for {new_tokens} new tokens "
                   f"({new_tokens * per_token / 1e6:.1f} MB of KV, {per_token} bytes a token); goal: at most "
                   f"3x that plus 1 MB, {allowed / 1e6:.1f} MB ({written / allowed:.2f} of it)")
-            for what, new_tokens, grew, wrote in branches(runs[0][0], results["now"][0], args.reply, work):
+            for what, new_tokens, grew, wrote in branches(runs[0][0], results["now"][0], reply, work):
                 goal = new_tokens * per_token + 1_000_000
-                print(f"  now, a {what}: {new_tokens} new tokens; the folder grew {grew / 1e6:.1f} MB, "
-                      f"{wrote / 1e6:.1f} MB written (goal: grows at most their KV plus 1 MB, "
-                      f"{goal / 1e6:.1f} MB; {grew / goal:.2f} of it)")
+                article = "an" if what[0] in "aeiou" else "a"
+                print(f"  now, {article} {what}: {new_tokens} new tokens; the folder grew "
+                      f"{grew / 1e6:.1f} MB, {wrote / 1e6:.1f} MB written (goal: grows at most their KV "
+                      f"plus 1 MB, {goal / 1e6:.1f} MB; {grew / goal:.2f} of it)")
             a, b = ttfts["now"], ttfts["before"]
             print(f"  relaunch's first token (median of {args.relaunches}, alternating): now {a * 1000:.0f} "
                   f"ms, before {b * 1000:.0f} ms ({a / b:.2f}x; goal: within 10%)", flush=True)

@@ -167,9 +167,13 @@ def _piece(entry):
 @pytest.mark.parametrize("flash_attn", [False, None], ids=["as-saved", "carried-over"])
 def test_a_damaged_or_missing_piece_is_refused_marked_and_the_server_survives(saved_session, llama_model,
                                                                              server_bin, port, damage,
-                                                                             flash_attn):
+                                                                             flash_attn, monkeypatch):
+    from slotkeeper.core.engine.slots import actions
+
     assert saved_session.sidecar.pieces, "kept as pieces"
     damage(_piece(saved_session))
+    # As after the machine restarted: no whole copy of the state in memory, it is assembled.
+    monkeypatch.setattr(actions, "cached_state", lambda folder, content_hash: None)
     engine = make_engine(llama_model, server_bin, port, flash_attn=flash_attn)
     events = EventLog(engine)
     engine.start()

@@ -49,6 +49,7 @@ from slotkeeper.core.sessions.sidecar import (
     tokens_digest,
     utc_now,
 )
+from slotkeeper.core.sessions.staging import cache_state
 from slotkeeper.core.sessions.stamps import hash_with_stamp
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.sessions.transcripts import Transcript
@@ -150,12 +151,20 @@ def commit_written(store: SessionStore, written: Written, ctx: SaveContext, desc
     whatever happens. ``transcript``: the conversation in words, kept with the new version.
     ``rolls_back``: the server's restored states can be rolled back (a shorter save held in a
     longer one is nothing new). Raises SaveError."""
+    outcome = None
     try:
-        return _commit(store, written, ctx, describe, current_id, save_ms, n_prompt, transcript, rolls_back)
+        outcome = _commit(store, written, ctx, describe, current_id, save_ms, n_prompt, transcript,
+                          rolls_back)
+        return outcome
     except (kvfile.KvFileError, pieces.PieceError, OSError) as exc:
         raise SaveError(f"saving slot {written.slot} failed: {exc}{space_hint(store.dir)}") from exc
     finally:
-        unlink_quietly(written.path)
+        new_state = outcome is not None and outcome.kind not in ("unchanged", "contained")
+        kept = outcome.sidecar if outcome is not None and new_state else None
+        if kept is not None:
+            cache_state(written.path, kept.content_hash)  # the next restore of it reads it whole
+        else:
+            unlink_quietly(written.path)
 
 
 def keep_state(store: SessionStore, written: Written, candidates: list[str], what: str = "") -> _Incoming:
@@ -398,8 +407,11 @@ def commit_point(store: SessionStore, written: Written, session_id: str, kind: s
                              tokens_digest=tokens_digest(written.tokens), size_bytes=inc.size,
                              content_hash=inc.content_hash, kind=kind, made_at=format_utc(utc_now()),
                              state_bytes=inc.state_bytes)
-        return store.add_point(session_id, inc.path, point, inc.hashed, spacing,
-                               step=lambda name: fault_point(f"point_{name}"), share=share)
+        committed = store.add_point(session_id, inc.path, point, inc.hashed, spacing,
+                                    step=lambda name: fault_point(f"point_{name}"), share=share)
+        if committed is not None and any(p.content_hash == inc.content_hash for p in committed.points):
+            cache_state(written.path, inc.content_hash)
+        return committed
     except (kvfile.KvFileError, pieces.PieceError, OSError) as exc:
         raise SaveError(f"saving a restore point of slot {written.slot} failed: {exc}") from exc
     finally:

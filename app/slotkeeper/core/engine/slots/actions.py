@@ -35,14 +35,14 @@ from slotkeeper.core.model.families import EXACT_ONLY_MODES
 from slotkeeper.core.server.client import LlamaClient, RestoreResult, ServerError, ServerUnavailable
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.entries import SessionEntry
-from slotkeeper.core.sessions.kvfile import read_tokens
+from slotkeeper.core.sessions.kvfile import KvFileError, read_tokens
 from slotkeeper.core.sessions.lineage import DEFAULT_TAIL_SLACK, common_prefix_len
 from slotkeeper.core.sessions.pieces import PieceError
 from slotkeeper.core.sessions.points import AGENT_POINTS_SHARE, POINTS_SHARE, prompt_point_back, wanted_points
 from slotkeeper.core.sessions.restoring import RestoreRefused, carried_over, check_restorable, record_restore
 from slotkeeper.core.sessions.saving import SaveError, commit_point
 from slotkeeper.core.sessions.sidecar import parse_utc
-from slotkeeper.core.sessions.staging import ensure_staging
+from slotkeeper.core.sessions.staging import cached_state, ensure_staging
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, unlink_quietly
 from slotkeeper.core.sessions.transcripts import Transcript, TranscriptError
 from slotkeeper.core.views import Activity, RestoreSummary
@@ -97,14 +97,24 @@ class SlotActions:
                 return None
             return await self.restore_locked(session_id, slot, facts)
 
-    async def read_back(self, http: LlamaClient, slot: int, kv_file: str) -> tuple[RestoreResult, list[int]]:
-        """llama-server restores ``slot`` from the state ``kv_file`` names, assembled into its
-        staging folder for the time it reads it: what it said, and the tokens of the state it read
+    async def read_back(self, http: LlamaClient, slot: int, kv_file: str,
+                        content_hash: str = "") -> tuple[RestoreResult, list[int]]:
+        """llama-server restores ``slot`` from the state ``kv_file`` names (``content_hash``: its
+        manifest's): the whole file kept in the staging folder's cache when there is one, else
+        assembled there for the time it reads it. What it said, and the tokens of the state it read
         (PieceError: a piece is missing or damaged; FileNotFoundError: ``kv_file`` is gone, a save
         superseded it; ServerError: llama-server refused it)."""
         store = self.library.store
         folder = self.link.staging
         await self.loop.run_io(ensure_staging, folder)
+        cached = await self.loop.run_io(cached_state, folder, content_hash)
+        if cached is not None:
+            try:
+                tokens = (await self.loop.run_io(read_tokens, folder / cached)).tokens
+                result = await self.loop.run_io(http.restore_slot, slot, cached, SLOT_ACTION_TIMEOUT_SECONDS)
+                return result, tokens
+            except (ServerError, OSError, KvFileError) as exc:  # gone meanwhile: assembled as below
+                log.debug("the cached state of %s did not restore (%s); assembling it", kv_file, exc)
         name = f"restore-{secrets.token_hex(8)}.kv"
         try:
             await self.loop.run_io(store.states.materialize, kv_file, folder / name)
@@ -151,8 +161,8 @@ class SlotActions:
                                                        self.link.staging)
                 assert entry.sidecar is not None
                 try:
-                    result, tokens = await self.read_back(http, slot,
-                                                          chosen.kv_file if chosen else entry.sidecar.kv_file)
+                    state = chosen if chosen is not None else entry.sidecar
+                    result, tokens = await self.read_back(http, slot, state.kv_file, state.content_hash)
                     break
                 except FileNotFoundError as exc:
                     # A save committing meanwhile (the conversation this slot held before the
@@ -415,7 +425,7 @@ class SlotActions:
                 # It holds a prefix of its conversation, live: the waiting request goes on from it.
                 board.rewound(slot, as_tokens(held), restored=False)
                 return made
-            restored, _tokens = await self.read_back(http, slot, sc.kv_file)
+            restored, _tokens = await self.read_back(http, slot, sc.kv_file, sc.content_hash)
             if restored.n_restored != len(saved):
                 raise SaveError(f"restoring {sid} after its restore points gave {restored.n_restored} tokens")
             board.rewound(slot, as_tokens(saved), restored=True)

@@ -1,0 +1,59 @@
+"""States llama-server wrote, kept whole in the staging folder (memory) after they are committed: the
+next launch restores the conversation from that file without assembling it from its pieces, and
+one that no longer matches its hash is assembled as before."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from e2e_helpers import USER_TURNS, converse, make_engine
+
+from slotkeeper.core.server.state import ServerState
+from slotkeeper.core.sessions import staging
+from slotkeeper.core.sessions.states import States
+
+pytestmark = pytest.mark.e2e
+
+
+def _relaunch(model, server_bin, port, history, monkeypatch):
+    assembled = []
+    real = States.materialize
+    monkeypatch.setattr(States, "materialize",
+                        lambda self, kv, out: assembled.append(kv) or real(self, kv, out))
+    engine = make_engine(model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        users = [m["content"] for m in history if m["role"] == "user"]
+        _h, answer = converse(engine.base_url, [*users, "more"])
+        staged = engine.link.staging
+    finally:
+        engine.stop(save=False)
+    return assembled, answer["timings"], staged
+
+
+def test_the_next_launch_restores_the_whole_state_kept_in_memory(llama_model, server_bin, port,
+                                                                  isolated_home, monkeypatch):
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history, _ = converse(engine.base_url, USER_TURNS[:2])
+        folder = engine.link.staging
+        if not staging.in_memory(folder):
+            pytest.skip("no memory file system for the staging folder here")
+    finally:
+        engine.stop()  # saved at shutdown: the state is kept whole
+    assert [n for n in os.listdir(folder) if n.startswith(staging.CACHE_PREFIX)]
+    assembled, timings, _ = _relaunch(llama_model, server_bin, port, history, monkeypatch)
+    assert assembled == []  # restored from the whole file
+    assert timings["cache_n"] > 50
+    # A kept file that no longer matches its hash is never read: the state is assembled instead.
+    for name in os.listdir(folder):
+        if name.startswith(staging.CACHE_PREFIX):
+            data = bytearray((folder / name).read_bytes())
+            data[len(data) // 2] ^= 1
+            (folder / name).write_bytes(bytes(data))
+    assembled, timings, _ = _relaunch(llama_model, server_bin, port, history, monkeypatch)
+    assert assembled and timings["cache_n"] > 50
