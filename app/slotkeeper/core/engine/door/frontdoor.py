@@ -41,9 +41,7 @@ from yarl import URL
 
 from slotkeeper.core.basics import ports
 from slotkeeper.core.basics.tokens import TokenArray
-from slotkeeper.core.engine.desk.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
-from slotkeeper.core.engine.door import endpoints
-from slotkeeper.core.engine.door.conversions import (
+from slotkeeper.core.chat.conversions import (
     MESSAGES_AS_CHAT_PATH,
     MessagesStream,
     message_answer_bytes,
@@ -53,6 +51,8 @@ from slotkeeper.core.engine.door.conversions import (
     sse_event,
     without_extras,
 )
+from slotkeeper.core.engine.desk.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
+from slotkeeper.core.engine.door import endpoints
 from slotkeeper.core.engine.door.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.door.httpstack import aiohttp, web
 from slotkeeper.core.engine.door.prompts import PromptTokens, resetting_socket, single_prompt
