@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slotkeeper.core.engine.door.conversions import NotConvertible, messages_to_chat, responses_to_chat
+from slotkeeper.core.chat.conversions import NotConvertible, messages_to_chat, responses_to_chat
 
 
 def test_text_input_instructions_and_renamed_fields():
@@ -55,7 +55,7 @@ def test_what_llama_server_refuses_is_not_converted(body):
 
 
 def test_an_anthropic_body_becomes_llama_servers_chat_completion():
-    from slotkeeper.core.engine.door.conversions import messages_to_chat
+    from slotkeeper.core.chat.conversions import messages_to_chat
 
     chat = messages_to_chat({
         "model": "claude", "max_tokens": 20, "stream": True, "metadata": {"user_id": "u1"},
@@ -88,7 +88,7 @@ def test_an_anthropic_body_becomes_llama_servers_chat_completion():
 
 
 def test_an_anthropic_body_without_messages_is_not_converted():
-    from slotkeeper.core.engine.door.conversions import messages_to_chat
+    from slotkeeper.core.chat.conversions import messages_to_chat
 
     with pytest.raises(NotConvertible):
         messages_to_chat({"model": "m", "max_tokens": 1})

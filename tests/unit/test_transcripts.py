@@ -89,29 +89,97 @@ def test_a_text_completion_keeps_its_prompt_and_what_followed():
     assert oai.text() == " and more"
 
 
-def test_anthropic_messages_and_their_stream():
-    body = {"system": "Be kind.", "messages": [
-        {"role": "user", "content": "Hello"},
+# Claude Code's way: the system prompt in blocks, the first its billing stamp; tools; a tool call and
+# its result given before the user's next words in one message.
+CLAUDE_CODE_BODY = {
+    "model": "m", "max_tokens": 8, "stream": True,
+    "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=a5145;"},
+               {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+    "tools": [{"name": "read", "description": "Read a file",
+               "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is in"},
+                                     {"type": "text", "text": "a.txt?"}]},
         {"role": "assistant",
-         "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "Hi."},
-                     {"type": "tool_use", "id": "t1", "name": "sum", "input": {"a": 1}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"},
+         "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                     {"type": "text", "text": "Let me look."},
+                     {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a.txt", "n": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "herons"}]},
                                      {"type": "text", "text": "Thanks"}]}]}
-    t = from_request("/v1/messages", None, body)
+RESPONSES_BODY = {
+    "instructions": "Short.", "max_output_tokens": 8,
+    "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}},
+              {"type": "web_search"}],
+    "input": [{"role": "user", "content": "Weather in Paris?"},
+              {"type": "function_call", "call_id": "c1", "name": "weather",
+               "arguments": "{\"city\":\"Paris\"}"},
+              {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+              {"role": "assistant", "type": "message",
+               "content": [{"type": "output_text", "text": "Sunny."}]},
+              {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": "{}"},
+              {"type": "function_call_output", "call_id": "c2",
+               "output": [{"type": "input_text", "text": "rain"}, {"type": "input_text", "text": "later"}]},
+              {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow?"}]}]}
+
+
+def _as_rendered(m: dict) -> dict:
+    """A chat message as llama-server hands it to a template that takes text: its text parts
+    joined by new lines, the fields it has."""
+    content = m.get("content")
+    if isinstance(content, list):
+        content = "\n".join(p["text"] for p in content if p.get("type") == "text")
+    out = {"role": m["role"], "content": content or ""}
+    out.update((k, m[k]) for k in ("reasoning_content", "tool_calls", "tool_call_id", "name") if m.get(k))
+    return out
+
+
+@pytest.mark.parametrize("source, body", [("/v1/messages", CLAUDE_CODE_BODY),
+                                          ("/v1/responses", RESPONSES_BODY)])
+def test_an_agent_request_reads_as_the_chat_llama_server_converts_it_to(source, body):
+    """The transcript of a Messages or Responses request holds the messages and options of the chat
+    llama-server converts it to, message for message: what the template rendered."""
+    from slotkeeper.core.chat.conversions import messages_to_chat, responses_to_chat
+
+    chat = (messages_to_chat if source == "/v1/messages" else responses_to_chat)(body)
+    t = from_request(source, "chat", chat)
+    assert t.source == source
+    assert t.to_openai() == {"messages": [_as_rendered(m) for m in chat["messages"]],
+                             **{k: chat[k] for k in ("tools", "tool_choice") if k in chat}}
+    assert "tools" in t.options
+
+
+def test_a_claude_code_request_reads_as_llama_server_reads_it():
+    from slotkeeper.core.chat.conversions import messages_to_chat
+
+    t = from_request("/v1/messages", "chat", messages_to_chat(CLAUDE_CODE_BODY))
     assert [(m.role, m.content) for m in t.messages] == [
-        ("system", "Be kind."), ("user", "Hello"), ("assistant", "Hi."), ("tool", "1"), ("user", "Thanks")]
+        # the blocks run together, the changing stamp blanked
+        ("system", "x-anthropic-billing-header: cc_version=2.1; cch=fffff;You are Claude Code."),
+        ("user", "What is in\na.txt?"), ("assistant", "Let me look."),
+        ("user", "Thanks"), ("tool", "herons")]  # the user's words before the tool's result
     assert t.messages[2].reasoning == "hm"
-    assert json.loads(t.messages[2].tool_calls[0]["function"]["arguments"]) == {"a": 1}
+    assert t.messages[2].tool_calls[0]["function"]["arguments"] == '{"path":"a.txt","n":1}'  # dump()'s way
+    assert t.options["tools"][0]["function"]["name"] == "read"  # the chat's tools, which the template renders
     r = ReplyCollector()
     r.feed_stream(sse({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "You are "}},
                       {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "welcome."}}))
     assert conversation(t, r).messages[-1].content == "You are welcome."
 
 
-def test_responses_input_reads_as_a_conversation():
-    t = from_request("/v1/responses", None, {"instructions": "Short.", "input": "Name a bird."})
-    assert [(m.role, m.content) for m in t.messages] == [("system", "Short."), ("user", "Name a bird.")]
+def test_a_responses_request_keeps_its_tool_calls_and_their_outputs():
+    from slotkeeper.core.chat.conversions import responses_to_chat
+
+    t = from_request("/v1/responses", "chat", responses_to_chat(RESPONSES_BODY))
+    assert [(m.role, m.content) for m in t.messages] == [
+        ("system", "Short."), ("user", "Weather in Paris?"), ("assistant", ""), ("tool", "sunny"),
+        ("assistant", "Sunny."), ("tool", "rain\nlater"), ("user", "And tomorrow?")]
+    # the second call joins the reply before it, as llama-server merges them
+    assert [[c["id"] for c in m.tool_calls] for m in t.messages if m.role == "assistant"] == [["c1"], ["c2"]]
+    assert [m.tool_call_id for m in t.messages if m.role == "tool"] == ["c1", "c2"]
     assert from_request("/infill", None, {"input_prefix": "def f("}) is None
+    # an agent body is read only as its chat: never a second way
+    assert from_request("/v1/responses", None, RESPONSES_BODY) is None
 
 
 def test_a_reply_is_bounded():
@@ -214,6 +282,14 @@ def test_the_builder_never_raises_on_bodies_llama_server_accepts(odd):
                                           "tools": odd, "chat_template_kwargs": odd}),
     ]
     for source, kind, body in bodies:
+        if kind is None:  # an agent API's body is read as the chat llama-server converts it to
+            from slotkeeper.core.chat.conversions import NotConvertible, messages_to_chat, responses_to_chat
+
+            try:
+                body = (messages_to_chat if source == "/v1/messages" else responses_to_chat)(body)
+            except NotConvertible:
+                continue  # llama-server refuses it: it has no conversation
+            kind = "chat"
         t = from_request(source, kind, body)
         assert t is not None
         assert Transcript.from_bytes(t.to_bytes()) == Transcript.from_bytes(t.to_bytes())

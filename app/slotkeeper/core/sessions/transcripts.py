@@ -3,9 +3,12 @@
 The front door records each request as it passes (``from_request``: the request's messages with
 their roles, text, tool calls and results, reasoning; images and audio as a placeholder with their
 SHA-256; for a text completion, the prompt), with the reply assembled from the response or its
-stream (``ReplyCollector``). A slot keeps the transcript of what it holds; a save writes it beside
-the session's sidecar (``<id>.<gen>.chat.json``, 0600, in the same crash-safe commit as the KV
-file), so a continued or edited conversation carries its whole transcript on.
+stream (``ReplyCollector``). An agent API's request (Anthropic Messages, OpenAI Responses) is
+given as the chat completion llama-server converts it to (``core.chat.conversions``), so its
+transcript holds the messages llama-server's template rendered. A slot keeps the transcript of
+what it holds; a save writes it beside the session's sidecar (``<id>.<gen>.chat.json``, 0600, in
+the same crash-safe commit as the KV file), so a continued or edited conversation carries its
+whole transcript on.
 
 Titles, previews and the search text come from transcripts; detokenizing the KV file stays only as
 the fallback for sessions saved without one. A transcript never changes what is sent to
@@ -247,7 +250,10 @@ def from_request(source: str, prompt_kind: str | None, body: Mapping[str, Any],
                  prompt: str | None = None) -> Transcript | None:
     """The conversation a request carries (its reply comes later: ``with_reply``), or None when
     its shape is not one a person reads as a conversation. ``prompt``: a text completion's prompt
-    as one string (the front door's reading of it)."""
+    as one string (the front door's reading of it). A Messages or Responses request (``source``
+    says which) is given as the chat completion llama-server converts it to
+    (``core.chat.conversions``, kind "chat"), the very messages its template rendered: it is never
+    read here a second way."""
     if prompt_kind == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list):
@@ -256,10 +262,6 @@ def from_request(source: str, prompt_kind: str | None, body: Mapping[str, Any],
         return Transcript(CHAT, tuple(out), options=_options(body), source=source)
     if prompt_kind == TEXT:
         return Transcript(TEXT, prompt=prompt, source=source) if isinstance(prompt, str) else None
-    if source == "/v1/messages":
-        return _anthropic(body, source)
-    if source in ("/v1/responses", "/responses"):
-        return _responses(body, source)
     return None
 
 
@@ -312,15 +314,13 @@ def _parts(content: Any) -> tuple[str, tuple[str, ...]]:
         if not isinstance(part, dict):
             continue
         kind = part.get("type")
-        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+        if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
-        elif kind in ("image_url", "input_image"):
+        elif kind == "image_url":
             url = part.get("image_url")
             media.append(_media_name("image", url.get("url") if isinstance(url, dict) else url))
         elif kind in ("input_audio", "audio"):
             media.append(_media_name("audio", part.get("input_audio") or part.get("audio")))
-        elif kind == "image":  # Anthropic
-            media.append(_media_name("image", part.get("source")))
     return "\n".join(texts), tuple(media)
 
 
@@ -333,66 +333,6 @@ def _openai_message(x: Any) -> Message | None:
     reasoning = x.get("reasoning_content") or x.get("reasoning") or ""
     return Message(x["role"], text, reasoning if isinstance(reasoning, str) else "", calls,
                    _str(x, "tool_call_id"), _str(x, "name"), media)
-
-
-def _anthropic(body: Mapping[str, Any], source: str) -> Transcript | None:
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return None
-    out: list[Message] = []
-    system = body.get("system")
-    if isinstance(system, str) and system:
-        out.append(Message("system", system))
-    elif isinstance(system, list):
-        out.append(Message("system", "\n".join(_text(b.get("text")) for b in system if isinstance(b, dict))))
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            continue
-        content = m.get("content")
-        if isinstance(content, str):
-            out.append(Message(m["role"], content))
-            continue
-        texts, thinking, calls, media = [], [], [], []
-        results: list[Message] = []
-        for block in content if isinstance(content, list) else []:
-            if not isinstance(block, dict):
-                continue
-            kind = block.get("type")
-            if kind == "text":
-                texts.append(_text(block.get("text")))
-            elif kind == "thinking":
-                thinking.append(_text(block.get("thinking")))
-            elif kind == "tool_use":  # the input as llama-server writes it: as given, an object when absent
-                calls.append({"id": _text(block.get("id")), "type": "function",
-                              "function": {"name": _text(block.get("name")),
-                                           "arguments": _dumped(block.get("input", {}), "{}")}})
-            elif kind == "tool_result":
-                text, _ = _parts(block.get("content"))
-                results.append(Message("tool", text, tool_call_id=_text(block.get("tool_use_id"))))
-            elif kind == "image":
-                media.append(_media_name("image", block.get("source")))
-        out.extend(results)
-        if texts or thinking or calls or media or not results:
-            out.append(Message(m["role"], "\n".join(texts), "\n".join(thinking), tuple(calls),
-                               media=tuple(media)))
-    return Transcript(CHAT, tuple(out), options=_options(body), source=source)
-
-
-def _responses(body: Mapping[str, Any], source: str) -> Transcript | None:
-    out: list[Message] = []
-    if isinstance(body.get("instructions"), str):
-        out.append(Message("system", body["instructions"]))
-    given = body.get("input")
-    if isinstance(given, str):
-        out.append(Message("user", given))
-    elif isinstance(given, list):
-        for item in given:
-            m = _openai_message(item) if isinstance(item, dict) and "role" in item else None
-            if m is not None:
-                out.append(m)
-    else:
-        return None
-    return Transcript(CHAT, tuple(out), options=_options(body), source=source)
 
 
 # -- the reply ------------------------------------------------------------------------------------

@@ -1,2 +1,2 @@
-"""The front door: the HTTP face clients talk to, what a request is (its endpoint, shape and
-prompt tokens) and the translations of the agent APIs into chat."""
+"""The front door: the HTTP face clients talk to and what a request is (its endpoint, shape and
+prompt tokens); the agent APIs are read as chat through core.chat."""

@@ -41,21 +41,19 @@ from yarl import URL
 
 from slotkeeper.core.basics import ports
 from slotkeeper.core.basics.tokens import TokenArray
-from slotkeeper.core.engine.desk.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
-from slotkeeper.core.engine.door import endpoints
-from slotkeeper.core.engine.door.conversions import (
+from slotkeeper.core.chat.conversions import (
     MESSAGES_AS_CHAT_PATH,
     MessagesStream,
     message_answer_bytes,
     messages_as_chat,
-    messages_to_chat,
-    responses_to_chat,
     sse_event,
     without_extras,
 )
+from slotkeeper.core.engine.desk.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
+from slotkeeper.core.engine.door import endpoints
 from slotkeeper.core.engine.door.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.door.httpstack import aiohttp, web
-from slotkeeper.core.engine.door.prompts import PromptTokens, resetting_socket, single_prompt
+from slotkeeper.core.engine.door.prompts import CONVERSIONS, PromptTokens, resetting_socket, single_prompt
 from slotkeeper.core.engine.door.shapes import SAMPLING_FIELDS, Learn
 from slotkeeper.core.engine.door.unstream import Unstreamed, answer_kind, streamed_request
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
@@ -447,8 +445,10 @@ class FrontDoor:
                                        as_messages, kind)
         finally:
             if outcome.processed and outcome.timings is not None:
-                outcome.request = _as_chat(learn)
-                outcome.transcript = _transcript(path, ep.prompt, body, reply)
+                as_chat = _as_chat(ep.prompt, body)
+                outcome.request = None if as_chat is None else Learn(endpoints.PROMPT_CHAT,
+                                                                     prompt_fields(as_chat))
+                outcome.transcript = _transcript(path, ep.prompt, body, as_chat, reply)
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
@@ -544,14 +544,19 @@ class FrontDoor:
 WENT_AWAY = "llama-server went away during the request (it is being restarted)"
 
 
-def _transcript(path: str, prompt: str | None, body: dict[str, Any],
+def _transcript(path: str, prompt: str | None, body: dict[str, Any], as_chat: dict[str, Any] | None,
                 reply: ReplyCollector) -> transcripts.Transcript | None:
     """The conversation as it stands after a request (built after the reply went out; never sent
-    anywhere). A body it cannot be read from is logged and kept without one: the request's slot
-    is released and the door goes on serving whatever this raises."""
+    anywhere): a chat, or a Messages or Responses request, read from ``as_chat`` (``_as_chat``: the
+    messages llama-server's template rendered), a text completion from its prompt. A body it cannot
+    be read from is logged and kept without one: the request's slot is released and the door goes
+    on serving whatever this raises."""
     try:
-        text = single_prompt(body.get("prompt")) if prompt == endpoints.PROMPT_TEXT else None
-        given = transcripts.from_request(path, prompt, body, text if isinstance(text, str) else None)
+        if as_chat is not None:
+            given = transcripts.from_request(path, endpoints.PROMPT_CHAT, as_chat)
+        else:
+            text = single_prompt(body.get("prompt")) if prompt == endpoints.PROMPT_TEXT else None
+            given = transcripts.from_request(path, prompt, body, text if isinstance(text, str) else None)
         return conversation(given, reply)
     except Exception:
         log.exception("the conversation of a request to %s could not be written down", path)
@@ -592,18 +597,19 @@ def _several_slots(path: str, body: dict[str, Any]) -> str | None:
     return None
 
 
-def _as_chat(learn: Learn) -> Learn | None:
-    """The request as the chat completion llama-server rendered its prompt from (a Messages or
-    Responses body converted as llama-server converts it): what restore points find its last user
-    message in. None for a request that is no chat."""
+def _as_chat(prompt: str | None, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The request as the chat completion llama-server rendered its prompt from: a chat as it is, a
+    Messages or Responses body converted as llama-server converts it (the conversion the door
+    routed by, ``prompts.CONVERSIONS``). Its transcript is read from it, and restore points find its
+    last user message in it. None for a request that is no chat."""
+    if prompt == endpoints.PROMPT_CHAT:
+        return body
+    convert = CONVERSIONS.get(prompt or "")
+    if convert is None:
+        return None
     try:
-        if learn.prompt_kind == endpoints.PROMPT_CHAT:
-            return learn
-        if learn.prompt_kind == endpoints.PROMPT_MESSAGES:
-            return Learn(endpoints.PROMPT_CHAT, prompt_fields(without_extras(messages_to_chat(learn.body))))
-        if learn.prompt_kind == endpoints.PROMPT_RESPONSES:
-            return Learn(endpoints.PROMPT_CHAT, prompt_fields(responses_to_chat(learn.body)))
-    except Exception:  # noqa: BLE001 - a body llama-server takes but the conversion cannot: no points
+        return convert(body)
+    except Exception:  # noqa: BLE001 - a body llama-server takes but the conversion cannot: no points, no transcript
         log.debug("no chat form of this request", exc_info=True)
     return None
 

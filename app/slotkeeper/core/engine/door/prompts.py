@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 
 from slotkeeper.core.basics.tokens import TokenArray, tokens_from_json
+from slotkeeper.core.chat.conversions import NotConvertible, messages_to_chat, responses_to_chat
 from slotkeeper.core.engine.door import endpoints
-from slotkeeper.core.engine.door.conversions import NotConvertible, messages_to_chat, responses_to_chat
 from slotkeeper.core.engine.door.httpstack import aiohttp
 from slotkeeper.core.engine.door.shapes import Learn
 from slotkeeper.core.engine.lifecycle.server_link import ServerLink

@@ -1,7 +1,8 @@
 """Agent APIs as llama-server reads them: a body of OpenAI's Responses API (``/v1/responses``) or of
 Anthropic's Messages API (``/v1/messages``) turned into the chat completion llama-server converts it
 to, so the front door knows its prompt tokens (the chat's template, then ``/tokenize``) exactly as
-llama-server computes them.
+llama-server computes them, and a saved conversation's transcript holds the very messages the
+template rendered (the front door gives ``transcripts.from_request`` this chat, never the body).
 
 Ports of ``server_chat_convert_responses_to_chatcmpl`` and ``server_chat_convert_anthropic_to_oai``
 (tools/server/server-chat.cpp, llama.cpp b11434), step for step and key for key: llama-server's JSON
