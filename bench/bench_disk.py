@@ -326,7 +326,7 @@ def main() -> int:
             elif which == "hybrid":
                 # its context is 2,048 tokens: the turns' replies are shorter
                 model, swa_full = generated_model(work, "qwen35"), False
-                reply = min(args.reply, 100)
+                reply = min(args.reply, 50)
             elif which == "starter":
                 from slotkeeper.core.model.starter_model import ensure_starter_model
 
