@@ -176,6 +176,9 @@ def client(serve: Serve, tally: Tally, stop: threading.Event, seed: int, kept: d
             if not conversations or rng.random() < 0.15:
                 conversations.append([{"role": "system", "content": "You are terse."}])
             history = rng.choice(conversations)
+            if len(history) > 12:  # six turns: well within a small model's context
+                history = [{"role": "system", "content": "You are terse."}]
+                conversations.append(history)
             history.append({"role": "user", "content": text(rng.randrange(10_000), rng.randrange(8, 60))})
             make = rng.choice(kinds)
             stream = rng.random() < 0.5
