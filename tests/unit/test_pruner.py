@@ -319,3 +319,14 @@ def test_pieces_two_conversations_share_count_once_and_are_freed_with_the_last_o
     assert first.bytes_freed == 1000 + 2 * MB  # its own: the shared pieces stay with b
     both = plan([a, b], budget_bytes=1 * MB)
     assert [s.id for s in both.delete] == ["a", "b"] and both.bytes_after == 0
+
+
+def test_a_conversations_stale_branches_go_before_any_other_conversation() -> None:
+    main = session("main", day=20)  # used since its branch was
+    stale = dataclasses.replace(session("branch", day=10), parent="main")
+    fresh = dataclasses.replace(session("fresh-branch", day=25), parent="main")  # used after it
+    other = session("other", day=5)  # the least recently used conversation
+    out = plan([main, stale, fresh, other], budget_bytes=30 * MB)
+    assert [s.id for s in out.delete] == ["branch"]
+    out = plan([main, stale, fresh, other], budget_bytes=20 * MB)
+    assert [s.id for s in out.delete] == ["branch", "other"]

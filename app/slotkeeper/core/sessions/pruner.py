@@ -3,9 +3,10 @@
 Planning is pure so the GUI can show exactly what a prune would delete (a dry run)
 before anything is touched, and ``apply`` deletes exactly that plan.
 
-Rules: least recently used first; never a pinned session; never a protected one (the
-caller passes the sessions currently loaded in a slot, whose files may be rewritten at
-any moment). Sizes are the files' sizes on disk (``SessionEntry.size_bytes``), never
+Rules: a conversation's stale branches first (a Regenerate or an edit not used since the
+conversation it branched from was), then least recently used first; never a pinned session;
+never a protected one (the caller passes the sessions currently loaded in a slot, whose files may
+be rewritten at any moment). Sizes are the files' sizes on disk (``SessionEntry.size_bytes``), never
 what a sidecar claims; pieces several conversations share count once and are freed with the last
 of them. Only saved sessions count towards the budget: files Slotkeeper did
 not write (``unmanaged_bytes``, e.g. junk a local user made llama-server write into the
@@ -46,6 +47,7 @@ class PruneCandidate:
     # The pieces its states use (id -> bytes; ``size_bytes`` holds its share of them): a piece is
     # freed once every conversation using it is deleted.
     pieces: Mapping[str, int] = field(default_factory=dict)
+    parent: str | None = None  # the conversation it branched from (a Regenerate, an edit)
 
     @classmethod
     def from_entry(cls, entry: SessionEntry) -> PruneCandidate:
@@ -63,6 +65,7 @@ class PruneCandidate:
             kv_file=sidecar.kv_file,
             owns_kv_file=owns_kv_file(entry.id, sidecar.kv_file),
             pieces=dict(sidecar.pieces),
+            parent=sidecar.parent,
         )
 
 
@@ -130,9 +133,14 @@ def plan(
     # deleting the session that owns it frees it.
     sizes = {_file_key(s): s.size_bytes - sum(piece_bytes[p] // users[p] for p in s.pieces) for s in sessions}
     bytes_before = sum(sizes.values()) + sum(piece_bytes.values())
+    # A conversation's stale branches (not used since the conversation they branched from was)
+    # go before any conversation, then the least recently used.
+    last_used = {s.id: _moment(s, s.last_used_at) for s in sessions}
+    stale = {s.id for s in sessions
+             if s.parent in last_used and last_used[s.id] < last_used[s.parent]}
     deletable = sorted(
         (s for s in sessions if not s.pinned and s.id not in protected_ids),
-        key=_least_recently_used_first,
+        key=lambda s: (s.id not in stale, _least_recently_used_first(s)),
     )
     usage = bytes_before
     chosen: list[PruneCandidate] = []
