@@ -241,7 +241,7 @@ def _lower_priority(pid: int) -> None:
     try:
         proc = psutil.Process(pid)
         if sys.platform == "win32":
-            proc.nice(psutil.BELOW_NORMAL_PRIORITY_CLASS)  # type: ignore[attr-defined]
+            proc.nice(psutil.BELOW_NORMAL_PRIORITY_CLASS)  # type: ignore[attr-defined,unused-ignore]
         else:
             proc.nice(NICE)
     except (psutil.Error, OSError):
