@@ -15,8 +15,10 @@ conversation goes idle (its save done, its restore points being made), then star
 Checked all along: every well-formed request made while serve is up is answered (200; a request
 that meets llama-server's restart may get 503 with Retry-After and is asked again); every malformed
 one gets a 4xx, never a 5xx; every quit ends by itself with status 0 in bounded time, and after each
-relaunch every conversation answered before it is still a saved session whose files verify. At the
-end each slot answers a request (none is left leased). Prints the figures. Loopback only.
+relaunch every saved session verifies. At the end each slot answers a request (none is left leased),
+and after one more relaunch the latest chat conversations answered since llama-server was last
+killed continue from disk (their next request reads at least half its prompt from the cache).
+Prints the figures. Loopback only.
 """
 
 from __future__ import annotations
@@ -155,7 +157,10 @@ MALFORMED = [
 ]
 
 
-def client(serve: Serve, tally: Tally, stop: threading.Event, seed: int, kept: dict[str, list[dict]]) -> None:
+Kept = dict[str, tuple[float, str, list[dict]]]  # conversation -> (answered at, its API, its history)
+
+
+def client(serve: Serve, tally: Tally, stop: threading.Event, seed: int, kept: Kept) -> None:
     rng = random.Random(seed)
     kinds = [_chat_body, _messages_body, _responses_body]
     conversations: list[list[dict]] = []
@@ -218,10 +223,31 @@ def client(serve: Serve, tally: Tally, stop: threading.Event, seed: int, kept: d
             tally.add(f"{path} {'stream' if stream else 'json'} 200")
             history.append({"role": "assistant", "content": _answer_text(path, r.content, stream)})
             with tally.lock:
-                kept[f"{seed}-{conversations.index(history)}"] = list(history)
+                kept[f"{seed}-{conversations.index(history)}"] = (time.monotonic(), path, list(history))
         except httpx.HTTPError as exc:
             if serve.up.is_set():
                 tally.problem(f"a request failed while serve was up: {exc!r}")
+
+
+def check_resumed(serve: Serve, kept: Kept, since: float, tally: Tally) -> tuple[int, int]:
+    """After a relaunch, the chat conversations answered since the last kill of llama-server (a kill
+    loses what was not saved yet, as it would anywhere) continue from disk: their next request reads
+    at least half its prompt from the cache. Returns (resumed, checked)."""
+    chats = sorted((at, history) for at, path, history in kept.values()
+                   if at > since and path == "/v1/chat/completions" and len(history) >= 5)
+    resumed = 0
+    for _at, history in chats[-8:]:
+        body = {"messages": [*history, {"role": "user", "content": "and then?"}], "max_tokens": 2,
+                "temperature": 0}
+        r = httpx.post(serve.url + "/v1/chat/completions", json=body, timeout=300)
+        t = r.json().get("timings", {}) if r.status_code == 200 else {}
+        cached, read = int(t.get("cache_n", 0)), int(t.get("prompt_n", 0))
+        if cached >= (cached + read) / 2:
+            resumed += 1
+        else:
+            tally.problem(f"a conversation of {len(history)} messages came back with {cached} tokens cached "
+                          f"and {read} read again ({r.status_code})")
+    return resumed, len(chats[-8:])
 
 
 def check_sessions(home: Path, tally: Tally) -> int:
@@ -257,7 +283,8 @@ def main() -> int:
         serve.start()
         tally = Tally()
         stop = threading.Event()
-        kept: dict[str, list[dict]] = {}
+        kept: Kept = {}
+        last_kill = 0.0
         threads = [threading.Thread(target=client, args=(serve, tally, stop, i, kept), daemon=True)
                    for i in range(args.clients)]
         for t in threads:
@@ -276,6 +303,7 @@ def main() -> int:
                 if pid:
                     os.kill(pid, signal.SIGKILL)
                     kills += 1
+                    last_kill = time.monotonic()
                     print(f"  killed llama-server (pid {pid})", flush=True)
                 next_kill = now + 90
             if now > next_quit:
@@ -313,12 +341,17 @@ def main() -> int:
         took, code = serve.quit()
         quits.append((took, code))
         n = check_sessions(home, tally)
+        serve.start()  # a last relaunch: the conversations answered since the last kill continue from disk
+        resumed, checked = check_resumed(serve, kept, last_kill, tally)
+        serve.quit()
         print("\nfigures:")
         for key, count in sorted(tally.counts.items()):
             print(f"  {key}: {count}")
         print(f"  llama-server killed {kills} times; quits {len(quits)}, each ended by itself in "
               f"{max(t for t, _ in quits):.1f} s at most, status {sorted({c for _, c in quits})}")
         verdict = f"{len(tally.problems)} problems (above)" if tally.problems else "all verified, none"
+        print(f"  after the last relaunch, {resumed} of the {checked} latest chat conversations continued "
+              "from disk (half their prompt or more cached)")
         print(f"  slots that did not answer at the end: {leased}; saved sessions at the end: {n}; {verdict}")
         return 1 if tally.problems or leased else 0
 

@@ -110,7 +110,7 @@ def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge,
     make_session(sessions_dir, "aaaaaaaaaaaa", title="Same model", age_hours=1)
     make_session(sessions_dir, "bbbbbbbbbbbb", title="Other model", age_hours=2, model_sha256=OTHER_SHA)
     make_session(sessions_dir, "cccccccccccc", title="Other cache", age_hours=3,
-                 flash_attn=not base_sidecar().flash_attn)
+                 cache_type_v="f16")
     listed(qtbot, bridge)
     facts = facts_for(base_sidecar())
     monkeypatch.setattr(type(bridge), "facts", property(lambda self: facts))
@@ -119,7 +119,7 @@ def test_incompatible_sessions_are_disabled_with_the_reason(qtbot, tray, bridge,
     same, other, cache = tray.resume_menu.actions()
     assert same.isEnabled() and "restores into a free slot" in same.toolTip()
     assert not cache.isEnabled()
-    assert "flash attention" in cache.toolTip()
+    assert "V cache type f16" in cache.toolTip()
     # another model's conversation is one action: switch to its model and resume it
     assert other.isEnabled() and other.text().endswith("— switch to Qwen3-8B-Q4_K_M.gguf to resume")
 

@@ -28,6 +28,7 @@ from slotkeeper.core.server.flash_choice import MEASURED, FlashAttnChoice, descr
 
 log = logging.getLogger(__name__)
 
+JOIN_SECONDS = 15.0  # a stopped measurement's thread ends (its servers killed) within this
 IDLE_SECONDS = 30.0  # nothing in any slot for this long before measuring
 POLL_SECONDS = 0.2  # how soon a slot's work stops a measurement
 RETRY_SECONDS = 600.0  # after a measurement that failed (not one that was stopped)
@@ -112,7 +113,8 @@ class FlashAttnTuning:
             self.loop.call_soon(deliver)
 
         self.measuring = True
-        threading.Thread(target=work, name="flash-attn-measure", daemon=True).start()
+        thread = threading.Thread(target=work, name="flash-attn-measure", daemon=True)
+        thread.start()
         try:
             while not done.done():
                 if self._busy() or not self.link.serving.is_set():
@@ -122,6 +124,8 @@ class FlashAttnTuning:
             outcome = await done
         finally:
             calibration.cancel()  # the loop's task cancelled (a new launch, the engine closing)
+            # its servers are killed: the thread ends within moments, and nothing outlives the engine
+            await self.loop.run_io(thread.join, JOIN_SECONDS)
             self.measuring = False
         if isinstance(outcome, Cancelled):
             return None
