@@ -102,7 +102,8 @@ class Tally:
     def problem(self, what: str) -> None:
         with self.lock:
             self.problems.append(what)
-            print(f"  PROBLEM: {what}", flush=True)
+            if len(self.problems) <= 30:
+                print(f"  PROBLEM: {what}", flush=True)
 
 
 def _chat_body(history: list[dict], stream: bool) -> tuple[str, dict]:
@@ -115,7 +116,10 @@ def _messages_body(history: list[dict], stream: bool) -> tuple[str, dict]:
 
 
 def _responses_body(history: list[dict], stream: bool) -> tuple[str, dict]:
-    items = [{"role": m["role"], "content": m["content"]} for m in history[1:]]
+    items = [{"role": "user", "content": m["content"]} if m["role"] == "user" else
+             {"type": "message", "role": "assistant",
+              "content": [{"type": "output_text", "text": m["content"]}]}
+             for m in history[1:]]
     return "/v1/responses", {"model": "m", "instructions": "You are terse.", "input": items,
                              "max_output_tokens": 16, "temperature": 0, "stream": stream}
 
@@ -144,16 +148,20 @@ def _answer_text(path: str, body: bytes, stream: bool) -> str:
     return "".join(c.get("text", "") for o in d.get("output", []) for c in o.get("content", []) or []) or "ok"
 
 
-MALFORMED = [
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}'),  # cut short
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 4}'),
-    ("/v1/messages", json.dumps({"model": "m", "max_tokens": 4, "system": [{"type": "text", "text": 5}],
-                                 "messages": [{"role": "user", "content": "hi"}]}).encode()),
-    ("/v1/messages/count_tokens", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-     + b'"metadata": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"),
-    ("/v1/responses/input_tokens", b'{"model": "m", "input": "hi", "metadata": '
+MALFORMED = [  # (what, path, body): each answered as llama-server answers it, never with a 5xx
+    ("JSON cut short", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}'),
+    ("a lone surrogate", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 4}'),
+    ("a system text that is a number (llama-server answers it)", "/v1/messages",
+     json.dumps({"model": "m", "max_tokens": 4, "system": [{"type": "text", "text": 5}],
+                 "messages": [{"role": "user", "content": "hi"}]}).encode()),
+    ("200,000 levels of nesting", "/v1/messages/count_tokens",
+     b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": '
+     + b"[" * 200_000 + b"]" * 200_000 + b"}"),
+    ("100,000 levels of nesting", "/v1/responses/input_tokens", b'{"model": "m", "input": "hi", "metadata": '
      + b"{\"a\":" * 100_000 + b"1" + b"}" * 100_000 + b"}"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e400}'),
+    ("a number past a double", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e400}'),
 ]
 
 
@@ -171,10 +179,10 @@ def client(serve: Serve, tally: Tally, stop: threading.Event, seed: int, kept: K
         roll = rng.random()
         try:
             if roll < 0.12:
-                path, raw = rng.choice(MALFORMED)
+                what, path, raw = rng.choice(MALFORMED)
                 r = httpx.post(url + path, content=raw, headers={"content-type": "application/json"},
                                timeout=120)
-                tally.add(f"malformed {r.status_code // 100}xx")
+                tally.add(f"odd body, {what}: {r.status_code}")
                 if r.status_code >= 500 and r.status_code != 503:
                     tally.problem(f"{path} malformed body answered {r.status_code}: {r.text[:200]}")
                 continue

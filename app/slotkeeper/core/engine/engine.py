@@ -22,7 +22,6 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import TypeVar
 
 from slotkeeper.core.basics import datalock
 from slotkeeper.core.basics.paths import AppPaths
@@ -81,7 +80,6 @@ from slotkeeper.core.views import Activity, RestoreSummary, SavesReport, SaveSum
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 LAUNCH_ATTEMPTS = 3
 POINTS_AT_STOP_SECONDS = 60.0  # at most this long for the restore points owed when the server stops
@@ -412,9 +410,6 @@ class Engine(EngineFace):
     # -- publishing -----------------------------------------------------------------------
     def _running_profile(self) -> ServerProfile:
         return self.link.running_profile(self._settings.profile)
-
-    def _set_activity(self, activity: Activity) -> None:
-        self.events.emit(ActivityChanged(activity))
 
     def _unsubscribe(self) -> None:
         for unsubscribe in self._subscriptions:
