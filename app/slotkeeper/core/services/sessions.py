@@ -12,7 +12,7 @@ the text of every save that changed a session (``index_text``, the engine calls 
 delete and prune made here, and a repair from the folder (``repair_search``) at the engine's
 start and before a search when the folder changed since (deletes by another process, files
 copied in, an index deleted). Filling in the full text of an entry indexed by title only needs
-a server of its model, and is the engine's (``engine.searching.complete_partial``).
+a server of its model, and is the engine's (``engine.stored.searching.complete_partial``).
 """
 
 from __future__ import annotations
