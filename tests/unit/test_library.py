@@ -11,7 +11,7 @@ from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine.lifecycle.loop import EngineLoop
 from slotkeeper.core.engine.stored import library as library_module
 from slotkeeper.core.engine.stored.library import Library
-from slotkeeper.core.events import EventBus, SessionsPruned
+from slotkeeper.core.events import EventBus, SearchIndexRepaired, SessionsPruned
 from slotkeeper.core.sessions.index import SessionsIndex
 
 
@@ -68,3 +68,19 @@ def test_a_saved_conversations_text_goes_into_the_search_through_the_service(run
     settle(loop)
     [hit] = lib.sessions.search("herons").hits
     assert hit.id == sc.id and hit.complete
+
+
+def test_a_search_that_repairs_the_index_first_says_so_as_an_event(running):
+    paths, loop, lib = running
+    loop.call(asyncio.sleep(0))  # the search index made
+    lib.sessions.repair_search()
+    repaired: list[SearchIndexRepaired] = []
+    lib.events.subscribe(repaired.append, SearchIndexRepaired)
+    lib.find("nothing said")
+    settle(loop)
+    assert repaired == []  # the folder did not change: nothing to repair, nothing said
+    make_session(paths.sessions_dir, "00000000000a", size=1000, used="2026-01-09T00:00:00Z")  # copied in
+    result = lib.find("nothing said")
+    settle(loop)
+    assert result.repaired.added == 1
+    assert [(r.added, r.dropped) for r in repaired] == [(1, 0)]

@@ -215,7 +215,7 @@ class Feeds(QObject):
             if seq == self._search_seq:
                 self.errorOccurred.emit("Searching saved conversations", describe_error(exc))
 
-        self._jobs.run(engine.sessions.search, text, on_success=done, on_failure=failed,
+        self._jobs.run(engine.search_sessions, text, on_success=done, on_failure=failed,
                        description="Searching saved conversations")
 
     # -- history --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from slotkeeper.core.server.apikey import DoorKeys
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.server.state import ServerState
 from slotkeeper.core.server.supervisor import Supervisor
+from slotkeeper.core.services.sessions import SearchResult
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.settings import ServerProfile, Settings
@@ -96,6 +97,11 @@ class EngineFace:
     def recent_requests(self, n: int) -> list[RequestRecord]:
         """The newest ``n`` requests of the history (it reads a file: call it as a job)."""
         return list(self.history.recent(n))
+
+    def search_sessions(self, text: str, limit: int = 20) -> SearchResult:
+        """Saved conversations by what was said in them, best first (reads files: call it as a job;
+        raises SearchUnavailable)."""
+        return self.library.find(text, limit)
 
     def launches(self) -> list[LaunchRecord]:
         """The launches the history keeps, this run's and earlier ones' (reads a file)."""

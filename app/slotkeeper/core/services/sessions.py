@@ -172,19 +172,14 @@ def _sessions_by_name(search: SearchIndex, store: SessionStore) -> list[IndexedT
 
 class SessionsService:
     def __init__(self, store: SessionStore, in_slots: Callable[[], AbstractSet[str]],
-                 budget: Callable[[], int], on_deleted: Callable[[str], object] | None = None,
-                 search: SearchIndex | None = None,
-                 on_repaired: Callable[[Reconciled], None] | None = None) -> None:
-        """``on_deleted(id)`` is told of every session this service deletes (the store has
-        forgotten it already; the engine keeps the index on disk up to date); ``search``: the
-        full-text index kept in step here, and ``on_repaired`` is told when a search had to
-        repair it from the folder."""
+                 budget: Callable[[], int], search: SearchIndex | None = None) -> None:
+        """``search``: the full-text index kept in step here. What a call changed is in what it
+        returns (a deletion is forgotten by the store's index itself; a search says what it
+        repaired): nothing is called back."""
         self.store = store
         self._in_slots = in_slots
         self._budget = budget
-        self._on_deleted = on_deleted
         self.search_index = search
-        self._on_repaired = on_repaired
 
     def listing(self) -> Listing:
         return self.store.listing()
@@ -310,8 +305,6 @@ class SessionsService:
             total = len(hits) if len(hits) < limit else self.search_index.count(text)
         except sqlite3.Error as exc:
             raise SearchUnavailable(f"the search index cannot be read: {exc}") from exc
-        if repaired and self._on_repaired is not None:
-            self._on_repaired(repaired)
         return SearchResult(text, tuple(hits), repaired, total)
 
     # -- the search index, kept in step with the folder -------------------------------------
@@ -354,5 +347,3 @@ class SessionsService:
                 self.search_index.remove(session_id)
             except (sqlite3.Error, SearchUnavailable) as exc:  # repaired by the next search
                 log.warning("could not drop %s from the search index: %s", session_id, exc)
-        if self._on_deleted is not None:
-            self._on_deleted(session_id)

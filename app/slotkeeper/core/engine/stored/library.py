@@ -32,7 +32,7 @@ from slotkeeper.core.events import (
     WarningRaised,
 )
 from slotkeeper.core.server.client import LlamaClient
-from slotkeeper.core.services.sessions import SessionsService
+from slotkeeper.core.services.sessions import SearchResult, SessionsService
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import common_prefix_len
@@ -79,12 +79,10 @@ class Library:
         self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
         # What was said in every saved conversation (searched by the faces through the service).
         self.search = SearchIndex(paths.search_index_file)
-        # The store forgets a deleted or pruned session itself; the engine keeps the index on disk.
+        # The store's index forgets a deleted or pruned session itself; the index on disk is a cache
+        # that the next process repairs by stat, written after saves and when the engine closes.
         self.sessions = SessionsService(self.store, in_slots=in_slots, budget=lambda: self.budget_bytes,
-                                        on_deleted=lambda sid: loop.call_soon(self._changed),
-                                        search=self.search,
-                                        on_repaired=lambda r: events.emit(
-                                            SearchIndexRepaired(r.added, r.dropped)))
+                                        search=self.search)
         self._swept: asyncio.Future[Any] | None = None
         self._index_dirty = False
         self._completing: asyncio.Task[None] | None = None  # filling in the search index's partial entries
@@ -150,6 +148,15 @@ class Library:
         if removed:
             self.events.emit(FolderTidied(tuple(removed)))
 
+    def find(self, text: str, limit: int = 20) -> SearchResult:  # any thread (a job)
+        """Saved conversations by what was said in them (``SessionsService.search``); a repair of
+        the search index that it needed first is told as an event."""
+        result = self.sessions.search(text, limit)
+        if result.repaired:
+            added, dropped = result.repaired.added, result.repaired.dropped
+            self.loop.call_soon(self.events.emit, SearchIndexRepaired(added, dropped))
+        return result
+
     # -- the index on disk ------------------------------------------------------------------
     def saved(self, outcome: SaveOutcome) -> None:
         if outcome.sidecar is not None:  # the save told the store's index; keep it on disk too
@@ -187,8 +194,9 @@ class Library:
         except (OSError, ValueError) as exc:
             self.events.emit(WarningRaised(f"could not keep the saved sessions under the budget: {exc}"))
             return
-        result = outcome.result  # each deletion was forgotten by the store, and told (``on_deleted``)
+        result = outcome.result  # each deletion was forgotten by the store's index
         if result and result.deleted:
+            self._changed()
             freed = sum(c.size_bytes for c in outcome.plan.delete if c.id in result.deleted)
             self.events.emit(SessionsPruned(tuple(result.deleted), freed))
 
