@@ -113,12 +113,17 @@ def test_the_door_is_reached_only_from_above(engine):
 
 def test_the_faces_use_the_engines_face_not_its_parts():
     """The GUI and the command line talk to the engine through its face (``EngineFace``: reading,
-    commands, the sessions service) and events; they never reach into its parts."""
+    commands, the sessions service) and events; they never reach into its parts, nor import them
+    (only the ``slotkeeper.core.engine`` package itself)."""
     import re
     from pathlib import Path
 
     app = Path(__file__).resolve().parents[2] / "app" / "slotkeeper"
-    faces = [*app.joinpath("gui").rglob("*.py"), *app.glob("*.py")]
+    faces = [*app.joinpath("gui").rglob("*.py"), *app.joinpath("cli").rglob("*.py"), *app.glob("*.py")]
+    importing = re.compile(r"^\s*(from|import)\s+slotkeeper\.core\.engine\.")
+    imports = [f"{p.relative_to(app)}: {line.strip()}" for p in faces for line in p.read_text().splitlines()
+               if importing.search(line)]
+    assert imports == []
     parts = re.compile(r"\bengine\.(supervisor|history|library|board|link|saves|actions|store|ledger"
                        r"|poller|desk|front|prompts|launcher|rates)\b")
     reaching = [f"{p.relative_to(app)}: {line.strip()}" for p in faces for line in p.read_text().splitlines()

@@ -9,13 +9,9 @@ from pathlib import Path
 import pytest
 
 from slotkeeper.core.basics.units import human_bytes
-from slotkeeper.core.engine.lifecycle.model_facts import (
-    ModelChoice,
-    swa_explanation,
-    swa_kv_estimate,
-    swa_note,
-)
+from slotkeeper.core.engine.lifecycle.model_facts import ModelChoice, swa_note
 from slotkeeper.core.model import gguf_info, gguf_memory
+from slotkeeper.core.model.gguf_memory import swa_explanation
 from slotkeeper.core.server.command import (
     LOOPBACK_HOSTS,
     api_key_args,
@@ -106,8 +102,7 @@ def test_swa_explanation_and_swa_note_agree_on_the_cost(gemma2_model: Path):
     info = gguf_info.read_model_info(gemma2_model)
     profile = ServerProfile(model_path=str(gemma2_model), ctx=8192, parallel=2, cache_type_k="q8_0",
                             cache_type_v="q8_0", flash_attn=True)
-    est = swa_kv_estimate(info, profile.ctx, profile.parallel, profile.cache_type_k, profile.cache_type_v)
-    assert est == gguf_memory.kv_estimate(info, 8192, 2, type_k="q8_0", type_v="q8_0")
+    est = gguf_memory.kv_estimate(info, 8192, 2, type_k="q8_0", type_v="q8_0")
     note = swa_note(ModelChoice(gemma2_model, info, False), profile)
     explanation = swa_explanation(info, profile.ctx, profile.parallel, profile.cache_type_k,
                                   profile.cache_type_v)

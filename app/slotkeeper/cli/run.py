@@ -52,7 +52,7 @@ def load_run_settings(args: argparse.Namespace, extra: list[str]):
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> int:
     """Headless: the engine loop runs on this thread until SIGINT/SIGTERM, then saves and stops."""
-    from slotkeeper.core.engine.lifecycle.launching import prelaunch
+    from slotkeeper.core.engine import prelaunch
 
     paths, _service, settings = load_run_settings(args, extra)
     # llama-server loads the model while the rest of Slotkeeper is imported and built.
@@ -228,7 +228,7 @@ def cmd_gui(args: argparse.Namespace, extra: list[str]) -> int:
     start_now = bool(args.model or args.demo)
     pre = None
     if (start_now or settings.start_server_on_launch) and settings.profile.model_path:
-        from slotkeeper.core.engine.lifecycle.launching import prelaunch
+        from slotkeeper.core.engine import prelaunch
 
         # The model loads while Qt starts; the app's engine takes the launch over.
         pre = prelaunch(paths, settings, getattr(args, "command_line", None))

@@ -40,7 +40,7 @@ from slotkeeper.gui.tray import TrayController
 from slotkeeper.gui.widgets import bring_forward, waiting_dialog
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.lifecycle.launching import Prelaunched
+    from slotkeeper.core.engine import Prelaunched
     from slotkeeper.gui.about import AboutDialog
     from slotkeeper.gui.chat.launcher import ChatLauncher
     from slotkeeper.gui.main_window import MainWindow

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
 
 from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.engine.lifecycle.model_facts import profile_model_name
+from slotkeeper.core.model.model_choice import profile_model_name
 from slotkeeper.gui.bridge import EngineBridge
 from slotkeeper.gui.first_run import download_model
 

@@ -33,8 +33,9 @@ from PySide6.QtWidgets import (
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.engine.lifecycle.model_facts import profile_model_name, swa_explanation
 from slotkeeper.core.model import gguf_info
+from slotkeeper.core.model.gguf_memory import swa_explanation
+from slotkeeper.core.model.model_choice import profile_model_name
 from slotkeeper.core.model.starter_model import find_starter_model
 from slotkeeper.core.services.choosing import (
     LaunchSanity,

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QMessageBox, QPushButton, QWidget
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.units import human_bytes
-from slotkeeper.core.engine.lifecycle.model_facts import swa_kv_estimate
+from slotkeeper.core.model.gguf_memory import kv_estimate
 from slotkeeper.gui.bridge import EngineBridge
 
 
@@ -22,8 +22,8 @@ def swa_fix_offer(model, profile) -> str | None:
     if model is None or not model.info.has_swa or profile.swa_full:
         return None
     try:
-        est = swa_kv_estimate(model.info, profile.ctx, profile.parallel, profile.cache_type_k,
-                              profile.cache_type_v)
+        est = kv_estimate(model.info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
+                          type_v=profile.cache_type_v)
     except ValueError:  # a cache type the estimate does not know: offer it without a figure
         return "Turn on --swa-full and restart"
     return f"Turn on --swa-full and restart (+{human_bytes(est.swa_full_extra_bytes)} memory)"

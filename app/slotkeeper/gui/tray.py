@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.units import human_bytes, human_duration
-from slotkeeper.core.engine.lifecycle.model_facts import profile_model_name
+from slotkeeper.core.model.model_choice import profile_model_name
 from slotkeeper.core.sessions.conversations import group_conversations
 from slotkeeper.core.views import STOPPED_STATES, ServerState
 from slotkeeper.gui import icons

@@ -14,8 +14,9 @@ from slotkeeper.core.engine.lifecycle.model_facts import DEMO_MODEL, ModelChoice
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.engine import Engine, EngineSnapshot
+    from slotkeeper.core.engine.lifecycle.launching import Prelaunched, prelaunch
 
-__all__ = ["DEMO_MODEL", "Engine", "EngineError", "EngineSnapshot", "ModelChoice"]
+__all__ = ["DEMO_MODEL", "Engine", "EngineError", "EngineSnapshot", "ModelChoice", "Prelaunched", "prelaunch"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from slotkeeper.core.engine import engine
 
         return getattr(engine, name)
+    if name in ("Prelaunched", "prelaunch"):  # llama-server started before the engine is imported
+        from slotkeeper.core.engine.lifecycle import launching
+
+        return getattr(launching, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

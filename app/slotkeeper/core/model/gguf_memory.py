@@ -19,10 +19,12 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from slotkeeper.core.basics.units import human_bytes
+
 if TYPE_CHECKING:
     from slotkeeper.core.model.gguf_info import ModelInfo
 
-__all__ = ["CACHE_TYPES", "KvEstimate", "kv_estimate"]
+__all__ = ["CACHE_TYPES", "KvEstimate", "kv_estimate", "swa_explanation"]
 
 
 # --cache-type-k / --cache-type-v names -> (elements per block, bytes per block), as ggml; in the
@@ -175,3 +177,18 @@ def _layer_cell_bytes(info: ModelInfo, il: int, type_k: str, type_v: str, v_pad:
     if info.mla:
         return k
     return k + _row_bytes(type_v, v_pad or dim_v * n_kv)
+
+
+def swa_explanation(info: ModelInfo, ctx: int, parallel: int, type_k: str, type_v: str) -> str:
+    """What --swa-full does for a sliding-window model and what it costs at these settings
+    (the Settings dialog says it beside the checkbox); ValueError for unknown cache types."""
+    est = kv_estimate(info, ctx, parallel, type_k=type_k, type_v=type_v)
+    return (
+        f"This model uses sliding-window attention ({info.n_swa_layers} of {info.n_layers} layers "
+        f"look back only {info.sliding_window or '?'} tokens). By default llama-server keeps just that "
+        "window for those layers, so a saved conversation restores but the next request re-reads it "
+        "from the start: restoring saves no time. --swa-full keeps the full context for them, which "
+        f"makes restores work and costs {human_bytes(est.swa_full_extra_bytes)} more KV memory at this "
+        f"context and slot count ({human_bytes(est.bytes_swa)} → {human_bytes(est.bytes_full)}). "
+        "Sessions saved with and without it cannot be mixed."
+    )

@@ -31,8 +31,8 @@ from PySide6.QtWidgets import (
 
 from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.engine import DEMO_MODEL
-from slotkeeper.core.engine.lifecycle.model_facts import swa_explanation
 from slotkeeper.core.model import gguf_info
+from slotkeeper.core.model.gguf_memory import swa_explanation
 from slotkeeper.core.model.starter_model import STARTER_SIZE, find_starter_model
 from slotkeeper.core.services.choosing import LaunchSanity, ModelIdentity, launch_sanity
 from slotkeeper.core.services.server_checks import exposes_without_key, flash_attn_choice

@@ -91,18 +91,12 @@ def resolve_projector(mmproj_path: str | None) -> Path | None:
     return path.resolve()
 
 
-def swa_kv_estimate(info: gguf_info.ModelInfo, ctx: int, parallel: int,
-                    type_k: str, type_v: str) -> gguf_memory.KvEstimate:
-    """The KV memory of a sliding-window model with the default cache and with --swa-full."""
-    return gguf_memory.kv_estimate(info, ctx, parallel, type_k=type_k, type_v=type_v)
-
-
 def swa_note(model: ModelChoice | None, profile: ServerProfile) -> str | None:
     """Said up front for a sliding-window model without --swa-full: restores will not help."""
     if model is None or not model.info.has_swa or profile.swa_full:
         return None
-    est = swa_kv_estimate(model.info, profile.ctx, profile.parallel, profile.cache_type_k,
-                          profile.cache_type_v)
+    est = gguf_memory.kv_estimate(model.info, profile.ctx, profile.parallel, type_k=profile.cache_type_k,
+                                  type_v=profile.cache_type_v)
     return (
         f"{model.path.name} uses sliding-window attention and the server runs without --swa-full: "
         "a restored conversation would be re-read from the start, so Slotkeeper does not save or restore "
@@ -140,18 +134,3 @@ def server_facts(model: ModelChoice, model_sha256: str, props: Props, profile: S
         swa=model.info.has_swa, kv_args=kv_affecting_args(profile.extra_args), mmproj_sha256=mmproj_sha256,
         restore_mode=model.info.restore_mode(profile.swa_full),
     )  # fmt: skip
-
-
-def swa_explanation(info: gguf_info.ModelInfo, ctx: int, parallel: int, type_k: str, type_v: str) -> str:
-    """What --swa-full does for a sliding-window model and what it costs at these settings
-    (the Settings dialog says it beside the checkbox); ValueError for unknown cache types."""
-    est = swa_kv_estimate(info, ctx, parallel, type_k, type_v)
-    return (
-        f"This model uses sliding-window attention ({info.n_swa_layers} of {info.n_layers} layers "
-        f"look back only {info.sliding_window or '?'} tokens). By default llama-server keeps just that "
-        "window for those layers, so a saved conversation restores but the next request re-reads it "
-        "from the start: restoring saves no time. --swa-full keeps the full context for them, which "
-        f"makes restores work and costs {human_bytes(est.swa_full_extra_bytes)} more KV memory at this "
-        f"context and slot count ({human_bytes(est.bytes_swa)} → {human_bytes(est.bytes_full)}). "
-        "Sessions saved with and without it cannot be mixed."
-    )
