@@ -21,7 +21,8 @@ Then, per case and situation, each side starts from that state and gets one requ
   before them), "never stopped" (llama-server alone with Slotkeeper's arguments, the conversation
   replayed, then the request; the target).
 Prints the prompt tokens each side evaluated and its first-token time (median of --rounds), and per
-model the disk bytes of the conversation's save and of its restore points. Loopback only; times
+model the bytes the conversation takes on disk with its restore points, against its state as
+llama-server saves it. Loopback only; times
 are noisy on a shared machine, tokens are not.
 """
 
@@ -167,9 +168,13 @@ def never_stopped_side(base: str, history: list[dict], case: str) -> tuple[int, 
 
 
 def disk(home: Path) -> tuple[int, int, int]:
-    [entry] = [e for e in SessionStore(app_paths(home).sessions_dir).sessions()]
+    """The conversation's tokens, the bytes of its state as llama-server saves it, and the bytes the
+    sessions folder takes for it with its restore points (their shared pieces counted once)."""
+    folder = app_paths(home).sessions_dir
+    [entry] = [e for e in SessionStore(folder).sessions()]
     sc = entry.sidecar
-    return sc.n_tokens, sc.size_bytes, sum(p.size_bytes for p in sc.points)
+    on_disk = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return sc.n_tokens, sc.state_bytes, on_disk
 
 
 def main() -> None:
@@ -197,9 +202,9 @@ def main() -> None:
             history = histories[True]
             if histories[False] != history:
                 raise SystemExit("the two sides' conversations differ (the model is not deterministic here)")
-            n_tokens, size, points_bytes = disk(homes[True])
-            print(f"conversation: {n_tokens} tokens; its save {size / 1e6:.2f} MB, its restore points "
-                  f"{points_bytes / 1e6:.2f} MB ({points_bytes / size:.2f}x the save)")
+            n_tokens, state, on_disk = disk(homes[True])
+            print(f"conversation: {n_tokens} tokens; its state {state / 1e6:.2f} MB as llama-server saves "
+                  f"it; on disk with its restore points {on_disk / 1e6:.2f} MB ({on_disk / state:.2f}x)")
             with never_stopped(model, server_bin, swa_full, work, homes[True]) as raw:
                 target = {case: [never_stopped_side(raw, history, case) for _ in range(args.rounds)]
                           for case in CASES}
