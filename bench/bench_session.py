@@ -22,9 +22,12 @@ with llama-server's own prompt and generation milliseconds, each side's total, a
 total against the better raw side (the goal: at most 1.05x).
 
 --relaunch: also, per round, Slotkeeper is stopped after the session (it saves) and started again,
-and one more follow-up (~20 tokens) is timed from the request to its first streamed token (what
-the relaunch changes: the prompt read, not the answer written); beside it a cold raw llama-server
-(flash attention as Slotkeeper passed it) answers the very same request with nothing cached.
+and one more follow-up is timed from the request to its first streamed token (what the relaunch
+changes: the prompt read, not the answer written): a `/completion` of the saved conversation's own
+tokens (the slot's whole cache, as the sidecar keeps it) plus ~20 new ones, so that what is new is
+the follow-up alone (a chat re-rendering its generated replies may re-tokenize them otherwise);
+beside it a cold raw llama-server (flash attention as Slotkeeper passed it) answers the very same
+request with nothing cached.
 Printed: both medians and the ratio (the goal: at least 50x).
 
 Models: starter (SmolLM2-135M-Instruct Q4_1, the installed one or fetched), bench (the generated
@@ -44,14 +47,14 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import LlamaServer, first_token, free_port, generated_model, pypi_gemma3_270m, text, work_folder
+from benchlib import LlamaServer, free_port, generated_model, pypi_gemma3_270m, text, work_folder
 
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
 
 from slotkeeper.core.server.locate import locate_server  # noqa: E402
 
-RELAUNCH_QUESTION = "And after that, where did the falcon fly with the letter?"  # ~20 tokens, templated
+RELAUNCH_QUESTION = "\nAnd after that, where did the falcon fly with the letter, and why?"  # ~20 tokens
 QUESTIONS = ["What did the letter say about the harbour?", "And the candle in the cellar, why was it lit?",
              "Tell me once more what the falcon carried.", "Which window faced the orchard?",
              "Sum the story up in a sentence, please, and name the places in it."]
@@ -71,6 +74,39 @@ def chat(url: str, messages: list[dict], reply: int) -> tuple[float, dict, str]:
     r.raise_for_status()
     data = r.json()
     return time.perf_counter() - t0, data["timings"], data["choices"][0]["message"]["content"]
+
+
+def saved_tokens(home: Path) -> list[int]:
+    """The tokens of the conversation Slotkeeper saved last (its slot's whole cache, replies too)."""
+    from slotkeeper.core.basics.paths import app_paths
+    from slotkeeper.core.sessions.store import SessionStore
+
+    store = SessionStore(app_paths(home).sessions_dir)
+    newest = max(store.sessions(), key=lambda e: e.sidecar.last_used_at if e.sidecar else "")
+    return list(store.tokens(newest))
+
+
+def tokenize(url: str, content: str) -> list[int]:
+    r = httpx.post(f"{url}/tokenize", json={"content": content}, timeout=60)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+def completion_first_token(url: str, prompt: list[int]) -> tuple[float, dict]:
+    """Seconds from a streamed `/completion` of ``prompt`` (token ids) to its first token, and
+    llama-server's timings."""
+    body = {"prompt": prompt, "n_predict": 4, "stream": True, "temperature": 0, "cache_prompt": True}
+    t0 = time.perf_counter()
+    first, timings = None, {}
+    with httpx.stream("POST", f"{url}/completion", json=body, timeout=1800) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if first is None:
+                first = time.perf_counter() - t0
+            timings = json.loads(line[6:]).get("timings", timings)
+    return (first if first is not None else time.perf_counter() - t0), timings
 
 
 def opening(url: str, tokens: int, seed: int) -> list[dict]:
@@ -220,20 +256,21 @@ def compare(model: Path, args: argparse.Namespace, work: Path, server_bin: str) 
                 phases = session(side, messages, args.follow_ups, args.reply)
                 if args.relaunch and side is sk:
                     sk.stop()
+                    prompt = saved_tokens(sk.home)  # the conversation as the slot held it
                     sk.start()
-                    messages.append({"role": "user", "content": RELAUNCH_QUESTION})
-                    wall, t = first_token(sk.url, messages)
+                    prompt += tokenize(sk.url, RELAUNCH_QUESTION)  # ~20 new tokens
+                    wall, t = completion_first_token(sk.url, prompt)
                     relaunch["slotkeeper"].append(wall)
                     cold = Raw("cold", [*raw_base, "--flash-attn", sk.flash_attn])
                     cold.start()
                     try:
-                        cold_wall, ct = first_token(cold.url, messages)
+                        cold_wall, ct = completion_first_token(cold.url, prompt)
                     finally:
                         cold.stop()
                     relaunch["cold"].append(cold_wall)
                     print(f"  relaunch: first token {wall * 1000:.0f} ms (cache_n {t['cache_n']}, prompt_n "
-                          f"{t['prompt_n']}); cold server {cold_wall:.2f} s (prompt_n {ct['prompt_n']})",
-                          flush=True)
+                          f"{t['prompt_n']}, {t['prompt_ms']:.0f} ms); cold server {cold_wall:.2f} s "
+                          f"(prompt_n {ct['prompt_n']})", flush=True)
             finally:
                 side.stop()
             if side is sk:
