@@ -9,8 +9,8 @@ import time
 from slotkeeper.core.sessions import staging
 
 
-def _folder(root):
-    folder = root / "slotkeeper-0" / "abc"
+def _folder(root, name="abc"):
+    folder = root / "slotkeeper-0" / name
     folder.mkdir(parents=True)
     return folder
 
@@ -63,3 +63,19 @@ def test_beyond_its_files_the_least_recently_used_go(tmp_path):
     assert len(names) == staging.CACHE_FILES
     assert not [n for n in names if n.startswith(("state-0000-", "state-0001-"))]  # the two oldest
     assert staging.cached_state(folder, f"xxh3_128:{2:04x}") is not None
+
+
+def test_the_byte_limit_counts_every_staging_folder_of_the_user(tmp_path, monkeypatch):
+    """A data folder deleted (a test's, a benchmark's) leaves its staging folder's states in memory
+    until the machine restarts: the next state cached anywhere takes the oldest of them first."""
+    gone = _folder(tmp_path, "d" * 16)  # a staging folder whose data folder is gone
+    live = _folder(tmp_path, "e" * 16)
+    monkeypatch.setattr(staging, "CACHE_MAX_BYTES", 2500)
+    staging.cache_state(_staged(gone, data=b"x" * 1000), "xxh3_128:0001", memory_root=tmp_path)
+    staging.cache_state(_staged(gone, data=b"y" * 1000), "xxh3_128:0002", memory_root=tmp_path)
+    for i, name in enumerate(sorted(os.listdir(gone))):
+        past = time.time() - 1000 + i
+        os.utime(gone / name, (past, past))
+    staging.cache_state(_staged(live, data=b"z" * 1000), "xxh3_128:0003", memory_root=tmp_path)
+    assert len(os.listdir(live)) == 1  # the new one stays
+    assert len(os.listdir(gone)) == 1  # the least recently used of the others went

@@ -20,8 +20,9 @@ whole files (``cache_state``, ``cached_state``): a restore of one of them (the c
 next launch, the point its next turn goes on from) needs no assembly, which for a transposed V
 cache (flash attention off) costs ~6 ms per MB on small models. Named by the manifest's hash and
 the file's own, checked whole before llama-server reads one, the least recently used removed
-beyond 16 files or a quarter of the free memory (2 GiB at most). They last until the machine
-restarts; in the data folder nothing is kept (it would cost the disk what pieces save).
+beyond 16 files a folder or, over all of this user's staging folders (other data folders', deleted
+ones'), a quarter of the free memory (2 GiB at most). They last until the machine restarts; in the
+data folder nothing is kept (it would cost the disk what pieces save).
 """
 
 from __future__ import annotations
@@ -182,27 +183,42 @@ def cached_state(folder: Path, manifest_hash: str) -> str | None:
 
 
 def _evict(folder: Path, keep: str) -> None:
-    """The least recently used cached states removed beyond the cache's limits."""
+    """The least recently used cached states removed beyond the cache's limits: at most CACHE_FILES
+    in this staging folder, and within the byte limit over every staging folder of this user (other
+    data folders', and those of data folders deleted since: memory is one, and /dev/shm lasts until
+    the machine restarts)."""
     try:
         import psutil
 
         limit = min(CACHE_MAX_BYTES, psutil.virtual_memory().available // 4)
     except (ImportError, OSError):
         limit = 0
+    folder = Path(folder)
+    try:
+        folders = [f for f in folder.parent.iterdir() if f.is_dir() and not f.is_symlink()]
+    except OSError:
+        folders = [folder]
     entries = []
-    for name in os.listdir(folder):
-        if name.startswith(CACHE_PREFIX):
-            try:
-                st = os.lstat(Path(folder) / name)
-            except OSError:
-                continue
-            entries.append((name == keep, st.st_mtime, st.st_size, name))
+    for each in folders:
+        try:
+            names = os.listdir(each)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(CACHE_PREFIX):
+                try:
+                    st = os.lstat(each / name)
+                except OSError:
+                    continue
+                new = each == folder and name == keep
+                entries.append((new, st.st_mtime, st.st_size, str(each / name), each == folder))
     entries.sort(reverse=True)  # the new one, then the most recently used
-    total = 0
-    for i, (_new, _mtime, size, name) in enumerate(entries):
+    total = here = 0
+    for _new, _mtime, size, path, ours in entries:
         total += size
-        if i >= CACHE_FILES or total > limit:
+        here += ours
+        if (ours and here > CACHE_FILES) or total > limit:
             try:
-                os.unlink(Path(folder) / name)
+                os.unlink(path)
             except OSError:
                 pass
