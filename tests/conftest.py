@@ -81,3 +81,29 @@ def gemma2_model(models_dir) -> Path:
     from slotkeeper.core.model.modelgen import write_model
 
     return write_model(models_dir / "tiny-gemma2.gguf", "gemma2")
+
+
+@pytest.fixture(autouse=True)
+def engines_closed_after_the_test(monkeypatch):
+    """Every engine a test made and left open is closed after it, without saving: a stopped engine's
+    loop lives on, and one left serving would start measuring flash attention when it has been idle
+    for a while, in the middle of a later test."""
+    import weakref
+
+    from slotkeeper.core.engine import engine as engine_module
+
+    made: weakref.WeakSet = weakref.WeakSet()
+    real_init = engine_module.Engine.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.add(self)
+
+    monkeypatch.setattr(engine_module.Engine, "__init__", init)
+    yield
+    for eng in list(made):
+        if not eng.loop.closed:
+            try:
+                eng.close(save=False)
+            except Exception:  # noqa: BLE001 - a test's own failure is reported already
+                pass

@@ -29,7 +29,7 @@ def running(tmp_path, monkeypatch):
         make_session(paths.sessions_dir, f"{i:012x}", size=1000, used=f"2026-01-0{i + 1}T00:00:00Z")
     loop = EngineLoop()
     loop.start_thread()
-    lib = Library(paths, loop, EventBus(), in_slots=frozenset, budget_bytes=10**9)
+    lib = Library(paths, loop, EventBus(), budget_bytes=10**9)
     try:
         yield paths, loop, lib
     finally:

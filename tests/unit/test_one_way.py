@@ -138,8 +138,6 @@ STILL_CLIMBING = {
     "supervisor._spec_factory -> launcher",  # the launch is planned on the supervisor's thread
     "supervisor._retry_start -> launcher",
     "supervisor._before_stopping_leftover -> launcher",
-    "sessions._in_slots -> board",  # a delete or prune asks which sessions the slots hold
-    "sessions._budget -> library",  # a prune asks the budget
 }
 
 

@@ -132,8 +132,7 @@ class Engine(EngineFace):
         # or the door; the engine hears from them through events (first, before any face).
         self.board = SlotBoard(settings.idle_save_seconds, self.events)
         self.link = ServerLink(self.supervisor, self.loop)
-        self.library = Library(paths, self.loop, self.events, in_slots=self.board.held_sessions,
-                               budget_bytes=settings.budget_bytes)
+        self.library = Library(paths, self.loop, self.events, budget_bytes=settings.budget_bytes)
         self.store, self.search, self.sessions = (self.library.store, self.library.search,
                                                   self.library.sessions)
         self.identity = ModelIdentity(self.hashes, self.loop, self.events)
@@ -424,6 +423,7 @@ class Engine(EngineFace):
         self._publish(door=isinstance(event, LaunchPlanned))
         if not isinstance(event, SlotsChanged):
             return
+        self.sessions.hold(self.board.held_sessions())  # before anyone may delete what they hold
         in_slots = self._snapshot.in_slots
         if self.link.launched is not None and in_slots != self._published_in_slots:
             self._published_in_slots = in_slots

@@ -68,12 +68,10 @@ class SavedPrefix:
 
 
 class Library:
-    def __init__(self, paths: AppPaths, loop: EngineLoop, events: EventBus,
-                 in_slots: Callable[[], frozenset[str]], budget_bytes: int) -> None:
-        """``in_slots()``: the sessions a slot holds now (never deleted); ``budget_bytes``: the disk
-        budget (changed with the settings)."""
+    def __init__(self, paths: AppPaths, loop: EngineLoop, events: EventBus, budget_bytes: int) -> None:
+        """``budget_bytes``: the disk budget (changed with the settings). The engine tells the
+        sessions service which sessions the slots hold (``sessions.hold``)."""
         self.loop = loop
-        self.budget_bytes = budget_bytes
         self.point_spacing = DEFAULT_POINT_SPACING_TOKENS  # earlier restore points' spacing (a setting)
         self.events = events
         self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
@@ -81,11 +79,18 @@ class Library:
         self.search = SearchIndex(paths.search_index_file)
         # The store's index forgets a deleted or pruned session itself; the index on disk is a cache
         # that the next process repairs by stat, written after saves and when the engine closes.
-        self.sessions = SessionsService(self.store, in_slots=in_slots, budget=lambda: self.budget_bytes,
-                                        search=self.search)
+        self.sessions = SessionsService(self.store, search=self.search, budget_bytes=budget_bytes)
         self._swept: asyncio.Future[Any] | None = None
         self._index_dirty = False
         self._completing: asyncio.Task[None] | None = None  # filling in the search index's partial entries
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.sessions.budget_bytes
+
+    @budget_bytes.setter
+    def budget_bytes(self, value: int) -> None:
+        self.sessions.budget_bytes = value
 
     @property
     def index(self) -> SessionsIndex:
