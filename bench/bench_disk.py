@@ -15,9 +15,10 @@ newest state's size, and for the last turn what it wrote against 3x the KV of th
 plus 1 MB (the goal). After the last turn each side is relaunched RELAUNCHES times, alternating
 with the other, each time from a copy of the data folder its last turn left, and the median time
 from the request to the first token of the next turn is printed (the conversation restored at
-launch; goal: within 10% of the layout before). Then, on Slotkeeper as it is, from the same copy, a
-Regenerate (the last reply sampled again) and an edit of the last user message: what each adds to
-the folder against the KV of its new tokens plus 1 MB (the goal).
+launch; goal: within 10% of the layout before), and of the turn after it once another conversation
+has pushed it out of the only slot (restored on demand; the same goal). Then, on Slotkeeper as it
+is, from the same copy, a Regenerate (the last reply sampled again) and an edit of the last user
+message: what each adds to the folder against the KV of its new tokens plus 1 MB (the goal).
 Then llama-server's own slot save of the final conversation (saved by hand from a raw server that
 replays it) gives the reference size: the goal is at most 1.3x it on disk, restore points included.
 
@@ -197,24 +198,34 @@ def run_side(side: Side, turns: int, reply: int) -> tuple[list[dict], list[dict]
     return history, rows
 
 
-def relaunch_first_token(side: Side, history: list[dict], reply: int) -> float:
+def relaunch_first_token(side: Side, history: list[dict], reply: int) -> tuple[float, float]:
+    """The first token of the conversation's next request after a relaunch (restored at the launch),
+    then of the request after that once another conversation has pushed it out of the only slot
+    (restored on demand)."""
     side.written = 0
     side.start()
     try:
         nxt = history + [{"role": "user", "content": "And one more question, please: " + text(99, 20)}]
-        _answer, timings, ttft = chat(side.url, nxt, 8)
+        answer, timings, ttft = chat(side.url, nxt, 8)
+        chat(side.url, [{"role": "user", "content": "Something else entirely: " + text(55, 60)}], 8)
+        side.settle()
+        again = nxt + [{"role": "assistant", "content": answer},
+                       {"role": "user", "content": "And after that? " + text(98, 12)}]
+        _answer, t2, on_demand = chat(side.url, again, 8)
         print(f"  {side.name}: relaunch's first token {ttft * 1000:.0f} ms "
-              f"(prompt_n {timings.get('prompt_n')}, cache_n {timings.get('cache_n')})", flush=True)
-        return ttft
+              f"(prompt_n {timings.get('prompt_n')}, cache_n {timings.get('cache_n')}); restored on demand "
+              f"{on_demand * 1000:.0f} ms (prompt_n {t2.get('prompt_n')}, cache_n {t2.get('cache_n')})",
+              flush=True)
+        return ttft, on_demand
     finally:
         side.stop()
 
 
 def relaunch_rounds(runs: list[tuple[Side, list[dict]]], rounds: int, reply: int,
-                    work: Path) -> dict[str, float]:
-    """The median first-token time after a relaunch of each side, over ``rounds`` rounds in
-    alternating order, each side started every time from the data folder its last turn left (a
-    copy), so that every relaunch restores the same conversation."""
+                    work: Path) -> dict[str, tuple[float, float]]:
+    """The median first-token times after a relaunch and after a restore on demand of each side,
+    over ``rounds`` rounds in alternating order, each side started every time from the data folder
+    its last turn left (a copy), so that every relaunch restores the same conversation."""
     import shutil
 
     snapshots = {}
@@ -223,13 +234,14 @@ def relaunch_rounds(runs: list[tuple[Side, list[dict]]], rounds: int, reply: int
         shutil.rmtree(snap, ignore_errors=True)
         shutil.copytree(side.home, snap, symlinks=True)
         snapshots[side.name] = snap
-    times: dict[str, list[float]] = {side.name: [] for side, _h in runs}
+    times: dict[str, list[tuple[float, float]]] = {side.name: [] for side, _h in runs}
     for r in range(rounds):
         for side, history in (runs if r % 2 == 0 else list(reversed(runs))):
             shutil.rmtree(side.home)
             shutil.copytree(snapshots[side.name], side.home, symlinks=True)
             times[side.name].append(relaunch_first_token(side, history, reply))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: (statistics.median(a for a, _ in t), statistics.median(b for _, b in t))
+            for name, t in times.items()}
 
 
 def branches(side: Side, history: list[dict], reply: int, work: Path) -> list[tuple[str, int, int, int]]:
@@ -371,9 +383,11 @@ def main() -> int:
                 print(f"  now, {article} {what}: {new_tokens} new tokens; the folder grew "
                       f"{grew / 1e6:.1f} MB, {wrote / 1e6:.1f} MB written (goal: grows at most their KV "
                       f"plus 1 MB, {goal / 1e6:.1f} MB; {grew / goal:.2f} of it)")
-            a, b = ttfts["now"], ttfts["before"]
+            (a, a2), (b, b2) = ttfts["now"], ttfts["before"]
             print(f"  relaunch's first token (median of {args.relaunches}, alternating): now {a * 1000:.0f} "
                   f"ms, before {b * 1000:.0f} ms ({a / b:.2f}x; goal: within 10%)", flush=True)
+            print(f"  a restore on demand's first token (the same rounds): now {a2 * 1000:.0f} ms, before "
+                  f"{b2 * 1000:.0f} ms ({a2 / b2:.2f}x; goal: within 10%)", flush=True)
     return 0
 
 
