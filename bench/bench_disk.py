@@ -16,7 +16,9 @@ plus 1 MB (the goal). After the last turn each side is relaunched RELAUNCHES tim
 with the other, each time from a copy of the data folder its last turn left, and the median time
 from the request to the first token of the next turn is printed (the conversation restored at
 launch; goal: within 10% of the layout before), and of the turn after it once another conversation
-has pushed it out of the only slot (restored on demand; the same goal). Then, on Slotkeeper as it
+has pushed it out of the only slot (restored on demand; the same goal); with --after-reboot the
+in-memory cache of whole states is emptied before each relaunch, so restores assemble from pieces
+as after a restart of the machine. Then, on Slotkeeper as it
 is, from the same copy, a Regenerate (the last reply sampled again) and an edit of the last user
 message: what each adds to the folder against the KV of its new tokens plus 1 MB (the goal).
 Then llama-server's own slot save of the final conversation (saved by hand from a raw server that
@@ -222,7 +224,7 @@ def relaunch_first_token(side: Side, history: list[dict], reply: int) -> tuple[f
 
 
 def relaunch_rounds(runs: list[tuple[Side, list[dict]]], rounds: int, reply: int,
-                    work: Path) -> dict[str, tuple[float, float]]:
+                    work: Path, after_reboot: bool = False) -> dict[str, tuple[float, float]]:
     """The median first-token times after a relaunch and after a restore on demand of each side,
     over ``rounds`` rounds in alternating order, each side started every time from the data folder
     its last turn left (a copy), so that every relaunch restores the same conversation."""
@@ -239,6 +241,9 @@ def relaunch_rounds(runs: list[tuple[Side, list[dict]]], rounds: int, reply: int
         for side, history in (runs if r % 2 == 0 else list(reversed(runs))):
             shutil.rmtree(side.home)
             shutil.copytree(snapshots[side.name], side.home, symlinks=True)
+            if after_reboot:  # what a restart of the machine empties: /dev/shm
+                for cached in Path("/dev/shm").glob(f"slotkeeper-{os.getuid()}/*/state-*"):
+                    cached.unlink(missing_ok=True)
             times[side.name].append(relaunch_first_token(side, history, reply))
     return {name: (statistics.median(a for a, _ in t), statistics.median(b for _, b in t))
             for name, t in times.items()}
@@ -326,6 +331,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--relaunches", type=int, default=5, help="relaunches of each side, alternating")
     ap.add_argument("--before", default=BEFORE, help="the git revision of the layout before")
+    ap.add_argument("--after-reboot", action="store_true",
+                    help="empty the in-memory cache of whole states before every relaunch, as a reboot does")
     ap.add_argument("--models", default=str(Path.home() / ".cache" / "slotkeeper-bench"))
     ap.add_argument("--work", help="folder for data, logs and the side before (default: a new temporary one)")
     args = ap.parse_args()
@@ -356,7 +363,7 @@ def main() -> int:
                 history, rows = run_side(side, args.turns, reply)
                 runs.append((side, history))
                 results[name] = (history, rows)
-            ttfts = relaunch_rounds(runs, args.relaunches, reply, work)
+            ttfts = relaunch_rounds(runs, args.relaunches, reply, work, args.after_reboot)
             reference, per_token = llama_servers_own_save(model, results["now"][0], swa_full, args.ctx, work)
             print(f"  {'turn':>4} | {'sessions':>8} {'on disk':>10} {'written':>10} {'newest':>9} | "
                   f"{'sessions':>8} {'on disk':>10} {'written':>10} {'newest':>9}   (now | before; MB)")
