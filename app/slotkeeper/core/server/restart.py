@@ -62,10 +62,5 @@ class RestartPolicy:
         delay = min(self.backoff_base * (2**n), self.backoff_max)
         return RestartDecision(True, delay, f"restart {n + 1} of {self.max_restarts}")
 
-    @property
-    def recent_restarts(self) -> int:
-        self._forget_old(self._clock())
-        return len(self._restarts)
-
     def reset(self) -> None:
         self._restarts.clear()
