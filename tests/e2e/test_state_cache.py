@@ -57,3 +57,32 @@ def test_the_next_launch_restores_the_whole_state_kept_in_memory(llama_model, se
             (folder / name).write_bytes(bytes(data))
     assembled, timings, _ = _relaunch(llama_model, server_bin, port, history, monkeypatch)
     assert assembled and timings["cache_n"] > 50
+
+
+def test_after_a_restart_of_the_machine_the_launch_assembles_while_the_model_loads(
+        llama_model, server_bin, port, isolated_home, monkeypatch):
+    """The cache in memory is gone after a reboot: the launch assembles the conversations it will
+    restore while llama-server loads the model, and the restore reads the whole file."""
+    from slotkeeper.core.engine.slots import actions as actions_module
+
+    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+    engine.start()
+    try:
+        assert engine.wait_ready(60) is ServerState.READY
+        history, _ = converse(engine.base_url, USER_TURNS[:2])
+        folder = engine.link.staging
+        if not staging.in_memory(folder):
+            pytest.skip("no memory file system for the staging folder here")
+    finally:
+        engine.stop()
+    for name in os.listdir(folder):  # what a restart of the machine empties
+        if name.startswith(staging.CACHE_PREFIX):
+            os.unlink(folder / name)
+    found = []
+    real_lookup = actions_module.cached_state
+    monkeypatch.setattr(actions_module, "cached_state",
+                        lambda where, key: found.append(real_lookup(where, key)) or found[-1])
+    assembled, timings, _ = _relaunch(llama_model, server_bin, port, history, monkeypatch)
+    assert len(assembled) == 1  # once, ahead of the restore
+    assert found and found[0] is not None  # the launch's restore read it whole
+    assert timings["cache_n"] > 50

@@ -82,6 +82,7 @@ log = logging.getLogger(__name__)
 
 
 LAUNCH_ATTEMPTS = 3
+PREWARM_MAX = 4  # conversations assembled ahead of a launch's restores, at most
 POINTS_AT_STOP_SECONDS = 60.0  # at most this long for the restore points owed when the server stops
 
 
@@ -398,6 +399,7 @@ class Engine(EngineFace):
     async def _launch_restores(self) -> list[RestoreSummary]:
         # the folder tidied and the index up to date (a prelaunch does it meanwhile)
         await self.library.sweep_once()
+        await self.library.prewarmed()  # the states it restores, assembled while the model loaded
         done = await self.actions.at_launch(self.supervisor.adopted, self._settings.idle_save_seconds,
                                             self._settings.restore_on_start, self._resume_id)
         if done:
@@ -421,6 +423,11 @@ class Engine(EngineFace):
         if isinstance(event, ActivityChanged):
             self._activity = event.activity
         self._publish(door=isinstance(event, LaunchPlanned))
+        if isinstance(event, LaunchPlanned) and self.link.model is not None:
+            n = self._settings.profile.parallel
+            limit = self._settings.restore_on_start
+            self.library.begin_prewarm(self.link.staging, str(self.link.model.path),
+                                       min(n, limit if limit is not None else n, PREWARM_MAX))
         if not isinstance(event, SlotsChanged):
             return
         self.sessions.hold(self.board.held_sessions())  # before anyone may delete what they hold

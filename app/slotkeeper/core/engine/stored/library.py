@@ -9,10 +9,13 @@ calls back into the engine: what it needs comes in as parameters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import secrets
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slotkeeper.core.basics.paths import AppPaths
@@ -37,11 +40,14 @@ from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import common_prefix_len
 from slotkeeper.core.sessions.migration import carry_over_folder, needs_carrying_over
+from slotkeeper.core.sessions.naming import INCOMING_PREFIX, MANIFEST_SUFFIX
+from slotkeeper.core.sessions.pieces import PieceError
 from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS
 from slotkeeper.core.sessions.restoring import record_reuse
 from slotkeeper.core.sessions.saving import SaveOutcome
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import RestorePoint, Sidecar
+from slotkeeper.core.sessions.staging import cache_state, cached_state, in_memory
 from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
 from slotkeeper.core.views import Activity
 
@@ -83,6 +89,7 @@ class Library:
         self._swept: asyncio.Future[Any] | None = None
         self._index_dirty = False
         self._completing: asyncio.Task[None] | None = None  # filling in the search index's partial entries
+        self._prewarm: asyncio.Task[None] | None = None  # whole states for the launch's restores
 
     @property
     def budget_bytes(self) -> int:
@@ -146,6 +153,52 @@ class Library:
         for session_id, why in result.skipped or ():
             self.loop.call_soon(self.events.emit, WarningRaised(
                 f"saved conversation {session_id} stays as it was saved: {why}"))
+
+    # -- whole states ready for the launch's restores ---------------------------------------
+    def begin_prewarm(self, folder: Path, model_path: str, n: int) -> None:
+        """A launch begins (on the loop): while llama-server loads the model, the whole files of the
+        ``n`` most recently used conversations of that model are assembled into the staging folder's
+        cache (``staging.cache_state``), so the launch's restores read them as they are. After a
+        restart of the machine the cache in memory is empty; assembling takes ~6 ms per MB of a
+        transposed V."""
+        async def run() -> None:
+            await self.sweep_once()  # the folder carried over and tidied first
+            done = await self.loop.run_io(self._assemble_recent, folder, model_path, n)
+            if done:
+                log.info("assembled %d conversation(s) for the launch's restores", done)
+
+        if self._prewarm is not None:
+            self._prewarm.cancel()
+        self._prewarm = self.loop.spawn(run(), "assembling the conversations the launch restores")
+
+    async def prewarmed(self) -> None:
+        """Until the launch's assembling is done (or has failed: the restores assemble themselves)."""
+        task = self._prewarm
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(task)
+
+    def _assemble_recent(self, folder: Path, model_path: str, n: int) -> int:  # an I/O thread
+        if n <= 0 or not in_memory(folder):
+            return 0
+        entries = sorted((e for e in self.store.listing().sessions
+                          if e.sidecar is not None and not e.problems and e.sidecar.model_path == model_path
+                          and e.sidecar.kv_file.endswith(MANIFEST_SUFFIX) and e.sidecar.content_hash),
+                         key=lambda e: e.sidecar.last_used_at if e.sidecar else "", reverse=True)
+        done = 0
+        for entry in entries[:n]:
+            sc = entry.sidecar
+            assert sc is not None
+            if cached_state(folder, sc.content_hash):
+                continue
+            staged = folder / f"{INCOMING_PREFIX}assembled-{secrets.token_hex(6)}.kv"
+            try:
+                self.store.states.materialize(sc.kv_file, staged)
+            except (OSError, PieceError) as exc:  # the restore says it, as it always has
+                log.info("could not assemble %s before its restore: %s", sc.id, exc)
+                continue
+            done += cache_state(staged, sc.content_hash)
+        return done
 
     async def tidy(self) -> None:
         """Remove what an interrupted save left (the caller holds every slot's lock)."""
