@@ -33,9 +33,10 @@ def _relaunch(model, server_bin, port, history, monkeypatch):
     return assembled, answer["timings"], staged
 
 
-def test_the_next_launch_restores_the_whole_state_kept_in_memory(llama_model, server_bin, port,
-                                                                  isolated_home, monkeypatch):
-    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
+def _saved_conversation(model, server_bin, port):
+    """A two-turn conversation, saved at shutdown (its state kept whole in the staging folder):
+    its history and that folder."""
+    engine = make_engine(model, server_bin, port, idle_save=3600)
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
@@ -44,7 +45,13 @@ def test_the_next_launch_restores_the_whole_state_kept_in_memory(llama_model, se
         if not staging.in_memory(folder):
             pytest.skip("no memory file system for the staging folder here")
     finally:
-        engine.stop()  # saved at shutdown: the state is kept whole
+        engine.stop()
+    return history, folder
+
+
+def test_the_next_launch_restores_the_whole_state_kept_in_memory(llama_model, server_bin, port,
+                                                                  isolated_home, monkeypatch):
+    history, folder = _saved_conversation(llama_model, server_bin, port)
     assert [n for n in os.listdir(folder) if n.startswith(staging.CACHE_PREFIX)]
     assembled, timings, _ = _relaunch(llama_model, server_bin, port, history, monkeypatch)
     assert assembled == []  # restored from the whole file
@@ -65,16 +72,7 @@ def test_after_a_restart_of_the_machine_the_launch_assembles_while_the_model_loa
     restore while llama-server loads the model, and the restore reads the whole file."""
     from slotkeeper.core.engine.slots import actions as actions_module
 
-    engine = make_engine(llama_model, server_bin, port, idle_save=3600)
-    engine.start()
-    try:
-        assert engine.wait_ready(60) is ServerState.READY
-        history, _ = converse(engine.base_url, USER_TURNS[:2])
-        folder = engine.link.staging
-        if not staging.in_memory(folder):
-            pytest.skip("no memory file system for the staging folder here")
-    finally:
-        engine.stop()
+    history, folder = _saved_conversation(llama_model, server_bin, port)
     for name in os.listdir(folder):  # what a restart of the machine empties
         if name.startswith(staging.CACHE_PREFIX):
             os.unlink(folder / name)

@@ -11,7 +11,7 @@ import functools
 import inspect
 import types
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -58,29 +58,44 @@ def _held(obj: object) -> Iterator[tuple[str, Any]]:
     yield from (fields or {}).items()
 
 
-def callbacks_up(engine: Engine) -> list[str]:
-    """Every place a part (anything of Slotkeeper the engine holds, however deep) keeps a callable
-    of the engine or the door."""
-    targets = (engine, engine.front)
+CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _walk(starts: list[tuple[str, object]], enter: Callable[[object], bool],
+          hit: Callable[[Any], list[str]], seen: set[int]) -> list[str]:
+    """Breadth first from ``starts`` (each place named by its shortest path): at every callable,
+    ``hit`` names what it refers to (each found as the place plus that name, and not walked into);
+    other values are walked into where ``enter`` says so."""
     found: list[str] = []
-    seen: set[int] = {id(engine)}
-    queue: deque[tuple[str, object]] = deque((f"engine.{k}", v) for k, v in vars(engine).items()
-                                      if not k.startswith("_"))
-    while queue:  # breadth first: each place named by its shortest path
+    queue: deque[tuple[str, object]] = deque(starts)
+    while queue:
         where, obj = queue.popleft()
         if id(obj) in seen or isinstance(obj, NOT_WALKED):
             continue
         seen.add(id(obj))
         for name, value in _held(obj):
             here = f"{where}.{name}"
-            if callable(value) and not inspect.isclass(value) and _refers_to(value, targets, set()):
-                found.append(here)
-                continue
-            module = type(value).__module__ or ""
-            if (module.startswith("slotkeeper.") and value is not engine.front) or isinstance(
-                    value, (dict, list, tuple, set, frozenset)):
+            if callable(value) and not inspect.isclass(value):
+                names = hit(value)
+                if names:
+                    found += [here + n for n in names]
+                    continue
+            if enter(value) or isinstance(value, CONTAINERS):
                 queue.append((here, value))
-    return sorted(found)
+    return found
+
+
+def _module(value: object) -> str:
+    return type(value).__module__ or ""
+
+
+def callbacks_up(engine: Engine) -> list[str]:
+    """Every place a part (anything of Slotkeeper the engine holds, however deep) keeps a callable
+    of the engine or the door."""
+    targets = (engine, engine.front)
+    starts = [(f"engine.{k}", v) for k, v in vars(engine).items() if not k.startswith("_")]
+    return sorted(_walk(starts, lambda v: _module(v).startswith("slotkeeper.") and v is not engine.front,
+                        lambda fn: [""] if _refers_to(fn, targets, set()) else [], {id(engine)}))
 
 
 @pytest.fixture
@@ -144,31 +159,19 @@ STILL_CLIMBING = {
 def climbing_from_below(engine: Engine) -> set[str]:
     """Every callable of an engine part (a module of ``slotkeeper.core.engine``) held by an object
     of Slotkeeper below the engine, found by walking from each of the engine's attributes."""
-    parts = {name: value for name, value in vars(engine).items() if not name.startswith("_")
-             and (type(value).__module__ or "").startswith("slotkeeper.core.engine.")}
-    below = {name: value for name, value in vars(engine).items() if not name.startswith("_")
-             and (type(value).__module__ or "").startswith("slotkeeper.core.")
-             and not (type(value).__module__ or "").startswith("slotkeeper.core.engine")}
-    found: set[str] = set()
-    for start, obj in below.items():
-        seen: set[int] = set()
-        queue: deque[tuple[str, object]] = deque([(start, obj)])
-        while queue:
-            where, here_obj = queue.popleft()
-            if id(here_obj) in seen or isinstance(here_obj, NOT_WALKED):
-                continue
-            seen.add(id(here_obj))
-            for name, value in _held(here_obj):
-                here = f"{where}.{name}"
-                if callable(value) and not inspect.isclass(value):
-                    found.update(f"{here} -> {p}" for p, part in parts.items()
-                                 if _refers_to(value, (part,), set()))
-                    continue
-                module = type(value).__module__ or ""
-                if (module.startswith("slotkeeper.") and not module.startswith("slotkeeper.core.engine")) \
-                        or isinstance(value, (dict, list, tuple, set, frozenset)):
-                    queue.append((here, value))
-    return found
+    held = {name: value for name, value in vars(engine).items() if not name.startswith("_")}
+    parts = {n: v for n, v in held.items() if _module(v).startswith("slotkeeper.core.engine.")}
+
+    def enter(value: object) -> bool:  # Slotkeeper's, below the engine
+        module = _module(value)
+        return module.startswith("slotkeeper.") and not module.startswith("slotkeeper.core.engine")
+
+    below = {n: v for n, v in held.items() if enter(v) and _module(v).startswith("slotkeeper.core.")}
+
+    def hit(fn: Any) -> list[str]:
+        return [f" -> {p}" for p, part in parts.items() if _refers_to(fn, (part,), set())]
+
+    return {f for start, obj in below.items() for f in _walk([(start, obj)], enter, hit, set())}
 
 
 def test_what_is_below_the_engine_holds_no_new_callable_of_its_parts(engine):
