@@ -81,7 +81,7 @@ def test_the_early_server_is_recorded_at_once_and_the_record_goes_with_it(noted,
     assert state["early"] is True and state["pid"] == os.getpid() and state["argv"] == server_argv
     assert state["port"] == port and state["host"] == "127.0.0.1"
     # The supervisor's own check of the record (pid and start time) recognises it ...
-    supervisor = Supervisor(spec_factory=lambda: None, log_path=paths.server_log,
+    supervisor = Supervisor(log_path=paths.server_log,
                             state_file=paths.server_state_file)
     assert supervisor.leftover_port() == port
     # ... and the process that began it is not a leftover

@@ -30,8 +30,7 @@ def test_the_log_names_llama_servers_own_address_as_private(tmp_path, caplog):
 
     from slotkeeper.core.server.supervisor import ServerState, Supervisor
 
-    sup = Supervisor(spec_factory=lambda: LaunchSpec(("llama-server",), "127.0.0.1", 9000),
-                     log_path=tmp_path / "llama-server.log", state_file=tmp_path / "server.json")
+    sup = Supervisor(log_path=tmp_path / "llama-server.log", state_file=tmp_path / "server.json")
     with caplog.at_level(logging.INFO, logger="slotkeeper.core.server.supervisor"):
         sup._set_state(ServerState.READY, "http://127.0.0.1:49227")
     [line] = [r.getMessage() for r in caplog.records]

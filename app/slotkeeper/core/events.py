@@ -36,6 +36,14 @@ class ServerStateChanged(Event):
 
 
 @dataclass(frozen=True)
+class LaunchFellBack(Event):
+    """llama-server ended with ``exit_code`` during start-up: the launch's fallback (``argv``) runs."""
+
+    exit_code: int
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ServerLoading(Event):
     elapsed: float  # seconds since launch
     detail: str  # the last log line

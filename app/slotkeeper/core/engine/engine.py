@@ -60,6 +60,7 @@ from slotkeeper.core.events import (
     EngineReady,
     Event,
     EventBus,
+    LaunchFellBack,
     LaunchPlanned,
     ServerStateChanged,
     SlotsChanged,
@@ -71,7 +72,7 @@ from slotkeeper.core.server.apikey import DoorKeys, exposure_refusal
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
 from slotkeeper.core.server.command import sse_ping_interval, user_wants
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
-from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError, port_user
+from slotkeeper.core.server.supervisor import Supervisor, port_user
 from slotkeeper.core.services.transcript_check import TranscriptCheck, check_saved
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
@@ -84,10 +85,6 @@ log = logging.getLogger(__name__)
 LAUNCH_ATTEMPTS = 3
 PREWARM_MAX = 4  # conversations assembled ahead of a launch's restores, at most
 POINTS_AT_STOP_SECONDS = 60.0  # at most this long for the restore points owed when the server stops
-
-
-def _not_planned_yet() -> LaunchSpec:
-    raise SupervisorError("no launch is planned yet")  # the launcher plans them, once it exists
 
 
 class Engine(EngineFace):
@@ -113,7 +110,7 @@ class Engine(EngineFace):
         else:
             self.model_facts = model_facts_cache(paths.model_facts_file)
             self.binary_facts = binary_facts_cache(paths.binary_facts_file)
-            self.supervisor = Supervisor(spec_factory=_not_planned_yet, log_path=paths.server_log,
+            self.supervisor = Supervisor(log_path=paths.server_log,
                                          state_file=paths.server_state_file, events=self.events)
 
         # -- state owned by the loop -------------------------------------------------------
@@ -145,8 +142,6 @@ class Engine(EngineFace):
         self.launcher = Launcher(paths, settings.profile, self.supervisor, self.link, self.identity,
                                  self.saves, self.loop, self.events, self.model_facts, self.binary_facts,
                                  self.tuning)
-        self.supervisor.set_planner(self.launcher.spec, self.launcher.save_leftover,
-                                    self.launcher.retry_start)
         self.actions = SlotActions(self.board, self.link, self.library, self.saves, self.loop, self.events,
                                    self.rates, self.prompts)
         self.actions.make_restore_points = settings.restore_points
@@ -160,7 +155,7 @@ class Engine(EngineFace):
 
         self._subscriptions = (
             self.events.subscribe(self._from_parts, SlotsChanged, ActivityChanged, LaunchPlanned, first=True),
-            self.events.subscribe(self._from_supervisor, ServerStateChanged),
+            self.events.subscribe(self._from_supervisor, ServerStateChanged, LaunchFellBack),
         )
         if own_thread:
             self.loop.start_thread()
@@ -220,7 +215,7 @@ class Engine(EngineFace):
             self.launcher.take(pre.plan)
             self.events.release()  # what the supervisor said before the engine was listening
             return
-        self.supervisor.start()
+        self.launcher.begin()
 
     async def _open_front_door(self, pre: Prelaunched | None) -> None:
         profile = self._settings.profile
@@ -260,6 +255,7 @@ class Engine(EngineFace):
                 left = min(POINTS_AT_STOP_SECONDS, timeout - (time.monotonic() - began))
                 await self.actions.points_at_stop(time.monotonic() + max(0.0, left))
         finally:
+            self.launcher.cancel()  # a launch still being planned never runs
             await self.loop.run_io(self.supervisor.stop)
             self.actions.stopping = False
         self.link.launched = None
@@ -309,8 +305,11 @@ class Engine(EngineFace):
             await self.library.prune()
 
     # -- from the supervisor (its thread) -------------------------------------------------
-    def _from_supervisor(self, event: ServerStateChanged) -> None:
-        self.loop.call_soon(self._on_server_state, event)
+    def _from_supervisor(self, event: Event) -> None:
+        if isinstance(event, LaunchFellBack):
+            self.loop.call_soon(self.launcher.fell_back, event)
+        elif isinstance(event, ServerStateChanged):
+            self.loop.call_soon(self._on_server_state, event)
 
     def _door_policy(self) -> DoorPolicy:
         """What clients may reach through the front door, and with which keys (on the loop)."""

@@ -4,6 +4,11 @@ States: STOPPED -> STARTING -> READY; a crash goes CRASHED -> RESTARTING -> STAR
 restart policy) or FAILED (limit reached, or the server could not start). Only processes this
 app started are ever signalled: a pid is trusted only when its start time matches the one we
 recorded in the state file.
+
+Commands down, events up: whoever plans a launch says so (``preparing``), then hands the
+supervisor the launch (``launch``, or ``fail`` when it cannot be planned); a crash restarts that
+same launch, and a start-up that ends with the exit code the launch names runs its fallback
+(``LaunchFellBack``). The supervisor owns its state machine and never asks anyone above it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 import psutil
 
 from slotkeeper.core.basics.ports import port_in_use
-from slotkeeper.core.events import EventBus, ServerAdopted, ServerLoading, ServerStateChanged
+from slotkeeper.core.events import EventBus, LaunchFellBack, ServerAdopted, ServerLoading, ServerStateChanged
 from slotkeeper.core.server import logfile
 from slotkeeper.core.server.restart import RestartPolicy
 from slotkeeper.core.server.spawn import spawn_server, write_state_file
@@ -62,6 +67,9 @@ class LaunchSpec:
     env: dict[str, str] | None = None
     # Kept in the state file, so a later run can tell what a server left running holds (no secrets).
     record: dict[str, Any] | None = None
+    # (exit code, launch): when llama-server ends with that code during start-up, that launch is run
+    # instead (said with ``LaunchFellBack``).
+    fallback: tuple[int, LaunchSpec] | None = None
 
     @property
     def base_url(self) -> str:
@@ -189,23 +197,13 @@ class _Child:
 class Supervisor:
     def __init__(
         self,
-        spec_factory: Callable[[], LaunchSpec],
         log_path: Path,
         state_file: Path,
         events: EventBus | None = None,
         policy: RestartPolicy | None = None,
         health_timeout: float = HEALTH_TIMEOUT_SECONDS,
         stop_grace: float = STOP_GRACE_SECONDS,
-        before_stopping_leftover: Callable[[dict[str, Any]], None] | None = None,
-        retry_start: Callable[[int], bool] | None = None,
     ) -> None:
-        """``before_stopping_leftover(state)`` runs (on the supervisor's thread) before a server an
-        earlier run left with other settings is stopped, with what that run recorded about it:
-        the chance to save its conversations. ``retry_start(exit_code)``: llama-server ended during
-        start-up; True to plan and launch again (the planner learnt something), else it failed."""
-        self._spec_factory = spec_factory
-        self._before_stopping_leftover = before_stopping_leftover
-        self._retry_start = retry_start
         self.log_path = log_path
         self.state_file = state_file
         self.events = events or EventBus()
@@ -217,8 +215,7 @@ class Supervisor:
         self._message = ""
         self._child: _Child | None = None
         self._spec: LaunchSpec | None = None
-        self._first_spec: LaunchSpec | None = None  # planned before start() (a prelaunch)
-        self._first_child: subprocess.Popen | None = None  # ... and perhaps already running (a head start)
+        self._first_child: subprocess.Popen | None = None  # the launch already running (a head start)
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self.tailer: logfile.LogTailer | None = None
@@ -226,14 +223,6 @@ class Supervisor:
         self.started_at: float | None = None
         self.adopted = False
         self.last_exit_code: int | None = None
-
-    def set_planner(self, spec_factory: Callable[[], LaunchSpec],
-                    before_stopping_leftover: Callable[[dict[str, Any]], None] | None = None,
-                    retry_start: Callable[[int], bool] | None = None) -> None:
-        """Who plans the launches from now on (an engine taking over a supervisor already started)."""
-        self._spec_factory = spec_factory
-        self._before_stopping_leftover = before_stopping_leftover
-        self._retry_start = retry_start
 
     # -- observable state -----------------------------------------------------------------
     @property
@@ -292,22 +281,50 @@ class Supervisor:
         self.events.emit(ServerStateChanged(state, message, tuple(log_tail), pid, delay))
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self, spec: LaunchSpec | None = None, child: subprocess.Popen | None = None) -> None:
-        """Begin starting the server in the background; watch ``state`` / events for progress.
-        ``spec``: this launch, planned already (later ones ask the spec factory); ``child``: the
-        llama-server already started for ``spec`` (by ``spawn_server``), which this supervises."""
+    def preparing(self, message: str = "preparing") -> bool:
+        """A launch is being planned (STARTING, ``message``); False when the server runs or starts
+        already. A message said again while preparing says how the planning goes on."""
         with self._lock:
-            if self._state in (ServerState.STARTING, ServerState.READY, ServerState.RESTARTING):
+            if self._thread and self._thread.is_alive():
+                return False
+            if self._state in (ServerState.READY, ServerState.RESTARTING):
+                return False
+            if self._state is not ServerState.STARTING:
+                self._stop_requested.clear()
+                self.policy.reset()
+            self._set_state(ServerState.STARTING, message)
+            return True
+
+    def launch(self, spec: LaunchSpec, child: subprocess.Popen | None = None) -> None:
+        """Run ``spec`` in the background (after ``preparing``; a crash restarts it); watch ``state``
+        and the events. ``child``: llama-server already started for it (by ``spawn_server``). Nothing
+        starts when a stop came since ``preparing``."""
+        with self._lock:
+            if self._thread and self._thread.is_alive():
+                return
+            if self._stop_requested.is_set() or self._state is not ServerState.STARTING:
+                if child is not None:
+                    child.kill()
+                    child.wait()
+                return
+            self._spec = spec
+            self._first_child = child
+            self._thread = threading.Thread(target=self._run, name="llama-supervisor", daemon=True)
+            self._thread.start()
+
+    def start(self, spec: LaunchSpec, child: subprocess.Popen | None = None) -> None:
+        """``preparing`` and ``launch`` at once: a launch planned already."""
+        if self.preparing():
+            self.launch(spec, child)
+
+    def fail(self, message: str) -> None:
+        """The launch being prepared cannot run (``message`` says why, to a person)."""
+        with self._lock:
+            if self._state is not ServerState.STARTING or self._stop_requested.is_set():
                 return
             if self._thread and self._thread.is_alive():
                 return
-            self._first_spec = spec
-            self._first_child = child if spec is not None else None
-            self._stop_requested.clear()
-            self.policy.reset()
-            self._set_state(ServerState.STARTING, "preparing")
-            self._thread = threading.Thread(target=self._run, name="llama-supervisor", daemon=True)
-            self._thread.start()
+            self._set_state(ServerState.FAILED, message, log_tail=self.log_tail())
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the server we started (terminate, then kill after the grace period)."""
@@ -359,8 +376,11 @@ class Supervisor:
             except SupervisorError as exc:
                 self._kill_quietly()
                 code, self.last_exit_code = self.last_exit_code, None
-                if code is not None and self._retry_start is not None and self._retry_start(code):
-                    continue  # planned again with what the planner learnt from how it ended
+                fallback = self._spec.fallback if self._spec is not None else None
+                if code is not None and fallback is not None and fallback[0] == code:
+                    self._spec = fallback[1]
+                    self.events.emit(LaunchFellBack(code, self._spec.argv))
+                    continue
                 self._set_state(ServerState.FAILED, str(exc), log_tail=self.log_tail())
                 return
             if self._stop_requested.is_set():
@@ -404,11 +424,9 @@ class Supervisor:
         self._clear_state_file()
 
     def _launch_or_adopt(self) -> bool:
-        spec, self._first_spec = self._first_spec, None
+        spec = self._spec
+        assert spec is not None
         started, self._first_child = self._first_child, None
-        if spec is None:
-            spec = self._spec_factory()  # may raise SupervisorError (missing binary, bad model ...)
-        self._spec = spec
         if started is None:
             if self._try_adopt(spec):
                 return True
@@ -531,41 +549,49 @@ class Supervisor:
             return None
         return proc, data
 
+    def leftover_to_replace(self, spec: LaunchSpec) -> dict[str, Any] | None:
+        """What an earlier run recorded of the server it left running (Slotkeeper was killed), when
+        launching ``spec`` will stop it: the chance to save its conversations first. None when there
+        is none, or it will be adopted, or it holds no conversation (a head start nobody took)."""
+        found = self._our_leftover()
+        if found is None:
+            return None
+        early, adoptable = self._leftover_fits(found[1], spec)
+        return None if early or adoptable else found[1]
+
+    @staticmethod
+    def _leftover_fits(data: dict[str, Any], spec: LaunchSpec) -> tuple[bool, bool]:
+        """(started early by a head start, runs ``spec`` and answers healthy)."""
+        # Started early by a head start nobody took over: it holds no conversation, and a launch of
+        # our own restores the saved ones (an adopted server's slots are taken as they are).
+        early = bool(data.get("early"))
+        if early or list(data.get("argv", [])) != list(spec.argv):
+            return early, False
+        from slotkeeper.core.server.client import LlamaClient, ServerUnavailable
+
+        try:
+            with LlamaClient(spec.base_url, timeout=2.0) as client:
+                return False, client.health().ok
+        except ServerUnavailable:
+            return False, False
+
     def _try_adopt(self, spec: LaunchSpec) -> bool:
         found = self._our_leftover()
         if found is None:
             return False
         proc, data = found
         child = _Child(None, proc)
-        # Started early by a head start nobody took over: it holds no conversation, and a launch of
-        # our own restores the saved ones (an adopted server's slots are taken as they are).
-        early = bool(data.get("early"))
-        same = list(data.get("argv", [])) == list(spec.argv)
-        if same and not early:
-            from slotkeeper.core.server.client import LlamaClient, ServerUnavailable
-
-            try:
-                with LlamaClient(spec.base_url, timeout=2.0) as client:
-                    healthy = client.health().ok
-            except ServerUnavailable:
-                healthy = False
-            if healthy:
-                with self._lock:
-                    if self._stop_requested.is_set():
-                        return False
-                    self._child = child
-                self.adopted = True
-                self._start_tailer(from_end=True)
-                log.info("adopted llama-server pid %s left running by an earlier session", proc.pid)
-                self.events.emit(ServerAdopted(proc.pid))
-                return True
-        if not early and self._before_stopping_leftover is not None and not self._stop_requested.is_set():
-            self._set_state(ServerState.STARTING,
-                            "saving the conversations of a server left by an earlier session")
-            try:
-                self._before_stopping_leftover(data)
-            except Exception:  # its conversations are lost, but the new launch goes on
-                log.exception("saving the slots of the server left running failed")
+        early, adoptable = self._leftover_fits(data, spec)
+        if adoptable:
+            with self._lock:
+                if self._stop_requested.is_set():
+                    return False
+                self._child = child
+            self.adopted = True
+            self._start_tailer(from_end=True)
+            log.info("adopted llama-server pid %s left running by an earlier session", proc.pid)
+            self.events.emit(ServerAdopted(proc.pid))
+            return True
         log.info("stopping llama-server pid %s left by an earlier session (%s)", proc.pid,
                  "started early and never taken over" if early else "settings changed")
         self._set_state(ServerState.STARTING, "stopping a server left by an earlier session")

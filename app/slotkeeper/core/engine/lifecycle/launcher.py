@@ -1,27 +1,41 @@
-"""Planning each launch of llama-server, for the supervisor: the supervisor asks on its own thread
-(``spec``, ``retry_start``, ``save_leftover``) and the work runs on the engine loop. A launch
-begins with ``take``: what it runs goes to the server link, the model is hashed while it loads,
-and what there is to say about it is said. The engine hears of it (``LaunchPlanned``) and reads
-what it needs from here (``door_keys``); nothing here calls back into the engine."""
+"""Planning each launch of llama-server and handing it to the supervisor (``begin``): commands go
+down, and the supervisor is never asked anything on its thread. The supervisor is told a launch
+is being planned, then given it (with its fallback) or told why it cannot run; a server an earlier
+run left with other settings has its conversations saved first. A launch begins with ``take``:
+what it runs goes to the server link, the model is hashed while it loads, and what there is to say
+about it is said. The engine hears of it (``LaunchPlanned``) and reads what it needs from here
+(``door_keys``); nothing here calls back into the engine."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import signal
+import asyncio
+import logging
 import time
 from typing import Any
 
 from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.engine.lifecycle.identity import ModelIdentity, byte_progress
-from slotkeeper.core.engine.lifecycle.launching import LaunchPlan, plan_launch, remember_illegal_instruction
+from slotkeeper.core.engine.lifecycle.launching import (
+    ILLEGAL_INSTRUCTION,
+    LaunchPlan,
+    plan_launch,
+    remember_illegal_instruction,
+)
 from slotkeeper.core.engine.lifecycle.leftover import save_leftover
-from slotkeeper.core.engine.lifecycle.loop import EngineLoop, LoopClosed
+from slotkeeper.core.engine.lifecycle.loop import EngineLoop
 from slotkeeper.core.engine.lifecycle.model_facts import resolve_model
 from slotkeeper.core.engine.lifecycle.server_link import ServerLink
 from slotkeeper.core.engine.lifecycle.tuning import FlashAttnTuning, MeasureRequest
 from slotkeeper.core.engine.slots.saves import SHUTDOWN_SAVE_TIMEOUT_SECONDS, SlotSaves
-from slotkeeper.core.events import ActivityChanged, EventBus, LaunchPlanned, NoticeRaised, WarningRaised
+from slotkeeper.core.events import (
+    ActivityChanged,
+    EventBus,
+    LaunchFellBack,
+    LaunchPlanned,
+    NoticeRaised,
+    WarningRaised,
+)
 from slotkeeper.core.model.demo_model import DEMO_NOTICE
 from slotkeeper.core.model.starter_model import StarterUnavailable
 from slotkeeper.core.server.apikey import DoorKeys
@@ -29,6 +43,8 @@ from slotkeeper.core.server.flash_choice import calibration_key
 from slotkeeper.core.server.supervisor import LaunchSpec, Supervisor, SupervisorError
 from slotkeeper.core.settings import ServerProfile
 from slotkeeper.core.views import Activity
+
+log = logging.getLogger(__name__)
 
 LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
 
@@ -54,47 +70,75 @@ class Launcher:
         self.door_keys: DoorKeys | None = None  # the user's keys for the front door (per launch)
         self._fetched_at = 0.0  # when the starter model's download last got further (its thread)
         self._demo_said = False
+        self._launching: asyncio.Task[None] | None = None
 
-    # -- asked by the supervisor (its thread) ------------------------------------------------
-    def spec(self) -> LaunchSpec:
-        """The launch spec, built on the loop. A plan may wait as long as the starter model's
-        download goes on; anything else, a bounded time."""
-        try:
-            future = self.loop.post(self._prepare())
-        except LoopClosed as exc:
-            raise SupervisorError("Slotkeeper is quitting") from exc
-        while True:
-            try:
-                return future.result(LAUNCH_SPEC_TIMEOUT_SECONDS)
-            except concurrent.futures.TimeoutError:
-                if time.monotonic() - self._fetched_at > LAUNCH_SPEC_TIMEOUT_SECONDS:
-                    future.cancel()
-                    raise SupervisorError("Preparing llama-server's launch took too long") from None
+    # -- commands (on the loop) ---------------------------------------------------------------
+    def begin(self) -> None:
+        """Plan a launch and hand it to the supervisor, as a task (planning may wait for the starter
+        model's download). Nothing when the server runs or starts already."""
+        if not self.supervisor.preparing():
+            return
+        self.cancel()
+        self._launching = self.loop.spawn(self._launch(), "planning the launch")
 
-    def retry_start(self, exit_code: int) -> bool:
-        """llama-server ended during start-up: True to launch it again. Once, when it died of SIGILL
-        as it loaded the model: then with --no-repack (see launching)."""
-        if exit_code != -getattr(signal, "SIGILL", 4) or not self.binary:
-            return False
-        if not remember_illegal_instruction(self.binary, self.binary_facts):
-            return False  # started so already: it failed for another reason
+    def cancel(self) -> None:
+        """Give up the launch being planned (the server stops)."""
+        if self._launching is not None and not self._launching.done():
+            self._launching.cancel()
+        self._launching = None
+
+    def fell_back(self, event: LaunchFellBack) -> None:
+        """llama-server ended during start-up and the supervisor runs the launch's fallback: the
+        one there is, with --no-repack (see launching), is kept for this binary and said."""
+        if event.exit_code == ILLEGAL_INSTRUCTION and self.binary:
+            self.loop.spawn(self._remember_no_repack(self.binary), "remembering --no-repack")
+
+    async def _remember_no_repack(self, binary: str) -> None:
+        if not await self.loop.run_io(remember_illegal_instruction, binary, self.binary_facts):
+            return  # said already
         self.events.emit(WarningRaised(
             "llama-server stopped on an illegal instruction while it loaded the model: this system reports "
             "CPU instructions it does not let programs use (AMX in some virtual machines, say), which "
             "llama-server's weight repacking uses. Slotkeeper starts it with --no-repack now, and from now "
             "on."))
-        return True
-
-    def save_leftover(self, record: dict[str, Any]) -> None:
-        """A server an earlier run left running with other settings (Slotkeeper was killed): save what
-        its slots hold before it is stopped."""
-        try:
-            self.loop.call(self._save_leftover(record), timeout=SHUTDOWN_SAVE_TIMEOUT_SECONDS)
-        except LoopClosed:
-            pass
 
     # -- on the loop ------------------------------------------------------------------------
+    async def _launch(self) -> None:
+        try:
+            spec = await self._prepare_in_time()
+        except SupervisorError as exc:
+            self.supervisor.fail(str(exc))
+            return
+        except Exception as exc:  # never leave the server "starting"
+            log.exception("planning the launch failed")
+            self.supervisor.fail(f"unexpected error: {exc}")
+            return
+        record = await self.loop.run_io(self.supervisor.leftover_to_replace, spec)
+        if record is not None and not self.supervisor.stop_requested:
+            self.supervisor.preparing("saving the conversations of a server left by an earlier session")
+            try:
+                await asyncio.wait_for(self._save_leftover(record), SHUTDOWN_SAVE_TIMEOUT_SECONDS)
+            except Exception:  # its conversations are lost, but the new launch goes on
+                log.exception("saving the slots of the server left running failed")
+        self.supervisor.launch(spec)
+
+    async def _prepare_in_time(self) -> LaunchSpec:
+        """The launch spec. A plan may wait as long as the starter model's download goes on;
+        anything else, a bounded time."""
+        task = asyncio.ensure_future(self._prepare())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=LAUNCH_SPEC_TIMEOUT_SECONDS)
+                if done:
+                    return task.result()
+                if time.monotonic() - self._fetched_at > LAUNCH_SPEC_TIMEOUT_SECONDS:
+                    raise SupervisorError("Preparing llama-server's launch took too long")
+        finally:
+            task.cancel()
+
     async def _save_leftover(self, record: dict[str, Any]) -> None:
+        """A server an earlier run left running with other settings (Slotkeeper was killed): save what
+        its slots hold before it is stopped."""
         _url, key = self.link.upstream()  # a server we left runs on the private address we keep
         await save_leftover(record, key, self.loop, self.events,
                             lambda path: resolve_model(path, self.paths.models_dir, self.model_facts),

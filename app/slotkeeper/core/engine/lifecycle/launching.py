@@ -18,6 +18,7 @@ does the launch, and says what is wrong, as it always does.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
 import time
@@ -120,7 +121,13 @@ def plan_launch(paths: AppPaths, profile: ServerProfile, model_facts: FileFactsC
     record = {"profile": replace(profile, extra_args=without_api_key(profile.extra_args),
                                  flash_attn=flash_attn).to_json(),
               "model_path": str(model.path)}
-    spec = LaunchSpec(tuple(argv), LOOPBACK, private.port, env=launch_environment(private.key), record=record)
+    env = launch_environment(private.key)
+    fallback = None
+    if "--no-repack" in flags and "--no-repack" not in workarounds:  # see NO_REPACK_FACT
+        at = len(binary.argv_prefix)
+        fallback = (ILLEGAL_INSTRUCTION, LaunchSpec((*argv[:at], "--no-repack", *argv[at:]), LOOPBACK,
+                                                    private.port, env=env, record=record))
+    spec = LaunchSpec(tuple(argv), LOOPBACK, private.port, env=env, record=record, fallback=fallback)
     return LaunchPlan(spec, model, profile, private, notes, binary.path, flash_attn, fa, staging)
 
 
@@ -158,9 +165,11 @@ def resolve_flash_attn(binary_path: str, argv: list[str], model: ModelChoice, pr
 
 
 # Some systems report CPU instructions they do not let a program use (AMX in some virtual machines):
-# llama-server's weight repacking then stops it with SIGILL while it loads the model. Once seen for
-# a binary, it is started with --no-repack (weights used as they are; slower, never wrong).
+# llama-server's weight repacking then stops it with SIGILL while it loads the model. Each launch
+# names its fallback with --no-repack (weights used as they are; slower, never wrong), which the
+# supervisor runs then; once seen for a binary, it is started so from the first.
 NO_REPACK_FACT = "illegal-instruction-when-repacking"
+ILLEGAL_INSTRUCTION = -getattr(signal, "SIGILL", 4)  # the exit code of a process SIGILL stopped
 
 
 def binary_workarounds(binary: ServerBinary, flags: frozenset[str],
@@ -237,7 +246,7 @@ def _prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] 
     except (datalock.DataDirBusy, OSError):
         return None  # the engine says so
     events = EventBus(held=True)
-    supervisor = Supervisor(spec_factory=_no_spec, log_path=paths.server_log,
+    supervisor = Supervisor(log_path=paths.server_log,
                             state_file=paths.server_state_file, events=events)
     early = headstart.early()
     if supervisor.leftover_port(ours=early.popen.pid if early else None) is not None:
@@ -262,10 +271,6 @@ def _prelaunch(paths: AppPaths, settings: Settings, command_line: Sequence[str] 
     else:
         log.debug("llama-server started before the engine was built")
     return Prelaunched(supervisor, plan, events, sock, model_facts, binary_facts)
-
-
-def _no_spec() -> LaunchSpec:
-    raise SupervisorError("no launch planned")
 
 
 def claim_address(host: str, port: int) -> socket.socket | None:
