@@ -76,7 +76,8 @@ class Parts:
     async def recompute(self, slot: int, reason: str) -> None:
         self.calls.append(("erase", slot, reason))
 
-    async def points_before_leaving(self, slot: int) -> int:
+    # the restore points
+    async def before_leaving(self, slot: int) -> int:
         return 0  # a full-attention model's conversation owes none
 
     # the library
@@ -113,7 +114,7 @@ def make_desk(n_slots: int = 2, facts: Facts | None = None,
     board.reset(n_slots, 4096)
     parts = Parts()
     # type: ignore[arg-type]
-    desk = FrontDesk(board, Link(facts, serving), actions=parts, saves=parts, library=parts,
+    desk = FrontDesk(board, Link(facts, serving), actions=parts, points=parts, saves=parts, library=parts,
                      ledger=Ledger(parts), poller=parts, rates=Rates(), prompts=parts)  # type: ignore[arg-type]
     return desk, board, parts
 

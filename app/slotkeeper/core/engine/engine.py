@@ -47,6 +47,7 @@ from slotkeeper.core.engine.lifecycle.server_link import ServerLink
 from slotkeeper.core.engine.lifecycle.tuning import FlashAttnTuning
 from slotkeeper.core.engine.slots.actions import SlotActions
 from slotkeeper.core.engine.slots.board import SlotBoard
+from slotkeeper.core.engine.slots.points import RestorePoints
 from slotkeeper.core.engine.slots.polling import SlotPoller
 from slotkeeper.core.engine.slots.rates import Rates
 from slotkeeper.core.engine.slots.saves import (
@@ -144,12 +145,14 @@ class Engine(EngineFace):
                                  self.tuning)
         self.actions = SlotActions(self.board, self.link, self.library, self.saves, self.loop, self.events,
                                    self.rates, self.prompts)
-        self.actions.make_restore_points = settings.restore_points
+        self.points = RestorePoints(self.board, self.link, self.library, self.saves, self.actions, self.loop,
+                                    self.events, self.prompts)
+        self.points.enabled = settings.restore_points
         self.library.point_spacing = settings.point_spacing_tokens
-        self.poller = SlotPoller(self.board, self.link, self.loop, self.saves, self.actions)
+        self.poller = SlotPoller(self.board, self.link, self.loop, self.saves, self.points)
         self.ledger = RequestLedger(self.board, self.history, self.library, self.loop, self.events)
-        self.desk = FrontDesk(self.board, self.link, self.actions, self.saves, self.library, self.ledger,
-                              self.poller, self.rates, self.prompts)
+        self.desk = FrontDesk(self.board, self.link, self.actions, self.points, self.saves, self.library,
+                              self.ledger, self.poller, self.rates, self.prompts)
         self.front = FrontDoor(self.desk, self.prompts, upstream=self.link.upstream,
                                policy=self._door_policy())
 
@@ -241,7 +244,7 @@ class Engine(EngineFace):
         if not keep_front_door:
             await self.front.stop()
         self.link.serving.clear()
-        self.actions.stopping = True  # restore points under way stop after their current step
+        self.points.stopping = True  # restore points under way stop after their current step
         self.poller.stop()
         await self.saves.await_commits()  # saves finishing after a switch: before llama-server stops
         if self._after_ready is not None and not self._after_ready.done():
@@ -253,11 +256,11 @@ class Engine(EngineFace):
                 report = await self.saves.save_changed(timeout, "shutdown")
                 # The restore points every conversation still owes, in bounded time.
                 left = min(POINTS_AT_STOP_SECONDS, timeout - (time.monotonic() - began))
-                await self.actions.points_at_stop(time.monotonic() + max(0.0, left))
+                await self.points.at_stop(time.monotonic() + max(0.0, left))
         finally:
             self.launcher.cancel()  # a launch still being planned never runs
             await self.loop.run_io(self.supervisor.stop)
-            self.actions.stopping = False
+            self.points.stopping = False
         self.link.launched = None
         self.link.close_client()
         self._published_in_slots = None
@@ -299,7 +302,7 @@ class Engine(EngineFace):
         self.board.set_idle_save(settings.idle_save_seconds)
         self.library.budget_bytes = settings.budget_bytes
         self.library.point_spacing = settings.point_spacing_tokens
-        self.actions.make_restore_points = settings.restore_points
+        self.points.enabled = settings.restore_points
         self._publish()
         if budget_changed:
             await self.library.prune()

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from slotkeeper.core.engine.lifecycle.server_link import ServerLink
     from slotkeeper.core.engine.slots.actions import SlotActions
     from slotkeeper.core.engine.slots.board import SlotBoard, SlotContent
+    from slotkeeper.core.engine.slots.points import RestorePoints
     from slotkeeper.core.engine.slots.polling import SlotPoller
     from slotkeeper.core.engine.slots.rates import Rates
     from slotkeeper.core.engine.slots.saves import SlotSaves
@@ -110,12 +111,13 @@ class Outcome:
 
 
 class FrontDesk:
-    def __init__(self, board: SlotBoard, link: ServerLink, actions: SlotActions, saves: SlotSaves,
-                 library: Library, ledger: RequestLedger, poller: SlotPoller, rates: Rates,
+    def __init__(self, board: SlotBoard, link: ServerLink, actions: SlotActions, points: RestorePoints,
+                 saves: SlotSaves, library: Library, ledger: RequestLedger, poller: SlotPoller, rates: Rates,
                  prompts: PromptTokens) -> None:
         self.board = board
         self.link = link
         self.actions = actions
+        self.points = points
         self.saves = saves
         self.library = library
         self.ledger = ledger
@@ -251,7 +253,7 @@ class FrontDesk:
             if r.save_first or r.restore or r.erase_first:
                 # The conversation it holds leaves: its restore points first, while llama-server
                 # still holds what they are made from (saved first, whole, when it changed).
-                await self.actions.points_before_leaving(r.slot)
+                await self.points.before_leaving(r.slot)
             unsaved = r.save_first and self.board[r.slot].watch.changed
             if unsaved and not await self.saves.save_before_switching(r.slot):
                 raise FrontDeskError(503, f"slot {r.slot} holds a conversation that could not be saved, so "

@@ -316,7 +316,7 @@ class SlotBoard:
         self._changed()
 
     def rewound(self, slot_id: int, tokens: TokenArray, restored: bool) -> None:
-        """Restore points were made from the slot's conversation (``SlotActions.make_points``): it
+        """Restore points were made from the slot's conversation (``RestorePoints.after_idle_save``): it
         holds ``tokens`` now, the saved conversation restored again (``restored``: its state cannot
         be rolled back, as any restore's) or the last point made (live, when that restore failed).
         Nothing in it is unsaved, and its view is unchanged."""

@@ -11,9 +11,9 @@ import time
 
 from slotkeeper.core.engine.lifecycle.loop import EngineLoop
 from slotkeeper.core.engine.lifecycle.server_link import ServerLink
-from slotkeeper.core.engine.slots.actions import SlotActions
 from slotkeeper.core.engine.slots.autosave import IDLE_POLL_SECONDS, POLL_SECONDS
 from slotkeeper.core.engine.slots.board import SlotBoard
+from slotkeeper.core.engine.slots.points import RestorePoints
 from slotkeeper.core.engine.slots.saves import SlotSaves
 from slotkeeper.core.server.client import ServerError, ServerUnavailable
 
@@ -23,14 +23,14 @@ ABANDONED_GIVE_UP_SECONDS = 120.0
 
 class SlotPoller:
     def __init__(self, board: SlotBoard, link: ServerLink, loop: EngineLoop, saves: SlotSaves,
-                 actions: SlotActions) -> None:
-        """``saves``: where a slot whose conversation went idle is saved; ``actions``: what makes its
+                 points: RestorePoints) -> None:
+        """``saves``: where a slot whose conversation went idle is saved; ``points``: what makes its
         restore points then."""
         self.board = board
         self.link = link
         self.loop = loop
         self.saves = saves
-        self.actions = actions
+        self.points = points
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._slowly = False
@@ -94,6 +94,6 @@ class SlotPoller:
     async def _save_idle(self, slot: int) -> None:
         try:
             if await self.saves.save(slot, "idle") is not None:
-                await self.actions.make_points(slot)
+                await self.points.after_idle_save(slot)
         finally:
             self._idle_saves.discard(slot)
