@@ -515,15 +515,12 @@ class Supervisor:
                          spec.record)
 
     def _clear_state_file(self) -> None:
-        try:
-            self.state_file.unlink()
-        except FileNotFoundError:
-            pass
+        clear_record(self.state_file)
 
     def leftover_port(self, ours: int | None = None) -> int | None:
         """The port of a server an earlier run left running (still alive), if any. ``ours``: the
         pid of the server this process's head start began, which is not a leftover."""
-        found = self._our_leftover()
+        found = recorded_server(self.state_file)
         if found is None or found[0].pid == ours:
             return None
         try:
@@ -531,57 +528,23 @@ class Supervisor:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def _our_leftover(self) -> tuple[psutil.Process, dict] | None:
-        try:
-            data = json.loads(self.state_file.read_text(encoding="utf-8"))
-            pid, ctime = int(data["pid"]), float(data["create_time"])
-        except (OSError, ValueError, KeyError, TypeError):
-            self._clear_state_file()
-            return None
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - ctime) > 0.01 or not proc.is_running():
-                raise psutil.NoSuchProcess(pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                raise psutil.NoSuchProcess(pid)
-        except psutil.Error:
-            self._clear_state_file()  # gone, or the pid now belongs to someone else
-            return None
-        return proc, data
-
     def leftover_to_replace(self, spec: LaunchSpec) -> dict[str, Any] | None:
         """What an earlier run recorded of the server it left running (Slotkeeper was killed), when
         launching ``spec`` will stop it: the chance to save its conversations first. None when there
         is none, or it will be adopted, or it holds no conversation (a head start nobody took)."""
-        found = self._our_leftover()
+        found = recorded_server(self.state_file)
         if found is None:
             return None
-        early, adoptable = self._leftover_fits(found[1], spec)
+        early, adoptable = leftover_fits(found[1], spec)
         return None if early or adoptable else found[1]
 
-    @staticmethod
-    def _leftover_fits(data: dict[str, Any], spec: LaunchSpec) -> tuple[bool, bool]:
-        """(started early by a head start, runs ``spec`` and answers healthy)."""
-        # Started early by a head start nobody took over: it holds no conversation, and a launch of
-        # our own restores the saved ones (an adopted server's slots are taken as they are).
-        early = bool(data.get("early"))
-        if early or list(data.get("argv", [])) != list(spec.argv):
-            return early, False
-        from slotkeeper.core.server.client import LlamaClient, ServerUnavailable
-
-        try:
-            with LlamaClient(spec.base_url, timeout=2.0) as client:
-                return False, client.health().ok
-        except ServerUnavailable:
-            return False, False
-
     def _try_adopt(self, spec: LaunchSpec) -> bool:
-        found = self._our_leftover()
+        found = recorded_server(self.state_file)
         if found is None:
             return False
         proc, data = found
         child = _Child(None, proc)
-        early, adoptable = self._leftover_fits(data, spec)
+        early, adoptable = leftover_fits(data, spec)
         if adoptable:
             with self._lock:
                 if self._stop_requested.is_set():
@@ -598,6 +561,51 @@ class Supervisor:
         self._terminate(child, self.stop_grace)
         self._clear_state_file()
         return False
+
+
+def clear_record(state_file: Path) -> None:
+    try:
+        state_file.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def recorded_server(state_file: Path) -> tuple[psutil.Process, dict] | None:
+    """The llama-server the state file records, with what it records, while that very process
+    runs (its pid and start time match); else None, and the record is cleared."""
+    try:
+        data = json.loads(state_file.read_text(encoding="utf-8"))
+        pid, ctime = int(data["pid"]), float(data["create_time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        clear_record(state_file)
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - ctime) > 0.01 or not proc.is_running():
+            raise psutil.NoSuchProcess(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            raise psutil.NoSuchProcess(pid)
+    except psutil.Error:
+        clear_record(state_file)  # gone, or the pid now belongs to someone else
+        return None
+    return proc, data
+
+
+def leftover_fits(data: dict[str, Any], spec: LaunchSpec) -> tuple[bool, bool]:
+    """Of a server an earlier run left (``data``, its record): (started early by a head start, runs
+    ``spec`` and answers healthy)."""
+    # Started early by a head start nobody took over: it holds no conversation, and a launch of
+    # our own restores the saved ones (an adopted server's slots are taken as they are).
+    early = bool(data.get("early"))
+    if early or list(data.get("argv", [])) != list(spec.argv):
+        return early, False
+    from slotkeeper.core.server.client import LlamaClient, ServerUnavailable
+
+    try:
+        with LlamaClient(spec.base_url, timeout=2.0) as client:
+            return False, client.health().ok
+    except ServerUnavailable:
+        return False, False
 
 
 def health_poll_interval(elapsed: float) -> float:
