@@ -118,7 +118,7 @@ def main() -> int:
             gaps["alone"].extend(stream_gaps(url, f"Round {rnd} alone: tell me a story"))
 
             def raw_save(rnd: int = rnd) -> None:
-                private_url, key = engine._upstream()  # llama-server's own address: no policy in between
+                private_url, key = engine.link.upstream()  # llama-server's own address: no policy in between
                 httpx.post(f"{private_url}/slots/1", params={"action": "save"},
                            headers={"Authorization": f"Bearer {key}"},
                            json={"filename": f"raw-{rnd}.kv"}, timeout=120).raise_for_status()

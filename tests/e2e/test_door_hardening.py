@@ -51,7 +51,7 @@ def raw_request(port: int, method: str, target: str, body: bytes | None = None,
 
 
 def private(engine) -> httpx.Client:
-    url, key = engine._upstream()
+    url, key = engine.link.upstream()
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
 
 

@@ -188,7 +188,7 @@ def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_serve
         [recomputed] = events.of(ev.SlotRecomputed)
         assert ("restored state" if shape != "two prompts" else "tokens are not known") in recomputed.reason
         # Without the guard: llama-server itself, the same file restored, the same rollback.
-        url, key = engine._upstream()
+        url, key = engine.link.upstream()
         raw = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
         entry = engine.sessions.listing().sessions[0]
         engine.store.states.materialize(entry.sidecar.kv_file, engine.link.staging / "by-hand.kv")
@@ -285,7 +285,7 @@ def test_a_hybrid_models_restored_state_serves_exact_continuations_and_recompute
         record = engine.store.get(entry.id).sidecar.last_restore
         assert record.effective is None and "recomputed" in record.reason
         # The same rollback straight to llama-server after a cold start of the slot.
-        url, key = engine._upstream()
+        url, key = engine.link.upstream()
         raw = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
         raw.post("/slots/0", params={"action": "erase"})
         cold = raw.post("/completion",
@@ -317,7 +317,7 @@ def test_streaming_cancellation_errors_and_every_endpoint(llama_model, server_bi
                                      json={"messages": [{"role": "user",
                                                          "content": "hello"}]}).json()["prompt"]
         # The web UI (this source build has none: llama-server's own 404) comes back as llama-server answers.
-        private, key = engine._upstream()
+        private, key = engine.link.upstream()
         ui, direct = httpx.get(f"{url}/"), httpx.get(f"{private}/")
         assert (ui.status_code, ui.content) == (direct.status_code, direct.content)
         # llama-server's errors come back as it answered them.
@@ -344,7 +344,7 @@ def test_streaming_cancellation_errors_and_every_endpoint(llama_model, server_bi
             for i, _line in enumerate(s.iter_lines()):
                 if i > 5:
                     break
-        url_priv, key = engine._upstream()
+        url_priv, key = engine.link.upstream()
         wait_until(lambda: not httpx.get(f"{url_priv}/slots",
                                          headers={"Authorization": f"Bearer {key}"}).json()[0][
             "is_processing"], timeout=10, what="the cancelled request to stop")
@@ -353,7 +353,7 @@ def test_streaming_cancellation_errors_and_every_endpoint(llama_model, server_bi
         too_long = httpx.post(f"{url}/completion", json={"prompt": "word " * 5000, "n_predict": 1},
                               timeout=60)
         assert too_long.status_code == 400 and "error" in too_long.json()
-        report = engine.save_changed_slots()
+        report = engine.loop.call(engine.save_changed_slots_async())
         assert report.saved == () and report.unsaved == (), "a refused request is not a change to save"
     finally:
         engine.stop(save=False)
@@ -376,7 +376,7 @@ def test_the_slot_file_api_is_closed_on_every_port(llama_model, server_bin, port
         assert httpx.get(f"{front}/props", headers=user).status_code == 200
         assert httpx.get(f"{front}/health").status_code == 200
         # llama-server's own port answers only to Slotkeeper's private key, not even the user's.
-        private, key = engine._upstream()
+        private, key = engine.link.upstream()
         assert f":{port}" not in private
         for headers in ({}, user):
             r = httpx.post(f"{private}/slots/0", params={"action": "save"}, json={"filename": "junk.bin"},

@@ -46,7 +46,7 @@ def test_start_ready_props_and_stop(llama_model, server_bin, port):
             assert props.total_slots == 1 and props.n_ctx_slot == 2048
         # --metrics is on for Slotkeeper: the Prometheus counters answer (and no prompt was processed
         # yet); clients get them only when the user asks for --metrics, as from llama-server.
-        url, key = engine._upstream()
+        url, key = engine.link.upstream()
         metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10)
         assert metrics.status_code == 200 and "llamacpp:prompt_tokens_total 0" in metrics.text
         assert httpx.get(f"{engine.base_url}/metrics", timeout=10).status_code == 501

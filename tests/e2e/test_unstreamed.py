@@ -90,7 +90,7 @@ def test_a_client_that_leaves_a_non_streamed_request_stops_it_at_once(path, llam
     engine.start()
     try:
         assert engine.wait_ready(60) is ServerState.READY
-        url, key = engine._upstream()
+        url, key = engine.link.upstream()
         private = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
         body = json.dumps(LONG_ANSWERS[path]).encode()
         with socket.create_connection(("127.0.0.1", port)) as s:

@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from slotkeeper.core.engine.lifecycle.loop import EngineLoop, LoopClosed
 from slotkeeper.core.engine.lifecycle.model_facts import ModelChoice
@@ -32,6 +32,23 @@ if TYPE_CHECKING:
     from slotkeeper.core.engine.stored.library import Library
 
 T = TypeVar("T")
+V = TypeVar("V")
+
+
+class _Published(Generic[V]):
+    """A face's read of the published snapshot's attribute of the same name (any thread)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, face: None, owner: type | None = None) -> _Published[V]: ...
+    @overload
+    def __get__(self, face: EngineFace, owner: type | None = None) -> V: ...
+    def __get__(self, face: EngineFace | None, owner: type | None = None) -> V | _Published[V]:
+        if face is None:
+            return self
+        return cast(V, getattr(face._snapshot, self.name))
 
 
 class EngineFace:
@@ -52,37 +69,18 @@ class EngineFace:
     def snapshot(self) -> EngineSnapshot:
         return self._snapshot
 
-    @property
-    def settings(self) -> Settings:
-        return self._snapshot.settings
+    # The published snapshot's values, read from the snapshot at hand (``EngineSnapshot``).
+    settings: _Published[Settings] = _Published()
+    running_profile: _Published[ServerProfile] = _Published()
+    launched_profile: _Published[ServerProfile | None] = _Published()
+    base_url: _Published[str] = _Published()
+    facts: _Published[ServerFacts | None] = _Published()
+    model: _Published[ModelChoice | None] = _Published()
+    state: _Published[ServerState] = _Published()
 
     @property
     def profile(self) -> ServerProfile:
         return self._snapshot.settings.profile
-
-    @property
-    def running_profile(self) -> ServerProfile:
-        return self._snapshot.running_profile
-
-    @property
-    def launched_profile(self) -> ServerProfile | None:
-        return self._snapshot.launched_profile
-
-    @property
-    def base_url(self) -> str:
-        return self._snapshot.base_url
-
-    @property
-    def facts(self) -> ServerFacts | None:
-        return self._snapshot.facts
-
-    @property
-    def model(self) -> ModelChoice | None:
-        return self._snapshot.model
-
-    @property
-    def state(self) -> ServerState:
-        return self._snapshot.state
 
     @property
     def index(self) -> SessionsIndex:
@@ -111,10 +109,6 @@ class EngineFace:
         """A client of the front door (slot actions may take up to ``timeout``)."""
         return LlamaClient(self.base_url, timeout=min(timeout, 10.0), api_key=self.api_key,
                            slot_action_timeout=timeout)
-
-    def _upstream(self) -> tuple[str, str]:
-        """llama-server's private base URL and key (for tests that talk to it directly)."""
-        return self.link.upstream()
 
     def add_log_listener(self, fn: Callable[[str], None]) -> None:
         """``fn(line)`` for every line llama-server logs, on the log tailer's thread."""
@@ -198,10 +192,6 @@ class EngineFace:
 
     def save_slot(self, slot: int) -> SaveSummary | None:
         return self._call(self.save_slot_async(slot))
-
-    def save_changed_slots(self, timeout: float = SHUTDOWN_SAVE_TIMEOUT_SECONDS,
-                           reason: str = "shutdown") -> SavesReport:
-        return self._call(self.save_changed_slots_async(timeout, reason))
 
     def update_settings(self, settings: Settings) -> None:
         self._call(self.update_settings_async(settings))

@@ -56,13 +56,17 @@ from slotkeeper.core.engine.door.httpstack import aiohttp, web
 from slotkeeper.core.engine.door.prompts import CONVERSIONS, PromptTokens, resetting_socket, single_prompt
 from slotkeeper.core.engine.door.shapes import SAMPLING_FIELDS, Learn
 from slotkeeper.core.engine.door.unstream import Unstreamed, answer_kind, streamed_request
-from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable
-from slotkeeper.core.server.command import SSE_PING_DEFAULT
+from slotkeeper.core.engine.errors import EngineError
+from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable, exposure_refusal
+from slotkeeper.core.server.command import SSE_PING_DEFAULT, sse_ping_interval, user_wants
+from slotkeeper.core.server.supervisor import port_user
 from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.transcripts import ReplyCollector, SseReader, conversation
 
 if TYPE_CHECKING:
     from slotkeeper.core.engine.desk.frontdesk import FrontDesk
+    from slotkeeper.core.sessions.compat import ServerFacts
+    from slotkeeper.core.settings import ServerProfile
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,30 @@ class DoorPolicy:
     metrics: bool = False
     n_slots: int = 0  # 0: not known yet
     sse_ping: int = SSE_PING_DEFAULT  # llama-server's --sse-ping-interval: seconds, <= 0 none
+
+
+def door_policy(profile: ServerProfile, keys: DoorKeys, facts: ServerFacts | None) -> DoorPolicy:
+    """What clients may reach through the door of a server run with ``profile``, and with which keys."""
+    return DoorPolicy(keys, slots=user_wants(profile.extra_args, "slots"),
+                      metrics=user_wants(profile.extra_args, "metrics"),
+                      n_slots=facts.n_parallel if facts is not None else profile.parallel,
+                      sse_ping=sse_ping_interval(profile.extra_args))
+
+
+async def open_door(front: FrontDoor, profile: ServerProfile, sock: socket.socket | None = None) -> None:
+    """``front`` listens on the user's address (``sock``: claimed already); EngineError with a
+    sentence for a person when it may not (exposed without a key) or cannot (the port is taken)."""
+    refusal = exposure_refusal(profile.host, profile.port, profile.extra_args)
+    if refusal:
+        raise EngineError(refusal)
+    try:
+        await front.start(profile.host, profile.port, sock=sock)
+    except OSError as exc:
+        who = await asyncio.to_thread(port_user, profile.host, profile.port)
+        what = (f"Port {profile.port} on {profile.host} is already in use by {who}" if who
+                else f"Cannot listen on {profile.host} port {profile.port}: {exc.strerror or exc}")
+        raise EngineError(f"{what}. Choose another port in Settings (or --port); Slotkeeper does not "
+                          "stop programs it did not start.") from exc
 
 
 PING = b":\n\n"  # llama-server's SSE comment ping (a line a client's SSE parser skips)

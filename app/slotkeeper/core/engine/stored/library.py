@@ -36,7 +36,9 @@ from slotkeeper.core.events import (
 )
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.services.sessions import SearchResult, SessionsService
+from slotkeeper.core.services.transcript_check import TranscriptCheck, check_saved
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
+from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
 from slotkeeper.core.sessions.index import SessionsIndex
 from slotkeeper.core.sessions.lineage import common_prefix_len
 from slotkeeper.core.sessions.migration import carry_over_folder, needs_carrying_over
@@ -60,6 +62,13 @@ INDEX_WRITE_DELAY_SECONDS = 30.0
 
 
 PREWARM_POINTS = 2  # restore points of the latest conversation assembled ahead of a launch
+PREWARM_MAX = 4  # conversations assembled ahead of a launch's restores, at most
+
+
+def prewarm_count(parallel: int, restore_on_start: int | None) -> int:
+    """How many conversations a launch assembles ahead: as many as it restores (one per slot, at
+    most the setting's limit), at most PREWARM_MAX."""
+    return min(parallel, restore_on_start if restore_on_start is not None else parallel, PREWARM_MAX)
 SAVED_PREFIX_HITS = 2  # saved sessions routing compares for one request
 
 
@@ -76,9 +85,11 @@ class SavedPrefix:
 
 class Library:
     def __init__(self, paths: AppPaths, loop: EngineLoop, events: EventBus, budget_bytes: int) -> None:
-        """``budget_bytes``: the disk budget (changed with the settings). The engine tells the
-        sessions service which sessions the slots hold (``sessions.hold``)."""
+        """``budget_bytes``: the disk budget (changed with the settings). The engine tells it which
+        sessions the slots hold (``slots_hold``)."""
         self.loop = loop
+        self.paths = paths
+        self._in_slots_file: frozenset[str] | None = None  # what the in-slots file says
         self.point_spacing = DEFAULT_POINT_SPACING_TOKENS  # earlier restore points' spacing (a setting)
         self.events = events
         self.store = SessionStore(paths.sessions_dir, index_file=paths.sessions_index_file)
@@ -154,6 +165,39 @@ class Library:
         for session_id, why in result.skipped or ():
             self.loop.call_soon(self.events.emit, WarningRaised(
                 f"saved conversation {session_id} stays as it was saved: {why}"))
+
+    # -- what the slots hold, and the settings -----------------------------------------------
+    def slots_hold(self, held: frozenset[str], launched: bool) -> None:
+        """What the slots hold now (on the loop, as it changes): the sessions service keeps them
+        from deletion and pruning, and the in-slots file says so to other processes."""
+        self.sessions.hold(held)  # before anyone may delete what they hold
+        if launched and held != self._in_slots_file:
+            self._in_slots_file = held
+            self.loop.in_background(publish_in_slots, self.paths.in_slots_file, held,
+                                    what="recording the sessions in slots")
+
+    def slots_emptied(self) -> None:
+        """The server stopped: no slot holds anything now."""
+        self._in_slots_file = None
+        self.loop.in_background(clear_in_slots, self.paths.in_slots_file, what="clearing the in-slots file")
+
+    async def settings_changed(self, budget_bytes: int, point_spacing: int) -> None:
+        """The disk budget and the restore points' spacing the settings name now; a smaller budget
+        prunes at once."""
+        changed = budget_bytes != self.budget_bytes
+        self.budget_bytes, self.point_spacing = budget_bytes, point_spacing
+        if changed:
+            await self.prune()
+
+    async def check_transcript(self, session_id: str, facts: ServerFacts | None,
+                               http: Callable[[], LlamaClient]) -> TranscriptCheck | None:
+        """Whether a saved conversation's transcript says what its KV file holds (None: it has none,
+        or no server of its model runs (``facts``), which alone can render and tokenize it)."""
+        if facts is None:
+            return None
+        entry = await self.loop.run_io(self.store.get, session_id)
+        transcript = await self.loop.run_io(self.store.transcript, entry)
+        return await self.loop.run_io(check_saved, self.store, entry, transcript, facts.model_sha256, http())
 
     # -- whole states ready for the launch's restores ---------------------------------------
     def begin_prewarm(self, folder: Path, model_path: str, n: int) -> None:
