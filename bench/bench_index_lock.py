@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from slotkeeper.core.sessions.index import BLOCK, SessionsIndex, SidecarRecord  # noqa: E402
+from slotkeeper.core.sessions.index_file import index_bytes
 from slotkeeper.core.sessions.sidecar import Sidecar  # noqa: E402
 
 SIDECAR = Path(__file__).resolve().parents[1] / "tests" / "data" / "sidecar_v2.json"
@@ -100,7 +101,7 @@ def measure(index: SessionsIndex, sha: str, n: int) -> tuple[float, float, float
     worst[0] = 0.0
     lock.longest = 0.0
     t0 = time.perf_counter()
-    data = index.to_bytes()
+    data = index_bytes(index)
     took = time.perf_counter() - t0
     held = lock.longest
     stop.set()
@@ -119,7 +120,7 @@ def main() -> int:
         for _ in range(args.rounds):
             index, sha = build(args.sessions)
             if state == "warm":
-                index.to_bytes()
+                index_bytes(index)
             rows.append(measure(index, sha, args.sessions))
         took, held, routed = (statistics.median(r[k] for r in rows) * 1000 for k in range(3))
         print(f"{state}: to_bytes of {args.sessions:,} sessions {took:.1f} ms; the lock held at most "

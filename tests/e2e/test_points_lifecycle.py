@@ -155,7 +155,7 @@ def test_a_tampered_points_entry_costs_that_point_only(saved_with_points, server
     assert not entry.problems and entry.sidecar.kv_file == main
     assert [p.kv_file for p in entry.sidecar.points][:2] == [p["kv_file"] for p in good]
     store.verify(entry.id)
-    store.drop_points(entry.id, [main])  # a name the sidecar uses otherwise is never removed
+    store.points.drop(entry.id, [main])  # a name the sidecar uses otherwise is never removed
     assert (app_paths().sessions_dir / main).exists()
     got = relaunched_case(model, server_bin, port, history, "reasoning")  # the save and its points serve
     with never_stopped(server_bin, model, tmp_path, SWA_FULL) as raw:

@@ -14,7 +14,8 @@ from sessions_helpers import make_session, run_cli, save_incoming, write_slot_sa
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.sessions import lineage, saving
 from slotkeeper.core.sessions.compat import ServerFacts
-from slotkeeper.core.sessions.index import BLOCK, HEAD_TOKENS, TAIL_SLACK, SessionsIndex, TokenIndex
+from slotkeeper.core.sessions.index import BLOCK, HEAD_TOKENS, TAIL_SLACK, TokenIndex
+from slotkeeper.core.sessions.index_file import index_bytes, load_index, write_index
 from slotkeeper.core.sessions.store import SessionStore
 
 A = list(range(1, 10 * BLOCK + 1))
@@ -221,10 +222,10 @@ def test_the_index_is_kept_private_on_disk_and_the_next_process_reads_nothing_un
         index_file.write_text(text)
         third = CountingStore(folder, index_file=index_file)
         assert len(third.listing().sessions) == 20 and len(third.reads) == 20
-    first.save_index() if first.index.dirty else first.index.save(index_file)
+    first.save_index() if first.index.dirty else write_index(index_file, index_bytes(first.index))
     elsewhere = tmp_path / "copy"
     shutil.copytree(folder, elsewhere)
-    assert len(SessionsIndex.load(index_file, elsewhere).records) == 0
+    assert len(load_index(index_file, elsewhere).records) == 0
     # A tampered entry that would make a path of an id is dropped, never used: in the sidecar
     # (a listing) and in the facts a JSON listing reads instead.
     lines = index_file.read_bytes().split(b"\n")

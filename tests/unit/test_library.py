@@ -12,7 +12,7 @@ from slotkeeper.core.engine.lifecycle.loop import EngineLoop
 from slotkeeper.core.engine.stored import library as library_module
 from slotkeeper.core.engine.stored.library import Library
 from slotkeeper.core.events import EventBus, SearchIndexRepaired, SessionsPruned
-from slotkeeper.core.sessions.index import SessionsIndex
+from slotkeeper.core.sessions.index_file import load_index
 
 
 def settle(loop: EngineLoop) -> None:
@@ -53,7 +53,7 @@ def test_a_deleted_or_pruned_session_is_forgotten_once_and_the_index_on_disk_fol
 
     assert sorted(forgotten) == ["000000000000", "000000000002"]  # each once: by the store
     assert [p.ids for p in pruned] == [("000000000000",)]
-    on_disk = SessionsIndex.load(paths.sessions_index_file, paths.sessions_dir)
+    on_disk = load_index(paths.sessions_index_file, paths.sessions_dir)
     assert sorted(sid for sid, _ in on_disk.items()) == ["000000000001"]
 
 

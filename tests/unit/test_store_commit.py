@@ -16,6 +16,7 @@ from sessions_helpers import facts_of, locked_elsewhere, make_session, write_slo
 
 from slotkeeper.core.sessions import index as index_module
 from slotkeeper.core.sessions.index import BLOCK, SessionsIndex, SidecarRecord
+from slotkeeper.core.sessions.index_file import index_bytes
 from slotkeeper.core.sessions.sidecar import load_sidecar
 from slotkeeper.core.sessions.stamps import hash_with_stamp
 from slotkeeper.core.sessions.store import SessionStore
@@ -190,7 +191,7 @@ def test_writing_the_index_out_holds_its_lock_only_for_a_copy(tmp_path, monkeypa
         return real(s)
 
     monkeypatch.setattr(index_module, "_tokens_json", tokens_json)
-    data = index.to_bytes()
+    data = index_bytes(index)
     assert encoded == [True, True, True]
     # What was written is the copy taken before the change, and the change makes it dirty again.
     ids = [orjson.loads(line.split(b"\t")[0])["id"] for line in data.splitlines()[1:]]

@@ -271,7 +271,7 @@ class SessionsService:
 
         dropped = False
         for session_id, files, _ in pruner.plan_points(listing.sessions, usage, limit, pieces_only):
-            self.store.drop_points(session_id, files)
+            self.store.points.drop(session_id, files)
             dropped = True
         if dropped:
             self.store.states.collect()

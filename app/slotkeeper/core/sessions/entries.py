@@ -17,6 +17,11 @@ LIST_KEYS: tuple[str,
                                            "continues"))
 
 
+class SessionNotFound(KeyError):
+    def __str__(self) -> str:
+        return f"no saved session with id {self.args[0]!r}"
+
+
 @dataclass
 class SessionEntry:
     """A sidecar as listed: with the problems a cheap look (or a verify) found."""

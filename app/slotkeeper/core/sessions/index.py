@@ -41,12 +41,11 @@ from typing import Any
 import orjson
 import xxhash
 
-from slotkeeper.core.basics.fsutil import atomic_write_bytes
 from slotkeeper.core.sessions.entries import row_base
 from slotkeeper.core.sessions.lineage import DEFAULT_MIN_FORK_PREFIX, DEFAULT_TAIL_SLACK
-from slotkeeper.core.sessions.naming import KV_SUFFIX, MANIFEST_SUFFIX, SESSION_ID_RE, transcript_name
+from slotkeeper.core.sessions.naming import KV_SUFFIX, MANIFEST_SUFFIX, transcript_name
 from slotkeeper.core.sessions.rows import RACY_NS, Stamp
-from slotkeeper.core.sessions.sidecar import SCHEMA_VERSION, Sidecar
+from slotkeeper.core.sessions.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 
@@ -644,64 +643,6 @@ class SessionsIndex(TokenIndex):
                         total += st[1]
             return total + piece_shares(pieces_of)[1]
 
-    # -- on disk --------------------------------------------------------------------------
-    def to_bytes(self) -> bytes:
-        """The index file: a header line, then one line per session of four tab-separated JSON
-        parts (stat and facts, the sidecar, its list row, its token part), so that loading it
-        decodes the small first part only (orjson never writes a raw tab or newline).
-
-        Encoding thousands of sessions takes a while, so the lock (which routing and every
-        change take) is held only to take a consistent copy: references to the records and
-        token parts, which are never changed, only replaced. Encoding follows outside it."""
-        with self.lock:
-            records = list(self.records.items())
-            sessions = self._sessions.copy()
-            pending = self._pending_tokens.copy()
-            folder = self.folder
-            self.dirty = False  # a change from now on is not in this copy: it makes the index dirty again
-        head = orjson.dumps({"version": INDEX_VERSION, "block": BLOCK, "head": HEAD_TOKENS,
-                             "slack": TAIL_SLACK, "sidecar_schema": SCHEMA_VERSION, "folder": folder})
-        lines = [head]
-        for sid, rec in records:
-            meta = orjson.dumps({"id": sid, "stamp": rec.stamp, "error": rec.error, "facts": rec.facts()})
-            tok = sessions.get(sid)
-            tokens = pending.get(sid, b"") if tok is None else orjson.dumps(_tokens_json(tok))
-            lines.append(b"\t".join((meta, rec.raw() or b"", rec.row() or b"", tokens)))
-        return b"\n".join(lines) + b"\n"
-
-    def save(self, path: Path) -> None:
-        write_index(path, self.to_bytes())
-
-    @classmethod
-    def load(cls, path: Path | None, folder: Path | None = None) -> SessionsIndex:
-        """The index kept on disk for ``folder``; an empty one when it is missing, damaged, of
-        another layout or of another folder (the store then reads the folder again)."""
-        index = cls(folder)
-        if path is None:
-            return index
-        try:
-            lines = path.read_bytes().split(b"\n")
-            data = orjson.loads(lines[0])
-            if (not isinstance(data, dict) or data.get("version") != INDEX_VERSION
-                or data.get("block") != BLOCK
-                    or data.get("head") != HEAD_TOKENS or data.get("slack") != TAIL_SLACK
-                    or data.get("sidecar_schema") != SCHEMA_VERSION or data.get("folder") != index.folder):
-                return index
-            now = time.time_ns()
-            for line in lines[1:]:
-                if line:
-                    try:
-                        _load_one(index, line, now)
-                    except (ValueError, KeyError, TypeError, IndexError):
-                        pass  # that one is read again from the folder
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            log.info("rebuilding the sessions index (%s)", exc)
-            return cls(folder)
-        index.dirty = False
-        return index
-
     # -- token parts loaded on first use -------------------------------------------------
     def _tokens_ready(self) -> None:
         """Token parts read from the file are decoded when something first asks for tokens (a
@@ -718,7 +659,7 @@ class SessionsIndex(TokenIndex):
                 self.dirty = dirty
 
 
-def _tokens_json(s: IndexedSession) -> dict[str, Any]:
+def tokens_json(s: IndexedSession) -> dict[str, Any]:
     return {"model_sha256": s.model_sha256, "kv_file": s.kv_file, "size": s.size, "mtime_ns": s.mtime_ns,
             "n_tokens": s.n_tokens, "head": s.head, "anchor": s.anchor, "tail": list(s.tail),
             "hashes": base64.b64encode(_le_bytes(s.hashes, "Q")).decode("ascii")}
@@ -732,35 +673,3 @@ def _tokens_entry(sid: str, t: dict[str, Any]) -> IndexedSession:
     return IndexedSession(sid, str(t["model_sha256"]), str(t["kv_file"]), int(t["size"]), int(t["mtime_ns"]),
                           int(t["n_tokens"]), tuple(hashes), int(t["head"]), int(t["anchor"]),
                           tuple(int(v) for v in t["tail"]))
-
-
-def _load_one(index: SessionsIndex, line: bytes, now: int) -> None:
-    meta_b, raw, row, tokens = line.split(b"\t")
-    meta = orjson.loads(meta_b)
-    sid = meta["id"]
-    if not isinstance(sid, str) or not SESSION_ID_RE.fullmatch(sid):
-        raise ValueError(f"not a session id: {sid!r}")
-    stamp = tuple(int(v) for v in meta["stamp"])
-    if len(stamp) != 5:
-        raise ValueError("bad stamp")
-    error, facts = meta["error"], meta["facts"]
-    # A sidecar is checked when it is first used (``Sidecar.from_index``; the file is read again
-    # if it does not pass); the facts a listing uses are checked there too (``check_index_paths``).
-    if error is None:
-        if not raw or not row or not isinstance(facts, dict) or set(facts) != set(FACT_KEYS):
-            raise ValueError("neither a sidecar nor an error")
-        rec = SidecarRecord(stamp, None, None, raw=raw, facts=facts, row=row)
-    elif isinstance(error, str):
-        rec = SidecarRecord(stamp, None, error)
-    else:
-        raise ValueError("neither a sidecar nor an error")
-    rec.racy = now - stamp[2] < RACY_NS
-    index.records[sid] = rec
-    index.unindexed.add(sid)
-    if tokens:
-        index._pending_tokens[sid] = tokens
-
-
-def write_index(path: Path, data: bytes) -> None:
-    """Write an index file (``SessionsIndex.to_bytes``), atomically and private (0600)."""
-    atomic_write_bytes(path, data)

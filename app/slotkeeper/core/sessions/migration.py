@@ -119,9 +119,9 @@ def _carry_over(store: SessionStore, session_id: str) -> tuple[int, int]:
                 written += pin.written_bytes + pin.size
             if main.endswith(MANIFEST_SUFFIX):
                 kept = tuple(points)
-                store.update(session_id,
-                             lambda s: replace(s, points=kept, pieces=store.pieces_for(s.kv_file, kept)))
-                store.remove_files_of(session_id, [p.kv_file for p in sc.points if p not in kept])
+                pieces = store.points.pieces_for
+                store.update(session_id, lambda s: replace(s, points=kept, pieces=pieces(s.kv_file, kept)))
+                store.points.remove_files_of(session_id, [p.kv_file for p in sc.points if p not in kept])
             else:
                 chat = transcript_name(sc.kv_file)
                 transcript = None

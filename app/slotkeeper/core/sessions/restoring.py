@@ -101,7 +101,7 @@ def check_point(store: SessionStore, entry: SessionEntry, kv_file: str) -> Resto
     problems, stamp = file_integrity(store.dir / point.kv_file, point.size_bytes, point.content_hash,
                                      point.verified, trust_stamp=True)
     if problems:
-        store.drop_points(entry.id, [point.kv_file])
+        store.points.drop(entry.id, [point.kv_file])
         raise RestoreRefused(entry.id, [f"its restore point at {point.n_tokens} tokens: {problems[0]}"])
     return point
 

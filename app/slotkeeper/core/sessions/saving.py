@@ -407,7 +407,7 @@ def commit_point(store: SessionStore, written: Written, session_id: str, kind: s
                              tokens_digest=tokens_digest(written.tokens), size_bytes=inc.size,
                              content_hash=inc.content_hash, kind=kind, made_at=format_utc(utc_now()),
                              state_bytes=inc.state_bytes)
-        committed = store.add_point(session_id, inc.path, point, inc.hashed, spacing,
+        committed = store.points.add(session_id, inc.path, point, inc.hashed, spacing,
                                     step=lambda name: fault_point(f"point_{name}"), share=share)
         if committed is not None and any(p.content_hash == inc.content_hash for p in committed.points):
             cache_state(written.path, inc.content_hash)

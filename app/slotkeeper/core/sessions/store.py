@@ -23,48 +23,44 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-import orjson
-
 from slotkeeper.core.basics.faults import fault_point
 from slotkeeper.core.basics.fsutil import (
     atomic_write_bytes,
     ensure_private_folder,
-    file_kind,
     fsync_dir,
-    remove_file,
     replace_file,
 )
 from slotkeeper.core.basics.tokens import TYPECODE, TokenArray
-from slotkeeper.core.sessions.entries import Listing, SessionEntry, UnmanagedFile, finish_row, list_row
+from slotkeeper.core.sessions.entries import (
+    Listing,
+    SessionEntry,
+    SessionNotFound,
+)
 from slotkeeper.core.sessions.file_checks import StatOf, file_integrity, integrity_problems, sidecar_problems
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_SECONDS, FolderLock, FolderReadOnly
-from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord, piece_shares
+from slotkeeper.core.sessions.index import SessionsIndex, SidecarRecord
+from slotkeeper.core.sessions.index_file import index_bytes, load_index, write_index
+from slotkeeper.core.sessions.listing import list_folder, list_rows
 from slotkeeper.core.sessions.naming import (
     INCOMING_PREFIX,
     LOCK_NAME,
     OWN_KV_RE,
     OWN_TRANSCRIPT_RE,
-    PIECES_DIR,
     SIDECAR_NAME_RE,
-    SIDECAR_SUFFIX,
     InvalidSessionId,
-    is_scratch,
-    new_kv_name,
     owns_kv_file,
     sidecar_name,
     transcript_name,
     validate_session_id,
 )
-from slotkeeper.core.sessions.points import DEFAULT_POINT_SPACING_TOKENS, POINTS_SHARE, keep_points
-from slotkeeper.core.sessions.rows import Stamp, kept, rows_file, scan, split_rows, stamp_of, write_rows
+from slotkeeper.core.sessions.point_files import PointFiles, remove_superseded, unlink_quietly
+from slotkeeper.core.sessions.rows import Stamp, scan, stamp_of
 from slotkeeper.core.sessions.sidecar import (
-    RestorePoint,
     Sidecar,
     SidecarError,
     format_utc,
     load_sidecar,
     parse_utc,
-    tokens_digest,
     utc_now,
     write_sidecar_atomic,
 )
@@ -75,40 +71,7 @@ from slotkeeper.core.sessions.transcripts import Transcript
 
 log = logging.getLogger(__name__)
 
-__all__ = ["InvalidSessionId", "SessionNotFound", "SessionStore", "most_recent_first"]
-
-
-class SessionNotFound(KeyError):
-    def __str__(self) -> str:
-        return f"no saved session with id {self.args[0]!r}"
-
-
-def _no_step(name: str) -> None:
-    """A step of a store change, for the test-only fault hook (``core.basics.faults``)."""
-
-
-def unlink_quietly(path: Path) -> None:
-    """Remove ``path`` if it is there (``remove_file``: on Windows, tried again while another
-    program holds it open)."""
-    try:
-        remove_file(path)
-    except FileNotFoundError:
-        pass
-
-
-def remove_superseded(path: Path) -> bool:
-    """Remove a file a written sidecar no longer names (the previous version, a dropped restore
-    point): the change is made already, so a file that will not go (Windows: another program
-    keeps it open) is only a leftover for ``sweep`` at the next start, not a failed save. False
-    then."""
-    try:
-        unlink_quietly(path)
-    except OSError as exc:
-        log.warning("could not remove %s from the sessions folder (%s); it is removed at the next start",
-                    path.name, exc)
-        return False
-    return True
-
+__all__ = ["InvalidSessionId", "SessionNotFound", "SessionStore", "most_recent_first", "unlink_quietly"]
 
 
 class SessionStore:
@@ -123,6 +86,7 @@ class SessionStore:
         self._index_loading = threading.Lock()
         self.token_lists = TokenLists()
         self.states = States(self.dir)
+        self.points = PointFiles(self)  # restore points, and the pieces the states are made of
 
     @property
     def pieces_dir(self) -> Path:
@@ -148,7 +112,7 @@ class SessionStore:
         if self._index is None:
             with self._index_loading:
                 if self._index is None:
-                    self._index = SessionsIndex.load(self.index_file, self.dir)
+                    self._index = load_index(self.index_file, self.dir)
         return self._index
 
     def save_index(self) -> bool:
@@ -156,12 +120,10 @@ class SessionStore:
         index = self._index
         if self.index_file is None or index is None or not index.dirty:
             return False
-        from slotkeeper.core.sessions.index import write_index
-
-        write_index(self.index_file, index.to_bytes())
+        write_index(self.index_file, index_bytes(index))
         return True
 
-    def _scan(self) -> dict[str, Stamp]:
+    def scan(self) -> dict[str, Stamp]:
         """Every entry of the folder with its lstat (never followed): one look, no file read."""
         return scan(self.dir)
 
@@ -171,16 +133,16 @@ class SessionStore:
         except (SidecarError, OSError, ValueError, RecursionError) as exc:
             return SidecarRecord.read(stamp, None, str(exc))
 
-    def _refresh(self, files: dict[str, Stamp] | None = None) -> dict[str, Stamp]:
+    def refresh(self, files: dict[str, Stamp] | None = None) -> dict[str, Stamp]:
         """Bring the index up to the folder (as ``files``, a ``_scan`` just made, says, or a new
         look): sidecars new, changed (by their stat) or too recent to trust are read; those gone
         are forgotten. Returns the folder's entries."""
-        files = self._scan() if files is None else files
+        files = self.scan() if files is None else files
         sidecars = {m.group(1): st for name, st in files.items() if (m := SIDECAR_NAME_RE.match(name))}
         self.index.refresh(files, sidecars, self._read_record)
         return files
 
-    def _record_entry(self, sid: str, rec: SidecarRecord, stat_of: StatOf) -> SessionEntry:
+    def entry_of(self, sid: str, rec: SidecarRecord, stat_of: StatOf) -> SessionEntry:
         """One session as listed, from its record and the folder's stat (``stat_of(name)``).
         Never raises for what is in the folder: a file that cannot be read safely is the
         entry's problem."""
@@ -191,7 +153,7 @@ class SessionStore:
         except SidecarError:  # the index's copy is not usable: read the file itself
             rec = self._read_record(sid, rec.stamp)
             self.index.set_record(sid, rec)
-            return self._record_entry(sid, rec, stat_of)
+            return self.entry_of(sid, rec, stat_of)
         data = rec.data
         assert sc is not None and data is not None  # a sidecar is made from its JSON
         size, problems = sidecar_problems(self.dir, sid, data, stat_of)
@@ -203,82 +165,15 @@ class SessionStore:
         return self.dir / sidecar_name(session_id)
 
     def listing(self) -> Listing:
-        """Every session and every other file, as the folder holds them now: each entry's lstat is
-        compared with the index, and only sidecars that changed are read."""
-        with self.exclusive(reading=True):
-            files = self._refresh()
-            entries: list[SessionEntry] = []
-            claimed: set[str] = set()
-            order: dict[str, tuple[str, float]] = {}
-            records = list(self.index.items())
-            shares, _total = piece_shares({sid: (rec.facts() or {}).get("pieces") for sid, rec in records})
-            for sid, rec in records:
-                entry = self._record_entry(sid, rec, files.get)
-                if shares.get(sid):
-                    entry = replace(entry, size_bytes=entry.size_bytes + shares[sid])
-                entries.append(entry)
-                order[entry.id] = rec.recency()
-                claimed.add(sid + SIDECAR_SUFFIX)
-                if entry.sidecar is not None:
-                    claimed.add(entry.sidecar.kv_file)
-                    claimed.add(transcript_name(entry.sidecar.kv_file) or "")
-                    claimed.update(p.kv_file for p in entry.sidecar.points)
-            claimed.add(PIECES_DIR)
-            unmanaged = []
-            for name in sorted(files):
-                if name in claimed or is_scratch(name):
-                    continue
-                mode, size = files[name][0], files[name][1]
-                kind = file_kind(mode)
-                unmanaged.append(UnmanagedFile(name, size if kind == "file" else 0, kind))
-        entries.sort(key=lambda e: (order.get(e.id, ("", 0.0)), e.id), reverse=True)
-        return Listing(entries, unmanaged)
+        """Every session and every other file, as the folder holds them now (``listing.list_folder``)."""
+        return list_folder(self)
 
     def sessions(self) -> list[SessionEntry]:
         return self.listing().sessions
 
     def listing_rows(self) -> list[bytes]:
-        """`sessions list --json`'s rows as JSON: ``orjson.dumps(entry.to_json())`` of each of
-        ``listing().sessions``. The rows kept for the same look at the folder when nothing changed
-        (``rows.kept``), else made from the facts and the ready row the index keeps of each sidecar
-        (nothing decoded), and kept: thousands list in a blink."""
-        with self.exclusive(reading=True):
-            files = self._scan()
-            key = None
-            if self.index_file is not None:
-                key, body = kept(self.dir, self.index_file, files)
-                if body is not None:
-                    return split_rows(body)
-            files = self._refresh(files)
-            rows = []
-            records = list(self.index.items())
-            shares, _total = piece_shares({sid: (rec.facts() or {}).get("pieces") for sid, rec in records})
-            for sid, rec in records:
-                facts = rec.facts()
-                if facts is None:
-                    row = orjson.dumps(list_row(sid, None, 0, [f"unreadable sidecar: {rec.error}"]))
-                else:
-                    try:
-                        Sidecar.check_index_paths(facts, facts.get("id"))
-                        size, problems = sidecar_problems(self.dir, sid, facts, files.get)
-                        size += shares.get(sid, 0)
-                        base = rec.row()
-                        assert base is not None  # facts were read, so the sidecar's JSON was
-                    except (SidecarError, KeyError, TypeError):  # not what we wrote: the full way
-                        entry = self._record_entry(sid, rec, files.get)
-                        entry = replace(entry, size_bytes=entry.size_bytes + shares.get(sid, 0))
-                        row = orjson.dumps(entry.to_json())
-                    else:
-                        row = finish_row(base, size, problems)
-                rows.append((rec.recency(), sid, row))
-        rows.sort(key=lambda r: r[:2], reverse=True)
-        out = [r[2] for r in rows]
-        if self.index_file is not None and key is not None:
-            try:
-                write_rows(rows_file(self.index_file), key, out)
-            except OSError as exc:  # a cache: a failure costs time only
-                log.debug("could not keep the list rows: %s", exc)
-        return out
+        """`sessions list --json`'s rows as JSON (``listing.list_rows``)."""
+        return list_rows(self)
 
     def get(self, session_id: str) -> SessionEntry:
         """One session as the folder holds it now (its sidecar read again only if it changed)."""
@@ -299,13 +194,13 @@ class SessionStore:
                 recheck = session_id  # its token part is compared with the file again
         seen[path.name] = st
         index.note_files(seen, recheck)
-        return self._record_entry(session_id, rec, seen.get)
+        return self.entry_of(session_id, rec, seen.get)
 
     def indexed(self, session_id: str) -> SessionEntry | None:
         """A session as the index saw it last (no file looked at), or None if it is not indexed."""
         index = self.index
         rec = index.record(session_id)
-        return None if rec is None else self._record_entry(session_id, rec, index.file_stat)
+        return None if rec is None else self.entry_of(session_id, rec, index.file_stat)
 
     def _lstat(self, name: str) -> Stamp | None:
         try:
@@ -375,7 +270,7 @@ class SessionStore:
             raise ValueError(f"{sidecar.kv_file!r} is not a KV file name of session {sidecar.id}")
         final = self.dir / sidecar.kv_file
         with self.exclusive():
-            before = self._pieces_now(sidecar.id)
+            before = self.points.pieces_now(sidecar.id)
             replace_file(incoming, final)
             chat = transcript_name(sidecar.kv_file)
             if transcript is not None and chat is not None:
@@ -385,7 +280,7 @@ class SessionStore:
             # Verified by the save's hash: a restore trusts the file while it keeps this stamp.
             kv_st = os.lstat(final)  # the file stays as it is until the index has learnt it
             sidecar = replace(sidecar, verified=carried_over(hashed, kv_st, sidecar.content_hash),
-                              pieces=self.pieces_for(sidecar.kv_file, sidecar.points))
+                              pieces=self.points.pieces_for(sidecar.kv_file, sidecar.points))
             write_sidecar_atomic(self.sidecar_path(sidecar.id), sidecar)
             step("after_sidecar")
             gone = None
@@ -396,117 +291,10 @@ class SessionStore:
                 if old_chat is not None and remove_superseded(self.dir / old_chat):
                     self.index.note_files({old_chat: None})
                 self.token_lists.forget(gone)
-            self._remove_points(sidecar.id, drops)
+            self.points.remove(sidecar.id, drops)
             self._record_saved(sidecar, stamp_of(kv_st), tokens, gone)
-            self._drop_pieces(before - set(sidecar.pieces))
+            self.points.drop_pieces(before - set(sidecar.pieces))
         return sidecar
-
-    def add_point(self, session_id: str, incoming: Path, point: RestorePoint, hashed: os.stat_result | None,
-                  spacing: int = DEFAULT_POINT_SPACING_TOKENS, step: Callable[[str], None] = _no_step,
-                  share: float | None = None) -> Sidecar | None:
-        """Make ``incoming`` (a slot llama-server wrote, holding ``point.n_tokens`` tokens) a restore
-        point of the session (``sessions.points``), as a save commits a version: under the folder
-        lock, renamed to a new ``<id>.<gen>.kv``, the folder fsynced, then the sidecar written with
-        the points it keeps (``keep_points``), then the points it no longer keeps removed. None (and
-        ``incoming`` left to the caller) when the session is gone, damaged, or no longer starts with
-        the point's tokens (a save changed it meanwhile)."""
-        validate_session_id(session_id)
-        with self.exclusive():
-            try:
-                entry = self.get(session_id)
-            except SessionNotFound:
-                return None
-            sc = entry.sidecar
-            if sc is None or entry.problems or entry.kv_path is None:
-                return None
-            if (point.n_tokens >= sc.n_tokens
-                    or tokens_digest(self.tokens(entry)[:point.n_tokens]) != point.tokens_digest):
-                return None
-            name = new_kv_name(session_id)
-            final = self.dir / name
-            replace_file(incoming, final)
-            fsync_dir(self.dir)
-            step("after_rename")
-            st = os.lstat(final)
-            point = replace(point, kv_file=name, verified=carried_over(hashed, st, point.content_hash))
-            kept, dropped = keep_points((*sc.points, point), sc.n_tokens, spacing=spacing,
-                                        allowance=int((POINTS_SHARE if share is None else share)
-                                                      * self.states.stored_bytes(sc.kv_file)),
-                                        cost=self.states.cost_of_points(sc.kv_file))
-            before = set(sc.pieces)
-            sc = replace(sc, points=kept, pieces=self.pieces_for(sc.kv_file, kept))
-            write_sidecar_atomic(self.sidecar_path(session_id), sc)
-            step("after_sidecar")
-            self._note_sidecar(session_id, sc)
-            self.index.note_files({name: stamp_of(st)})
-            self._remove_points(session_id, [p.kv_file for p in dropped])
-            self._drop_pieces(before - set(sc.pieces))
-            return sc
-
-    def drop_points(self, session_id: str, kv_files: Sequence[str]) -> None:
-        """Forget restore points of the session (a check found them damaged, or a prune)."""
-        validate_session_id(session_id)
-        gone = set(kv_files)
-        with self.exclusive():
-            before = self._pieces_now(session_id)
-
-            def drop(s: Sidecar) -> Sidecar:
-                kept = tuple(p for p in s.points if p.kv_file not in gone)
-                return replace(s, points=kept, pieces=self.pieces_for(s.kv_file, kept))
-
-            try:
-                after = self.update(session_id, drop)
-            except (SessionNotFound, SidecarError):
-                return
-            self._remove_points(session_id, list(gone))
-            self._drop_pieces(before - set(after.pieces))
-
-    def pieces_for(self, kv_file: str, points: Iterable[RestorePoint]) -> dict[str, int]:
-        """The pieces a version's states (its save and its points) are made of, with their sizes."""
-        return self.states.pieces_of([kv_file, *(p.kv_file for p in points)])
-
-    def _pieces_now(self, session_id: str) -> set[str]:
-        """The pieces the session's sidecar names now (none when it has none that reads)."""
-        try:
-            sc = self.get(session_id).sidecar
-        except (SessionNotFound, SidecarError, ValueError):
-            return set()
-        return set(sc.pieces) if sc is not None else set()
-
-    def _drop_pieces(self, candidates: set[str]) -> None:
-        """Remove at once the pieces of ``candidates`` (ones a sidecar just stopped naming) that no
-        sidecar names now and no state being kept claims, so that a conversation saved turn after
-        turn takes its own size on disk, not one per turn; ``sweep`` collects whatever this leaves
-        (when some sidecar does not read, nothing is removed here)."""
-        if not candidates:
-            return
-        named = self.index.pieces_named()
-        if named is None:
-            return
-        removed, freed = self.states.drop_unused(candidates, named)
-        if removed:
-            log.debug("removed %d pieces no conversation uses any more (%d bytes)", removed, freed)
-
-    def remove_files_of(self, session_id: str, names: Sequence[str]) -> None:
-        """Remove states of the session its sidecar no longer names (under the folder lock)."""
-        with self.exclusive():
-            self._remove_points(session_id, names)
-
-    def _remove_points(self, session_id: str, names: Sequence[str], keep: Iterable[str] = ()) -> None:
-        """Remove restore points' files: only the session's own, and never one its sidecar still
-        names (its save, a point it keeps; ``keep``)."""
-        kept = set(keep)
-        try:
-            current = self.get(session_id).sidecar
-        except (SessionNotFound, SidecarError):
-            current = None
-        if current is not None:
-            kept |= {current.kv_file, *(p.kv_file for p in current.points)}
-        for name in names:
-            m = OWN_KV_RE.match(name)
-            if (m and m.group(1) == session_id and name not in kept
-                    and remove_superseded(self.dir / name)):  # only its own files
-                self.index.note_files({name: None})
 
     def _record_saved(self, sidecar: Sidecar, kv_st: Stamp, tokens: Sequence[int] | None,
                       gone_kv: str | None) -> None:
@@ -520,7 +308,8 @@ class SessionStore:
             assert tokens is not None
             self.token_lists.keep(sidecar.kv_file, kv_st, array(TYPECODE, tokens))  # a copy
 
-    def _note_sidecar(self, session_id: str, sidecar: Sidecar) -> None:
+    def note_sidecar(self, session_id: str, sidecar: Sidecar) -> None:
+        """The index learns a sidecar just written (under the folder lock)."""
         name = sidecar_name(session_id)
         st = self._lstat(name)
         if st is not None:
@@ -531,7 +320,7 @@ class SessionStore:
         """Remove what an interrupted save left behind; never touches unmanaged files."""
         removed = []
         with self.exclusive():
-            files = self._refresh()
+            files = self.refresh()
             # An unreadable sidecar (None) claims nothing known: its files are left alone.
             claims = self.index.kv_claims()
             for name in files:
@@ -568,7 +357,7 @@ class SessionStore:
                 raise SessionNotFound(session_id)
             sc = change(load_sidecar(path))
             write_sidecar_atomic(path, sc)
-            self._note_sidecar(session_id, sc)
+            self.note_sidecar(session_id, sc)
             return sc
 
     def set_pinned(self, session_id: str, pinned: bool) -> Sidecar:
@@ -606,7 +395,7 @@ class SessionStore:
                 if remove_superseded(self.dir / name):
                     index.note_files({name: None})
             fault_point("delete_after_files")
-            self._drop_pieces(set(sc.pieces) if sc is not None else set())
+            self.points.drop_pieces(set(sc.pieces) if sc is not None else set())
 
     def transcript(self, entry: SessionEntry) -> Transcript | None:
         """The conversation a saved session holds, in words (None: saved without one);
@@ -627,7 +416,7 @@ class SessionStore:
                    or self.states.problems(p.kv_file)]
         if damaged:  # a damaged restore point is only a point less: the conversation is whole
             log.warning("restore points of %s damaged on disk, dropped: %s", session_id, ", ".join(damaged))
-            self.drop_points(session_id, damaged)
+            self.points.drop(session_id, damaged)
             entry = self.get(session_id)
         problems = self.integrity_problems(entry)
         if not problems and entry.sidecar is not None:

@@ -163,7 +163,7 @@ class SlotActions:
                     await self.saves.await_commits()
                 except PieceError as exc:  # a piece missing or damaged: what uses it cannot be restored
                     if chosen is not None:
-                        await self.loop.run_io(store.drop_points, session_id, [chosen.kv_file])
+                        await self.loop.run_io(store.points.drop, session_id, [chosen.kv_file])
                         why = f"its restore point at {chosen.n_tokens} tokens: {exc}; the point was dropped"
                         raise RestoreRefused(session_id, [why]) from exc
                     await self.loop.run_io(store.mark_corrupt, session_id, str(exc))
@@ -175,7 +175,7 @@ class SlotActions:
                 # Not the point its sidecar describes: nothing of it is used, and it is dropped.
                 await self.loop.run_io(http.erase_slot, slot)
                 self.board.emptied(slot)
-                await self.loop.run_io(store.drop_points, session_id, [chosen.kv_file])
+                await self.loop.run_io(store.points.drop, session_id, [chosen.kv_file])
                 raise RestoreRefused(session_id, [
                     f"its restore point at {chosen.n_tokens} tokens gave llama-server "
                     f"{result.n_restored} tokens; the point was dropped"])
