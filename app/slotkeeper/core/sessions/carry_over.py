@@ -17,10 +17,10 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from slotkeeper.core.basics.fsutil import open_regular, replace_file
+from slotkeeper.core.basics.fsutil import replace_file
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.file_checks import file_integrity
-from slotkeeper.core.sessions.naming import new_incoming_name, new_kv_name, transcript_name
+from slotkeeper.core.sessions.naming import new_incoming_name, new_kv_name
 from slotkeeper.core.sessions.pieces import PieceError
 from slotkeeper.core.sessions.saving import Written, keep_state
 from slotkeeper.core.sessions.sidecar import RestorePoint
@@ -75,14 +75,7 @@ def carry_over_flash_attn(store: SessionStore, session_id: str, flash_attn: bool
                 st = os.lstat(final)
                 points.append(replace(p, kv_file=final.name, size_bytes=st.st_size, content_hash=digest,
                                       verified=FileStamp.of(st, digest), state_bytes=size))
-            chat = transcript_name(sc.kv_file)
-            transcript = None
-            if chat is not None:
-                try:
-                    with open_regular(store.dir / chat) as f:
-                        transcript = f.read()
-                except OSError:
-                    transcript = None
+            transcript = store.transcript_bytes(sc.kv_file)
             new = replace(sc, kv_file=new_kv_name(session_id), flash_attn=flash_attn,
                           size_bytes=main_st.st_size, content_hash=main_hash, verified=None,
                           points=tuple(points), state_bytes=main_size)

@@ -16,11 +16,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from slotkeeper.core.basics.fsutil import open_regular, replace_file
+from slotkeeper.core.basics.fsutil import replace_file
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.file_checks import file_integrity
 from slotkeeper.core.sessions.kvfile import read_tokens
-from slotkeeper.core.sessions.naming import MANIFEST_SUFFIX, new_kv_name, transcript_name
+from slotkeeper.core.sessions.naming import MANIFEST_SUFFIX, new_kv_name
 from slotkeeper.core.sessions.pieces import PieceError
 from slotkeeper.core.sessions.saving import Written, keep_state, related_states
 from slotkeeper.core.sessions.sidecar import RestorePoint, SidecarError
@@ -123,14 +123,7 @@ def _carry_over(store: SessionStore, session_id: str) -> tuple[int, int]:
                 store.update(session_id, lambda s: replace(s, points=kept, pieces=pieces(s.kv_file, kept)))
                 store.points.remove_files_of(session_id, [p.kv_file for p in sc.points if p not in kept])
             else:
-                chat = transcript_name(sc.kv_file)
-                transcript = None
-                if chat is not None:
-                    try:
-                        with open_regular(store.dir / chat) as f:
-                            transcript = f.read()
-                    except OSError:
-                        transcript = None
+                transcript = store.transcript_bytes(sc.kv_file)
                 new = replace(sc, kv_file=new_kv_name(session_id), size_bytes=inc.size,
                               content_hash=inc.content_hash, verified=None, points=tuple(points),
                               state_bytes=sc.size_bytes)

@@ -28,6 +28,7 @@ from slotkeeper.core.basics.fsutil import (
     atomic_write_bytes,
     ensure_private_folder,
     fsync_dir,
+    open_regular,
     replace_file,
 )
 from slotkeeper.core.basics.tokens import TYPECODE, TokenArray
@@ -403,6 +404,17 @@ class SessionStore:
         sc = entry.sidecar
         name = transcript_name(sc.kv_file) if sc is not None and owns_kv_file(entry.id, sc.kv_file) else None
         return None if name is None else Transcript.read_file(self.dir / name)
+
+    def transcript_bytes(self, kv_file: str) -> bytes | None:
+        """The transcript file of the version ``kv_file`` names, as it is (None: none that reads)."""
+        chat = transcript_name(kv_file)
+        if chat is None:
+            return None
+        try:
+            with open_regular(self.dir / chat) as f:
+                return f.read()
+        except OSError:
+            return None
 
     # -- integrity ------------------------------------------------------------------------
     def verify(self, session_id: str) -> SessionEntry:

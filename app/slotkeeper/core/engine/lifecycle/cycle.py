@@ -118,8 +118,8 @@ class LaunchCycle:
                 left = min(POINTS_AT_STOP_SECONDS, timeout - (time.monotonic() - began))
                 await self.points.at_stop(time.monotonic() + max(0.0, left))
         finally:
-            self.launcher.cancel()  # a launch still being planned never runs
             await self.loop.run_io(self.supervisor.stop)
+            await self.launcher.stopped()  # a launch still being planned ends, and never runs
             self.points.stopping = False
         self.link.launched = None
         self.link.close_client()

@@ -47,6 +47,7 @@ from slotkeeper.core.views import Activity
 log = logging.getLogger(__name__)
 
 LAUNCH_SPEC_TIMEOUT_SECONDS = 120.0
+PLAN_STOP_SECONDS = 10.0  # at most this long for a launch being planned to end after a stop
 
 
 class Launcher:
@@ -82,10 +83,22 @@ class Launcher:
         self._launching = self.loop.spawn(self._launch(), "planning the launch")
 
     def cancel(self) -> None:
-        """Give up the launch being planned (the server stops)."""
+        """Give up the launch being planned at once."""
         if self._launching is not None and not self._launching.done():
             self._launching.cancel()
         self._launching = None
+
+    async def stopped(self) -> None:
+        """The supervisor was told to stop: the launch being planned ends as it sees that (a download
+        stops and removes what it wrote; the supervisor refuses the spec), within
+        PLAN_STOP_SECONDS, else it is given up."""
+        task, self._launching = self._launching, None
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=PLAN_STOP_SECONDS)  # its failure is the task's to log
+        if not done:
+            log.warning("the launch being planned did not end with the stop; given up")
+            task.cancel()
 
     def fell_back(self, event: LaunchFellBack) -> None:
         """llama-server ended during start-up and the supervisor runs the launch's fallback: the
