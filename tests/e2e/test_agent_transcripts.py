@@ -86,11 +86,10 @@ def test_an_agent_conversations_transcript_renders_to_the_tokens_the_door_routed
         routed = list(engine.loop.call(engine.prompts.tokens(prompt_kind, body), 60))
         assert list(engine.store.tokens(entry))[:len(routed)] == routed  # what the slot ran on
         # The transcript's request, rendered by the model's template: the very tokens routed by.
-        client = engine.link.client()
         asked = [m.to_openai() for m in transcript.messages[:-1]]
-        rendered = client.tokenize(client.apply_template(
-            {"messages": asked, **transcript.options, "add_generation_prompt": True}))
-        assert rendered == routed, what
+        rendered = engine.loop.call(engine.prompts.chat_tokens(
+            {"messages": asked, **transcript.options, "add_generation_prompt": True}), 60)
+        assert list(rendered) == routed, what
         check = engine.loop.call(engine.check_transcript_async(saved.id))  # what `sessions verify` says
         assert check is not None and check.verdict == OK, check
     finally:

@@ -157,23 +157,45 @@ def test_sessions_verify_checks_the_transcript_while_slotkeeper_serves_its_model
     assert r.returncode == 0 and "its transcript was not checked" in r.stdout, r
 
 
-def test_the_front_door_and_sessions_verify_tokenize_a_prompt_alike(llama_model, server_bin, port):
-    """One rule for a prompt's tokens (core.server.client: the template, then tokenize_body): the
-    front door's own connection and the client `sessions verify` uses give the same tokens for a
-    chat and a text prompt, so a transcript verify calls matching is what the door routed by."""
-    from slotkeeper.core.engine.door import endpoints
+def test_sessions_verify_asks_the_running_door_with_its_key(llama_model, server_bin, port, isolated_home):
+    """`sessions verify` asks the running Slotkeeper through its front door, as any client, with the
+    key the environment gives (LLAMA_API_KEY here; the settings' --api-key too): without it the door
+    refuses, and verify says why the transcript was not checked. The door's own question answers
+    what it cannot check in words."""
+    import subprocess
+    import sys
 
-    engine = make_engine(llama_model, server_bin, port)
-    engine.start()
+    cmd = [sys.executable, "-m", "slotkeeper"]
+    keyed = {**os.environ, "LLAMA_API_KEY": "door-key-for-verify"}
+    unkeyed = {k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"}
+    proc = subprocess.Popen([*cmd, "serve", "--model", str(llama_model), "--server-bin", server_bin, "--port",
+                             str(port), "--ctx", "2048", "--data-dir", str(isolated_home), "--idle-save",
+                             "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=keyed)
+    headers = {"Authorization": "Bearer door-key-for-verify"}
     try:
-        assert engine.wait_ready(60) is ServerState.READY
-        body = {"messages": [{"role": "system", "content": "Be brief."},
-                             {"role": "user", "content": "<|im_start|> special text, and words"}]}
-        door = engine.loop.call(engine.prompts.tokens(endpoints.PROMPT_CHAT, body), 60)
-        client = engine.link.client()
-        assert list(door) == client.tokenize(client.apply_template(body))
-        text = engine.loop.call(engine.prompts.tokens(endpoints.PROMPT_TEXT, {"prompt": "Once upon a time"}),
-                                60)
-        assert list(text) == client.tokenize("Once upon a time")
+        url = proc.stdout.readline().split()[1]
+        asked = {"messages": [{"role": "user", "content": "Is the river high?"}], "max_tokens": 8}
+        r = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=120, json=asked)
+        assert r.status_code == 200, r.text
+        sessions = isolated_home / "sessions"
+        wait_until(lambda: list(sessions.glob("*.chat")), what="the idle save with its transcript")
+        [sid] = [p.stem for p in sessions.glob("*.json")]
+        verify = [*cmd, "sessions", "--data-dir", str(isolated_home), "verify"]
+        r = subprocess.run(verify, capture_output=True, text=True, timeout=60, env=keyed)
+        assert r.returncode == 0 and "transcript: the transcript matches the saved" in r.stdout, r
+        r = subprocess.run(verify, capture_output=True, text=True, timeout=60, env=unkeyed)
+        assert r.returncode == 0 and "wants its API key" in r.stdout, r
+        check = f"{url}/slotkeeper/transcript-check"
+        assert httpx.post(check, json={"id": sid}, timeout=60).status_code == 401
+        answer = httpx.post(check, json={"id": sid}, headers=headers, timeout=60)
+        assert answer.status_code == 200 and answer.json()["verdict"] == "ok", answer.text
+        other = "0" * 12 if sid != "0" * 12 else "1" * 12
+        for body, status in (({"id": other}, 404), ({"id": "../x"}, 400), ([sid], 400)):
+            r = httpx.post(check, json=body, headers=headers, timeout=60)
+            assert r.status_code == status and r.json()["error"]["message"], (body, r.text)
+        assert (isolated_home / "state" / "door.json").exists()
     finally:
-        engine.stop(save=False)
+        proc.terminate()
+        proc.wait(60)
+    assert not (isolated_home / "state" / "door.json").exists()  # no door, no record of one

@@ -4,7 +4,16 @@ template that renders history differently as the conversation grows (it cannot t
 
 from __future__ import annotations
 
-from slotkeeper.core.services.transcript_check import MISMATCH, OK, UNCHECKABLE, check_transcript
+import asyncio
+
+from slotkeeper.core.services.transcript_check import (
+    MISMATCH,
+    NOT_READ,
+    OK,
+    UNCHECKABLE,
+    TranscriptCheck,
+    check_transcript,
+)
 from slotkeeper.core.sessions.transcripts import Message, Transcript
 
 
@@ -26,6 +35,27 @@ def dated(body: dict, day=[0]) -> str:  # noqa: B006 - a template that says the 
     return f"<date {day[0]}>" + chatml(body)
 
 
+class Reader:
+    """The door's prompt reader, stood in for by a template and a tokenizer (``refuse``: what it
+    would not read)."""
+
+    def __init__(self, render, refuse: str = "") -> None:
+        self.render, self.refuse = render, refuse
+
+    async def chat_tokens(self, body: dict) -> list[int] | None:
+        return None if self.refuse == "chat" else tokenize(self.render(body))
+
+    async def text_tokens(self, text: str) -> list[int] | None:
+        return None if self.refuse == "text" else tokenize(text)
+
+    async def detokenize(self, tokens: list[int]) -> str | None:
+        return None if self.refuse == "detokenize" else detokenize(tokens)
+
+
+def check(transcript: Transcript, saved: list[int], render, refuse: str = "") -> TranscriptCheck:
+    return asyncio.run(check_transcript(transcript, saved, Reader(render, refuse)))
+
+
 T = Transcript("chat", (Message("user", "hi"), Message("assistant", "hello there"), Message("user", "more?"),
                         Message("assistant", "yes")))
 
@@ -37,25 +67,44 @@ def held(render) -> list[int]:
 
 
 def test_a_transcript_that_says_what_the_file_holds():
-    assert check_transcript(T, held(chatml), chatml, tokenize, detokenize).verdict == OK
+    assert check(T, held(chatml), chatml).verdict == OK
 
 
 def test_one_that_does_not():
     other = Transcript("chat", (Message("user", "bye"), *T.messages[1:]))
-    assert check_transcript(other, held(chatml), chatml, tokenize, detokenize).verdict == MISMATCH
+    assert check(other, held(chatml), chatml).verdict == MISMATCH
     wrong_reply = Transcript("chat", (*T.messages[:-1], Message("assistant", "no way")))
-    assert check_transcript(wrong_reply, held(chatml), chatml, tokenize, detokenize).verdict == MISMATCH
+    assert check(wrong_reply, held(chatml), chatml).verdict == MISMATCH
 
 
 def test_what_a_template_makes_its_own_cannot_be_checked():
     thought = Transcript("chat",
                          (Message("user", "hi"), Message("assistant", "hello there", reasoning="greet"),
                           *T.messages[2:]))
-    check = check_transcript(thought, tokenize("<user>hi</><assistant><think>greet</>..."), chatml, tokenize,
-                             detokenize)
-    assert check.verdict == UNCHECKABLE and "reasoning or tool calls" in check.words
+    said = check(thought, tokenize("<user>hi</><assistant><think>greet</>..."), chatml)
+    assert said.verdict == UNCHECKABLE and "reasoning or tool calls" in said.words
     pictured = Transcript("chat",
                           (Message("user", "this?", media=("image:ab",)), Message("assistant", "a heron")))
-    assert check_transcript(pictured, [-5, 1, 2], chatml, tokenize, detokenize).verdict == UNCHECKABLE
-    check = check_transcript(T, held(chatml), dated, tokenize, detokenize)
-    assert check.verdict == UNCHECKABLE and "differently each time" in check.words
+    assert check(pictured, [-5, 1, 2], chatml).verdict == UNCHECKABLE
+    said = check(T, held(chatml), dated)
+    assert said.verdict == UNCHECKABLE and "differently each time" in said.words
+
+
+def test_a_text_transcript_and_what_the_server_would_not_read():
+    text = Transcript("text", prompt="Once upon", completion=" a time")
+    assert check(text, tokenize("Once upon a tim"), chatml).verdict == OK
+    assert check(text, tokenize("Twice upon a tim"), chatml).verdict == MISMATCH
+    for refused in ("chat", "detokenize"):
+        assert check(T, held(chatml), chatml, refuse=refused) == NOT_READ
+    assert check(text, tokenize("Once upon a tim"), chatml, refuse="text") == NOT_READ
+
+
+def test_a_check_travels_as_json():
+    said = check(T, held(chatml), chatml)
+    assert TranscriptCheck.from_json(said.to_json()) == said
+    for bad in (None, {"verdict": "fine", "words": "x"}, {"verdict": OK}):
+        try:
+            TranscriptCheck.from_json(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} read as a check")

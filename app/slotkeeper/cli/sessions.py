@@ -12,14 +12,16 @@ import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from slotkeeper.cli.sessions_list import list_json, print_bytes
 from slotkeeper.core.basics.fsutil import atomic_write_text
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.basics.units import human_bytes
 from slotkeeper.core.model.families import describe_restore_mode
+from slotkeeper.core.server.apikey import DoorKeys
+from slotkeeper.core.services.running import NotAnswered, ask_transcript_check, running_door
 from slotkeeper.core.services.sessions import AmbiguousSessionId, SearchResult, SessionInUse, SessionsService
+from slotkeeper.core.services.transcript_check import MISMATCH, TranscriptCheck
 from slotkeeper.core.sessions.compat import model_file_name, swa_mode
 from slotkeeper.core.sessions.entries import SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_SECONDS
@@ -358,7 +360,7 @@ def _export(service: SessionsService, sid: str, fmt: str, output: str | None) ->
 
 def _verify(service: SessionsService, ids: list[str], data_dir: str | None) -> int:
     bad = 0
-    server = _ServingModel(service, data_dir)
+    running = _RunningSlotkeeper(data_dir)
     for sid in ids:
         entry = service.verify(sid)
         if entry.problems:
@@ -370,67 +372,47 @@ def _verify(service: SessionsService, ids: list[str], data_dir: str | None) -> i
         except TranscriptError as exc:
             print(f"{sid}  ok; its transcript cannot be read: {exc}")
             continue
-        said = server.check(entry, transcript)
-        if said is not None and said.verdict == "mismatch":
+        if transcript is None:
+            print(f"{sid}  ok")
+            continue
+        said, why_not = running.check(sid)
+        if said is not None and said.verdict == MISMATCH:
             bad += 1
             print(f"{sid}  ok, but its transcript does not match: {said.words}")
         elif said is not None:
             print(f"{sid}  ok; transcript: {said.words}")
         else:
-            print(f"{sid}  ok{server.why_not(transcript)}")
+            print(f"{sid}  ok; its transcript was not checked ({why_not})")
     return 1 if bad else 0
 
 
-class _ServingModel:
-    """The llama-server a running Slotkeeper of this data folder started, asked (only when needed,
-    once) to render and tokenize transcripts of its model: only a server of a session's model can
-    check its transcript."""
+NOT_SERVING = "only Slotkeeper serving its model can render it: start it"
 
-    def __init__(self, service: SessionsService, data_dir: str | None) -> None:
-        self.service = service
-        self._data_dir = data_dir
-        self._client: Any = None
-        self._sha: str | None = None
-        self._asked = False
 
-    def _connect(self) -> None:
-        """The running llama-server this data folder's Slotkeeper started (its state file and private
-        key, both the user's own files), and the SHA-256 of the model it runs (as hashed before)."""
-        if self._asked:
-            return
-        self._asked = True
-        from slotkeeper.core.model.model_hash import ModelHashCache
-        from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
+class _RunningSlotkeeper:
+    """The Slotkeeper running on this data folder, asked through its front door as any client asks
+    (with the key the settings or LLAMA_API_KEY give) to check transcripts: only a server of a
+    session's model can render and tokenize one, as the door reads requests."""
 
-        paths = app_paths(self._data_dir)
+    def __init__(self, data_dir: str | None) -> None:
+        paths = app_paths(data_dir)
+        self.url = running_door(paths.door_file)
+        self.key: str | None = None
+        if self.url is not None:
+            try:
+                self.key = DoorKeys(load_settings(paths.settings_file).profile.extra_args).first()
+            except (OSError, SettingsError):
+                self.key = DoorKeys(()).first()
+
+    def check(self, session_id: str) -> tuple[TranscriptCheck | None, str]:
+        """The check, or None and why it was not made."""
+        if self.url is None:
+            return None, NOT_SERVING
         try:
-            state = json.loads(paths.server_state_file.read_text(encoding="utf-8"))
-            key = json.loads(paths.private_address_file.read_text(encoding="utf-8"))["key"]
-            client = LlamaClient(f"http://127.0.0.1:{int(state['port'])}", timeout=30.0, api_key=str(key))
-            props = client.props()
-        except (OSError, ValueError, KeyError, TypeError, ServerUnavailable, ServerError):
-            return
-        self._client = client
-        self._sha = ModelHashCache(paths.hash_cache_file).cached(props.model_path)
-
-    def check(self, entry: SessionEntry, transcript: Transcript | None) -> Any:
-        """The session's ``transcript`` checked against its KV file (None: no transcript, or no
-        server of its model to render it)."""
-        from slotkeeper.core.services.transcript_check import check_saved
-
-        if transcript is None:
-            return None
-        self._connect()
-        if self._client is None:
-            return None
-        return check_saved(self.service.store, entry, transcript, self._sha, self._client)
-
-    @staticmethod
-    def why_not(transcript: Transcript | None) -> str:
-        if transcript is None:
-            return ""
-        return "; its transcript was not checked (only Slotkeeper serving its model can render it: start it)"
-
+            check = ask_transcript_check(self.url, self.key, session_id)
+        except NotAnswered as exc:
+            return None, str(exc)
+        return check, "" if check is not None else NOT_SERVING
 
 
 def _title(service: SessionsService, sid: str) -> str:

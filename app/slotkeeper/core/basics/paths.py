@@ -75,6 +75,11 @@ class AppPaths:
         return self.state_dir / "in-slots.json"
 
     @property
+    def door_file(self) -> Path:
+        """Where the running engine's front door answers, with its pid (the command line asks it)."""
+        return self.state_dir / "door.json"
+
+    @property
     def private_address_file(self) -> Path:
         """llama-server's private port and key (0600)."""
         return self.state_dir / "private.json"

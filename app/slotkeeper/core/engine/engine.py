@@ -25,7 +25,7 @@ from slotkeeper.core.basics import datalock
 from slotkeeper.core.basics.paths import AppPaths
 from slotkeeper.core.engine.desk.frontdesk import FrontDesk
 from slotkeeper.core.engine.desk.ledger import RequestLedger
-from slotkeeper.core.engine.door.frontdoor import DoorPolicy, FrontDoor, door_policy, open_door
+from slotkeeper.core.engine.door.frontdoor import DoorPolicy, FrontDoor, close_door, door_policy, open_door
 from slotkeeper.core.engine.door.prompts import PromptTokens
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.engine.face import EngineFace
@@ -172,8 +172,8 @@ class Engine(EngineFace):
         self.library.complete_search(self.link.facts, self.link.client, self.link.serving_with_facts)
 
     async def check_transcript_async(self, session_id: str) -> TranscriptCheck | None:
-        """``Library.check_transcript`` with the running server's facts and client."""
-        return await self.library.check_transcript(session_id, self.link.facts, self.link.client)
+        """``Library.check_transcript`` with the running server's facts, read as the door reads."""
+        return await self.library.check_transcript(session_id, self.link.facts, self.prompts)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start_async(self, resume_id: str | None = None) -> None:
@@ -187,7 +187,8 @@ class Engine(EngineFace):
             self.library.begin_sweep()
         if not self.front.running:
             try:
-                await open_door(self.front, self._settings.profile, pre.front_socket if pre else None)
+                await open_door(self.front, self._settings.profile, self.paths.door_file,
+                                pre.front_socket if pre else None)
             except EngineError:
                 if pre is not None:
                     pre.abandon()
@@ -206,7 +207,7 @@ class Engine(EngineFace):
         """``LaunchCycle.stop``; the front door closes first, unless the server is only restarting
         (then requests wait)."""
         if not keep_front_door:
-            await self.front.stop()
+            await close_door(self.front, self.paths.door_file)
         report = await self.cycle.stop(save, timeout)
         self.library.slots_emptied()
         self._publish()

@@ -136,9 +136,10 @@ class _StaleConnection(Exception):
 # A prompt's tokens as llama-server computes them for a request: a chat's messages rendered by the
 # model's template (TEMPLATE_PATH, the request's own rendering fields), then the text tokenized as a
 # completion's prompt is (TOKENIZE_PATH with tokenize_body: BOS added, special tokens parsed). The
-# front door (engine.prompts, on its own connection) and `sessions verify` (this client) both ask so.
+# front door asks so (engine.prompts, on its own connection), for requests and transcripts alike.
 TEMPLATE_PATH = "/apply-template"
 TOKENIZE_PATH = "/tokenize"
+DETOKENIZE_PATH = "/detokenize"
 
 
 def tokenize_body(content: str | list[Any]) -> dict[str, Any]:
@@ -315,20 +316,13 @@ class LlamaClient:
             )
         return out
 
-    def apply_template(self, body: dict[str, Any]) -> str:
-        """A chat request's prompt as llama-server renders it with the model's template."""
-        prompt = rendered_prompt(self._json("POST", TEMPLATE_PATH, body=body))
-        if prompt is None:
-            raise ServerError(200, f"{TEMPLATE_PATH} gave no prompt")
-        return prompt
-
     def tokenize(self, text: str) -> list[int]:
         """``text`` as llama-server tokenizes a prompt (``tokenize_body``)."""
         d = self._json("POST", TOKENIZE_PATH, body=tokenize_body(text))
         return [int(t) for t in d.get("tokens", [])]
 
     def detokenize(self, tokens: list[int]) -> str:
-        d = self._json("POST", "/detokenize", body={"tokens": list(tokens)})
+        d = self._json("POST", DETOKENIZE_PATH, body={"tokens": list(tokens)})
         return str(d.get("content", ""))
 
     def _slot_action(self, slot: int, action: str, body: dict[str, Any] | None, timeout: float | None) -> Any:

@@ -11,15 +11,11 @@ differently each time (a date in the system prompt, say).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from slotkeeper.core.sessions.transcripts import TEXT, Transcript
-
-if TYPE_CHECKING:
-    from slotkeeper.core.sessions.entries import SessionEntry
-    from slotkeeper.core.sessions.store import SessionStore
 
 OK, MISMATCH, UNCHECKABLE = "ok", "mismatch", "uncheckable"
 
@@ -29,50 +25,58 @@ class TranscriptCheck:
     verdict: str  # ok, mismatch, uncheckable
     words: str  # what a person is told
 
+    def to_json(self) -> dict[str, str]:
+        return {"verdict": self.verdict, "words": self.words}
 
-class TemplateServer(Protocol):
-    """A running llama-server of some model (``LlamaClient``): what the check asks of it."""
-
-    def apply_template(self, body: dict[str, Any]) -> str: ...
-    def tokenize(self, text: str) -> list[int]: ...
-    def detokenize(self, tokens: list[int]) -> str: ...
-
-
-def check_saved(store: SessionStore, entry: SessionEntry, transcript: Transcript | None,
-                server_sha256: str | None, server: TemplateServer) -> TranscriptCheck | None:
-    """A saved session's ``transcript`` checked against its KV file by ``server``, a running
-    llama-server whose model's SHA-256 is ``server_sha256``. None: no transcript, or the server
-    runs another model (only one of the session's own model can render and tokenize it)."""
-    if transcript is None or entry.sidecar is None or server_sha256 != entry.sidecar.model_sha256:
-        return None
-    return check_transcript(transcript, list(store.tokens(entry)), server.apply_template, server.tokenize,
-                            server.detokenize)
+    @classmethod
+    def from_json(cls, data: Any) -> TranscriptCheck:
+        """ValueError for anything else than ``to_json``'s."""
+        if (not isinstance(data, dict) or data.get("verdict") not in (OK, MISMATCH, UNCHECKABLE)
+                or not isinstance(data.get("words"), str)):
+            raise ValueError(f"not a transcript check: {data!r}")
+        return cls(data["verdict"], data["words"])
 
 
-def check_transcript(transcript: Transcript, saved: Sequence[int], render: Callable[[dict[str, Any]], str],
-                     tokenize: Callable[[str], list[int]],
-                     detokenize: Callable[[list[int]], str]) -> TranscriptCheck:
-    """``render(chat body) -> prompt``, ``tokenize(text)`` and ``detokenize(tokens)``: the running
-    server of the session's model (``LlamaClient`` methods)."""
-    saved = [t for t in saved]
+class PromptReader(Protocol):
+    """A running llama-server of the session's model, as the front door reads prompts
+    (``PromptTokens``: the one render-and-tokenize path, so a transcript is checked against the very
+    tokens the door routes by). None: it would not say."""
+
+    async def chat_tokens(self, body: dict[str, Any]) -> Sequence[int] | None: ...
+    async def text_tokens(self, text: str) -> Sequence[int] | None: ...
+    async def detokenize(self, tokens: list[int]) -> str | None: ...
+
+
+NOT_READ = TranscriptCheck(UNCHECKABLE, "llama-server would not render or tokenize the transcript")
+
+
+async def check_transcript(transcript: Transcript, saved: Sequence[int],
+                           reader: PromptReader) -> TranscriptCheck:
+    """``transcript`` against the ``saved`` tokens of its KV file, rendered and tokenized by ``reader``."""
+    saved = list(saved)
     if transcript.kind == TEXT:
-        prompt_tokens = tokenize(transcript.prompt)
-        rest = saved[len(prompt_tokens):]
+        prompt_tokens = await reader.text_tokens(transcript.prompt)
+        if prompt_tokens is None:
+            return NOT_READ
+        prompt_tokens = list(prompt_tokens)
         if saved[:len(prompt_tokens)] != prompt_tokens:
             return TranscriptCheck(MISMATCH,
                                    "the transcript's prompt is not what the saved conversation begins with")
-        return _reply_check(detokenize([t for t in rest if t >= 0]), transcript.completion)
+        return await _reply_check(reader, saved[len(prompt_tokens):], transcript.completion)
     messages = [m.to_openai() for m in transcript.messages]
     reply = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else None
     asked = messages[:-1] if reply is not None else messages
     if not asked:
         return TranscriptCheck(UNCHECKABLE, "the transcript holds no request to render")
-    options = dict(transcript.options)
-    prompt = tokenize(render({"messages": asked, **options, "add_generation_prompt": True}))
+    body = {"messages": asked, **dict(transcript.options), "add_generation_prompt": True}
+    rendered = await reader.chat_tokens(body)
+    if rendered is None:
+        return NOT_READ
+    prompt = list(rendered)
     if saved[:len(prompt)] == prompt:
         if reply is None:
             return TranscriptCheck(OK, "the transcript matches the saved conversation")
-        return _reply_check(detokenize([t for t in saved[len(prompt):] if t >= 0]), reply)
+        return await _reply_check(reader, saved[len(prompt):], reply)
     # Not where the saved tokens begin: the file, or what a template makes of what it was given?
     if any(m.media for m in transcript.messages):
         return TranscriptCheck(UNCHECKABLE, "the conversation holds images or audio, which only the model's "
@@ -83,7 +87,8 @@ def check_transcript(transcript: Transcript, saved: Sequence[int], render: Calla
         return TranscriptCheck(UNCHECKABLE, "this model's chat template renders the reasoning or tool calls "
                                             "of earlier turns its own way, so the transcript cannot be "
                                             "checked against the saved tokens")
-    if tokenize(render({"messages": asked, **options, "add_generation_prompt": True})) != prompt:
+    again = await reader.chat_tokens(body)
+    if again is None or list(again) != prompt:
         return TranscriptCheck(UNCHECKABLE, "this model's chat template renders the same conversation "
                                             "differently each time (a date, say), so the transcript cannot "
                                             "be checked")
@@ -91,9 +96,12 @@ def check_transcript(transcript: Transcript, saved: Sequence[int], render: Calla
                                      "saved conversation begins with")
 
 
-def _reply_check(said: str, reply: str) -> TranscriptCheck:
+async def _reply_check(reader: PromptReader, rest: list[int], reply: str) -> TranscriptCheck:
     # The slot holds the reply but for its last token (not computed yet when it was sampled), and
     # perhaps an end-of-turn marker after it.
+    said = await reader.detokenize([t for t in rest if t >= 0])
+    if said is None:
+        return NOT_READ
     held, written = " ".join(said.split()), " ".join(reply.split())
     if written.startswith(held) or held.startswith(written[:200]):
         return TranscriptCheck(OK, "the transcript matches the saved conversation")

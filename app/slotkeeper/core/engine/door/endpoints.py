@@ -27,6 +27,7 @@ GENERATE = "generate"  # runs on a slot: routed by the front desk
 REFUSED = "refused"  # Slotkeeper's own business, or not routable
 SLOTS = "slots"  # GET /slots: forwarded unless the user started llama-server with --no-slots
 METRICS = "metrics"  # GET /metrics: forwarded only when the user asked for --metrics
+OWN = "own"  # Slotkeeper's own questions (its command line's), answered by the door itself
 
 # How a generation request's prompt is known (the front door renders and tokenizes these; a
 # Responses body is first converted to the chat completion llama-server makes of it: conversions).
@@ -64,6 +65,7 @@ _pass_json = Endpoint(PASS, json_body=True)  # its body is parsed by llama-serve
 # (method, canonical path) -> what happens. HEAD is answered as GET (as llama-server does).
 ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/health"): Endpoint(PUBLIC), ("GET", "/v1/health"): Endpoint(PUBLIC),
+    ("POST", "/slotkeeper/transcript-check"): Endpoint(OWN, json_body=True),
     ("GET", "/metrics"): Endpoint(METRICS),
     ("GET", "/props"): _pass, ("POST", "/props"): _pass_json,
     ("GET", "/models"): _pass, ("GET", "/v1/models"): _pass,

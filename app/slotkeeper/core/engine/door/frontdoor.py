@@ -50,7 +50,7 @@ from slotkeeper.core.chat.conversions import (
     without_extras,
 )
 from slotkeeper.core.engine.desk.frontdesk import FrontDeskError, Outcome, Ticket, request_shape
-from slotkeeper.core.engine.door import endpoints
+from slotkeeper.core.engine.door import endpoints, own
 from slotkeeper.core.engine.door.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.door.httpstack import aiohttp, web
 from slotkeeper.core.engine.door.prompts import CONVERSIONS, PromptTokens, resetting_socket, single_prompt
@@ -60,10 +60,13 @@ from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable, exposure_refusal
 from slotkeeper.core.server.command import SSE_PING_DEFAULT, sse_ping_interval, user_wants
 from slotkeeper.core.server.supervisor import port_user
+from slotkeeper.core.services.running import clear_door, publish_door
 from slotkeeper.core.sessions import transcripts
 from slotkeeper.core.sessions.transcripts import ReplyCollector, SseReader, conversation
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from slotkeeper.core.engine.desk.frontdesk import FrontDesk
     from slotkeeper.core.sessions.compat import ServerFacts
     from slotkeeper.core.settings import ServerProfile
@@ -116,9 +119,11 @@ def door_policy(profile: ServerProfile, keys: DoorKeys, facts: ServerFacts | Non
                       sse_ping=sse_ping_interval(profile.extra_args))
 
 
-async def open_door(front: FrontDoor, profile: ServerProfile, sock: socket.socket | None = None) -> None:
-    """``front`` listens on the user's address (``sock``: claimed already); EngineError with a
-    sentence for a person when it may not (exposed without a key) or cannot (the port is taken)."""
+async def open_door(front: FrontDoor, profile: ServerProfile, record: Path,
+                    sock: socket.socket | None = None) -> None:
+    """``front`` listens on the user's address (``sock``: claimed already), which ``record`` keeps
+    for Slotkeeper's command line (``services.running``); EngineError with a sentence for a person
+    when it may not (exposed without a key) or cannot (the port is taken)."""
     refusal = exposure_refusal(profile.host, profile.port, profile.extra_args)
     if refusal:
         raise EngineError(refusal)
@@ -130,6 +135,12 @@ async def open_door(front: FrontDoor, profile: ServerProfile, sock: socket.socke
                 else f"Cannot listen on {profile.host} port {profile.port}: {exc.strerror or exc}")
         raise EngineError(f"{what}. Choose another port in Settings (or --port); Slotkeeper does not "
                           "stop programs it did not start.") from exc
+    await asyncio.to_thread(publish_door, record, profile.base_url)
+
+
+async def close_door(front: FrontDoor, record: Path) -> None:
+    await front.stop()
+    await asyncio.to_thread(clear_door, record)
 
 
 PING = b":\n\n"  # llama-server's SSE comment ping (a line a client's SSE parser skips)
@@ -311,6 +322,10 @@ class FrontDoor:
                 return await self._generate(request, path, query, ep, raw, policy)
             if ep.json_body:
                 read_json(raw)  # BadBody: what llama-server's parser would refuse or not survive
+            if ep.kind == endpoints.OWN:
+                status, said = await own.transcript_check(self.desk.library, self.desk.link.facts,
+                                                          self.prompts, raw)
+                return web.json_response(said) if status == 200 else error_response(status, str(said))
             return await self._pass(request, path, query, raw)
         finally:
             self._bytes_in_flight -= len(raw)

@@ -23,7 +23,13 @@ from slotkeeper.core.engine.door import endpoints
 from slotkeeper.core.engine.door.httpstack import aiohttp
 from slotkeeper.core.engine.door.shapes import Learn
 from slotkeeper.core.engine.lifecycle.server_link import ServerLink
-from slotkeeper.core.server.client import TEMPLATE_PATH, TOKENIZE_PATH, rendered_prompt, tokenize_body
+from slotkeeper.core.server.client import (
+    DETOKENIZE_PATH,
+    TEMPLATE_PATH,
+    TOKENIZE_PATH,
+    rendered_prompt,
+    tokenize_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +104,22 @@ class PromptTokens:
 
     async def learn(self, what: Learn) -> TokenArray | None:
         return await self.tokens(what.prompt_kind, what.body)
+
+    # -- a transcript read as the door reads requests (``transcript_check.PromptReader``) ----------
+    async def chat_tokens(self, body: dict[str, Any]) -> TokenArray | None:
+        return await self.tokens(endpoints.PROMPT_CHAT, body)
+
+    async def text_tokens(self, text: str) -> TokenArray | None:
+        return await self.tokens(endpoints.PROMPT_TEXT, {"prompt": text})
+
+    async def detokenize(self, tokens: list[int]) -> str | None:
+        try:
+            answer = await self._upstream_json(DETOKENIZE_PATH, {"tokens": tokens})
+        except (_NotTokenized, aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            log.debug("could not detokenize: %s", exc)
+            return None
+        content = answer.get("content") if isinstance(answer, dict) else None
+        return content if isinstance(content, str) else None
 
     async def tokens(self, prompt_kind: str | None, body: dict[str, Any]) -> TokenArray | None:
         """The request's prompt as llama-server will tokenize it (None when it cannot be known)."""

@@ -36,7 +36,7 @@ from slotkeeper.core.events import (
 )
 from slotkeeper.core.server.client import LlamaClient
 from slotkeeper.core.services.sessions import SearchResult, SessionsService
-from slotkeeper.core.services.transcript_check import TranscriptCheck, check_saved
+from slotkeeper.core.services.transcript_check import PromptReader, TranscriptCheck, check_transcript
 from slotkeeper.core.sessions.compat import ServerFacts, check_compatible
 from slotkeeper.core.sessions.in_slots import clear_in_slots, publish_in_slots
 from slotkeeper.core.sessions.index import SessionsIndex
@@ -190,14 +190,19 @@ class Library:
             await self.prune()
 
     async def check_transcript(self, session_id: str, facts: ServerFacts | None,
-                               http: Callable[[], LlamaClient]) -> TranscriptCheck | None:
-        """Whether a saved conversation's transcript says what its KV file holds (None: it has none,
-        or no server of its model runs (``facts``), which alone can render and tokenize it)."""
-        if facts is None:
-            return None
+                               reader: PromptReader) -> TranscriptCheck | None:
+        """Whether a saved conversation's transcript says what its KV file holds, read by ``reader``
+        (the front door's prompts). None: it has none, or no server of its model runs (``facts``),
+        which alone can render and tokenize it. SessionNotFound, TranscriptError (a file that is
+        not a transcript)."""
         entry = await self.loop.run_io(self.store.get, session_id)
+        sc = entry.sidecar
+        if facts is None or sc is None or facts.model_sha256 != sc.model_sha256:
+            return None
         transcript = await self.loop.run_io(self.store.transcript, entry)
-        return await self.loop.run_io(check_saved, self.store, entry, transcript, facts.model_sha256, http())
+        if transcript is None:
+            return None
+        return await check_transcript(transcript, await self.loop.run_io(self.store.tokens, entry), reader)
 
     # -- whole states ready for the launch's restores ---------------------------------------
     def begin_prewarm(self, folder: Path, model_path: str, n: int) -> None:
