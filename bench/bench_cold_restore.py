@@ -86,7 +86,7 @@ def measure(args: argparse.Namespace, work: Path) -> int:
             r = http.post(f"{private_url}/tokenize", json={"content": WORDS * (args.tokens // 10 + 10),
                                                            "add_special": False}, timeout=60)
             prompt = [int(t) for t in r.json()["tokens"]][: args.tokens]
-            kept = {e.sidecar.n_tokens: e.id for e in engine.store.listing().sessions
+            kept = {e.sidecar.n_tokens: e.id for e in engine.library.store.listing().sessions
                     if e.sidecar is not None and not e.problems}
             if len(prompt) in kept and 1 in kept:  # a --work folder of an earlier run: its saves serve again
                 big, small = kept[len(prompt)], kept[1]
@@ -98,7 +98,7 @@ def measure(args: argparse.Namespace, work: Path) -> int:
                 big = save_conversation(engine, http, prompt)
                 print(f"setup: prefill and save {time.perf_counter() - t0:.1f} s", flush=True)
                 small = save_conversation(engine, http, prompt[:1])
-            entry = engine.store.get(big)
+            entry = engine.library.store.get(big)
             kv = entry.kv_path
             print(f"session file {kv.stat().st_size / 2**30:.2f} GiB ({entry.sidecar.n_tokens} tokens)",
                   flush=True)

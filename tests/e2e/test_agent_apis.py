@@ -107,7 +107,7 @@ def test_two_agent_conversations_taking_turns_on_one_slot_are_restored_not_rerea
         for text in USER_TURNS[:2]:
             for who in ("A", "B"):
                 turn(engine.base_url, who, text)
-        wait_until(lambda: len(engine.store.sessions()) == 2, what="both saved")
+        wait_until(lambda: len(engine.library.store.sessions()) == 2, what="both saved")
     finally:
         engine.stop()
     engine = make_engine(starter_model, server_bin, port, parallel=1)
@@ -121,7 +121,7 @@ def test_two_agent_conversations_taking_turns_on_one_slot_are_restored_not_rerea
                    what="the history of the last two turns")
         # Recorded like chat: each conversation's transcript is kept with its save, in words.
         engine.save_slot(0)
-        transcripts = [engine.store.transcript(e) for e in engine.store.sessions()]
+        transcripts = [engine.library.store.transcript(e) for e in engine.library.store.sessions()]
         said = [" ".join(m.content for m in t.messages) for t in transcripts if t is not None]
         assert any(USER_TURNS[2] in text and "mountain" in text.lower() for text in said), said
         hits = engine.sessions.search("trail winds").hits

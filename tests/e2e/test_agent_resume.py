@@ -77,14 +77,14 @@ def test_a_history_rewritten_early_after_a_relaunch_rereads_no_more_than_a_serve
 
         def settle(i: int) -> None:
             def done():
-                found = [s for s in engine.store.sessions() if s.sidecar is not None]
+                found = [s for s in engine.library.store.sessions() if s.sidecar is not None]
                 s = engine.board[0]
                 return (len(found) == 1 and not s.busy and not s.watch.changed
                         and sum(p.kind == "prompt" for p in found[0].sidecar.points) >= min(i + 1, 2))
             wait_until(done, timeout=60, what=f"request {i + 1}'s save and restore points")
 
         history = session(engine.base_url, settle)
-        [saved] = engine.store.sessions()
+        [saved] = engine.library.store.sessions()
         prompt_points = sorted(p.n_tokens for p in saved.sidecar.points if p.kind == "prompt")
         assert len(prompt_points) >= 3, saved.sidecar.points  # earlier requests' points are kept
     finally:

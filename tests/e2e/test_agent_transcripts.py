@@ -80,11 +80,11 @@ def test_an_agent_conversations_transcript_renders_to_the_tokens_the_door_routed
         send(engine.base_url, path, body)
         wait_until(lambda: engine.board[0].content.transcript is not None, what="the slot's transcript")
         saved = engine.save_slot(0)
-        entry = engine.store.get(saved.id)
-        transcript = engine.store.transcript(entry)
+        entry = engine.library.store.get(saved.id)
+        transcript = engine.library.store.transcript(entry)
         assert transcript is not None and transcript.source == path
         routed = list(engine.loop.call(engine.prompts.tokens(prompt_kind, body), 60))
-        assert list(engine.store.tokens(entry))[:len(routed)] == routed  # what the slot ran on
+        assert list(engine.library.store.tokens(entry))[:len(routed)] == routed  # what the slot ran on
         # The transcript's request, rendered by the model's template: the very tokens routed by.
         asked = [m.to_openai() for m in transcript.messages[:-1]]
         rendered = engine.loop.call(engine.prompts.chat_tokens(

@@ -93,7 +93,7 @@ def test_engine_prunes_after_save_but_keeps_in_slot_sessions(llama_model, server
 
         engine.update_settings(replace(engine.settings, budget_bytes=1))
         [pruned] = events.of(ev.SessionsPruned)
-        left = engine.store.sessions()
+        left = engine.library.store.sessions()
         assert len(left) == 1 and left[0].id in engine.snapshot.in_slots
         assert len(pruned.ids) == 1
     finally:

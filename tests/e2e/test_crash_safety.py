@@ -119,9 +119,9 @@ def test_server_killed_mid_save_keeps_the_previous_version(server_bin, port, mod
         t.join()
         assert killed.is_set()
         assert events.of(ev.SaveFailed)
-        [entry] = engine.store.sessions()
+        [entry] = engine.library.store.sessions()
         assert entry.id == first.id and entry.status == "ok"
-        assert engine.store.verify(entry.id).status == "ok"
+        assert engine.library.store.verify(entry.id).status == "ok"
         # The supervisor restarts the server and restores what was in the slot.
         wait_until(lambda: len(events.of(ev.SessionRestored)) >= 1, timeout=120,
                    what="restore after the crash")
@@ -166,8 +166,8 @@ def test_full_disk_gives_a_clear_error_and_keeps_the_previous_version(llama_mode
             [failure] = events.of(ev.SaveFailed)
             assert "The disk is full" in failure.message
             assert "Traceback" not in failure.message
-            [entry] = engine.store.sessions()
-            assert entry.id == first.id and engine.store.verify(entry.id).status == "ok"
+            [entry] = engine.library.store.sessions()
+            assert entry.id == first.id and engine.library.store.verify(entry.id).status == "ok"
             assert not [n for n in os.listdir(engine.paths.sessions_dir) if n.startswith("incoming-")]
             with engine.client() as c:
                 assert c.health().ok

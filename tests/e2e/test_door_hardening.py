@@ -69,7 +69,7 @@ def test_no_spelling_of_the_slot_files_or_lora_reaches_llama_server(llama_model,
     try:
         assert engine.wait_ready(60) is ServerState.READY
         history, first = converse(engine.base_url, USER_TURNS[:2], max_tokens=8)
-        before = set(os.listdir(engine.store.dir))
+        before = set(os.listdir(engine.library.store.dir))
         for spelling in SLOT_ACTION_SPELLINGS:
             for action, body in (("save", {"filename": "x.kv"}), ("erase", {}),
                                  ("restore", {"filename": "x.kv"})):
@@ -81,7 +81,7 @@ def test_no_spelling_of_the_slot_files_or_lora_reaches_llama_server(llama_model,
                        "http://h/lora-adapters"):
             status, _h, _d = raw_request(port, "POST", target, b'[{"id": 0, "scale": 0.5}]')
             assert status in (400, 403), target
-        assert set(os.listdir(engine.store.dir)) == before, "no file was written into the sessions folder"
+        assert set(os.listdir(engine.library.store.dir)) == before, "no file written into the sessions folder"
         # Nothing was erased either: the conversation's next turn still comes from its slot.
         history.append({"role": "user", "content": USER_TURNS[2]})
         r = httpx.post(f"{engine.base_url}/v1/chat/completions", timeout=60,

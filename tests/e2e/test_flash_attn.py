@@ -160,7 +160,7 @@ def test_a_request_stops_a_measurement_at_once_and_it_begins_again_when_idle(sta
 
 
 def sessions_of(engine):
-    return [s for s in engine.store.sessions() if s.sidecar is not None]
+    return [s for s in engine.library.store.sessions() if s.sidecar is not None]
 
 
 @pytest.mark.parametrize("kind, profile, saved_with", [
@@ -218,7 +218,7 @@ def test_conversations_saved_under_the_other_choice_are_carried_over_when_restor
     folder = app_paths().sessions_dir
     assert not any((folder / name).exists() for name in old_files), "the earlier files are gone"
     assert all((folder / p.kv_file).exists() for p in sc.points)
-    assert not after.problems and not engine.store.verify(after.id).problems
+    assert not after.problems and not engine.library.store.verify(after.id).problems
 
 
 def test_a_settings_file_of_the_version_that_passed_off_reads_as_auto(llama_model, server_bin, port):

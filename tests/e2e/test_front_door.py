@@ -191,7 +191,7 @@ def test_a_rollback_into_restored_sliding_window_state_answers_like_a_cold_serve
         url, key = engine.link.upstream()
         raw = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
         entry = engine.sessions.listing().sessions[0]
-        engine.store.states.materialize(entry.sidecar.kv_file, engine.link.staging / "by-hand.kv")
+        engine.library.store.states.materialize(entry.sidecar.kv_file, engine.link.staging / "by-hand.kv")
         assert raw.post("/slots/0", params={"action": "restore"}, json={"filename": "by-hand.kv"}).is_success
         r = raw.post("/completion", json={"prompt": rollback, "n_predict": 1, "n_probs": 8, "temperature": 0,
                                          "id_slot": 0})
@@ -227,7 +227,7 @@ def test_a_hybrid_models_restored_state_serves_exact_continuations_and_recompute
         assert summary.kind == "new"
         entry = engine.sessions.listing().sessions[0]
         assert entry.sidecar.restore_mode == "exact"
-        saved = read_tokens(engine.store.dir / entry.sidecar.kv_file).tokens
+        saved = read_tokens(engine.library.store.dir / entry.sidecar.kv_file).tokens
     finally:
         engine.stop(save=False)
     assert saved[:600] == prompt and len(saved) > 600
@@ -280,9 +280,10 @@ def test_a_hybrid_models_restored_state_serves_exact_continuations_and_recompute
         assert not [e for e in events.of(ev.WarningRaised) if "restor" in e.message]  # nothing to warn about
         wait_until(lambda: [r for r in engine.history.load() if r.source == "recomputed"],
                    what="the history to record the recompute")
-        wait_until(lambda: (engine.store.get(entry.id).sidecar.last_restore or None)
-                   and engine.store.get(entry.id).sidecar.last_restore.reason, what="the sidecar's record")
-        record = engine.store.get(entry.id).sidecar.last_restore
+        store = engine.library.store
+        wait_until(lambda: (store.get(entry.id).sidecar.last_restore or None)
+                   and store.get(entry.id).sidecar.last_restore.reason, what="the sidecar's record")
+        record = engine.library.store.get(entry.id).sidecar.last_restore
         assert record.effective is None and "recomputed" in record.reason
         # The same rollback straight to llama-server after a cold start of the slot.
         url, key = engine.link.upstream()

@@ -89,10 +89,10 @@ def test_restore_reuse_is_measured_per_slot_with_two_slots_busy(llama_model, ser
         assert engine.wait_ready(60) is ServerState.READY
         url = engine.base_url
         a, _ = converse(url, USER_TURNS[:2])
-        wait_until(lambda: len(engine.store.sessions()) == 1, what="first save")
+        wait_until(lambda: len(engine.library.store.sessions()) == 1, what="first save")
         b, _ = converse(url, ["A different chat entirely, about cooking pasta at home tonight.",
                               "Which sauce goes best with it, do you think?"])
-        wait_until(lambda: len(engine.store.sessions()) == 2, what="second save")
+        wait_until(lambda: len(engine.library.store.sessions()) == 2, what="second save")
     finally:
         engine.stop()
     engine2 = make_engine(llama_model, server_bin, port, parallel=2, ctx=4096)
@@ -137,10 +137,10 @@ def test_gemma2_without_swa_full_is_not_saved_and_says_why(gemma2_model, server_
         assert "does not save" in note and "more KV memory" in note
         converse(engine.base_url, [" ".join(USER_TURNS * 12), USER_TURNS[1]])
         time.sleep(1.0)  # five idle-save periods
-        assert engine.store.sessions() == []
+        assert engine.library.store.sessions() == []
     finally:
         engine.stop()  # nor at shutdown
-    assert engine.store.sessions() == []
+    assert engine.library.store.sessions() == []
     assert not events.of(ev.SaveFailed)
     assert len([w for w in events.of(ev.WarningRaised) if "--swa-full" in w.message]) == 1
 
@@ -156,7 +156,7 @@ def test_gemma2_swa_full_restore_is_effective(gemma2_model, server_bin, port):
         # so the saved file lacks the early cells of those layers.
         long_turn = " ".join(USER_TURNS * 12)
         history, _ = converse(engine.base_url, [long_turn, USER_TURNS[1]])
-        [saved] = wait_until(lambda: engine.store.sessions(), what="save")
+        [saved] = wait_until(lambda: engine.library.store.sessions(), what="save")
         assert saved.sidecar.n_tokens > 900 and saved.sidecar.swa and saved.sidecar.swa_full
         assert saved.sidecar.restore_mode == "exact"
     finally:
@@ -172,7 +172,7 @@ def test_gemma2_swa_full_restore_is_effective(gemma2_model, server_bin, port):
         [reuse] = wait_until(lambda: events.of(ev.RestoreReused), what="reuse judgement")
     finally:
         engine.stop()
-    rec = engine.store.sessions()[0].sidecar.last_restore
+    rec = engine.library.store.sessions()[0].sidecar.last_restore
     assert reuse.effective and rec.effective is True
 
 
@@ -243,7 +243,7 @@ def test_an_edited_earlier_message_forks_a_new_session_with_its_parent(llama_mod
         engine.stop(save=False)
     assert longer.kind == "update" and longer.id == original.id
     assert fork.kind == "fork" and fork.id != original.id
-    sessions = {e.id: e.sidecar for e in engine.store.sessions()}
+    sessions = {e.id: e.sidecar for e in engine.library.store.sessions()}
     assert sessions[fork.id].parent == original.id
     assert len(sessions) == 2
 
@@ -279,7 +279,7 @@ def test_settings_edited_without_a_restart_do_not_lose_the_running_servers_slots
         assert engine.base_url.endswith(f":{port}")
     finally:
         engine.stop()
-    [entry] = engine.store.sessions()
+    [entry] = engine.library.store.sessions()
     assert entry.sidecar.flash_attn is False  # recorded as the server really ran
 
 
@@ -299,7 +299,7 @@ def test_a_request_served_while_the_engine_is_still_getting_ready_is_saved(llama
         converse(engine.base_url, USER_TURNS[:1])  # served before Slotkeeper is ready
         gate.set()
         assert engine.wait_ready(60) is ServerState.READY
-        [entry] = wait_until(lambda: engine.store.sessions(), what="the idle save")
+        [entry] = wait_until(lambda: engine.library.store.sessions(), what="the idle save")
         assert entry.sidecar.n_tokens > 10
     finally:
         gate.set()

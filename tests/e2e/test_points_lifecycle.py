@@ -102,7 +102,7 @@ def test_a_conversation_pushed_out_before_it_went_idle_gets_its_points_as_it_lea
         other = [{"role": "system", "content": "You answer questions about trains."},
                  {"role": "user", "content": " ".join(USER_TURNS) * 3}]
         ask(engine.base_url, other)  # takes the only slot: the first conversation leaves it
-        first = [s for s in engine.store.sessions() if s.sidecar.n_tokens >= 100
+        first = [s for s in engine.library.store.sessions() if s.sidecar.n_tokens >= 100
                  and s.sidecar.title.startswith("Hello")]
         assert len(first) == 1 and first[0].sidecar.points, "its points were made as it left"
     finally:
@@ -123,7 +123,7 @@ def saved_with_points(models_dir, server_bin, port):
     try:
         assert engine.wait_ready(60) is ServerState.READY
         history = converse(engine.base_url)
-        wait_until(lambda: [s for s in engine.store.sessions() if len(s.sidecar.points) == 2
+        wait_until(lambda: [s for s in engine.library.store.sessions() if len(s.sidecar.points) == 2
                             and not engine.board[0].busy], what="the restore points")
     finally:
         engine.stop()
@@ -187,7 +187,7 @@ def test_a_point_that_restores_another_count_is_refused_and_dropped(saved_with_p
         assert answer["choices"][0]["message"]["content"] is not None
         refused = events.of(ev.SessionRefused)
         assert any("gave llama-server" in " ".join(r.reasons) for r in refused), refused
-        [entry] = engine.store.sessions()
+        [entry] = engine.library.store.sessions()
         assert [p.n_tokens for p in entry.sidecar.points] == [a["n_tokens"]], "the wrong point dropped"
     finally:
         engine.stop(save=False)

@@ -146,7 +146,7 @@ def test_rollbacks_after_a_relaunch_reread_no_more_than_a_server_that_never_stop
         history = converse(engine.base_url)
 
         def saved_with_points():
-            sessions = engine.store.sessions()
+            sessions = engine.library.store.sessions()
             if len(sessions) != 1 or engine.board[0].busy or engine.board[0].watch.changed:
                 return None
             return sessions[0].sidecar if (sessions[0].sidecar.points or kind == "llama") else None
@@ -194,7 +194,7 @@ def test_a_conversation_pushed_out_of_its_slot_comes_back_from_its_restore_point
     try:
         assert engine.wait_ready(60) is ServerState.READY
         history = converse(engine.base_url)
-        wait_until(lambda: [s for s in engine.store.sessions() if len(s.sidecar.points) == 2],
+        wait_until(lambda: [s for s in engine.library.store.sessions() if len(s.sidecar.points) == 2],
                    what="the restore points")
         # Another conversation takes the only slot, then the first one comes back: Regenerate.
         other = [{"role": "system", "content": "You answer questions about trains."},
@@ -235,11 +235,11 @@ def test_an_edit_further_back_restores_from_an_earlier_user_message_point(models
             messages.append({"role": "user", "content": text})
             messages.append({"role": "assistant", "content": ask(engine.base_url, messages)["choices"][0][
                 "message"]["content"]})
-            wait_until(lambda i=i: [s for s in engine.store.sessions()
+            wait_until(lambda i=i: [s for s in engine.library.store.sessions()
                                     if sum(p.kind == "user" for p in s.sidecar.points) >= min(i, 2)
                                     and not engine.board[0].busy and not engine.board[0].watch.changed],
                        what=f"turn {i + 1}'s restore points")
-        [saved] = engine.store.sessions()
+        [saved] = engine.library.store.sessions()
         users = sorted(p.n_tokens for p in saved.sidecar.points if p.kind == "user")
         assert len(users) >= 2, saved.sidecar.points
     finally:
@@ -292,7 +292,7 @@ def test_a_request_that_comes_while_points_are_made_stops_them_at_the_next_step(
         assert answer["choices"][0]["message"]["content"] is not None
         assert answer["timings"]["cache_n"] > 0  # it went on from what the slot held
         wait_until(lambda: not engine.board[0].busy, what="the slot free")
-        [saved] = [s for s in engine.store.sessions() if s.sidecar.points]
+        [saved] = [s for s in engine.library.store.sessions() if s.sidecar.points]
         assert len(saved.sidecar.points) == 1, "the second point waited for the request"
     finally:
         engine.stop(save=False)

@@ -24,10 +24,10 @@ def saved_session(llama_model, server_bin, port):
     try:
         assert engine.wait_ready(60) is ServerState.READY
         converse(engine.base_url, USER_TURNS[:3], max_tokens=24)
-        [entry] = wait_until(lambda: engine.store.sessions(), what="save")
+        [entry] = wait_until(lambda: engine.library.store.sessions(), what="save")
     finally:
         engine.stop()
-    entry = engine.store.get(entry.id)
+    entry = engine.library.store.get(entry.id)
     assert entry.sidecar.n_tokens > 200
     # The save verified the file: its stamp is recorded, so damage below must get past it.
     assert entry.sidecar.verified.matches(os.lstat(entry.kv_path), entry.sidecar.content_hash)
@@ -65,7 +65,7 @@ def _launch_and_try(model, server_bin, port, session_id, **profile):
 def test_incompatible_settings_are_refused(saved_session, llama_model, server_bin, port, profile, reason):
     reasons, engine = _launch_and_try(llama_model, server_bin, port, saved_session.id, **profile)
     assert any(reason in r for r in reasons), reasons
-    entry = engine.store.get(saved_session.id)
+    entry = engine.library.store.get(saved_session.id)
     assert entry.kv_path.exists() and entry.status == "ok"
 
 
@@ -73,7 +73,7 @@ def test_other_model_of_the_same_shape_is_refused(saved_session, server_bin, por
     other = write_model(models_dir / "tiny-llama-alt.gguf", "llama-alt")
     reasons, engine = _launch_and_try(other, server_bin, port, saved_session.id)
     assert any("different model" in r for r in reasons), reasons
-    assert engine.store.get(saved_session.id).kv_path.exists()
+    assert engine.library.store.get(saved_session.id).kv_path.exists()
 
 
 def _damage_truncate(p):
@@ -150,7 +150,7 @@ def test_damaged_files_are_refused_marked_and_the_server_survives(saved_session,
         assert engine.supervisor.state is ServerState.READY and engine.supervisor.last_exit_code is None
     finally:
         engine.stop()
-    entry = engine.store.get(saved_session.id)
+    entry = engine.library.store.get(saved_session.id)
     assert entry.status == "corrupt" and entry.sidecar.corrupt
     assert entry.kv_path.exists()
 
@@ -188,7 +188,7 @@ def test_a_damaged_or_missing_piece_is_refused_marked_and_the_server_survives(sa
         assert engine.supervisor.state is ServerState.READY and engine.supervisor.last_exit_code is None
     finally:
         engine.stop()
-    entry = engine.store.get(saved_session.id)
+    entry = engine.library.store.get(saved_session.id)
     assert entry.status == "corrupt" and "piece" in entry.sidecar.corrupt["reason"]
 
 
@@ -211,7 +211,7 @@ def test_bad_sidecars_list_as_corrupt_and_are_never_restored(saved_session, llam
         assert engine.restore(saved_session.id, 0) is None
     finally:
         engine.stop()
-    entry = engine.store.get(saved_session.id)
+    entry = engine.library.store.get(saved_session.id)
     assert entry.status == "corrupt" and entry.problems
     assert saved_session.kv_path.exists() and path.exists()
 
@@ -223,19 +223,19 @@ def test_a_good_save_of_the_same_conversation_replaces_a_corrupt_one(llama_model
         assert engine.wait_ready(60) is ServerState.READY
         history, _ = converse(engine.base_url, USER_TURNS[:2], max_tokens=16)
         first = engine.save_slot(0)
-        entry = engine.store.get(first.id)
+        entry = engine.library.store.get(first.id)
         data = bytearray(entry.kv_path.read_bytes())
         data[-10] ^= 0xFF  # past its token list (which lineage still reads): what the state is made of
         entry.kv_path.write_bytes(bytes(data))
-        assert engine.store.verify(first.id).status == "corrupt"
+        assert engine.library.store.verify(first.id).status == "corrupt"
         converse(engine.base_url, USER_TURNS[:3], max_tokens=16)
         again = engine.save_slot(0)
     finally:
         engine.stop(save=False)
     assert again.id == first.id and again.kind == "update"
-    entry = engine.store.get(first.id)
+    entry = engine.library.store.get(first.id)
     assert entry.status == "ok" and entry.sidecar.corrupt is None
-    assert engine.store.verify(first.id).status == "ok"
+    assert engine.library.store.verify(first.id).status == "ok"
 
 
 def test_a_saved_session_is_restored_without_hashing_it_again_until_it_is_touched(

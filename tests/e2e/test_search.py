@@ -38,15 +38,15 @@ def test_save_three_find_one_by_a_middle_word_and_resume_it_warm(llama_model, se
         for n, (name, turns) in enumerate(CONVERSATIONS.items(), start=1):
             histories[name], _ = converse(url, turns, max_tokens=8)
             # One slot: the next conversation saves this one first (or the idle save does).
-            wait_until(lambda n=n: len(engine.store.sessions()) == n, what=f"save {n}")
-        wait_until(lambda: len(engine.search) == 3, what="the three conversations in the search index")
+            wait_until(lambda n=n: len(engine.library.store.sessions()) == n, what=f"save {n}")
+        wait_until(lambda: len(engine.library.search) == 3, what="the three conversations in the index")
 
         result = engine.sessions.search("kingfisher")  # said in the middle of the first conversation
         [hit] = result.hits
         assert hit.complete, "indexed with the server's own detokenized text"
         assert ("kingfisher", True) in hit.parts() and "quay" in hit.plain()
         assert "harbour" in hit.plain(), "the passage shows the words around the match"
-        entry = engine.store.get(hit.id)
+        entry = engine.library.store.get(hit.id)
         assert "sailing trip" in entry.sidecar.title
         assert [h.id for h in engine.sessions.search("sourdough jar").hits] != [hit.id]
         assert engine.sessions.search("nebula orion").hits[0].id not in (hit.id,)
@@ -71,7 +71,7 @@ def test_a_deleted_index_is_rebuilt_and_completed_by_the_running_server(llama_mo
     try:
         assert engine.wait_ready(60) is ServerState.READY
         converse(engine.base_url, CONVERSATIONS["stars"], max_tokens=8)
-        wait_until(lambda: len(engine.store.sessions()) == 1, what="the save")
+        wait_until(lambda: len(engine.library.store.sessions()) == 1, what="the save")
     finally:
         engine.close()
     os.unlink(engine.paths.search_index_file)

@@ -82,7 +82,7 @@ def test_the_switching_request_does_not_wait_for_the_commit_and_a_request_for_it
     # B takes the only slot: A is written by llama-server, and B is answered while A's commit waits.
     b, _ = turn(url, [{"role": "system", "content": "You are assistant B."}], long_message(2))
     assert held.entered.is_set() and not held.gate.is_set()
-    assert engine.store.listing().sessions == [] and events.of(ev.SessionSaved) == []
+    assert engine.library.store.listing().sessions == [] and events.of(ev.SessionSaved) == []
 
     # A's next turn could use A's session: it waits for the commit, then restores it.
     t, out = in_thread(lambda: turn(url, a, "And one more short question?"))
@@ -107,8 +107,8 @@ def test_a_failed_commit_is_said_and_the_engine_goes_on(one_slot, monkeypatch):
     held.release()
     failed = wait_until(lambda: events.of(ev.SaveFailed), 30, what="the failed commit reported")
     assert "keeps its previous save" in failed[0].message and "Input/output error" in failed[0].message
-    assert engine.store.listing().sessions == []  # nothing half-made
-    assert not list(engine.store.dir.glob("incoming-*"))  # and nothing left behind
+    assert engine.library.store.listing().sessions == []  # nothing half-made
+    assert not list(engine.library.store.dir.glob("incoming-*"))  # and nothing left behind
     _, resp = turn(url, [{"role": "system", "content": "You are assistant C."}], long_message(4))
     assert resp["choices"]
 
@@ -127,5 +127,5 @@ def test_a_stop_waits_for_the_commit(llama_model, server_bin, port, monkeypatch)
     held.release()
     t.join(120)
     assert "error" not in out and out["value"].ok
-    titles = sorted(s.sidecar.title for s in engine.store.listing().sessions)
+    titles = sorted(s.sidecar.title for s in engine.library.store.listing().sessions)
     assert len(titles) == 2  # A (committed after the switch) and B (saved at the stop)

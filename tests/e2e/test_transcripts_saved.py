@@ -53,7 +53,7 @@ def test_a_conversation_is_kept_in_words_and_follows_its_session(llama_model, se
         entry = engine.sessions.listing().sessions[0]
         t = engine.sessions.transcript(entry.id)
         assert [(m.role, m.content) for m in t.messages] == [(m["role"], m["content"]) for m in messages]
-        path = engine.store.dir / transcript_name(entry.sidecar.kv_file)
+        path = engine.library.store.dir / transcript_name(entry.sidecar.kv_file)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert not engine.sessions.listing().unmanaged  # ours, not a stranger's file
         # Found by anything said in it, not only by the title (the tiny model's replies are not words).
@@ -76,7 +76,7 @@ def test_a_conversation_is_kept_in_words_and_follows_its_session(llama_model, se
         assert again.kind == "update" and again.id == entry.id
         after = engine.sessions.transcript(entry.id)
         assert after.turns == 3 and [m.content for m in after.messages] == [m["content"] for m in messages]
-        files = os.listdir(engine.store.dir)
+        files = os.listdir(engine.library.store.dir)
         assert [f for f in files if f.endswith(".chat")] == [transcript_name(
             engine.sessions.listing().sessions[0].sidecar.kv_file)]  # the old version's is gone
     finally:
@@ -120,10 +120,10 @@ def test_a_transcript_is_checked_against_its_kv_file_with_the_models_template(ll
         check = engine.loop.call(engine.check_transcript_async(saved.id))
         assert check.verdict == OK, check.words
         # A transcript edited behind Slotkeeper's back no longer says what the file holds.
-        entry = engine.store.get(saved.id)
-        t = engine.store.transcript(entry)
+        entry = engine.library.store.get(saved.id)
+        t = engine.library.store.transcript(entry)
         edited = replace(t, messages=(Message("user", "Something else entirely."), *t.messages[1:]))
-        (engine.store.dir / transcript_name(entry.sidecar.kv_file)).write_bytes(edited.to_bytes())
+        (engine.library.store.dir / transcript_name(entry.sidecar.kv_file)).write_bytes(edited.to_bytes())
         check = engine.loop.call(engine.check_transcript_async(saved.id))
         assert check.verdict == MISMATCH and "not what the saved conversation begins with" in check.words
     finally:

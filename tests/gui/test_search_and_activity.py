@@ -45,7 +45,7 @@ def window(qtbot, bridge):
 def fill(engine, sessions_dir, conversations=CONVERSATIONS):
     for i, (sid, title, text) in enumerate(conversations):
         sc = make_session(sessions_dir, sid, title=title, age_hours=i + 1, size=4096 * (i + 1))
-        engine.search.put(sid, sc.kv_file, sc.model_sha256, title, text)  # as a save puts it in
+        engine.library.search.put(sid, sc.kv_file, sc.model_sha256, title, text)  # as a save puts it in
 
 
 def search(qtbot, bridge, page, text):

@@ -99,17 +99,16 @@ def test_the_api_key_goes_in_the_environment_never_on_the_command_line():
 
 
 def test_slotkeeper_finds_the_key_wherever_llama_server_does(tmp_path):
-    from slotkeeper.core.server.command import server_api_key
+    from slotkeeper.core.server.apikey import DoorKeys
 
     keys = tmp_path / "keys.txt"
-    keys.write_text("\n  first-key  \nsecond-key\n")
-    assert server_api_key(("--api-key", "a"), environ={}) == "a"
-    assert server_api_key(("--api-key-file", str(keys)), environ={}) == "first-key"
-    assert server_api_key((f"--api-key-file={keys}",), environ={"LLAMA_API_KEY": "env"}) == "first-key"
-    assert server_api_key((), environ={"LLAMA_API_KEY": "env"}) == "env"
-    assert server_api_key((), environ={}) is None
-    assert server_api_key(("--api-key-file", str(tmp_path / "missing")), environ={}) is None
-
+    keys.write_text("\n# a comment\nfirst-key\n second-key \n")  # lines as llama-server reads them
+    assert DoorKeys(("--api-key", "a"), environ={}).first() == "a"
+    assert DoorKeys(("--api-key-file", str(keys)), environ={}).keys() == ("first-key", " second-key ")
+    assert DoorKeys((f"--api-key-file={keys}",), environ={}).first() == "first-key"
+    assert DoorKeys((), environ={"LLAMA_API_KEY": "env"}).first() == "env"
+    assert DoorKeys((), environ={}).first() is None
+    assert DoorKeys(("--api-key-file", str(tmp_path / "missing")), environ={}).first() is None
 
 def test_the_projector_setting_becomes_mmproj_and_extra_args_cannot_name_another(tmp_path) -> None:
     from slotkeeper.core.server.command import CommandError, build_argv

@@ -115,7 +115,7 @@ def test_choose_model_through_the_service_keeps_overrides_out_of_the_file(path):
     on_disk = load_settings(path)
     assert on_disk.profile.model_path == "/m/b.gguf" and on_disk.profile.port == 8123
     assert [m.model_path for m in on_disk.models] == ["/m/b.gguf", "/m/a.gguf"]
-    assert not service.is_overridden("profile.ctx") and service.is_overridden("profile.port")
+    assert "profile.ctx" not in service.overrides and "profile.port" in service.overrides
     back = service.choose_model("/m/a.gguf")
     assert back.profile.ctx == 4096 and not back.profile.swa_full
     assert service.plan_model("/m/b.gguf").remembered
@@ -147,5 +147,5 @@ def test_command_line_values_given_with_no_model_apply_to_the_first_model_chosen
     service = SettingsService(p, {"profile.ctx": 2048, "profile.port": 9000})  # no model yet
     now = service.choose_model("/m/first.gguf")
     assert now.profile.ctx == 2048 and now.profile.port == 9000
-    assert service.is_overridden("profile.ctx")
+    assert "profile.ctx" in service.overrides
     assert load_settings(p).profile.ctx == Settings().profile.ctx  # still only this run's

@@ -350,9 +350,11 @@ class Settings:
             raise ValueError(f"not per-model settings: {', '.join(sorted(unknown))}")
         settings = self.remember_model()
         memory = settings.remembered(model_path)
-        profile = (memory.apply_to(settings.profile) if memory
-                   else replace(settings.profile, model_path=model_path))
-        return replace(settings, profile=replace(profile, **changes)).remember_model()
+        if memory is not None:
+            settings = replace(settings, profile=memory.apply_to(settings.profile))
+        else:
+            changes = {"model_path": model_path, **changes}
+        return settings.with_profile(**changes).remember_model()
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,6 @@ the settings leave --swa-full off; gone once it is on.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from PySide6.QtWidgets import QMessageBox, QPushButton, QWidget
 
 from slotkeeper.core import events as ev
@@ -53,7 +51,7 @@ class SwaFixButton(QPushButton):
         settings = self.bridge.settings
         if settings.profile.swa_full:
             return
-        wanted = replace(settings, profile=replace(settings.profile, swa_full=True))
+        wanted = settings.with_profile(swa_full=True)
         try:
             wanted.profile.validate()
         except ValueError as exc:

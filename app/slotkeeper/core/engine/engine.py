@@ -118,8 +118,7 @@ class Engine(EngineFace):
         self.board = SlotBoard(settings.idle_save_seconds, self.events)
         self.link = ServerLink(self.supervisor, self.loop)
         self.library = Library(paths, self.loop, self.events, budget_bytes=settings.budget_bytes)
-        self.store, self.search, self.sessions = (self.library.store, self.library.search,
-                                                  self.library.sessions)
+        self.sessions = self.library.sessions  # the faces' sessions service
         self.identity = ModelIdentity(self.hashes, self.loop, self.events)
         self.rates = Rates()
         self.prompts = PromptTokens(self.link)

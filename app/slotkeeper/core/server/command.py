@@ -122,25 +122,6 @@ def without_api_key(extra_args: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def server_api_key(extra_args: tuple[str, ...], environ: Mapping[str, str] | None = None) -> str | None:
-    """The key llama-server will ask for: ``--api-key``, else the first key in ``--api-key-file``,
-    else ``$LLAMA_API_KEY`` (which llama-server reads too). Slotkeeper's own calls send it."""
-    key = api_key_from_args(extra_args)
-    if key:
-        return key
-    for flag, value in api_key_args(extra_args):
-        if flag == "--api-key-file" and value:
-            try:
-                lines = Path(value).expanduser().read_text(encoding="utf-8").splitlines()
-            except OSError:
-                continue
-            keys = [line.strip() for line in lines if line.strip()]
-            if keys:
-                return keys[0]
-    env = os.environ if environ is None else environ
-    return env.get("LLAMA_API_KEY") or None
-
-
 def exposes_without_key(host: str, extra_args: tuple[str, ...],
                         environ: Mapping[str, str] | None = None) -> bool:
     """True when the server would listen beyond this machine with no ``--api-key`` or

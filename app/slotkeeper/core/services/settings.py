@@ -78,9 +78,6 @@ class SettingsService:
         """This run's command-line values, by dotted name."""
         return dict(self._overrides)
 
-    def is_overridden(self, name: str) -> bool:
-        return name in self._overrides
-
     def saved(self) -> Settings:
         """The settings file (defaults when there is none); SettingsError when it is unreadable."""
         return load_settings(self.path)
