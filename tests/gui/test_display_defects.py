@@ -49,7 +49,7 @@ def test_a_slot_switched_to_another_chat_drops_the_old_title_and_badge_at_once(q
     # again from its start): a Resume of it keeps what the slot holds; the in-slot guard lets it
     # go (a delete loses nothing: the next save names what the slot holds)
     assert view.session_id == "aaaaaaaaaaaa" and engine.board.holder("aaaaaaaaaaaa") == 0
-    assert "aaaaaaaaaaaa" not in engine.board.held_sessions()
+    assert "aaaaaaaaaaaa" not in engine.board.in_slots()
     page.slots_panel.set_titles({"aaaaaaaaaaaa": "The old chat"})
     gauge = page.slots_panel.gauges[0]
     assert gauge.title == "" and "not saved yet" in gauge.summary()

@@ -30,7 +30,7 @@ def test_idle_slot_is_due_after_the_delay_and_only_once():
     assert b.due(12) == []
     assert b.due(13) == [0]
     b.saved(0, "s1", b[0].watch.generation)
-    assert b.due(100) == [] and b.held_sessions() == {"s1"}
+    assert b.due(100) == [] and b.in_slots() == {"s1"}
 
 
 def test_a_whole_request_between_two_polls_is_noticed():
@@ -60,7 +60,7 @@ def test_adopted_server_slots_count_as_changed_and_busy_slots_skip():
     b.acting(0, "saving")
     assert b.due(1) == []
     b.restored(1, "r", [1, 2, 3], 3, "works", exact_only=False)
-    assert b.held_sessions() == {"r"}
+    assert b.in_slots() == {"r"}
 
 
 def test_a_failed_save_is_retried_with_a_growing_delay_not_every_poll():

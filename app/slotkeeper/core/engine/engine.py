@@ -286,7 +286,7 @@ class Engine(EngineFace):
             n = prewarm_count(self._settings.profile.parallel, self._settings.restore_on_start)
             self.library.begin_prewarm(self.link.staging, str(self.link.model.path), n)
         if isinstance(event, SlotsChanged):
-            self.library.slots_hold(self.board.held_sessions(), self.link.launched is not None)
+            self.library.set_in_slots(self.board.in_slots(), self.link.launched is not None)
 
     def _publish(self, door: bool = True) -> None:
         """A new snapshot; with ``door``, the door's policy too (the launch, its facts or the
@@ -301,7 +301,7 @@ class Engine(EngineFace):
             model=self.link.model,
             facts=self.link.facts,
             slots=self.board.views(),
-            in_slots=self.board.held_sessions() if launched is not None else frozenset(),
+            in_slots=self.board.in_slots() if launched is not None else frozenset(),
             activity=self._activity,
             started_at=self.supervisor.started_at if self._server_state is ServerState.READY else None,
             swa_note=self.cycle.swa_note,

@@ -176,20 +176,20 @@ class SessionsService:
                  budget_bytes: int = 0) -> None:
         """``in_slots`` and ``budget``: readers of what another process recorded (the command line
         reads the running app's in-slots file and the settings file); without them, the owner tells
-        the service (``hold``, ``budget_bytes``), as the engine does. ``search``: the full-text
+        the service (``set_in_slots``, ``budget_bytes``), as the engine does. ``search``: the full-text
         index kept in step here. What a call changed is in what it returns (a deletion is forgotten
         by the store's index itself; a search says what it repaired): nothing is called back."""
         self.store = store
         self._read_in_slots = in_slots
         self._read_budget = budget
-        self._held: frozenset[str] = frozenset()
+        self._in_slots: frozenset[str] = frozenset()
         self.budget_bytes = budget_bytes  # the disk budget, when no reader is given
         self.search_index = search
 
-    def hold(self, session_ids: AbstractSet[str]) -> None:
-        """The sessions the slots hold now (never deleted nor pruned): told by the engine whenever
+    def set_in_slots(self, session_ids: AbstractSet[str]) -> None:
+        """The sessions in the slots now (never deleted nor pruned): told by the engine whenever
         they change (any thread reads the set it last told)."""
-        self._held = frozenset(session_ids)
+        self._in_slots = frozenset(session_ids)
 
     def _budget(self) -> int:
         return self._read_budget() if self._read_budget is not None else self.budget_bytes
@@ -222,7 +222,7 @@ class SessionsService:
         return candidates[0]
 
     def in_slots(self) -> frozenset[str]:
-        return frozenset(self._read_in_slots()) if self._read_in_slots is not None else self._held
+        return frozenset(self._read_in_slots()) if self._read_in_slots is not None else self._in_slots
 
     def set_pinned(self, session_id: str, pinned: bool) -> SessionChanges:
         self.store.set_pinned(session_id, pinned)

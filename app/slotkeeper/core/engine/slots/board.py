@@ -221,7 +221,7 @@ class SlotBoard:
     def views(self) -> tuple[SlotView, ...]:
         return tuple(s.view for s in self)
 
-    def held_sessions(self) -> frozenset[str]:
+    def in_slots(self) -> frozenset[str]:
         """The saved sessions a slot holds now: the in-slot guard keeps them from being deleted. A
         slot that went on with another conversation (its view detached) no longer holds its old
         session, which may then be deleted (to free a full disk, say); its next save names what

@@ -86,7 +86,7 @@ class SavedPrefix:
 class Library:
     def __init__(self, paths: AppPaths, loop: EngineLoop, events: EventBus, budget_bytes: int) -> None:
         """``budget_bytes``: the disk budget (changed with the settings). The engine tells it which
-        sessions the slots hold (``slots_hold``)."""
+        sessions are in the slots (``set_in_slots``)."""
         self.loop = loop
         self.paths = paths
         self._in_slots_file: frozenset[str] | None = None  # what the in-slots file says
@@ -167,13 +167,13 @@ class Library:
                 f"saved conversation {session_id} stays as it was saved: {why}"))
 
     # -- what the slots hold, and the settings -----------------------------------------------
-    def slots_hold(self, held: frozenset[str], launched: bool) -> None:
-        """What the slots hold now (on the loop, as it changes): the sessions service keeps them
-        from deletion and pruning, and the in-slots file says so to other processes."""
-        self.sessions.hold(held)  # before anyone may delete what they hold
-        if launched and held != self._in_slots_file:
-            self._in_slots_file = held
-            self.loop.in_background(publish_in_slots, self.paths.in_slots_file, held,
+    def set_in_slots(self, in_slots: frozenset[str], launched: bool) -> None:
+        """The sessions in the slots now (on the loop, as it changes): the sessions service keeps
+        them from deletion and pruning, and the in-slots file says so to other processes."""
+        self.sessions.set_in_slots(in_slots)  # before anyone may delete what the slots hold
+        if launched and in_slots != self._in_slots_file:
+            self._in_slots_file = in_slots
+            self.loop.in_background(publish_in_slots, self.paths.in_slots_file, in_slots,
                                     what="recording the sessions in slots")
 
     def slots_emptied(self) -> None:
