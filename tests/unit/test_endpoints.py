@@ -54,13 +54,14 @@ def test_the_table_is_an_allow_list():
     assert endpoint("POST", "/slots").kind == endpoints.REFUSED
     assert endpoint("POST", "/lora-adapters").kind == endpoints.REFUSED
     assert endpoint("GET", "/lora-adapters").kind == endpoints.PASS
-    assert endpoint("POST", "/completion").prompt == endpoints.PROMPT_TEXT
-    assert endpoint("POST", "/v1/chat/completions").prompt == endpoints.PROMPT_CHAT
+    assert endpoint("POST", "/completion").prompt_kind == endpoints.PROMPT_TEXT
+    assert endpoint("POST", "/v1/chat/completions").prompt_kind == endpoints.PROMPT_CHAT
     assert endpoint("POST", "/v1/messages").kind == endpoints.GENERATE
     assert endpoint("POST", "/v1/audio/transcriptions").kind == endpoints.REFUSED
     for path in ("/v1/audio/transcriptions", "/audio/transcriptions", "/v1/systemone"):  # refused in words
         refused = endpoint("POST", path)
-        assert refused.status == 501 and "cannot be given a slot" in refused.reason and refused.prompt is None
+        assert refused.status == 501 and "cannot be given a slot" in refused.reason
+        assert refused.prompt_kind is None
     assert endpoint("HEAD", "/slots").kind == endpoints.SLOTS
     assert endpoint("GET", "/health").kind == endpoints.PUBLIC
     assert endpoint("GET", "/").kind == endpoints.PUBLIC  # the web UI, public as upstream

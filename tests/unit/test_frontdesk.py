@@ -14,7 +14,7 @@ import pytest
 from slotkeeper.core.basics.tokens import as_tokens
 from slotkeeper.core.engine.desk import frontdesk as fd
 from slotkeeper.core.engine.desk.frontdesk import FrontDesk, Outcome, request_shape
-from slotkeeper.core.engine.door.shapes import Learn
+from slotkeeper.core.engine.door.shapes import PromptSource
 from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.slots.board import UNKNOWN, SlotBoard
 from slotkeeper.core.engine.slots.rates import Rates
@@ -98,7 +98,7 @@ class Parts:
         self.calls.append(("abandoned", slot))
 
     # the prompts: a request that came the fast way is tokenized when a full route needs it
-    async def learn(self, what: Learn):
+    async def learn(self, what: PromptSource):
         self.learnt.append(what)
         return self.learnt_tokens
 
@@ -272,7 +272,7 @@ def test_the_next_turn_of_a_slots_conversation_goes_straight_to_it_and_its_token
     fast = desk.admit_continuation(nxt)
     assert fast is not None and fast.slot == ticket.slot and fast.tokens is None
     _parts.learnt_tokens = as_tokens(toks(60))
-    learn = Learn("chat", {"messages": list(nxt.growing)})
+    learn = PromptSource("chat", {"messages": list(nxt.growing)})
     desk.finish(fast, Outcome(200, True, {"cache_n": 30, "prompt_n": 30, "predicted_n": 5}), learn=learn)
     assert board[ticket.slot].content.n_prompt == 60 and not _parts.learnt  # not tokenized on the way
     run(desk.admit(as_tokens(toks(10, start=7000))))  # a full route compares slots: it learns them now

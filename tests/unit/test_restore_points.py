@@ -139,9 +139,9 @@ def test_the_point_chosen_is_the_longest_the_request_strictly_extends():
 def points_unbounded(monkeypatch):
     """The files here are stand-ins, not states: each a piece of its own, as big as the "save". What
     points may add is tested with real states (tests/e2e); here every point fits."""
-    from slotkeeper.core.sessions import store as store_module
+    from slotkeeper.core.sessions import point_files
 
-    monkeypatch.setattr(store_module, "POINTS_SHARE", 1000.0)
+    monkeypatch.setattr(point_files, "POINTS_SHARE", 1000.0)
 
 
 def _session(folder: Path) -> tuple[SessionStore, Sidecar]:

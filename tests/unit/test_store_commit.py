@@ -14,7 +14,7 @@ import orjson
 import pytest
 from sessions_helpers import facts_of, locked_elsewhere, make_session, write_slot_save
 
-from slotkeeper.core.sessions import index as index_module
+from slotkeeper.core.sessions import index_file
 from slotkeeper.core.sessions.index import BLOCK, SessionsIndex, SidecarRecord
 from slotkeeper.core.sessions.index_file import index_bytes
 from slotkeeper.core.sessions.sidecar import load_sidecar
@@ -170,7 +170,7 @@ def test_writing_the_index_out_holds_its_lock_only_for_a_copy(tmp_path, monkeypa
         index.set_record(sid, SidecarRecord(stamp, {"id": sid, "kv_file": f"{sid}.00000000.kv"}))
         index.add_tokens(sid, "m", f"{sid}.00000000.kv", 1, 1, A[: 100 + i])
     encoded = []
-    real = index_module._tokens_json
+    real = index_file.tokens_json
 
     def tokens_json(s):
         # While the index is encoded, another thread (routing, a save) takes the lock at once
@@ -190,7 +190,7 @@ def test_writing_the_index_out_holds_its_lock_only_for_a_copy(tmp_path, monkeypa
         encoded.append(bool(got))
         return real(s)
 
-    monkeypatch.setattr(index_module, "_tokens_json", tokens_json)
+    monkeypatch.setattr(index_file, "tokens_json", tokens_json)
     data = index_bytes(index)
     assert encoded == [True, True, True]
     # What was written is the copy taken before the change, and the change makes it dirty again.

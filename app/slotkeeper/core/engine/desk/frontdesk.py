@@ -32,7 +32,7 @@ from slotkeeper.core.sessions.transcripts import Transcript
 if TYPE_CHECKING:
     from slotkeeper.core.engine.desk.ledger import RequestLedger
     from slotkeeper.core.engine.door.prompts import PromptTokens
-    from slotkeeper.core.engine.door.shapes import Learn
+    from slotkeeper.core.engine.door.shapes import PromptSource
     from slotkeeper.core.engine.lifecycle.server_link import ServerLink
     from slotkeeper.core.engine.slots.actions import SlotActions
     from slotkeeper.core.engine.slots.board import SlotBoard, SlotContent
@@ -107,7 +107,7 @@ class Outcome:
     processed: bool
     timings: dict[str, Any] | None = None
     transcript: Transcript | None = None
-    request: Learn | None = None  # what rendered the prompt (kept with the slot for restore points)
+    request: PromptSource | None = None  # what rendered the prompt (kept with the slot for restore points)
 
 
 class FrontDesk:
@@ -358,7 +358,7 @@ class FrontDesk:
         return await self._session_option(tokens, beat)
 
     # -- when it is done ------------------------------------------------------------------
-    def finish(self, ticket: Ticket, outcome: Outcome, learn: Learn | None = None) -> None:
+    def finish(self, ticket: Ticket, outcome: Outcome, learn: PromptSource | None = None) -> None:
         """Record what the request did (called once, also when the client went away).
 
         A request that came in the fast way has no tokens yet: ``learn`` finds them when a full

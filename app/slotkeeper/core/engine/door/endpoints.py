@@ -40,7 +40,7 @@ PROMPT_MESSAGES = "messages"  # Anthropic's
 @dataclass(frozen=True)
 class Endpoint:
     kind: str
-    prompt: str | None = None  # GENERATE: chat, text, responses, messages; None: not known to the door
+    prompt_kind: str | None = None  # GENERATE: chat, text, responses, messages; None: not known to the door
     status: int = 403  # REFUSED: the answer's status
     reason: str = ""  # REFUSED: the answer's words
     json_body: bool = False  # PASS: llama-server parses the body as JSON (the door reads it first)

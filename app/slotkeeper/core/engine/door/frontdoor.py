@@ -54,7 +54,7 @@ from slotkeeper.core.engine.door import endpoints, own
 from slotkeeper.core.engine.door.endpoints import BadTarget, Endpoint, canonical_target
 from slotkeeper.core.engine.door.httpstack import aiohttp, web
 from slotkeeper.core.engine.door.prompts import CONVERSIONS, PromptTokens, resetting_socket, single_prompt
-from slotkeeper.core.engine.door.shapes import SAMPLING_FIELDS, Learn
+from slotkeeper.core.engine.door.shapes import SAMPLING_FIELDS, PromptSource
 from slotkeeper.core.engine.door.unstream import Unstreamed, answer_kind, streamed_request
 from slotkeeper.core.engine.errors import EngineError
 from slotkeeper.core.server.apikey import DoorKeys, KeyUnavailable, exposure_refusal
@@ -447,19 +447,20 @@ class FrontDoor:
     async def _generate(self, request: web.Request, path: str, query: str, ep: Endpoint, raw: bytes,
                         policy: DoorPolicy) -> web.StreamResponse:
         body = parse_object(raw)  # BadBody: never forwarded unrouted
-        pinned = _pinned(ep.prompt, body, policy.n_slots)
-        if policy.n_slots > 1 and ep.prompt != endpoints.PROMPT_MESSAGES:  # its conversion drops n and n_cmpl
+        pinned = _pinned(ep.prompt_kind, body, policy.n_slots)
+        # (the Messages conversion drops n and n_cmpl)
+        if policy.n_slots > 1 and ep.prompt_kind != endpoints.PROMPT_MESSAGES:
             many = _several_slots(path, body)
             if many:
                 raise FrontDeskError(501, many)
-        shape = request_shape(ep.prompt, body) if ep.prompt else None
+        shape = request_shape(ep.prompt_kind, body) if ep.prompt_kind else None
         ticket = self.desk.admit_continuation(shape, pinned)  # the next turn of what a slot holds
         fast = ticket is not None
         if ticket is None:
             await self.desk.until_serving()  # a request that waits for a restart is tokenized after it
             place = self.desk.arrive()  # in line before tokenizing: first come, first served
             try:
-                tokens = await self.prompts.tokens(ep.prompt, body)
+                tokens = await self.prompts.tokens(ep.prompt_kind, body)
             except BaseException:
                 self.desk.leave(place)
                 raise
@@ -467,37 +468,37 @@ class FrontDoor:
             ticket.shape = shape
         outcome = Outcome(status=0, processed=False)
         reply = ReplyCollector()
-        learn = Learn(ep.prompt, prompt_fields(body))
+        learn = PromptSource(ep.prompt_kind, prompt_fields(body))
         try:  # from here on the slot is leased: released below whatever happens
             target, sent, as_messages = path, body, False
             chat = None
             streamed = body.get("stream") is True
-            if ep.prompt == endpoints.PROMPT_MESSAGES and (policy.n_slots > 1 or not streamed):
+            if ep.prompt_kind == endpoints.PROMPT_MESSAGES and (policy.n_slots > 1 or not streamed):
                 chat = messages_as_chat(body)  # with two slots; or to be asked as a stream (below)
             if chat is not None:  # llama-server's Messages handler would drop the slot chosen: sent as a chat
                 target, sent, as_messages = MESSAGES_AS_CHAT_PATH, chat, True
             # A non-streamed answer is asked as a stream, which stops when its client leaves.
             kind = (answer_kind(target, endpoints.PROMPT_CHAT, without_extras(sent)) if as_messages
-                    else answer_kind(target, ep.prompt, sent))
+                    else answer_kind(target, ep.prompt_kind, sent))
             if kind is not None:
                 sent = streamed_request(sent, kind)
             data = (with_slot(raw, body, ticket.slot) if sent is body
                     else with_slot(_dumps(sent), sent, ticket.slot))
-            ping = _ping_interval(ep.prompt, body, policy)
+            ping = _ping_interval(ep.prompt_kind, body, policy)
             return await self._forward(request, target, query, data, ticket, outcome, reply, ping,
                                        as_messages, kind)
         finally:
             if outcome.processed and outcome.timings is not None:
-                as_chat = _as_chat(ep.prompt, body)
-                outcome.request = None if as_chat is None else Learn(endpoints.PROMPT_CHAT,
+                as_chat = _as_chat(ep.prompt_kind, body)
+                outcome.request = None if as_chat is None else PromptSource(endpoints.PROMPT_CHAT,
                                                                      prompt_fields(as_chat))
-                outcome.transcript = _transcript(path, ep.prompt, body, as_chat, reply)
+                outcome.transcript = _transcript(path, ep.prompt_kind, body, as_chat, reply)
             if not fast:
                 self.desk.finish(ticket, outcome)
             elif outcome.timings is not None or not outcome.processed:
                 self.desk.finish(ticket, outcome, learn=learn)
             else:  # cut short: what the slot holds is known only from the tokens
-                asyncio.ensure_future(self.prompts.tokens(ep.prompt, body)).add_done_callback(
+                asyncio.ensure_future(self.prompts.tokens(ep.prompt_kind, body)).add_done_callback(
                     lambda f: self._finish_tokenized(ticket, outcome, f))
 
     async def _unstreamed(self, request: web.Request, up: aiohttp.ClientResponse, kind: str,

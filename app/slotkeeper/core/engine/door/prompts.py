@@ -3,7 +3,7 @@
 its private address, over a kept-alive connection of its own (on the engine loop).
 
 The front door asks for a request's tokens before routing it; the front desk asks later for the
-requests that came in the fast way (``Learn``: what the slot record keeps to ask with), when a
+requests that came in the fast way (``PromptSource``: what the slot record keeps to ask with), when a
 full route needs them. None when they cannot be known: the request is then routed as one whose
 tokens are not known."""
 
@@ -21,7 +21,7 @@ from slotkeeper.core.basics.tokens import TokenArray, tokens_from_json
 from slotkeeper.core.chat.conversions import NotConvertible, messages_to_chat, responses_to_chat
 from slotkeeper.core.engine.door import endpoints
 from slotkeeper.core.engine.door.httpstack import aiohttp
-from slotkeeper.core.engine.door.shapes import Learn
+from slotkeeper.core.engine.door.shapes import PromptSource
 from slotkeeper.core.engine.lifecycle.server_link import ServerLink
 from slotkeeper.core.server.client import (
     DETOKENIZE_PATH,
@@ -102,7 +102,7 @@ class PromptTokens:
         if session is not None:
             await session.close()
 
-    async def learn(self, what: Learn) -> TokenArray | None:
+    async def learn(self, what: PromptSource) -> TokenArray | None:
         return await self.tokens(what.prompt_kind, what.body)
 
     # -- a transcript read as the door reads requests (``transcript_check.PromptReader``) ----------

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slotkeeper.core.engine.door.endpoints import PROMPT_CHAT, PROMPT_TEXT
+
 # Request fields that change how a reply is sampled, not the prompt: two requests that differ
 # only in these (and in a longer conversation) render the same prompt prefix.
 SAMPLING_FIELDS = frozenset({
@@ -26,13 +28,13 @@ class RequestShape:
     """A request as far as its prompt goes: the growing part (the chat's ``messages``, a text
     ``prompt``) and everything else that shapes the prompt (tools, template options...)."""
 
-    path_kind: str  # "chat" or "text"
+    prompt_kind: str  # PROMPT_CHAT or PROMPT_TEXT
     growing: tuple[Any, ...] | str
     fixed: dict[str, Any]
 
     def continues(self, before: RequestShape) -> bool:
         """This request's prompt starts with all of ``before``'s (a next turn, a longer text)."""
-        if self.path_kind != before.path_kind or self.fixed != before.fixed:
+        if self.prompt_kind != before.prompt_kind or self.fixed != before.fixed:
             return False
         if isinstance(self.growing, str):
             return isinstance(before.growing, str) and self.growing.startswith(before.growing)
@@ -44,22 +46,23 @@ class RequestShape:
         return len(self.growing)
 
 
-def request_shape(path_kind: str, body: dict[str, Any]) -> RequestShape | None:
+def request_shape(prompt_kind: str, body: dict[str, Any]) -> RequestShape | None:
     """The shape of a chat (``messages``) or text-completion (string ``prompt``) request."""
-    key = "messages" if path_kind == "chat" else "prompt"
+    key = "messages" if prompt_kind == PROMPT_CHAT else "prompt"
     growing = body.get(key)
-    if path_kind == "chat" and isinstance(growing, list) and growing:
+    if prompt_kind == PROMPT_CHAT and isinstance(growing, list) and growing:
         growing = tuple(growing)
-    elif not (path_kind == "text" and isinstance(growing, str) and growing):
+    elif not (prompt_kind == PROMPT_TEXT and isinstance(growing, str) and growing):
         return None
-    return RequestShape(path_kind, growing,
+    return RequestShape(prompt_kind, growing,
                         {k: v for k, v in body.items() if k != key and k not in SAMPLING_FIELDS})
 
 
 @dataclass(frozen=True)
-class Learn:
-    """What renders a request's prompt (its kind and the fields that shape it), kept to tokenize it
-    later."""
+class PromptSource:
+    """What renders a request's prompt: its kind and the fields that shape it. A slot keeps one to
+    learn its tokens later (the fast way in) and one of its last request (restore points ask where
+    its last user message starts)."""
 
     prompt_kind: str | None
     body: dict[str, Any]

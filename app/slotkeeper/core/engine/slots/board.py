@@ -37,7 +37,7 @@ from slotkeeper.core.model import families
 from slotkeeper.core.views import SlotView
 
 if TYPE_CHECKING:
-    from slotkeeper.core.engine.door.shapes import Learn, RequestShape
+    from slotkeeper.core.engine.door.shapes import PromptSource, RequestShape
     from slotkeeper.core.server.client import SlotInfo
     from slotkeeper.core.sessions.transcripts import Transcript
 
@@ -119,12 +119,12 @@ class SlotContent:
     last_used: float = 0.0
     shape: RequestShape | None = None  # the last request, while the slot holds its prompt and nothing else
     # ``tokens`` may lag one fast request behind: ``learn`` asks for the real ones when routing needs them
-    learn: Learn | None = None
+    learn: PromptSource | None = None
     learning: asyncio.Future[TokenArray | None] | None = None
     transcript: Transcript | None = None  # the conversation it holds, as its last request and reply read
     # The last request's rendering fields while the slot holds what it left (restore points ask
     # where its last user message starts); None after a restore or an erase.
-    request: Learn | None = None
+    request: PromptSource | None = None
 
     def forget(self) -> None:
         """What it holds now comes from elsewhere (a restore, an erase): no lagging tokens."""
@@ -145,10 +145,10 @@ class Ran:
     n_prompt: int | None  # its prompt's length as llama-server reported it (None: cut short, not known)
     predicted: int  # tokens generated after it
     recomputed: bool = False  # the slot was erased first
-    learn: Learn | None = None  # how to learn them later (the fast way in)
+    learn: PromptSource | None = None  # how to learn them later (the fast way in)
     shape: RequestShape | None = None
     transcript: Transcript | None = None  # the conversation it holds now, in words (None: cannot be read)
-    request: Learn | None = None  # what rendered its prompt (a chat's messages ...), when known
+    request: PromptSource | None = None  # what rendered its prompt (a chat's messages ...), when known
 
 
 class Slot:
@@ -439,7 +439,7 @@ class SlotBoard:
             self._events.emit(SlotsChanged(views))
 
     # -- tokens that lag ------------------------------------------------------------------
-    async def learn_lagging(self, tokenize: Callable[[Learn], Awaitable[TokenArray | None]]) -> None:
+    async def learn_lagging(self, tokenize: Callable[[PromptSource], Awaitable[TokenArray | None]]) -> None:
         """Bring every slot's tokens up to date (a full route compares them): ``tokenize`` asks
         llama-server (``prompts.PromptTokens.learn``)."""
         waits = []

@@ -15,7 +15,7 @@ import time
 from slotkeeper.core.basics.tokens import TokenArray, as_tokens
 from slotkeeper.core.engine.door import endpoints
 from slotkeeper.core.engine.door.prompts import PromptTokens
-from slotkeeper.core.engine.door.shapes import Learn
+from slotkeeper.core.engine.door.shapes import PromptSource
 from slotkeeper.core.engine.lifecycle.loop import EngineLoop
 from slotkeeper.core.engine.lifecycle.server_link import SLOT_ACTION_TIMEOUT_SECONDS, ServerLink
 from slotkeeper.core.engine.slots.actions import SlotActions
@@ -196,7 +196,7 @@ class RestorePoints:
                 board.rewound(slot, as_tokens(held), restored=False)
         return made
 
-    async def _user_start(self, request: Learn, prompt: TokenArray) -> int | None:
+    async def _user_start(self, request: PromptSource, prompt: TokenArray) -> int | None:
         """Where the words of a chat request's last user message start in its prompt's tokens: the
         prompt rendered with two other words in that message parts there (and agrees with the real
         prompt up to it), whatever the template puts before a user's words."""
