@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from slotkeeper.cli.sessions_list import list_json, print_bytes
+from slotkeeper.cli.output import list_json, print_bytes
 from slotkeeper.core.basics.fsutil import atomic_write_text
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.basics.units import human_bytes
@@ -22,6 +22,7 @@ from slotkeeper.core.server.apikey import DoorKeys
 from slotkeeper.core.services.running import NotAnswered, ask_transcript_check, running_door
 from slotkeeper.core.services.sessions import AmbiguousSessionId, SearchResult, SessionInUse, SessionsService
 from slotkeeper.core.services.transcript_check import MISMATCH, TranscriptCheck
+from slotkeeper.core.services.use_cases import SESSION_USE_CASES
 from slotkeeper.core.sessions.compat import model_file_name, swa_mode
 from slotkeeper.core.sessions.entries import SessionEntry, UnmanagedFile
 from slotkeeper.core.sessions.folder_lock import LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_SECONDS
@@ -295,18 +296,18 @@ def _run(args: argparse.Namespace, service: SessionsService) -> int:
         return 0
     if args.action == "export":
         return _export(service, sid, args.format, args.output)
-    if args.action == "delete":
-        title = _title(service, sid)
-        service.delete(sid)
-        print(f"deleted {sid}{title}")
-        return 0
-    if args.action in ("pin", "unpin"):
-        [entry] = service.set_pinned(sid, args.action == "pin").changed
-        print(f"{args.action}ned {sid}  {cut(entry.sidecar.title if entry.sidecar else '', TITLE_WIDTH)}")
-        return 0
     if args.action == "verify":
         return _verify(service, [sid], args.data_dir)
-    return 2
+    case = SESSION_USE_CASES.get(args.action)
+    if case is None:
+        return 2
+    title = _title(service, sid)  # said after it too: a deleted session has none any more
+    changes = case.run(service, sid)
+    for entry in changes.sessions.changed:
+        print(f"{case.done} {entry.id}  {cut(entry.sidecar.title if entry.sidecar else '', TITLE_WIDTH)}")
+    for gone in changes.sessions.removed:
+        print(f"{case.done} {gone}{title}")
+    return 0
 
 
 def _transcript(service: SessionsService, entry: SessionEntry) -> Transcript | None:
@@ -361,8 +362,9 @@ def _export(service: SessionsService, sid: str, fmt: str, output: str | None) ->
 def _verify(service: SessionsService, ids: list[str], data_dir: str | None) -> int:
     bad = 0
     running = _RunningSlotkeeper(data_dir)
+    verify = SESSION_USE_CASES["verify"]
     for sid in ids:
-        entry = service.verify(sid)
+        [entry] = verify.run(service, sid).sessions.changed
         if entry.problems:
             bad += 1
             print(f"{sid}  CORRUPT  {'; '.join(entry.problems)}")

@@ -6,7 +6,8 @@ the full way (``cli.sessions``), which also says what is wrong."""
 from __future__ import annotations
 
 import argparse
-import sys
+
+from slotkeeper.cli.output import print_bytes
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -32,22 +33,3 @@ def print_kept_rows(data_dir: str | None) -> bool:
         return False
     print_bytes(listing)
     return True
-
-
-def list_json(rows: list[bytes]) -> bytes:
-    """A JSON array, one session per line (thousands of sessions print in a blink; jq pretty-prints)."""
-    if not rows:
-        return b"[]"
-    return b"[\n" + b",\n".join(rows) + b"\n]"
-
-
-def print_bytes(data: bytes) -> None:
-    """``data`` (UTF-8) and a newline on stdout, as they are (megabytes of rows: no round trip
-    through str)."""
-    out = getattr(sys.stdout, "buffer", None)
-    if out is None:  # no byte stream under it (a test's capture, a windowed app)
-        print(data.decode("utf-8"))
-        return
-    sys.stdout.flush()
-    out.write(data + b"\n")
-    out.flush()

@@ -20,11 +20,10 @@ from PySide6.QtCore import QObject, Signal
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import Engine, EngineError, EngineSnapshot
-from slotkeeper.core.services import switching
 from slotkeeper.core.services.resume import ResumeVerdict, resume_verdict
-from slotkeeper.core.services.sessions import SessionChanges
 from slotkeeper.core.services.settings import SettingsService
 from slotkeeper.core.services.switching import SwitchOutcome, resolved_model_file
+from slotkeeper.core.services.use_cases import ENGINE_USE_CASES, SESSION_USE_CASES, Changes
 from slotkeeper.core.sessions.compat import ServerFacts
 from slotkeeper.core.sessions.entries import SessionEntry
 from slotkeeper.core.sessions.naming import sidecar_name
@@ -256,7 +255,11 @@ class EngineBridge(QObject):
             self.errorOccurred.emit("Starting llama-server",
                                     "No model chosen yet: pick one in Settings, or use the starter model.")
             return
-        self._command(self.engine.start_async(resume_id), "Starting llama-server",
+        if resume_id is not None:
+            self.use("resume", resume_id,
+                     on_failure=lambda exc: self._start_failed("Starting llama-server", exc))
+            return
+        self._command(self.engine.start_async(), "Starting llama-server",
                       on_failure=lambda exc: self._start_failed("Starting llama-server", exc))
 
     def _start_failed(self, what: str, exc: BaseException) -> None:
@@ -282,40 +285,60 @@ class EngineBridge(QObject):
     def save_slot(self, slot: int) -> None:
         self._command(self.engine.save_slot_async(slot), f"Saving slot {slot}")
 
-    # -- session actions (the sessions service, as jobs) ----------------------------------
+    # -- use cases (``core.services.use_cases``: one table for every face) -----------------
+    def use(self, name: str, *args: Any, on_done: Callable[[Changes], None] | None = None,
+            on_failure: Callable[[BaseException], None] | None = None, **kwargs: Any) -> None:
+        """Run the use case ``name`` (a session's as a job, the engine's on its loop); what it
+        changed is applied in one place (``_apply``), then ``on_done(changes)``. A failure is said
+        (``on_failure`` instead, when given); a session's listing then shows what is on disk."""
+        if name in SESSION_USE_CASES:
+            case = SESSION_USE_CASES[name]
+            ids = (str(args[0]),)
+            self.feeds.expect(ids)
+
+            def done(changes: Changes) -> None:
+                self.feeds.done_with(ids)
+                self._apply(changes)
+                if on_done is not None:
+                    on_done(changes)
+
+            def failed(exc: BaseException) -> None:
+                self.feeds.done_with(ids)
+                self.errorOccurred.emit(case.doing, describe_error(exc))
+                self.refresh_sessions()  # what is on disk, whatever happened
+
+            self.jobs.run(case.run, self.engine.sessions, *args, on_success=done, on_failure=failed,
+                          description=case.doing)
+            return
+        use_case = ENGINE_USE_CASES[name]
+
+        def applied(changes: Changes) -> None:
+            self._apply(changes)
+            if on_done is not None:
+                on_done(changes)
+
+        self._command(use_case.run(self.engine, self.settings_service, *args, **kwargs), use_case.doing,
+                      on_success=applied, on_failure=on_failure)
+
+    def _apply(self, changes: Changes) -> None:
+        """The one hook that applies what a use case changed: the listing (the folder is not
+        listed again for it), the settings in use, a model switch's outcome."""
+        if changes.sessions.ids:
+            self.feeds.apply_changes(changes.sessions)
+        if changes.settings is not None:
+            self.settingsChanged.emit(changes.settings)
+        if changes.switch is not None:
+            self.modelSwitched.emit(changes.switch)
+
     def set_pinned(self, session_id: str, pinned: bool) -> None:
-        self._change_sessions((session_id,), self.engine.sessions.set_pinned, session_id, pinned,
-                              description="Pinning a conversation" if pinned else "Unpinning a conversation")
+        self.use("pin" if pinned else "unpin", session_id)
 
     def delete_session(self, session_id: str) -> None:
-        self._change_sessions((session_id,), self.engine.sessions.delete, session_id,
-                              description="Deleting a conversation")
-
-    def _change_sessions(self, ids: tuple[str, ...], use_case: Callable[..., SessionChanges], *args: Any,
-                         description: str, then: Callable[[SessionChanges], None] | None = None) -> None:
-        """Run a use case that changes these sessions; the listing shows what it returns changed
-        (the folder is not listed again for it)."""
-        self.feeds.expect(ids)
-
-        def done(changes: SessionChanges) -> None:
-            self.feeds.done_with(ids)
-            if then is not None:
-                then(changes)
-            self.feeds.apply_changes(changes)
-
-        def failed(exc: BaseException) -> None:
-            self.feeds.done_with(ids)
-            self.errorOccurred.emit(description, describe_error(exc))
-            self.refresh_sessions()  # what is on disk, whatever happened
-
-        self.jobs.run(use_case, *args, on_success=done, on_failure=failed, description=description)
+        self.use("delete", session_id)
 
     def verify_session(self, session_id: str) -> None:
-        def verify() -> SessionChanges:
-            return SessionChanges(changed=(self.engine.sessions.verify(session_id),))
-
-        self._change_sessions((session_id,), verify, description="Verifying a conversation",
-                              then=lambda changes: self.sessionVerified.emit(changes.changed[0]))
+        self.use("verify", session_id,
+                 on_done=lambda changes: self.sessionVerified.emit(changes.sessions.changed[0]))
 
     def preview_prune(self, budget: int, on_done: Callable[[Any], None],
                       on_failure: Callable[[BaseException], None] | None = None) -> None:
@@ -329,14 +352,8 @@ class EngineBridge(QObject):
         """Save to the settings file (this run's command-line values stay out of it), hand the
         result to the engine, and restart the server if asked."""
         settings.profile.validate()
-
-        def done(applied: Settings) -> None:
-            self.settingsChanged.emit(applied)
-            if on_done is not None:
-                on_done()
-
-        self._command(switching.apply_settings(self.engine, self.settings_service, settings, restart=restart,
-                                               persist=persist), "Saving settings", on_success=done)
+        self.use("settings", settings, restart=restart, persist=persist,
+                 on_done=lambda _changes: on_done() if on_done is not None else None)
 
     def choose_model(self, model_path: str, start: bool = True) -> None:
         """Use ``model_path`` from now on (this run's settings, and the saved ones, with the settings
@@ -352,23 +369,19 @@ class EngineBridge(QObject):
         a changed slot cannot be saved nothing is switched unless ``force``: the outcome says
         which (``switching.switch_model``). Answers with ``modelSwitched`` (and ``on_done``)."""
 
-        def done(outcome: SwitchOutcome) -> None:
-            if outcome.settings is not None:
-                self.settingsChanged.emit(outcome.settings)
-            self.modelSwitched.emit(outcome)
-            if on_done is not None:
-                on_done(outcome)
+        def done(changed: Changes) -> None:
+            if on_done is not None and changed.switch is not None:
+                on_done(changed.switch)
 
         def failed(exc: BaseException) -> None:
             outcome = SwitchOutcome(model_path, False, SavesReport(), None, describe_error(exc))
             self._start_failed("Switching models", exc)
-            self.modelSwitched.emit(outcome)
+            self._apply(Changes(switch=outcome))
             if on_done is not None:
                 on_done(outcome)
 
-        self._command(switching.switch_model(self.engine, self.settings_service, model_path,
-                                             resume_id=resume_id, force=force, start=start, **changes),
-                      "Switching models", on_success=done, on_failure=failed)
+        self.use("switch", model_path, resume_id=resume_id, force=force, start=start, on_done=done,
+                 on_failure=failed, **changes)
 
     def plan_model(self, model_path: str, **changes: Any):
         """What choosing ``model_path`` would run (``ModelPlan``; reads the disk: call it from a job)."""

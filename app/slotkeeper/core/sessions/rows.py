@@ -108,7 +108,7 @@ def rows_file(index_file: Path) -> Path:
 
 
 def kept_listing(folder: Path, index_file: Path) -> bytes | None:
-    """The last listing's JSON array (a session per line, as ``sessions_list.list_json`` makes it)
+    """The last listing's JSON array (a session per line, as ``cli.output.list_json`` makes it)
     when the folder looks as it did then, else None."""
     _, body = kept(folder, index_file)
     if body is None:
