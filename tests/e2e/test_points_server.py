@@ -217,11 +217,11 @@ def test_an_edit_further_back_restores_from_an_earlier_user_message_point(models
     """With points at earlier user messages kept (spaced by the setting, here closer than its
     default for a short test conversation), editing an earlier message after a relaunch re-reads
     from that message, as llama-server that never stopped does from its RAM checkpoint there."""
-    from slotkeeper.core.engine.slots import actions
+    from slotkeeper.core.engine.slots import points
 
     # The tiny hybrid's recurrent state, which each point holds whole, is a large part of a short
     # save: here a chat's earlier points may cost more than its share.
-    monkeypatch.setattr(actions, "POINTS_SHARE", 4.0)
+    monkeypatch.setattr(points, "POINTS_SHARE", 4.0)
     model = write_model(models_dir / "tiny-qwen35.gguf", "qwen35")
     engine = make_engine(model, server_bin, port, idle_save=0.2)
     engine._settings = replace(engine._settings, point_spacing_tokens=64)
