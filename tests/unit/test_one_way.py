@@ -175,3 +175,51 @@ def test_the_check_from_below_finds_a_callable_up(engine):
     launcher = engine.launcher
     engine.library.sessions.on_deleted = lambda ids: launcher.begin()  # a closure over a part
     assert climbing_from_below(engine) == {"supervisor.on_exit -> board", "sessions.on_deleted -> launcher"}
+
+
+def engine_layers() -> dict[str, int]:
+    """Each module of the engine's parts with its layer (0 the top), as the import contract
+    "Inside the engine, each part imports only the parts below it" orders them."""
+    from pathlib import Path
+
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    [contract] = [c for c in project["tool"]["importlinter"]["contracts"]
+                  if c["name"].startswith("Inside the engine")]
+    return {f"slotkeeper.core.engine.{m.strip()}": i for i, layer in enumerate(contract["layers"])
+            for m in layer.split("|")}
+
+
+def climbing_between_parts(engine: Engine) -> set[str]:
+    """Every callable of an engine part held by another part of a lower layer (the parts below a
+    part never hold its callables: it calls them, they answer or say so with events)."""
+    layer = engine_layers()
+    parts = {n: v for n, v in vars(engine).items()
+             if not n.startswith("_") and _module(v) in layer}
+    found: set[str] = set()
+    for name, part in parts.items():
+        above = {q: other for q, other in parts.items() if layer[_module(other)] < layer[_module(part)]}
+        others = {id(v) for v in parts.values() if v is not part}
+
+        def enter(value: object, others: set[int] = others) -> bool:  # its own objects, never another part
+            return _module(value).startswith("slotkeeper.") and id(value) not in others
+
+        def hit(fn: Any, above: dict[str, object] = above) -> list[str]:
+            return [f" -> {q}" for q, other in above.items() if _refers_to(fn, (other,), set())]
+
+        found |= set(_walk([(name, part)], enter, hit, {id(engine)}))
+    return found
+
+
+def test_no_part_holds_a_callable_of_a_part_above_it(engine):
+    layer = engine_layers()
+    parts = [v for n, v in vars(engine).items() if _module(v).startswith("slotkeeper.core.engine.")]
+    assert len(parts) > 10 and all(_module(v) in layer for v in parts)  # every part has its layer
+    assert climbing_between_parts(engine) == set()
+
+
+def test_the_check_between_parts_finds_one(engine):
+    engine.board.on_change = engine.desk.leave  # the board (below) holding the desk's method (above)
+    engine.link.after = engine.link.upstream  # a part's own method is not climbing
+    assert climbing_between_parts(engine) == {"board.on_change -> desk"}
