@@ -50,6 +50,14 @@ def converse(base_url: str, turns: list[str], max_tokens: int = 16) -> tuple[lis
     return messages, resp
 
 
+def transcript_check(base_url: str, session_id: str, key: str | None = None):
+    """What `sessions verify` asks the running Slotkeeper: its transcript check of a session (the
+    door's own question), as a ``TranscriptCheck``; None when it cannot check (409)."""
+    from slotkeeper.core.services.running import ask_transcript_check
+
+    return ask_transcript_check(base_url, key, session_id, timeout=60)
+
+
 def make_settings(model, server_bin, port, idle_save=0.2, **profile) -> Settings:
     profile.setdefault("ctx", 2048)
     return Settings(

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_helpers import make_engine, wait_until
+from e2e_helpers import make_engine, transcript_check, wait_until
 
 from slotkeeper.core.engine.door import endpoints
 from slotkeeper.core.server.state import ServerState
@@ -90,7 +90,7 @@ def test_an_agent_conversations_transcript_renders_to_the_tokens_the_door_routed
         rendered = engine.loop.call(engine.prompts.chat_tokens(
             {"messages": asked, **transcript.options, "add_generation_prompt": True}), 60)
         assert list(rendered) == routed, what
-        check = engine.loop.call(engine.check_transcript_async(saved.id))  # what `sessions verify` says
+        check = transcript_check(engine.base_url, saved.id)  # what `sessions verify` says
         assert check is not None and check.verdict == OK, check
     finally:
         engine.stop(save=False)

@@ -9,6 +9,7 @@ import sys
 import pytest
 from e2e_helpers import EventLog, converse, make_engine
 
+from settings_change import update_settings
 from slotkeeper.core import events as ev
 from slotkeeper.core.server.state import ServerState
 
@@ -91,7 +92,7 @@ def test_engine_prunes_after_save_but_keeps_in_slot_sessions(llama_model, server
             engine.save_slot(0)
         from dataclasses import replace
 
-        engine.update_settings(replace(engine.settings, budget_bytes=1))
+        update_settings(engine, replace(engine.settings, budget_bytes=1))
         [pruned] = events.of(ev.SessionsPruned)
         left = engine.library.store.sessions()
         assert len(left) == 1 and left[0].id in engine.snapshot.in_slots

@@ -12,6 +12,7 @@ import time
 import pytest
 from e2e_helpers import USER_TURNS, EventLog, chat, converse, make_engine, wait_until
 
+from settings_change import update_settings
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.history import RequestHistory
@@ -275,7 +276,7 @@ def test_settings_edited_without_a_restart_do_not_lose_the_running_servers_slots
         assert engine.wait_ready(60) is ServerState.READY
         converse(engine.base_url, USER_TURNS[:2])
         # Settings saved with another port and flash attention, no restart yet.
-        engine.update_settings(engine.settings.with_profile(port=free_port(), flash_attn=True))
+        update_settings(engine, engine.settings.with_profile(port=free_port(), flash_attn=True))
         assert engine.base_url.endswith(f":{port}")
     finally:
         engine.stop()

@@ -24,6 +24,7 @@ from e2e_helpers import (
     wait_until,
 )
 
+from settings_change import update_settings
 from slotkeeper.core import events as ev
 from slotkeeper.core.model.modelgen import write_model
 from slotkeeper.core.server.state import ServerState
@@ -287,7 +288,7 @@ def test_a_request_that_comes_while_points_are_made_stops_them_at_the_next_step(
         assert engine.wait_ready(60) is ServerState.READY
         history = converse(engine.base_url)
         assert started.wait(30), "the restore points began"
-        engine.update_settings(replace(engine.settings, idle_save_seconds=3600))  # no idle save after it
+        update_settings(engine, replace(engine.settings, idle_save_seconds=3600))  # no idle save after it
         answer = ask(engine.base_url, [*history, {"role": "user", "content": USER_TURNS[3]}])
         assert answer["choices"][0]["message"]["content"] is not None
         assert answer["timings"]["cache_n"] > 0  # it went on from what the slot held

@@ -9,7 +9,7 @@ import stat
 
 import httpx
 import pytest
-from e2e_helpers import EventLog, make_engine, wait_until
+from e2e_helpers import EventLog, make_engine, transcript_check, wait_until
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.server.state import ServerState
@@ -117,14 +117,14 @@ def test_a_transcript_is_checked_against_its_kv_file_with_the_models_template(ll
         messages.append({"role": "user", "content": "What about the hut at the top?"})
         chat(engine.base_url, messages)
         saved = engine.save_slot(0)
-        check = engine.loop.call(engine.check_transcript_async(saved.id))
+        check = transcript_check(engine.base_url, saved.id)
         assert check.verdict == OK, check.words
         # A transcript edited behind Slotkeeper's back no longer says what the file holds.
         entry = engine.library.store.get(saved.id)
         t = engine.library.store.transcript(entry)
         edited = replace(t, messages=(Message("user", "Something else entirely."), *t.messages[1:]))
         (engine.library.store.dir / transcript_name(entry.sidecar.kv_file)).write_bytes(edited.to_bytes())
-        check = engine.loop.call(engine.check_transcript_async(saved.id))
+        check = transcript_check(engine.base_url, saved.id)
         assert check.verdict == MISMATCH and "not what the saved conversation begins with" in check.words
     finally:
         engine.stop(save=False)

@@ -12,6 +12,7 @@ from gui_helpers import emit_from_thread
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
+from settings_change import update_settings
 from slotkeeper.core import events as ev
 from slotkeeper.core.basics.paths import app_paths
 from slotkeeper.core.engine import DEMO_MODEL
@@ -35,7 +36,7 @@ def busy_port():
 def test_a_port_in_use_is_a_failure_with_its_reason(qtbot, bridge, engine, busy_port, caplog):
     """The window says Failed and why, the tray icon is red, the activity list has it; nothing on
     stderr but one line (no chained tracebacks)."""
-    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL, port=busy_port))
+    update_settings(engine, engine.settings.with_profile(model_path=DEMO_MODEL, port=busy_port))
     page = ServerPage(bridge)
     qtbot.addWidget(page)
     tray = TrayController(bridge)
@@ -90,7 +91,7 @@ def test_the_tray_and_the_sessions_tab_agree_on_age_and_slot(qtbot, bridge, engi
     from slotkeeper.gui.pages.sessions_page import SessionsPage
     from slotkeeper.gui.sessions_model import COLUMN
 
-    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+    update_settings(engine, engine.settings.with_profile(model_path=DEMO_MODEL))
     make_session(sessions_dir, "aaaaaaaaaaaa", title="Walking", age_hours=0.25)
     sidecar = sessions_dir / "aaaaaaaaaaaa.json"
     data = json.loads(sidecar.read_text())

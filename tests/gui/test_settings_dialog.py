@@ -9,6 +9,7 @@ import pytest
 from gui_helpers import emit_from_thread, keep_screenshot, make_session
 from PySide6.QtWidgets import QMessageBox
 
+from settings_change import update_settings
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.server.state import ServerState
@@ -84,7 +85,7 @@ def test_tabs(make_dialog):
 
 
 def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dialog):
-    engine.update_settings(Settings(budget_bytes=5 * GIB, idle_save_seconds=30.0,
+    update_settings(engine, Settings(budget_bytes=5 * GIB, idle_save_seconds=30.0,
                                     restore_on_start=2).with_profile(
         ctx=16384, parallel=2, flash_attn=True, cache_type_k="q8_0", cache_type_v="q8_0",
         extra_args=("--api-key", "two words"), model_path=DEMO_MODEL))
@@ -105,7 +106,7 @@ def test_fields_show_the_settings_and_read_back(qtbot, bridge, engine, make_dial
 
 
 def test_restore_points_are_set_in_the_disk_tab(qtbot, engine, make_dialog):
-    engine.update_settings(Settings(point_spacing_tokens=2048))
+    update_settings(engine, Settings(point_spacing_tokens=2048))
     d = make_dialog()
     disk = d.disk_tab
     assert disk.points_box.isChecked() and disk.spacing_spin.value() == 2048 and disk.spacing_spin.isEnabled()
@@ -116,7 +117,7 @@ def test_restore_points_are_set_in_the_disk_tab(qtbot, engine, make_dialog):
 
 
 def test_demo_model_note_and_binary(qtbot, engine, make_dialog):
-    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+    update_settings(engine, engine.settings.with_profile(model_path=DEMO_MODEL))
     d = make_dialog()
     server = d.server_tab
     qtbot.waitUntil(lambda: "not for real work" in server.model_note.text(), timeout=10_000)
@@ -131,7 +132,7 @@ def test_the_starter_model_this_computer_lacks_is_not_downloaded_by_choosing_it_
 
     index = serve(monkeypatch, b"GGUF" + b"\0" * 4096)
     try:
-        engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+        update_settings(engine, engine.settings.with_profile(model_path=DEMO_MODEL))
         d = make_dialog()
         server = d.server_tab
         qtbot.waitUntil(lambda: server.model_note.text() == STARTER_NOT_HERE, timeout=10_000)
@@ -190,7 +191,7 @@ def test_bad_input_disables_save(qtbot, make_dialog):
 
 
 def test_swa_full_note_for_a_sliding_window_model(qtbot, engine, make_dialog, gemma2):
-    engine.update_settings(engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1))
+    update_settings(engine, engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1))
     server = make_dialog().server_tab
     qtbot.waitUntil(lambda: server.row_shown(server.swa_box), timeout=10_000)
     note = server.swa_note.text()
@@ -212,7 +213,7 @@ def test_flash_attention_says_what_auto_chose_for_the_model_and_why(qtbot, engin
     )
     from slotkeeper.gui.settings.server_tab import AUTO_UNDECIDED
 
-    engine.update_settings(engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1))
+    update_settings(engine, engine.settings.with_profile(model_path=str(gemma2), ctx=8192, parallel=1))
     d = make_dialog()
     server = d.server_tab
     qtbot.waitUntil(lambda: server.row_shown(server.flash_note), timeout=10_000)
@@ -335,7 +336,7 @@ def test_the_projector_beside_a_vision_model_is_offered_chosen_and_remembered(qt
     own = write_projector(folder / "mmproj-tiny-vision-f16.gguf", 128)
     write_projector(folder / "mmproj-something-else.gguf", 128, seed=1)
     text_model = write_model(tmp_path / "models" / "plain.gguf", "llama")
-    engine.update_settings(engine.settings.with_profile(model_path=str(text_model)))
+    update_settings(engine, engine.settings.with_profile(model_path=str(text_model)))
     d = make_dialog()
     server = d.server_tab
     assert server.projector_value() is None and server.mmproj.currentText() == "None (text only)"

@@ -9,6 +9,7 @@ from gui_helpers import OTHER_SHA, base_sidecar, emit_from_thread, facts_for, ma
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QSystemTrayIcon
 
+from settings_change import update_settings
 from slotkeeper.core import events as ev
 from slotkeeper.core.engine import DEMO_MODEL
 from slotkeeper.core.server.state import ServerState
@@ -33,7 +34,7 @@ def listed(qtbot, bridge):
 def test_resume_lists_the_saved_conversations_from_launch(qtbot, bridge, engine, sessions_dir):
     """After a relaunch, with the server stopped and the window never opened, Resume lists what
     was saved (nothing else lists the folder then)."""
-    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+    update_settings(engine, engine.settings.with_profile(model_path=DEMO_MODEL))
     make_session(sessions_dir, "aaaaaaaaaaaa", title="Walking in the hills", age_hours=1)
     make_session(sessions_dir, "bbbbbbbbbbbb", title="Boots for the rain", age_hours=2)
     tray = TrayController(bridge)
@@ -92,7 +93,7 @@ def test_tooltip_and_icon_follow_the_engine(qtbot, tray, bridge, engine, session
 
 
 def test_resume_menu_lists_the_ten_most_recent(qtbot, tray, bridge, engine, sessions_dir):
-    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+    update_settings(engine, engine.settings.with_profile(model_path=DEMO_MODEL))
     for i in range(12):
         make_session(sessions_dir, f"{i:012x}", title=f"Chat number {i}", age_hours=i + 1)
     listed(qtbot, bridge)
@@ -141,7 +142,7 @@ def test_empty_resume_menu(qtbot, tray, bridge):
 def test_copy_address_and_start(qtbot, tray, bridge, engine, monkeypatch):
     tray.copy_address()
     assert QGuiApplication.clipboard().text() == api_address(engine.base_url) == "http://127.0.0.1:8789/v1"
-    engine.update_settings(engine.settings.with_profile(model_path=DEMO_MODEL))
+    update_settings(engine, engine.settings.with_profile(model_path=DEMO_MODEL))
     tray.refresh()
     assert tray.start_stop_action.isEnabled()
     started = []

@@ -68,7 +68,6 @@ from slotkeeper.core.model.model_hash import ModelHashCache
 from slotkeeper.core.server.apikey import DoorKeys
 from slotkeeper.core.server.state import RUNNING_STATES, ServerState
 from slotkeeper.core.server.supervisor import Supervisor
-from slotkeeper.core.services.transcript_check import TranscriptCheck
 from slotkeeper.core.settings import ServerProfile, Settings
 from slotkeeper.core.views import Activity, RestoreSummary, SavesReport, SaveSummary
 
@@ -169,10 +168,6 @@ class Engine(EngineFace):
     async def complete_search_async(self) -> None:
         """Fill in the search index's text the running model can give."""
         self.library.complete_search(self.link.facts, self.link.client, self.link.serving_with_facts)
-
-    async def check_transcript_async(self, session_id: str) -> TranscriptCheck | None:
-        """``Library.check_transcript`` with the running server's facts, read as the door reads."""
-        return await self.library.check_transcript(session_id, self.link.facts, self.prompts)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start_async(self, resume_id: str | None = None) -> None:

@@ -193,9 +193,6 @@ class EngineFace:
     def save_slot(self, slot: int) -> SaveSummary | None:
         return self._call(self.save_slot_async(slot))
 
-    def update_settings(self, settings: Settings) -> None:
-        self._call(self.update_settings_async(settings))
-
     def switch_model(self, settings: Settings, resume_id: str | None = None) -> SavesReport:
         return self._call(self.switch_model_async(settings, resume_id))
 
