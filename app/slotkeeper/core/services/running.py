@@ -7,13 +7,11 @@ record as it closes; `slotkeeper sessions verify` asks that door to check a tran
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from slotkeeper.core.basics.fsutil import atomic_write_text
+from slotkeeper.core.basics.live_record import clear_record, live_record, publish_record
 from slotkeeper.core.services.transcript_check import TranscriptCheck
 
 log = logging.getLogger(__name__)
@@ -26,36 +24,20 @@ class NotAnswered(Exception):
 
 
 def publish_door(path: Path, url: str) -> None:
-    """The door of this process answers at ``url`` (a failure to record it only costs the command
-    line its questions)."""
-    try:
-        atomic_write_text(path, json.dumps({"engine_pid": os.getpid(), "url": url}))
-    except OSError as exc:
-        log.warning("could not record the front door's address: %s", exc)
+    """The door of this process answers at ``url``."""
+    publish_record(path, "the front door's address", url=url)
 
 
 def clear_door(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.debug("could not remove the front door's record: %s", exc)
+    clear_record(path)
 
 
 def running_door(path: Path) -> str | None:
     """The address of the door the running Slotkeeper of this data folder records; None when none
     runs (no record, or its process is gone)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        pid, url = int(data["engine_pid"]), data["url"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(url, str) or not url.startswith("http://"):
-        return None
-    import psutil  # here: the command line starts faster without it
-
-    return url if psutil.pid_exists(pid) else None
+    data = live_record(path)
+    url = data.get("url") if data is not None else None
+    return url if isinstance(url, str) and url.startswith("http://") else None
 
 
 def ask_transcript_check(url: str, key: str | None, session_id: str,
