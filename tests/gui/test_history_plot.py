@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import QPointF
 
 from slotkeeper.core.history import RequestRecord
-from slotkeeper.gui.history_plot import HistoryPlot, PlotPoint, nice_ceiling, short_count
+from slotkeeper.gui.history_plot import HistoryPlot, PlotPoint, short_count
 
 
 def records(n: int) -> list[RequestRecord]:
@@ -15,11 +15,6 @@ def records(n: int) -> list[RequestRecord]:
 
 
 def test_axis_helpers():
-    assert nice_ceiling(0) == 1.0
-    assert nice_ceiling(7) == 10
-    assert nice_ceiling(1234) == 2000
-    assert nice_ceiling(2100) == 2500
-    assert nice_ceiling(4999) == 5000
     assert short_count(2500) == "2.5k"
     assert short_count(2_000_000) == "2M"
     assert short_count(10) == "10"

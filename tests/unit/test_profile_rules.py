@@ -15,7 +15,6 @@ from slotkeeper.core.model.gguf_memory import swa_explanation
 from slotkeeper.core.server.command import (
     LOOPBACK_HOSTS,
     api_key_args,
-    api_key_from_args,
     exposes_without_key,
 )
 from slotkeeper.core.settings import (
@@ -51,15 +50,6 @@ def test_api_key_arguments_are_parsed_once_for_every_use():
     assert api_key_args(("--api-key",)) == [("--api-key", None)]
     assert api_key_args(("--api-keys", "x")) == []  # another flag
 
-
-def test_api_key_from_args_takes_the_key_not_the_file():
-    assert api_key_from_args(("--api-key", "s3cret")) == "s3cret"
-    assert api_key_from_args(("--api-key=s3cret", "-t", "8")) == "s3cret"
-    assert api_key_from_args(("--api-key=a=b",)) == "a=b"
-    assert api_key_from_args(("--api-key-file", "k.txt")) is None
-    assert api_key_from_args(("--api-key-file=k.txt", "--api-key", "x")) == "x"
-    assert api_key_from_args(("--api-key",)) is None
-    assert api_key_from_args(()) is None
 
 
 def test_a_quantized_v_cache_needs_flash_attention():

@@ -64,17 +64,6 @@ class PlotPoint:
                    str(getattr(r, "source", "") or ""), float(getattr(r, "saved_ms", 0.0) or 0.0))
 
 
-def nice_ceiling(value: float) -> float:
-    """The smallest 1, 2, 2.5 or 5 x 10^n at or above ``value`` (an axis maximum)."""
-    if value <= 0:
-        return 1.0
-    exp = math.floor(math.log10(value))
-    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
-        if m * 10**exp >= value:
-            return m * 10**exp
-    return 10.0 ** (exp + 1)  # pragma: no cover
-
-
 def nice_step(value: float) -> int:
     """The smallest whole-number tick step at or above ``value``: 1, 2 or 5 x 10^n (and 25, 250,
     ... from 10 up), never a fraction of a token."""

@@ -90,14 +90,6 @@ def api_key_args(extra_args: tuple[str, ...]) -> list[tuple[str, str | None]]:
     return out
 
 
-def api_key_from_args(extra_args: tuple[str, ...]) -> str | None:
-    """The key given with ``--api-key KEY`` or ``--api-key=KEY`` among the extra arguments."""
-    for flag, value in api_key_args(extra_args):
-        if flag == "--api-key" and value is not None:
-            return value
-    return None
-
-
 def is_loopback(host: str) -> bool:
     """Only this machine can reach a server listening on ``host``."""
     return host.strip().lower() in LOOPBACK_HOSTS

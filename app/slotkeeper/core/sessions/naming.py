@@ -86,10 +86,6 @@ def new_incoming_name(suffix: str = KV_SUFFIX) -> str:
     return f"{INCOMING_PREFIX}{secrets.token_hex(8)}{suffix}"
 
 
-def is_manifest(kv_file: str) -> bool:
-    return kv_file.endswith(MANIFEST_SUFFIX)
-
-
 def is_hidden_or_in_progress(name: str) -> bool:
     """Files a watcher or a listing can ignore: saves in progress, the lock, temporary files."""
     return name.startswith((INCOMING_PREFIX, "."))

@@ -110,10 +110,6 @@ class Shape:
         _typ, size, n_embd = self.v[layer]
         return size * n_embd if n_embd else size
 
-    @property
-    def cell_bytes(self) -> int:
-        return self.meta_bytes + sum(r for _t, r in self.k) + sum(self.v_bytes(i) for i in range(len(self.v)))
-
 
 @dataclass(frozen=True)
 class Run:
