@@ -15,7 +15,8 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -389,3 +390,18 @@ def file_stamp(path: str | os.PathLike[str]) -> tuple[str, dict[str, int]]:
     ``..``) give one path. Raises OSError."""
     resolved = os.path.realpath(path)
     return resolved, stat_stamp(os.stat(resolved))
+
+
+@contextmanager
+def creating(path: Path, flags: int = os.O_WRONLY) -> Iterator[int]:
+    """A new private file at ``path`` (0600; never an existing one, FileExistsError), open for the
+    block as a descriptor (``flags``: O_WRONLY or O_RDWR); if the block fails, the file is removed
+    again, so nothing half-written is ever left that looks like a result."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), PRIVATE_FILE_MODE)
+    try:
+        yield fd
+    except BaseException:
+        os.close(fd)
+        Path(path).unlink(missing_ok=True)
+        raise
+    os.close(fd)

@@ -36,7 +36,7 @@ from typing import Literal
 import xxhash
 import zstandard
 
-from slotkeeper.core.basics.fsutil import fsync_dir, open_regular, sync_fd
+from slotkeeper.core.basics.fsutil import creating, fsync_dir, open_regular, sync_fd
 from slotkeeper.core.sessions.kvfile import read_tokens
 from slotkeeper.core.sessions.statefile import KvStream, StateLayoutError, mapped, parse_layout
 
@@ -692,17 +692,10 @@ def parse_manifest(data: bytes, header_bytes: int, name: str = "manifest") -> Ma
 
 
 def _write_synced(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
-    try:
-        with os.fdopen(fd, "wb", closefd=False) as out:
-            out.write(data)
-            out.flush()
-            sync_fd(fd)
-    except BaseException:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
+    with creating(path) as fd, os.fdopen(fd, "wb", closefd=False) as out:
+        out.write(data)
+        out.flush()
+        sync_fd(fd)
 
 
 # -- assemble -------------------------------------------------------------------------------
@@ -712,30 +705,23 @@ def assemble(manifest: Manifest, pieces_dir: Path, out: Path) -> int:
     left at ``out`` then). The file is laid out first, then each piece is read (and decoded) once
     and its cells go where they belong (a transposed V layer takes a column of every run)."""
     size = manifest.state_bytes
-    fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
     try:
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as mm, _Pieces(pieces_dir) as pieces:
-            view = memoryview(mm)
-            try:
-                at = _put_bytes(view, 0, manifest.header)
-                for c in manifest.caches:
-                    at = _assemble_cache(view, at, c, pieces)
-                if manifest.tail:
-                    at = _put_bytes(view, at, pieces.data(pieces.get(manifest.tail)))
-                if at != size:
-                    raise PieceError(f"the state came out {at} bytes, {size} expected")
-            finally:
-                view.release()
+        with creating(out, os.O_RDWR) as fd:
+            os.ftruncate(fd, size)
+            with mmap.mmap(fd, size) as mm, _Pieces(pieces_dir) as pieces:
+                view = memoryview(mm)
+                try:
+                    at = _put_bytes(view, 0, manifest.header)
+                    for c in manifest.caches:
+                        at = _assemble_cache(view, at, c, pieces)
+                    if manifest.tail:
+                        at = _put_bytes(view, at, pieces.data(pieces.get(manifest.tail)))
+                    if at != size:
+                        raise PieceError(f"the state came out {at} bytes, {size} expected")
+                finally:
+                    view.release()
     except (ValueError, IndexError, struct.error) as exc:  # a manifest whose sizes do not add up
-        os.close(fd)
-        out.unlink(missing_ok=True)
         raise PieceError(f"the state does not assemble: {exc}") from None
-    except BaseException:
-        os.close(fd)
-        out.unlink(missing_ok=True)
-        raise
-    os.close(fd)
     return size
 
 

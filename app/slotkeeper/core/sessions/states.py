@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from slotkeeper.core.basics.fsutil import creating
 from slotkeeper.core.sessions import pieces
 from slotkeeper.core.sessions.kvfile import KvFileError
 from slotkeeper.core.sessions.naming import (
@@ -100,17 +101,9 @@ class States:
             read_layout(path)
         except (StateLayoutError, KvFileError) as exc:
             raise pieces.PieceError(f"{kv_file} is not a state llama-server wrote: {exc}") from None
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
-        try:
-            with open(path, "rb") as src, os.fdopen(fd, "wb", closefd=False) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-                size = dst.tell()
-        except BaseException:
-            os.close(fd)
-            out.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        return size
+        with creating(out) as fd, open(path, "rb") as src, os.fdopen(fd, "wb", closefd=False) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            return dst.tell()
 
     def pieces_of(self, kv_files: Iterable[str]) -> dict[str, int]:
         """Every piece the states ``kv_files`` are made of, with its size on disk (a whole state uses
