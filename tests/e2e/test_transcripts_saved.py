@@ -179,7 +179,9 @@ def test_sessions_verify_asks_the_running_door_with_its_key(llama_model, server_
         r = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=120, json=asked)
         assert r.status_code == 200, r.text
         sessions = isolated_home / "sessions"
-        wait_until(lambda: list(sessions.glob("*.chat")), what="the idle save with its transcript")
+        # (a save writes its transcript first, then the sidecar that makes it exist)
+        wait_until(lambda: list(sessions.glob("*.chat")) and list(sessions.glob("*.json")),
+                   what="the idle save with its transcript")
         [sid] = [p.stem for p in sessions.glob("*.json")]
         verify = [*cmd, "sessions", "--data-dir", str(isolated_home), "verify"]
         r = subprocess.run(verify, capture_output=True, text=True, timeout=60, env=keyed)

@@ -181,7 +181,7 @@ class Engine(EngineFace):
             self.library.begin_sweep()
         if not self.front.running:
             try:
-                await open_door(self.front, self._settings.profile, self.paths.door_file,
+                await open_door(self.front, self._settings.profile, self.loop, self.paths.door_file,
                                 pre.front_socket if pre else None)
             except EngineError:
                 if pre is not None:
@@ -201,7 +201,7 @@ class Engine(EngineFace):
         """``LaunchCycle.stop``; the front door closes first, unless the server is only restarting
         (then requests wait)."""
         if not keep_front_door:
-            await close_door(self.front, self.paths.door_file)
+            await close_door(self.front, self.loop, self.paths.door_file)
         report = await self.cycle.stop(save, timeout)
         self.library.slots_emptied()
         self._publish()

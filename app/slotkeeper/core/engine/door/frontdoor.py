@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from slotkeeper.core.engine.desk.frontdesk import FrontDesk
+    from slotkeeper.core.engine.lifecycle.loop import EngineLoop
     from slotkeeper.core.sessions.compat import ServerFacts
     from slotkeeper.core.settings import ServerProfile
 
@@ -119,7 +120,7 @@ def door_policy(profile: ServerProfile, keys: DoorKeys, facts: ServerFacts | Non
                       sse_ping=sse_ping_interval(profile.extra_args))
 
 
-async def open_door(front: FrontDoor, profile: ServerProfile, record: Path,
+async def open_door(front: FrontDoor, profile: ServerProfile, loop: EngineLoop, record: Path,
                     sock: socket.socket | None = None) -> None:
     """``front`` listens on the user's address (``sock``: claimed already), which ``record`` keeps
     for Slotkeeper's command line (``services.running``); EngineError with a sentence for a person
@@ -130,17 +131,17 @@ async def open_door(front: FrontDoor, profile: ServerProfile, record: Path,
     try:
         await front.start(profile.host, profile.port, sock=sock)
     except OSError as exc:
-        who = await asyncio.to_thread(port_user, profile.host, profile.port)
+        who = await loop.run_io(port_user, profile.host, profile.port)
         what = (f"Port {profile.port} on {profile.host} is already in use by {who}" if who
                 else f"Cannot listen on {profile.host} port {profile.port}: {exc.strerror or exc}")
         raise EngineError(f"{what}. Choose another port in Settings (or --port); Slotkeeper does not "
                           "stop programs it did not start.") from exc
-    await asyncio.to_thread(publish_door, record, profile.base_url)
+    loop.in_background(publish_door, record, profile.base_url, what="recording the front door's address")
 
 
-async def close_door(front: FrontDoor, record: Path) -> None:
+async def close_door(front: FrontDoor, loop: EngineLoop, record: Path) -> None:
     await front.stop()
-    await asyncio.to_thread(clear_door, record)
+    loop.in_background(clear_door, record, what="removing the front door's record")
 
 
 PING = b":\n\n"  # llama-server's SSE comment ping (a line a client's SSE parser skips)
