@@ -80,7 +80,9 @@ def _sessions_arguments(sess: argparse.ArgumentParser) -> None:
                        ("pin", "keep a saved conversation whatever the budget"),
                        ("unpin", "let the budget prune a saved conversation again")):
         action(name, text).add_argument("id", metavar="ID", help=id_help)
-    action("verify", "check size and content hash (all saved conversations, or one)").add_argument(
+    action("verify", "check size and content hash (all saved conversations, or one); while Slotkeeper runs a "
+                     "conversation's model it is asked, through its address (the key from Settings or "
+                     "LLAMA_API_KEY), whether the transcript still matches").add_argument(
         "id", metavar="ID", nargs="?", help=id_help)
     p = action("prune", "delete the least recently used saved conversations until under the budget")
     p.add_argument("--budget", type=size, metavar="SIZE", help="budget to prune to (default: the setting)")
