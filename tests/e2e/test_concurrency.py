@@ -114,7 +114,7 @@ def test_requests_waiting_for_a_slot_get_it_in_the_order_they_came(llama_model, 
             # They come one after the other: the next leaves once this one is in line at the door.
             def in_line(k=k) -> bool:
                 assert first.is_alive(), "the first answer ended before the others were in line"
-                return engine.desk.in_line() == k
+                return engine.snapshot.waiting == k
 
             wait_until(in_line, what=f"request {name} in line")
         all_in_line.set()

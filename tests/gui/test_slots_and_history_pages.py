@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gui_helpers import emit_from_thread, make_session
+from gui_helpers import emit_from_thread, keep_screenshot, make_session
 
 from slotkeeper.core import events as ev
 from slotkeeper.core.server.state import ServerState
@@ -22,6 +22,30 @@ def test_slot_gauges_follow_the_slots_signal(qtbot, bridge, engine):
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.ServerStateChanged(ServerState.STOPPED))
     assert len(page.slots_panel.gauges) == 0  # a stopped server has no slots
+
+
+def test_the_slots_page_says_how_many_requests_wait_for_a_slot(qtbot, bridge, engine):
+    page = SlotsPage(bridge)
+    qtbot.addWidget(page)
+    page.resize(640, 320)
+    page.show()
+    views = (SlotView(0, n_ctx=4096, n_prompt=3000, cache_n=2900, prompt_n=100, running=True),)
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged(views, waiting=2))
+    assert page.waiting_label.isVisible()
+    assert page.waiting_label.text().startswith("2 requests waiting for a slot")
+    keep_screenshot(page, "slots-waiting.png")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged(views, waiting=1))
+    assert page.waiting_label.text().startswith("1 request waiting for a slot")
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged(views))
+    assert not page.waiting_label.isVisible()  # nobody waits: nothing said
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.SlotsChanged(views, waiting=3))
+    with qtbot.waitSignal(bridge.eventArrived):
+        emit_from_thread(engine, ev.ServerStateChanged(ServerState.STOPPED))
+    assert not page.waiting_label.isVisible()  # a stopped server has no line
 
 
 def test_a_slot_shows_the_title_of_its_conversation(qtbot, bridge, engine, sessions_dir):

@@ -99,6 +99,7 @@ class NoticeRaised(Event):
 @dataclass(frozen=True)
 class SlotsChanged(Event):
     slots: tuple[SlotView, ...]
+    waiting: int = 0  # requests waiting for a slot (all busy, or a busy one that holds their conversation)
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class EngineBridge(QObject):
     state = _kept_by("relay", "state")
     state_message = _kept_by("relay", "state_message")
     slots = _kept_by("relay", "slots")
+    waiting = _kept_by("relay", "waiting")
     activity = _kept_by("relay", "activity")
     journal = _kept_by("relay", "journal")
     last_warning = _kept_by("relay", "last_warning")

@@ -70,6 +70,7 @@ class EventRelay(QObject):
         self.state: ServerState = engine.state
         self.state_message: str = engine.snapshot.state_message
         self.slots: tuple[SlotView, ...] = ()
+        self.waiting = 0  # requests waiting for a slot
         self.activity: Activity = Activity()
         # Slotkeeper's own actions since the app started (the Server tab's activity list).
         self.journal: list[JournalEntry] = []
@@ -140,9 +141,9 @@ class EventRelay(QObject):
         if isinstance(event, ev.ServerStateChanged):
             self.state, self.state_message = event.state, event.message
             if event.state in STOPPED_STATES:
-                self.slots = ()
+                self.slots, self.waiting = (), 0
         elif isinstance(event, ev.SlotsChanged):
-            self.slots = event.slots
+            self.slots, self.waiting = event.slots, event.waiting
         elif isinstance(event, ev.ActivityChanged):
             self.activity = event.activity
         elif isinstance(event, ev.WarningRaised):

@@ -296,6 +296,7 @@ class Engine(EngineFace):
             model=self.link.model,
             facts=self.link.facts,
             slots=self.board.views(),
+            waiting=self.board.waiting,
             in_slots=self.board.in_slots() if launched is not None else frozenset(),
             activity=self._activity,
             started_at=self.supervisor.started_at if self._server_state is ServerState.READY else None,

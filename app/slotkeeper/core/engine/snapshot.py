@@ -24,6 +24,7 @@ class EngineSnapshot:
     facts: ServerFacts | None = None
     slots: tuple[SlotView, ...] = ()
     in_slots: frozenset[str] = frozenset()
+    waiting: int = 0  # requests waiting for a slot
     activity: Activity = Activity()
     started_at: float | None = None  # unix time the server became ready
     swa_note: str | None = None

@@ -29,6 +29,10 @@ class SlotsPage(QWidget):
         legend.addWidget(swatch(HELD_COLOUR, "tokens held in the slot"))
         legend.addStretch(1)
         layout.addWidget(self.legend)
+        # More conversations than slots: the requests that wait their turn for one.
+        self.waiting_label = QLabel()
+        self.waiting_label.setVisible(False)
+        layout.addWidget(self.waiting_label)
         self.slots_panel = SlotsPanel()
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -47,6 +51,10 @@ class SlotsPage(QWidget):
     def _show_slots(self, *_args) -> None:
         self.slots_panel.set_views(self.bridge.slots)
         self.legend.setVisible(bool(self.bridge.slots))
+        n = self.bridge.waiting if self.bridge.slots else 0
+        self.waiting_label.setText(f"{n} request{'s' if n != 1 else ''} waiting for a slot (each "
+                                   "conversation leaves its slot saved and comes back restored)")
+        self.waiting_label.setVisible(n > 0)
 
     def _on_listing(self, listing: Listing, _facts) -> None:
         """A slot holding a saved conversation shows its title."""

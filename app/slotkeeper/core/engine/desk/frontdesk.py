@@ -86,6 +86,7 @@ class Place:
     behind: bool = False  # requests that came first were waiting or deciding when it arrived
     blocked: bool = True  # deciding, or every slot was busy (not only its own): later ones queue behind
     deciding: bool = True  # arrived or woken, and not yet routed or waiting again
+    waiting: bool = False  # waiting for its turn now (counted in the board's ``waiting``)
 
 
 @dataclass
@@ -155,15 +156,13 @@ class FrontDesk:
         self._waiters.append(me)
         return me
 
-    def in_line(self) -> int:
-        """Requests in line for a slot now (waiting, or still deciding)."""
-        return len(self._waiters)
-
     def leave(self, me: Place | None) -> None:
         """Out of the line (routed, refused or gone): the next one tries."""
         if me is not None and me in self._waiters:
             self._pass_turn(me)
             self._waiters.remove(me)
+            if me.waiting:
+                self._count_waiting()
 
     async def admit(self, tokens: TokenArray | None, pinned_slot: int | None = None,
                     place: Place | None = None) -> Ticket:
@@ -339,11 +338,20 @@ class FrontDesk:
             self._waiters[i + 1].turn.set()
 
     async def _wait_turn(self, me: Place) -> None:
+        me.waiting = True
+        self._count_waiting()
         try:
             await asyncio.wait_for(me.turn.wait(), WAIT_STEP_SECONDS)
         except asyncio.TimeoutError:
             pass  # looked at again now and then: a state change that frees no slot wakes nobody
+        finally:
+            me.waiting = False
+            self._count_waiting()
         me.turn.clear()
+
+    def _count_waiting(self) -> None:
+        """The faces see how many requests wait for a slot (the Slots page says so)."""
+        self.board.set_waiting(sum(1 for w in self._waiters if w.waiting))
 
     async def _saved_option(self, tokens: TokenArray | None, pinned_slot: int | None) -> SessionOption | None:
         """The saved conversation routing could restore for this request, asked now."""

@@ -191,7 +191,8 @@ class SlotBoard:
         self._events = events
         self._slots: dict[int, Slot] = {}  # the slots llama-server has now
         self._gone: dict[int, Slot] = {}  # slots of a server that went: their locks outlive them
-        self._published: tuple[SlotView, ...] | None = None
+        self._published: tuple[tuple[SlotView, ...], int] | None = None
+        self.waiting = 0  # requests waiting for a slot (the front desk's line), published with the views
 
     # -- reading --------------------------------------------------------------------------
     def __getitem__(self, slot_id: int) -> Slot:
@@ -432,11 +433,17 @@ class SlotBoard:
         """A request through the front door finished on the slot: its turn ended now."""
         self[slot_id].watch.request_done(now)
 
+    def set_waiting(self, n: int) -> None:
+        """How many requests wait for a slot now (the front desk's line)."""
+        if n != self.waiting:
+            self.waiting = n
+            self._changed()
+
     def _changed(self) -> None:
         views = self.views()
-        if views != self._published:  # a poll that changed nothing wakes no one
-            self._published = views
-            self._events.emit(SlotsChanged(views))
+        if (views, self.waiting) != self._published:  # a poll that changed nothing wakes no one
+            self._published = (views, self.waiting)
+            self._events.emit(SlotsChanged(views, self.waiting))
 
     # -- tokens that lag ------------------------------------------------------------------
     async def learn_lagging(self, tokenize: Callable[[PromptSource], Awaitable[TokenArray | None]]) -> None:
