@@ -34,6 +34,8 @@ def test_the_slots_page_says_how_many_requests_wait_for_a_slot(qtbot, bridge, en
         emit_from_thread(engine, ev.SlotsChanged(views, waiting=2))
     assert page.waiting_label.isVisible()
     assert page.waiting_label.text().startswith("2 requests waiting for a slot")
+    qtbot.waitUntil(lambda: page.slots_panel.gauges[0].isVisible())
+    qtbot.wait(100)  # laid out and painted
     keep_screenshot(page, "slots-waiting.png")
     with qtbot.waitSignal(bridge.eventArrived):
         emit_from_thread(engine, ev.SlotsChanged(views, waiting=1))
