@@ -28,7 +28,7 @@ import psutil
 
 from slotkeeper.core.server.client import LlamaClient, ServerError, ServerUnavailable
 from slotkeeper.core.server.private import free_port
-from slotkeeper.core.server.spawn import launch_environment, start
+from slotkeeper.core.server.spawn import kill_now, launch_environment, start
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class Calibration:
         with self._lock:
             procs = list(self._procs)
         for proc in procs:
-            _kill(proc)
+            kill_now(proc)
 
     @property
     def cancelled(self) -> bool:
@@ -170,7 +170,7 @@ class Calibration:
             with self._lock:
                 procs, self._procs = self._procs, []
             for proc in procs:
-                _kill(proc)
+                kill_now(proc)
         log.info("flash attention measured in %.0f s: on %.0f ms, off %.0f ms for the session; %s",
                  verdict.seconds, verdict.on.total_ms, verdict.off.total_ms, "on" if verdict.value else "off")
         return verdict
@@ -189,7 +189,7 @@ class Calibration:
         with self._lock:
             self._procs.append(proc)
         if self.cancelled:
-            _kill(proc)
+            kill_now(proc)
             raise Cancelled()
         _lower_priority(proc.pid)
         client = LlamaClient(f"http://127.0.0.1:{port}", timeout=REQUEST_TIMEOUT_SECONDS, api_key=key)
@@ -248,13 +248,3 @@ def _lower_priority(pid: int) -> None:
         pass
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            proc.kill()
-        except OSError:
-            pass
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pass

@@ -25,9 +25,7 @@ import os
 import queue
 import re
 import secrets
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -35,7 +33,7 @@ from dataclasses import dataclass
 
 from slotkeeper.core.basics.file_facts import FileFactsCache
 from slotkeeper.core.server.private import free_port
-from slotkeeper.core.server.spawn import launch_environment, start
+from slotkeeper.core.server.spawn import kill_now, launch_environment, start
 
 log = logging.getLogger(__name__)
 
@@ -173,23 +171,7 @@ def _ask(argv: list[str], timeout: float) -> AutoFacts:
             if choice is not None:
                 break
     finally:
-        _stop(proc)
+        kill_now(proc)
     return AutoFacts(choice, tuple(devices))
 
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            if sys.platform == "win32":
-                proc.kill()
-            else:
-                os.killpg(proc.pid, signal.SIGKILL)  # started in its own session: its group is its pid
-        except OSError:
-            pass
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
-    if proc.stdout is not None:
-        proc.stdout.close()
 

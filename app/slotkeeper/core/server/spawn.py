@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -81,6 +82,25 @@ def start(argv: Sequence[str], env: Mapping[str, str] | None, own_group: bool,
     with _without_our_dll_directory():
         return subprocess.Popen(list(argv), env=child_environment(None if env is None else dict(env)),
                                 **options, **popen_options(own_group))
+
+
+def kill_now(proc: subprocess.Popen) -> None:
+    """Stop at once a run ``start`` began in a group of its own (a probe, a measuring server): its
+    group killed (Windows: the process), waited for (10 s at most), its output pipe closed."""
+    if proc.poll() is None:
+        try:
+            if sys.platform == "win32":
+                proc.kill()
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)  # started in its own session: its group is its pid
+        except OSError:
+            pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def output_of(argv: Sequence[str], timeout: float) -> str:
