@@ -19,7 +19,7 @@ from slotkeeper.core.engine.errors import FrontDeskError
 from slotkeeper.core.engine.slots.board import UNKNOWN, SlotBoard
 from slotkeeper.core.engine.slots.rates import Rates
 from slotkeeper.core.engine.stored.library import SavedPrefix
-from slotkeeper.core.events import EventBus
+from slotkeeper.core.events import EventBus, SlotsChanged
 from slotkeeper.core.views import RestoreSummary
 
 
@@ -109,8 +109,8 @@ class Ledger:
 
 
 def make_desk(n_slots: int = 2, facts: Facts | None = None,
-              serving: bool = True) -> tuple[FrontDesk, SlotBoard, Parts]:
-    board = SlotBoard(10.0, EventBus())
+              serving: bool = True, events: EventBus | None = None) -> tuple[FrontDesk, SlotBoard, Parts]:
+    board = SlotBoard(10.0, events or EventBus())
     board.reset(n_slots, 4096)
     parts = Parts()
     # type: ignore[arg-type]
@@ -257,6 +257,28 @@ def test_a_request_waits_for_a_slot_to_be_freed(monkeypatch):
         return await asyncio.wait_for(second, 5)
 
     assert run(scenario()).slot == 0
+
+
+def test_the_faces_hear_once_that_a_request_waits_and_once_that_it_got_its_slot(monkeypatch):
+    """The waiting count goes up when a request first waits and down when it leaves the line: its
+    looks again every step change nothing the faces see."""
+    monkeypatch.setattr(fd, "WAIT_STEP_SECONDS", 0.02)
+    bus = EventBus()
+    said: list[int] = []
+    bus.subscribe(lambda e: said.append(e.waiting), SlotsChanged)
+    desk, board, _parts = make_desk(n_slots=1, events=bus)
+
+    async def scenario():
+        first = await desk.admit(as_tokens(toks(10)))
+        second = asyncio.ensure_future(desk.admit(as_tokens(toks(10, start=500))))
+        await asyncio.sleep(0.3)  # many steps of looking again
+        assert board.waiting == 1
+        desk.finish(first, Outcome(200, True, {"cache_n": 0, "prompt_n": 10, "predicted_n": 1}))
+        return await asyncio.wait_for(second, 5)
+
+    run(scenario())
+    counts = [n for i, n in enumerate(said) if i == 0 or n != said[i - 1]]
+    assert counts[-2:] == [1, 0] and counts.count(1) == 1 and board.waiting == 0
 
 
 # -- the fast way in and lagging tokens --------------------------------------------------------

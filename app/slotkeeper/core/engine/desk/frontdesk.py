@@ -86,7 +86,7 @@ class Place:
     behind: bool = False  # requests that came first were waiting or deciding when it arrived
     blocked: bool = True  # deciding, or every slot was busy (not only its own): later ones queue behind
     deciding: bool = True  # arrived or woken, and not yet routed or waiting again
-    waiting: bool = False  # waiting for its turn now (counted in the board's ``waiting``)
+    waiting: bool = False  # it had to wait for a slot (counted in the board's ``waiting`` until it leaves)
 
 
 @dataclass
@@ -338,15 +338,13 @@ class FrontDesk:
             self._waiters[i + 1].turn.set()
 
     async def _wait_turn(self, me: Place) -> None:
-        me.waiting = True
-        self._count_waiting()
+        if not me.waiting:  # counted once, from its first wait until it leaves the line
+            me.waiting = True
+            self._count_waiting()
         try:
             await asyncio.wait_for(me.turn.wait(), WAIT_STEP_SECONDS)
         except asyncio.TimeoutError:
             pass  # looked at again now and then: a state change that frees no slot wakes nobody
-        finally:
-            me.waiting = False
-            self._count_waiting()
         me.turn.clear()
 
     def _count_waiting(self) -> None:

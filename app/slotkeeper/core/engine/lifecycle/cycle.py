@@ -94,8 +94,11 @@ class LaunchCycle:
             self.board.clear()
 
     def gone(self) -> None:
-        """The server went away (or stops): the launch's work under way is given up."""
+        """The server went away: the launch's work under way is given up."""
         self.swa_note = None
+        self._give_up_ready()
+
+    def _give_up_ready(self) -> None:
         if self._ready is not None and not self._ready.done():
             self._ready.cancel()
 
@@ -107,8 +110,7 @@ class LaunchCycle:
         self.points.stopping = True  # restore points under way stop after their current step
         self.poller.stop()
         await self.saves.await_commits()  # saves finishing after a switch: before llama-server stops
-        if self._ready is not None and not self._ready.done():
-            self._ready.cancel()
+        self._give_up_ready()
         report = SavesReport()
         try:
             if save and self.supervisor.state is ServerState.READY and self.link.facts is not None:

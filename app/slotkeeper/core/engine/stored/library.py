@@ -50,7 +50,7 @@ from slotkeeper.core.sessions.saving import SaveOutcome
 from slotkeeper.core.sessions.search import SearchIndex, SearchUnavailable
 from slotkeeper.core.sessions.sidecar import RestorePoint, Sidecar
 from slotkeeper.core.sessions.staging import cache_state, cached_state, in_memory
-from slotkeeper.core.sessions.store import SessionNotFound, SessionStore
+from slotkeeper.core.sessions.store import SessionNotFound, SessionStore, most_recent_first
 from slotkeeper.core.views import Activity
 
 log = logging.getLogger(__name__)
@@ -232,10 +232,10 @@ class Library:
     def _assemble_recent(self, folder: Path, model_path: str, n: int) -> int:  # an I/O thread
         if n <= 0 or not in_memory(folder):
             return 0
-        entries = sorted((e for e in self.store.listing().sessions
-                          if e.sidecar is not None and not e.problems and e.sidecar.model_path == model_path
-                          and e.sidecar.kv_file.endswith(MANIFEST_SUFFIX) and e.sidecar.content_hash),
-                         key=lambda e: e.sidecar.last_used_at if e.sidecar else "", reverse=True)
+        entries = most_recent_first(e for e in self.store.listing().sessions
+                                    if e.sidecar is not None and not e.problems
+                                    and e.sidecar.model_path == model_path and e.sidecar.content_hash
+                                    and e.sidecar.kv_file.endswith(MANIFEST_SUFFIX))
         states: list[tuple[str, str, str]] = []  # (session, its state's file, that state's hash)
         for i, entry in enumerate(entries[:n]):
             sc = entry.sidecar
